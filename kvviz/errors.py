@@ -1,0 +1,66 @@
+"""Errors the user can act on. Each carries a `hint` that says what to do about it.
+
+The window and the CLI show `str(err)` and `err.hint`; nothing here is Qt-specific.
+"""
+from __future__ import annotations
+
+
+class KvvizError(Exception):
+    """Base class: a problem the user can understand and fix."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        if hint:
+            self.hint = hint
+
+    def describe(self) -> str:
+        return f"{self}\n{self.hint}" if self.hint else str(self)
+
+
+class InvalidInput(KvvizError):
+    """Shapes, dtypes or values a kernel cannot take (checked on the host, before any dispatch)."""
+
+    hint = "Check the shapes and values of the input; nothing was dispatched."
+
+
+class UnsupportedShape(InvalidInput):
+    """A head size, block size or head ratio the kernel was not written for."""
+
+
+class DeviceLimitError(KvvizError):
+    """A tensor larger than the adapter allows (buffer size, binding size, grid size)."""
+
+    hint = "Use fewer tokens, sequences or blocks, or a GPU with larger limits."
+
+
+class ShaderCompileError(KvvizError):
+    """The shader did not compile or the pipeline did not validate."""
+
+    hint = "The shader source or its front end is broken; the compiler log is above."
+
+
+class DeviceLostError(KvvizError):
+    """The GPU device was lost (driver reset, out of memory, timeout)."""
+
+    hint = "Restart the computation; kvviz will request a new device."
+
+
+class GpuUnavailable(KvvizError):
+    """No wgpu adapter could be found."""
+
+    hint = "Install a Vulkan driver (on Debian: apt-get install mesa-vulkan-drivers libvulkan1)."
+
+
+def check_finite(name: str, arr) -> None:
+    """Reject NaN/Inf before dispatch: the kernels would silently propagate them."""
+    import numpy as np
+
+    a = np.asarray(arr)
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        bad = np.argwhere(~np.isfinite(a))[0]
+        raise InvalidInput(
+            f"{name} contains NaN or Inf (first at index {tuple(int(i) for i in bad)})",
+            "Replace non-finite values before quantising: a NaN poisons the whole token's scale.",
+        )

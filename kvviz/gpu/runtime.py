@@ -1,0 +1,444 @@
+"""The wgpu runtime: one adapter, one device, buffers, pipelines, dispatches and their GPU timings.
+
+Qt-free. Kernel launchers in kvviz.kernels build on `GpuRuntime`; they never touch wgpu directly
+except through the objects it hands out.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import wgpu
+
+from kvviz.errors import DeviceLimitError, DeviceLostError, GpuUnavailable, ShaderCompileError
+from kvviz.gpu.shaders import ShaderSpec, compile_shader
+from kvviz.gpu.timing import TimingResult
+
+log = logging.getLogger("kvviz.gpu")
+
+# Features used when the adapter offers them. Timestamps for honest GPU times; immediates for the
+# seeds' push constants; subgroup(+barrier) only because naga's GLSL front end demands them for
+# barrier(); shader-f16 for later kernels.
+WANTED_FEATURES = (
+    "timestamp-query",
+    "timestamp-query-inside-encoders",
+    "immediates",
+    "subgroup",
+    "subgroup-barrier",
+    "shader-f16",
+)
+
+STORAGE_RW = "storage"
+STORAGE_RO = "read-only-storage"
+
+# Staging buffers are reused and never larger than this; bigger transfers go in chunks.
+STAGING_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    name: str
+    backend: str
+    adapter_type: str
+    vendor: str
+    driver: str
+    is_software: bool
+    features: tuple[str, ...]
+    limits: dict
+
+    def line(self) -> str:
+        sw = " [SOFTWARE RASTERISER: times are CPU times, not GPU times]" if self.is_software else ""
+        return f"{self.name} ({self.backend}, {self.adapter_type}){sw}"
+
+    def to_json(self) -> dict:
+        keys = (
+            "max-storage-buffer-binding-size",
+            "max-buffer-size",
+            "max-compute-workgroups-per-dimension",
+            "max-immediate-size",
+            "max-compute-workgroup-storage-size",
+            "min-storage-buffer-offset-alignment",
+        )
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "adapter_type": self.adapter_type,
+            "vendor": self.vendor,
+            "driver": self.driver,
+            "is_software": self.is_software,
+            "features": list(self.features),
+            "limits": {k: self.limits.get(k) for k in keys},
+        }
+
+
+class _DeviceLossWatcher(logging.Handler):
+    """wgpu-py only logs device loss on the `wgpu` logger; this turns the log line into a flag."""
+
+    def __init__(self, runtime: "GpuRuntime"):
+        super().__init__(level=logging.ERROR)
+        self._runtime = runtime
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if "lost" in msg.lower():
+            self._runtime.lost_reason = msg
+
+
+@dataclass
+class Kernel:
+    """A compiled compute pipeline plus what a dispatch needs to know about it."""
+
+    name: str
+    pipeline: object
+    bind_group_layout: object
+    bindings: tuple[str, ...]
+    immediate_size: int
+    spec: ShaderSpec
+
+
+@dataclass
+class Dispatch:
+    """One dispatch: a kernel, its buffers (binding -> buffer or (buffer, offset, size)), its grid."""
+
+    kernel: Kernel
+    buffers: Sequence
+    grid: tuple[int, int, int]
+    immediates: bytes = b""
+
+
+@dataclass
+class _StagingPool:
+    device: object
+    read: list = field(default_factory=list)
+    write: list = field(default_factory=list)
+
+    def get(self, kind: str, size: int):
+        pool = self.read if kind == "read" else self.write
+        for buf in pool:
+            if buf.size >= size:
+                return buf
+        usage = (
+            wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+            if kind == "read"
+            else wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
+        )
+        size = max(size, 1 << 20)
+        buf = self.device.create_buffer(size=size, usage=usage, label=f"kvviz-staging-{kind}")
+        pool.append(buf)
+        return buf
+
+
+class GpuRuntime:
+    """One wgpu device with helpers for buffers, pipelines and timed dispatches.
+
+    Thread-safety: one runtime may be used from a worker thread; calls are serialised by a lock.
+    """
+
+    def __init__(self, power_preference: str = "high-performance"):
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        except Exception as exc:  # wgpu raises RuntimeError when no driver is present
+            raise GpuUnavailable(f"No wgpu adapter: {exc}") from exc
+        if adapter is None:
+            raise GpuUnavailable("No wgpu adapter was found.")
+        self.adapter = adapter
+        feats = [f for f in WANTED_FEATURES if f in adapter.features]
+        limits = dict(adapter.limits)
+        try:
+            self.device = adapter.request_device_sync(required_features=feats, required_limits=limits)
+        except Exception as exc:
+            raise GpuUnavailable(f"Could not open the device: {exc}") from exc
+        self.queue = self.device.queue
+        self.features = frozenset(feats)
+        self.limits = dict(self.device.limits)
+        info = adapter.info
+        name = info.get("device") or info.get("description") or "unknown adapter"
+        atype = str(info.get("adapter_type", ""))
+        is_sw = atype.upper() == "CPU" or any(
+            s in name.lower() for s in ("llvmpipe", "lavapipe", "swiftshader", "software")
+        )
+        self.summary = AdapterSummary(
+            name=name,
+            backend=str(info.get("backend_type", "")),
+            adapter_type=atype,
+            vendor=str(info.get("vendor", "")),
+            driver=str(info.get("description", "")),
+            is_software=is_sw,
+            features=tuple(sorted(feats)),
+            limits=self.limits,
+        )
+        self.lost_reason: str | None = None
+        self._watcher = _DeviceLossWatcher(self)
+        logging.getLogger("wgpu").addHandler(self._watcher)
+        self._lock = threading.RLock()
+        self._staging = _StagingPool(self.device)
+        self._kernels: dict[tuple, Kernel] = {}
+        self.timestamp_period_ns = self._timestamp_period()
+
+    # ------------------------------------------------------------------ info
+    @property
+    def has_timestamps(self) -> bool:
+        return "timestamp-query" in self.features
+
+    @property
+    def max_binding(self) -> int:
+        return int(self.limits["max-storage-buffer-binding-size"])
+
+    @property
+    def max_buffer(self) -> int:
+        return int(self.limits["max-buffer-size"])
+
+    @property
+    def max_grid(self) -> int:
+        return int(self.limits["max-compute-workgroups-per-dimension"])
+
+    @property
+    def offset_alignment(self) -> int:
+        return int(self.limits["min-storage-buffer-offset-alignment"])
+
+    def _timestamp_period(self) -> float:
+        # wgpu-native resolves raw ticks; the queue's period converts them to nanoseconds.
+        try:
+            from wgpu.backends.wgpu_native._ffi import lib
+
+            return float(lib.wgpuQueueGetTimestampPeriod(self.queue._internal))
+        except Exception:  # pragma: no cover - other backends
+            return 1.0
+
+    def check_alive(self) -> None:
+        if self.lost_reason:
+            raise DeviceLostError(f"GPU device lost: {self.lost_reason}")
+
+    def close(self) -> None:
+        logging.getLogger("wgpu").removeHandler(self._watcher)
+        try:
+            self.device.destroy()
+        except Exception:
+            pass
+
+    # --------------------------------------------------------------- buffers
+    def check_size(self, nbytes: int, what: str, binding: bool = True) -> None:
+        limit = self.max_binding if binding else self.max_buffer
+        if nbytes > limit:
+            kind = "storage binding" if binding else "buffer"
+            raise DeviceLimitError(
+                f"{what} needs {nbytes / 2**20:.1f} MiB, over the adapter's {kind} limit of "
+                f"{limit / 2**20:.1f} MiB ({self.summary.name})."
+            )
+
+    def empty(self, nbytes: int, label: str, binding: bool = True):
+        nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
+        self.check_size(nbytes, label, binding)
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        with self._lock:
+            self.check_alive()
+            return self.device.create_buffer(size=nbytes, usage=usage, label=label)
+
+    def upload(self, array: np.ndarray, label: str, binding: bool = True):
+        data = np.ascontiguousarray(array)
+        buf = self.empty(data.nbytes, label, binding)
+        self.write(buf, data)
+        return buf
+
+    def write(self, buf, array: np.ndarray, offset: int = 0) -> None:
+        """Copy `array` into `buf` at byte `offset` through a reused MAP_WRITE staging buffer."""
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        n = raw.nbytes
+        if n == 0:
+            return
+        pad = (-n) % 4
+        with self._lock:
+            self.check_alive()
+            for start in range(0, n, STAGING_CHUNK):
+                chunk = raw[start : start + STAGING_CHUNK]
+                size = chunk.nbytes + (pad if start + STAGING_CHUNK >= n else 0)
+                stage = self._staging.get("write", size)
+                stage.map_sync(wgpu.MapMode.WRITE, 0, size)
+                mem = np.zeros(size, np.uint8)
+                mem[: chunk.nbytes] = chunk
+                stage.write_mapped(mem, 0)
+                stage.unmap()
+                enc = self.device.create_command_encoder()
+                enc.copy_buffer_to_buffer(stage, 0, buf, offset + start, size)
+                self.queue.submit([enc.finish()])
+
+    def read(self, buf, dtype=np.float32, shape=None, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
+        """Read `nbytes` of `buf` from `offset` through a reused MAP_READ staging buffer."""
+        total = buf.size - offset if nbytes is None else int(nbytes)
+        out = np.empty(total, np.uint8)
+        with self._lock:
+            self.check_alive()
+            for start in range(0, total, STAGING_CHUNK):
+                size = min(STAGING_CHUNK, total - start)
+                size4 = (size + 3) // 4 * 4
+                stage = self._staging.get("read", size4)
+                enc = self.device.create_command_encoder()
+                enc.copy_buffer_to_buffer(buf, offset + start, stage, 0, size4)
+                self.queue.submit([enc.finish()])
+                stage.map_sync(wgpu.MapMode.READ, 0, size4)
+                out[start : start + size] = np.frombuffer(stage.read_mapped(0, size4), np.uint8)[:size]
+                stage.unmap()
+        self.check_alive()
+        arr = out.view(dtype)
+        return arr.reshape(shape) if shape is not None else arr
+
+    # ------------------------------------------------------------- pipelines
+    def kernel(self, spec: ShaderSpec, bindings: Sequence[str], immediate_size: int = 0) -> Kernel:
+        """Compile (once, cached) a compute pipeline with an explicit layout.
+
+        `bindings` lists the access of each binding 0..n-1 (STORAGE_RW or STORAGE_RO). The layout
+        is explicit because `layout="auto"` drops the immediates range, and because naga's SPIR-V
+        front end infers access itself and the layout must agree with it.
+        """
+        key = (spec.key(), tuple(bindings), immediate_size)
+        with self._lock:
+            if key in self._kernels:
+                return self._kernels[key]
+            self.check_alive()
+            if immediate_size and "immediates" not in self.features:
+                raise ShaderCompileError(
+                    f"{spec.name} needs push constants (immediates), which this adapter lacks."
+                )
+            if immediate_size > int(self.limits.get("max-immediate-size", 0) or 0):
+                raise DeviceLimitError(
+                    f"{spec.name} needs {immediate_size} bytes of immediates; the adapter allows "
+                    f"{self.limits.get('max-immediate-size')}."
+                )
+            module = compile_shader(self.device, spec)
+            entries = [
+                {
+                    "binding": i,
+                    "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": access},
+                }
+                for i, access in enumerate(bindings)
+            ]
+            try:
+                bgl = self.device.create_bind_group_layout(entries=entries, label=spec.name)
+                layout = self.device.create_pipeline_layout(
+                    bind_group_layouts=[bgl], immediate_size=immediate_size, label=spec.name
+                )
+                pipe = self.device.create_compute_pipeline(
+                    layout=layout, compute={"module": module, "entry_point": spec.entry}, label=spec.name
+                )
+            except Exception as exc:
+                raise ShaderCompileError(f"Pipeline for {spec.name} failed to validate:\n{exc}") from exc
+            k = Kernel(spec.name, pipe, bgl, tuple(bindings), immediate_size, spec)
+            self._kernels[key] = k
+            return k
+
+    def _bind_group(self, d: Dispatch):
+        entries = []
+        for i, b in enumerate(d.buffers):
+            if isinstance(b, tuple):
+                buf, off, size = b
+                entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
+            else:
+                entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
+        return self.device.create_bind_group(layout=d.kernel.bind_group_layout, entries=entries)
+
+    def _check_grid(self, d: Dispatch) -> None:
+        for g in d.grid:
+            if g > self.max_grid:
+                raise DeviceLimitError(
+                    f"{d.kernel.name}: grid {d.grid} exceeds {self.max_grid} workgroups per dimension."
+                )
+
+    def _record(self, cpass, dispatches: Sequence[Dispatch], groups) -> None:
+        for d, bg in zip(dispatches, groups):
+            cpass.set_pipeline(d.kernel.pipeline)
+            cpass.set_bind_group(0, bg)
+            if d.kernel.immediate_size:
+                cpass.set_immediates(0, d.immediates, 0, len(d.immediates))
+            if all(g > 0 for g in d.grid):
+                cpass.dispatch_workgroups(*d.grid)
+
+    # ------------------------------------------------------------- dispatch
+    def run(self, dispatches: Sequence[Dispatch]) -> None:
+        """Record the dispatches in one compute pass, submit, and wait for completion."""
+        with self._lock:
+            self.check_alive()
+            for d in dispatches:
+                self._check_grid(d)
+            try:
+                groups = [self._bind_group(d) for d in dispatches]
+                enc = self.device.create_command_encoder()
+                cpass = enc.begin_compute_pass()
+                self._record(cpass, dispatches, groups)
+                cpass.end()
+                self.queue.submit([enc.finish()])
+            except wgpu.GPUValidationError as exc:
+                raise ShaderCompileError(f"Dispatch failed validation: {exc}") from exc
+            self._wait()
+
+    def _wait(self) -> None:
+        # on_submitted_work_done_sync() raises TypeError in wgpu-py 0.32.0; a tiny read waits instead.
+        if not hasattr(self, "_fence"):
+            self._fence = self.empty(4, "kvviz-fence")
+        self.read(self._fence, np.uint32)
+
+    def time(
+        self,
+        dispatches: Sequence[Dispatch] | None = None,
+        runs: int = 20,
+        warmup: int = 3,
+        record: Callable | None = None,
+    ) -> TimingResult:
+        """GPU time of one compute pass holding `dispatches`, from timestamp queries.
+
+        Warm-up passes are submitted first and discarded; then `runs` passes each carry a begin and
+        an end timestamp. Without the timestamp feature, falls back to wall-clock time of submit +
+        wait per run and says so in `TimingResult.method`.
+        """
+        dispatches = list(dispatches or [])
+        with self._lock:
+            self.check_alive()
+            for d in dispatches:
+                self._check_grid(d)
+            groups = [self._bind_group(d) for d in dispatches]
+
+            def one_pass(enc, tw=None):
+                cpass = enc.begin_compute_pass(timestamp_writes=tw) if tw else enc.begin_compute_pass()
+                self._record(cpass, dispatches, groups)
+                cpass.end()
+
+            rec = record or one_pass
+            enc = self.device.create_command_encoder()
+            for _ in range(warmup):
+                rec(enc)
+            self.queue.submit([enc.finish()])
+            self._wait()
+            if not self.has_timestamps:
+                samples = []
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    enc = self.device.create_command_encoder()
+                    rec(enc)
+                    self.queue.submit([enc.finish()])
+                    self._wait()
+                    samples.append((time.perf_counter() - t0) * 1e6)
+                return TimingResult.from_samples(samples, method="wall-clock (no timestamp-query)")
+            qs = self.device.create_query_set(type="timestamp", count=2 * runs)
+            enc = self.device.create_command_encoder()
+            for i in range(runs):
+                tw = {
+                    "query_set": qs,
+                    "beginning_of_pass_write_index": 2 * i,
+                    "end_of_pass_write_index": 2 * i + 1,
+                }
+                rec(enc, tw)
+            resolve = self.empty(16 * runs, "kvviz-timestamps")
+            resolve_buf = self.device.create_buffer(
+                size=16 * runs, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+            )
+            enc.resolve_query_set(qs, 0, 2 * runs, resolve_buf, 0)
+            enc.copy_buffer_to_buffer(resolve_buf, 0, resolve, 0, 16 * runs)
+            self.queue.submit([enc.finish()])
+            ticks = self.read(resolve, np.uint64).reshape(runs, 2)
+            qs.destroy()
+            dt_us = (ticks[:, 1].astype(np.float64) - ticks[:, 0]) * self.timestamp_period_ns / 1e3
+            return TimingResult.from_samples(list(dt_us), method="gpu-timestamps")

@@ -1,0 +1,18 @@
+"""What a method needs to run on the GPU: the runtime and the shared paged kernels."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.shaders import FRONTEND_GLSLANG
+from kvviz.kernels.paged import PagedKernels
+
+
+@dataclass
+class GpuContext:
+    rt: GpuRuntime
+    frontend: str = FRONTEND_GLSLANG  # how GLSL kernels reach wgpu (glslang or naga-glsl)
+    paged: PagedKernels = field(init=False)
+
+    def __post_init__(self):
+        self.paged = PagedKernels(self.rt, self.frontend)

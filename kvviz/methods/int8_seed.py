@@ -1,0 +1,105 @@
+"""The seed int8 method: symmetric per-token int8 (seeds 000 and 001), with its native paged decode."""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.kernels.paged import check_head_size
+from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.oracles.paged import unpack_int8_words
+from kvviz.paging import PAD_SLOT
+
+
+def read_token_records(ctx, cache, batch, which):
+    """Host copy of every token row's record [tokens, kvh, wpt] (zeros for padding rows)."""
+    full = ctx.paged.read(cache, "k" if which == "K" else "v")
+    sm = batch.slot_mapping.astype(np.int64)
+    real = sm != PAD_SLOT
+    out = np.zeros((len(sm),) + full.shape[1:2] + full.shape[3:], dtype=full.dtype)
+    out[real] = full[sm[real] // batch.block_size, :, sm[real] % batch.block_size, :]
+    return out, full
+
+
+def block_positions(batch, block: int) -> np.ndarray:
+    """Position in its sequence of each slot of a physical block (-1 where unused)."""
+    pos = np.full(batch.block_size, -1, dtype=np.int64)
+    owner = batch.block_owner()[block]
+    if owner < 0:
+        return pos
+    logical = list(batch.seq_blocks[owner]).index(block)
+    n = int(batch.context_lens[owner])
+    for o in range(batch.block_size):
+        p = logical * batch.block_size + o
+        if p < n:
+            pos[o] = p
+    return pos
+
+
+@register
+class Int8PerTokenSeed(KVMethod):
+    key = "int8_seed"
+    label = "int8 per token (seed GLSL)"
+    family = "int8"
+    nominal_bits = 8.0
+
+    def check(self, num_heads, num_kv_heads, head_size, block_size):
+        check_head_size("q8", head_size)
+
+    def layouts(self, head_size, block_size):
+        def one(which):
+            return CacheLayout(
+                method=self.key,
+                which=which,
+                head_size=head_size,
+                fields=(
+                    LayoutField("codes", "int8", 8, head_size, "token", "symmetric, clamp [-127, 127]"),
+                    LayoutField("scale", "f32", 32, 1, "token", "amax / 127 (1.0 for a zero vector)"),
+                ),
+                bytes_per_token_per_head=(head_size // 4 + 1) * 4,
+                description="Per-token symmetric int8: code = clamp(round(x * 127/amax), -127, 127).",
+                word_map=f"words 0..{head_size // 4 - 1}: 4 codes each (lane l = byte l, LE); word {head_size // 4}: f32 scale bits",
+            )
+
+        return one("K"), one("V")
+
+    def quantize(self, ctx, batch, key, value):
+        cache = ctx.paged.allocate("q8", batch.num_blocks, key.shape[1], batch.block_size, key.shape[2])
+        ctx.paged.write(cache, key, value, batch.slot_mapping)
+        k_rec, _ = read_token_records(ctx, cache, batch, "K")
+        v_rec, _ = read_token_records(ctx, cache, batch, "V")
+        kc, ks = unpack_int8_words(k_rec)
+        vc, vs = unpack_int8_words(v_rec)
+        return QuantizedKV(self, key.shape[2], key.shape[1], kc, vc, ks, vs, (-127, 127), device={"cache": cache})
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.decode(qkv.device["cache"], q, batch, scale)
+
+    def weights(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.weights(qkv.device["cache"], q, batch, scale)
+
+    def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        cache = qkv.device["cache"]
+        full = ctx.paged.read(cache, "k" if which == "K" else "v")
+        recs = full[block, kv_head]  # [block_size, wpt]
+        codes, scales = unpack_int8_words(recs)
+        pos = block_positions(batch, block)
+        return [
+            TokenRecord(
+                slot=block * batch.block_size + o,
+                position=int(pos[o]),
+                words=recs[o].copy(),
+                fields={"codes": codes[o].astype(np.int32), "scale": float(scales[o])},
+            )
+            for o in range(batch.block_size)
+        ]
+
+    def timed_kernels(self, ctx, batch, key, value, q, scale):
+        cache = ctx.paged.allocate("q8", batch.num_blocks, key.shape[1], batch.block_size, key.shape[2])
+        w = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
+        ctx.paged.rt.run(w)
+        d, _ = ctx.paged.decode_dispatches(cache, q, batch, scale)
+        from kvviz.kernels.traffic import decode_bytes, writer_bytes
+
+        return [
+            ("reshape_and_cache_q8", w, writer_bytes(cache, batch, key)),
+            ("paged_attn_q8", d, decode_bytes(cache, batch, q)),
+        ]

@@ -1,0 +1,370 @@
+"""A float32 numpy Llama decoder that exposes its K/V/Q: batched prefill, incremental decode with a
+pluggable attention, and captures of every layer's tensors.
+
+Layout of everything this module hands out:
+  q           [layers, n_heads,    tokens, head_dim]  after RoPE
+  k_pre_rope  [layers, n_kv_heads, tokens, head_dim]  before RoPE
+  k           [layers, n_kv_heads, tokens, head_dim]  after RoPE (what a KV cache stores)
+  v           [layers, n_kv_heads, tokens, head_dim]
+RoPE is rotate-half (Hugging Face layout); query head h reads KV head h // (n_heads // n_kv_heads).
+
+The attention hook used by `LlamaRunner.step` (and token-by-token prefill) is
+  attend(layer, q [n_heads, D], k_new [n_kv_heads, D], v_new [n_kv_heads, D], pos) -> out [n_heads, D]
+with q and k_new after RoPE and `pos` the absolute position of the new token. The hook owns its cache:
+it stores k_new/v_new at `pos` and attends over positions 0..pos. The runner still records K/V in its
+own float32 cache, so a later default step, `kv()` and `capture()` stay valid whichever hook ran.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from kvviz.errors import InvalidInput
+from kvviz.sources.gguf_llama import LlamaConfig, LlamaModel
+
+AttendFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+KvSinkFn = Callable[[int, np.ndarray, np.ndarray, int], None]
+ProgressFn = Callable[[int, int], None]
+CancelFn = Callable[[], bool]
+
+_F32 = np.float32
+_PREFILL_CHUNK = 512  # bounds the [heads, T, S] score tensor of long prompts
+
+
+class Cancelled(Exception):
+    """The caller's `cancel()` returned True; the runner is back at its position before the call."""
+
+
+@dataclass
+class Capture:
+    q: np.ndarray  # [L, n_heads, T, D] after RoPE
+    k_pre_rope: np.ndarray  # [L, n_kv, T, D]
+    k: np.ndarray  # [L, n_kv, T, D] after RoPE
+    v: np.ndarray  # [L, n_kv, T, D]
+    tokens: np.ndarray  # [T] int64 token ids
+    token_strings: list[str]
+    config: LlamaConfig
+    start_pos: int = 0  # absolute position of tokens[0]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks (float32 in, float32 out)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x * (_F32(1.0) / np.sqrt(ms + _F32(eps))) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    # x*sigmoid(x) via tanh: no exp overflow for large |x|, stays float32.
+    return x * (_F32(0.5) * (_F32(1.0) + np.tanh(_F32(0.5) * x)))
+
+
+def rope_inv_freq(cfg: LlamaConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Per-pair angular frequencies [D/2] in float64."""
+    d = cfg.head_dim
+    inv = cfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if freq_factors is not None:
+        inv = inv / freq_factors.astype(np.float64)
+    return inv
+
+
+def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [T, D] for rotate-half RoPE (angles in float64, tables in float32)."""
+    ang = (np.asarray(positions, dtype=np.float64) / scale)[:, None] * inv_freq[None, :]
+    ang = np.concatenate([ang, ang], axis=-1)
+    return np.cos(ang).astype(_F32), np.sin(ang).astype(_F32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE on [..., T, D] with tables [T, D]."""
+    h = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+    return x * cos + rot * sin
+
+
+def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int | None = None) -> np.ndarray:
+    """Causal softmax(q.k/sqrt(D)).v with grouped KV heads.
+
+    q [n_heads, T, D]; k, v [n_kv, S, D]; query i sits at absolute position q_start + i (default S - T)
+    and sees keys 0..q_start+i. Returns [n_heads, T, D] float32.
+    """
+    nh, t, d = q.shape
+    nkv, s, _ = k.shape
+    if q_start is None:
+        q_start = s - t
+    g = nh // nkv
+    qg = q.reshape(nkv, g, t, d)
+    scores = np.matmul(qg, k.transpose(0, 2, 1)[:, None]) * _F32(1.0 / np.sqrt(d))  # [nkv, g, T, S]
+    if q_start + t > 1 and not (t == 1 and q_start == s - 1):
+        qpos = q_start + np.arange(t)[:, None]
+        mask = np.arange(s)[None, :] > qpos  # [T, S]
+        if mask.any():
+            scores = np.where(mask, _F32(-np.inf), scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.matmul(p, v[:, None])  # [nkv, g, T, D]
+    return out.reshape(nh, t, d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Runner
+
+
+class LlamaRunner:
+    """Holds a model and one sequence's state: position, float32 KV cache, recorded Q / pre-RoPE K."""
+
+    def __init__(self, model: LlamaModel, *, record: bool = True):
+        self.model = model
+        self.cfg = model.config
+        self.record = record
+        self._inv_freq = rope_inv_freq(self.cfg, model.weights.rope_freq_factors)
+        self._cap = 0
+        self._k = self._v = self._q = self._kpre = None
+        self.reset()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the sequence (the cache buffers are kept for reuse)."""
+        self.pos = 0
+        self.tokens: list[int] = []
+        self.last_logits: np.ndarray | None = None
+
+    def _ensure(self, n: int) -> None:
+        if n <= self._cap:
+            return
+        cfg = self.cfg
+        cap = max(n, 2 * self._cap, 64)
+        L, D = cfg.n_layers, cfg.head_dim
+
+        def grow(old, heads):
+            new = np.zeros((L, heads, cap, D), dtype=_F32)
+            if old is not None and self.pos:
+                new[:, :, : self.pos] = old[:, :, : self.pos]
+            return new
+
+        self._k = grow(self._k, cfg.n_kv_heads)
+        self._v = grow(self._v, cfg.n_kv_heads)
+        if self.record:
+            self._q = grow(self._q, cfg.n_heads)
+            self._kpre = grow(self._kpre, cfg.n_kv_heads)
+        self._cap = cap
+
+    def kv(self) -> tuple[np.ndarray, np.ndarray]:
+        """Views of the float32 cache: k (after RoPE), v, each [L, n_kv, pos, D]."""
+        if self._k is None:
+            shape = (self.cfg.n_layers, self.cfg.n_kv_heads, 0, self.cfg.head_dim)
+            return np.zeros(shape, _F32), np.zeros(shape, _F32)
+        return self._k[:, :, : self.pos], self._v[:, :, : self.pos]
+
+    def capture(self, start: int = 0, stop: int | None = None) -> Capture:
+        """Copies of everything recorded for positions start..stop (default: the whole sequence)."""
+        if not self.record:
+            raise InvalidInput("this runner was created with record=False", "Create LlamaRunner(model, record=True).")
+        stop = self.pos if stop is None else stop
+        if not 0 <= start <= stop <= self.pos:
+            raise InvalidInput(f"capture range {start}..{stop} outside the sequence 0..{self.pos}")
+        sl = slice(start, stop)
+        ids = np.asarray(self.tokens[sl], dtype=np.int64)
+        return Capture(
+            q=self._q[:, :, sl].copy(), k_pre_rope=self._kpre[:, :, sl].copy(),
+            k=self._k[:, :, sl].copy(), v=self._v[:, :, sl].copy(), tokens=ids,
+            token_strings=self.model.tokenizer.token_strings(ids.tolist()), config=self.cfg, start_pos=start,
+        )
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if a.size and (a.min() < 0 or a.max() >= self.cfg.vocab):
+            raise InvalidInput(f"token id out of range 0..{self.cfg.vocab - 1}: {int(a.min())}..{int(a.max())}")
+        if self.pos + a.size > self.cfg.context_length:
+            raise InvalidInput(
+                f"{self.pos + a.size} tokens exceed the model's context of {self.cfg.context_length}",
+                "Use a shorter prompt or reset() the runner.")
+        return a
+
+    def _qkv(self, lw, x: np.ndarray, positions: np.ndarray):
+        """x [T, H] -> q [nh, T, D], k_pre, k, v [nkv, T, D] (q and k after RoPE)."""
+        cfg = self.cfg
+        t, d = x.shape[0], cfg.head_dim
+        h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
+        q = (h @ lw.wq.T).reshape(t, cfg.n_heads, d).transpose(1, 0, 2)
+        k_pre = (h @ lw.wk.T).reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
+        v = (h @ lw.wv.T).reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
+        cos, sin = rope_cos_sin(self._inv_freq, positions, cfg.rope_scale)
+        return apply_rope(q, cos, sin), k_pre, apply_rope(k_pre, cos, sin), v
+
+    def _mlp(self, lw, x: np.ndarray) -> np.ndarray:
+        h = rms_norm(x, lw.ffn_norm, self.cfg.rms_eps)
+        return x + (silu(h @ lw.w_gate.T) * (h @ lw.w_up.T)) @ lw.w_down.T
+
+    def _store(self, layer: int, p0: int, q, k_pre, k, v) -> None:
+        t = k.shape[1]
+        self._k[layer, :, p0 : p0 + t] = k
+        self._v[layer, :, p0 : p0 + t] = v
+        if self.record:
+            self._q[layer, :, p0 : p0 + t] = q
+            self._kpre[layer, :, p0 : p0 + t] = k_pre
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        w = self.model.weights
+        return rms_norm(x, w.out_norm, self.cfg.rms_eps) @ w.output.T
+
+    def default_attend(self, layer: int, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, pos: int) -> np.ndarray:
+        """Float32 attention over the runner's own cache (k_new/v_new are already stored there)."""
+        k = self._k[layer, :, : pos + 1]
+        v = self._v[layer, :, : pos + 1]
+        return gqa_attention(q[:, None, :], k, v, q_start=pos)[:, 0, :]
+
+    # -- public passes -------------------------------------------------------------------------
+
+    def prefill(self, token_ids: Sequence[int], attend: AttendFn | None = None, *,
+                kv_sink: KvSinkFn | None = None, progress: ProgressFn | None = None,
+                cancel: CancelFn | None = None, all_logits: bool = False) -> np.ndarray:
+        """Run `token_ids` after whatever the runner already holds; returns logits.
+
+        Without `attend`: batched (chunks of 512 tokens) with float32 attention; `kv_sink(layer, k, v, start_pos)`
+        receives each layer's new keys (after RoPE) and values [n_kv, T, D] so a caller can fill its own cache.
+        With `attend`: token by token through the hook, exactly like repeated `step` calls.
+        progress(done, total) counts layer passes; cancel() returning True raises Cancelled and restores
+        the position. Returns [vocab] logits of the last token, or [T, vocab] with all_logits=True.
+        """
+        ids = self._check_ids(token_ids)
+        if ids.size == 0:
+            raise InvalidInput("prefill needs at least one token")
+        start = self.pos
+        self._ensure(start + ids.size)
+        L = self.cfg.n_layers
+        out_rows = []
+        try:
+            if attend is not None:
+                total = ids.size * L
+                for i, tid in enumerate(ids.tolist()):
+                    if cancel is not None and cancel():
+                        raise Cancelled()
+                    x = self._decode_one(tid, attend)
+                    out_rows.append(x)
+                    if progress is not None:
+                        progress((i + 1) * L, total)
+                xs = np.stack(out_rows)
+            else:
+                chunks = [ids[i : i + _PREFILL_CHUNK] for i in range(0, ids.size, _PREFILL_CHUNK)]
+                total, done = len(chunks) * L, 0
+                for chunk in chunks:
+                    p0 = self.pos
+                    x = self.model.weights.tok_embd[chunk]
+                    positions = np.arange(p0, p0 + chunk.size)
+                    for li, lw in enumerate(self.model.weights.layers):
+                        if cancel is not None and cancel():
+                            raise Cancelled()
+                        q, k_pre, k, v = self._qkv(lw, x, positions)
+                        self._store(li, p0, q, k_pre, k, v)
+                        if kv_sink is not None:
+                            kv_sink(li, k, v, p0)
+                        o = gqa_attention(q, self._k[li, :, : p0 + chunk.size], self._v[li, :, : p0 + chunk.size],
+                                          q_start=p0)
+                        x = x + o.transpose(1, 0, 2).reshape(chunk.size, -1) @ lw.wo.T
+                        x = self._mlp(lw, x)
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
+                    self.pos = p0 + chunk.size
+                    self.tokens.extend(chunk.tolist())
+                    out_rows.append(x if all_logits else x[-1:])
+                xs = np.concatenate(out_rows)
+        except BaseException:
+            self.pos = start
+            del self.tokens[start:]
+            raise
+        logits = self._head(xs if all_logits else xs[-1:])
+        self.last_logits = logits[-1]
+        return logits if all_logits else logits[-1]
+
+    def _decode_one(self, token_id: int, attend: AttendFn | None) -> np.ndarray:
+        """One token through every layer at self.pos; returns its final hidden state [H] and advances."""
+        pos = self.pos
+        self._ensure(pos + 1)
+        x = self.model.weights.tok_embd[token_id][None, :]
+        positions = np.array([pos])
+        nh, d = self.cfg.n_heads, self.cfg.head_dim
+        for li, lw in enumerate(self.model.weights.layers):
+            q, k_pre, k, v = self._qkv(lw, x, positions)
+            self._store(li, pos, q, k_pre, k, v)
+            qh, kh, vh = q[:, 0], k[:, 0], v[:, 0]
+            if attend is None:
+                o = self.default_attend(li, qh, kh, vh, pos)
+            else:
+                o = np.asarray(attend(li, qh.copy(), kh.copy(), vh.copy(), pos))
+                if o.shape != (nh, d):
+                    raise InvalidInput(f"attend() returned shape {o.shape} for layer {li}, expected {(nh, d)}",
+                                       "The attention hook must return [n_heads, head_dim].")
+                o = o.astype(_F32, copy=False)
+            x = x + o.reshape(1, -1) @ lw.wo.T
+            x = self._mlp(lw, x)
+        self.pos = pos + 1
+        self.tokens.append(int(token_id))
+        return x[0]
+
+    def step(self, token_id: int, attend: AttendFn | None = None) -> np.ndarray:
+        """Feed one token at the current position; returns its [vocab] logits."""
+        tid = int(self._check_ids([token_id])[0])
+        start = self.pos
+        try:
+            x = self._decode_one(tid, attend)
+        except BaseException:
+            self.pos = start
+            del self.tokens[start:]
+            raise
+        self.last_logits = self._head(x[None, :])[0]
+        return self.last_logits
+
+    def generate(self, n: int, greedy: bool = True, *, attend: AttendFn | None = None, temperature: float = 1.0,
+                 top_k: int | None = None, rng: np.random.Generator | None = None, stop_at_eos: bool = True,
+                 on_token: Callable[[int], None] | None = None, cancel: CancelFn | None = None) -> list[int]:
+        """Pick up to n tokens from the last logits, feeding each one back (an ending EOS is not fed)."""
+        if self.last_logits is None:
+            raise InvalidInput("generate() needs a prompt", "Call prefill() with the prompt tokens first.")
+        rng = rng if rng is not None else np.random.default_rng()
+        out: list[int] = []
+        for _ in range(n):
+            if cancel is not None and cancel():
+                raise Cancelled()
+            tid = self._pick(self.last_logits, greedy, temperature, top_k, rng)
+            out.append(tid)
+            if on_token is not None:
+                on_token(tid)
+            if stop_at_eos and tid == self.cfg.eos_id:
+                break
+            self.step(tid, attend)
+        return out
+
+    @staticmethod
+    def _pick(logits: np.ndarray, greedy: bool, temperature: float, top_k: int | None,
+              rng: np.random.Generator) -> int:
+        if greedy or temperature <= 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        if top_k is not None and 0 < top_k < z.size:
+            cut = np.partition(z, -top_k)[-top_k]
+            z = np.where(z >= cut, z, -np.inf)
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        return int(rng.choice(z.size, p=p))
+
+
+def capture_tokens(model: LlamaModel, token_ids: Sequence[int], *, progress: ProgressFn | None = None,
+                   cancel: CancelFn | None = None) -> tuple[Capture, np.ndarray]:
+    """Batched prefill of `token_ids` on a fresh runner; returns (Capture, last-token logits [vocab])."""
+    runner = LlamaRunner(model, record=True)
+    logits = runner.prefill(token_ids, progress=progress, cancel=cancel)
+    return runner.capture(), logits
