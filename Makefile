@@ -35,7 +35,7 @@ run: setup
 	@bash tools/launch.sh $(VPY) $(ARGS)
 
 test: setup
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	XDG_RUNTIME_DIR=$${XDG_RUNTIME_DIR:-/tmp} $(VPY) -m pytest $(PYTEST_ARGS)
 
 bench: setup
 	$(VPY) -m kvviz bench --quick

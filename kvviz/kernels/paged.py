@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, check_finite
-from kvviz.gpu.runtime import STORAGE_RW, Dispatch, GpuRuntime
+from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS, ShaderSpec
 from kvviz.paging import PAD_SLOT, PagedBatch
 
@@ -113,22 +113,30 @@ class PagedKernels:
     def _spec(self, name: str, defines=()) -> ShaderSpec:
         return ShaderSpec(f"paged/{name}.comp", frontend=self.frontend, defines=tuple(defines))
 
+    def _access(self, declared):
+        """Binding layout for the chosen front end.
+
+        naga's GLSL front end keeps the declared `readonly` access and the layout must match it.
+        naga's SPIR-V front end ignores glslang's NonWritable decorations and infers LOAD|STORE
+        (measured with wgpu 0.32), so through glslang every binding is read_write.
+        """
+        if self.frontend == FRONTEND_GLSLANG:
+            return [STORAGE_RW] * len(declared)
+        return list(declared)
+
     def _writer(self, fmt: str):
         name = "reshape_and_cache_q8" if fmt == "q8" else "reshape_and_cache_f32"
-        # All bindings read_write: naga's SPIR-V front end infers access itself and (measured with
-        # wgpu 0.32 on lavapipe) reports the seeds' readonly buffers as LOAD|STORE, so a read-only
-        # layout fails validation; a read_write layout is accepted for every binding.
-        return self.rt.kernel(self._spec(name), [STORAGE_RW] * 5, immediate_size=20)
+        access = self._access([STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RW, STORAGE_RO])
+        return self.rt.kernel(self._spec(name), access, immediate_size=20)
 
     def _decode(self, fmt: str):
         name = "paged_attn_q8" if fmt == "q8" else "paged_attn_f32"
-        return self.rt.kernel(self._spec(name), [STORAGE_RW] * 6, immediate_size=32)
+        return self.rt.kernel(self._spec(name), self._access([STORAGE_RO] * 5 + [STORAGE_RW]), immediate_size=32)
 
     def _weights(self, fmt: str):
         defines = (("KV_Q8", "1"),) if fmt == "q8" else ()
-        return self.rt.kernel(
-            self._spec("paged_attn_weights", defines), [STORAGE_RW] * 5, immediate_size=32
-        )
+        access = self._access([STORAGE_RO] * 4 + [STORAGE_RW])
+        return self.rt.kernel(self._spec("paged_attn_weights", defines), access, immediate_size=32)
 
     # --------------------------------------------------------------- cache
     def allocate(self, fmt: str, num_blocks: int, num_kv_heads: int, block_size: int, head_size: int) -> PagedCache:

@@ -232,3 +232,23 @@ def make_batch(
     )
     batch.validate()
     return batch
+
+
+def batch_from_blocks(seq_blocks, context_lens, block_size: int, num_blocks: int) -> PagedBatch:
+    """A batch from explicit per-sequence block lists (e.g. block tables imported from an engine)."""
+    lens = np.asarray(list(context_lens), dtype=np.int64)
+    if len(seq_blocks) != len(lens):
+        raise InvalidInput("one block list per sequence is needed")
+    width = max(1, max((len(b) for b in seq_blocks), default=1))
+    tables = np.zeros((len(lens), width), dtype=np.uint32)
+    for s, blocks in enumerate(seq_blocks):
+        if len(blocks) * block_size < lens[s]:
+            raise InvalidInput(f"sequence {s}: {len(blocks)} blocks cannot hold {int(lens[s])} tokens")
+        tables[s, : len(blocks)] = blocks
+    tseq = np.repeat(np.arange(len(lens)), lens)
+    tpos = np.concatenate([np.arange(int(L)) for L in lens]) if lens.size else np.zeros(0, np.int64)
+    slots = tables[tseq, tpos // block_size].astype(np.int64) * block_size + tpos % block_size
+    batch = PagedBatch(block_size, num_blocks, lens.astype(np.uint32), tables, slots.astype(np.uint32),
+                       tseq, tpos, "explicit", 0, [list(map(int, b)) for b in seq_blocks])
+    batch.validate()
+    return batch

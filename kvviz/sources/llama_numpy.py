@@ -103,11 +103,9 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int | No
     g = nh // nkv
     qg = q.reshape(nkv, g, t, d)
     scores = np.matmul(qg, k.transpose(0, 2, 1)[:, None]) * _F32(1.0 / np.sqrt(d))  # [nkv, g, T, S]
-    if q_start + t > 1 and not (t == 1 and q_start == s - 1):
-        qpos = q_start + np.arange(t)[:, None]
-        mask = np.arange(s)[None, :] > qpos  # [T, S]
-        if mask.any():
-            scores = np.where(mask, _F32(-np.inf), scores)
+    if s - 1 > q_start:  # some key lies after the first query: mask the future
+        mask = np.arange(s)[None, :] > (q_start + np.arange(t))[:, None]  # [T, S]
+        scores = np.where(mask, _F32(-np.inf), scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)

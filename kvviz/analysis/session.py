@@ -1,0 +1,380 @@
+"""The session: one Qt-free object that turns a configuration into every result the app shows.
+
+The window only edits a `SessionConfig`, asks a worker thread to run `Session.compute`, and draws the
+`Results`; `kvviz report` calls the same `compute`. Work is split into steps that report progress
+and check a cancel flag between GPU calls.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Callable
+
+import numpy as np
+
+from kvviz.analysis import synthetic
+from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax, code_stats
+from kvviz.errors import InvalidInput, KvvizError
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
+from kvviz.gpu.timing import TimingResult
+from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
+
+SOURCES = ("synthetic", "kvfile")
+
+
+class Cancelled(KvvizError):
+    """The user cancelled the computation."""
+
+    hint = "Nothing was changed; run again when ready."
+
+
+@dataclass
+class SessionConfig:
+    source: str = "synthetic"
+    preset: str = "llama-like"
+    context_lens: tuple = (300, 517, 1000, 77)
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_size: int = 128
+    block_size: int = 16
+    num_blocks: int = 0  # 0: what the batch needs plus 25% free blocks
+    policy: str = "scattered"
+    method: str = "int8_seed"
+    method_options: dict = field(default_factory=dict)
+    seed: int = 0
+    frontend: str = FRONTEND_GLSLANG
+    timing_runs: int = 10
+    kv_file: str = ""  # source "kvfile": a safetensors/npz/pt dump (see kvviz.sources.kv_files)
+    layer: int = 0  # which layer of a dump or model
+    softmax_scale: float = 0.0  # 0: 1/sqrt(head_size)
+
+    def validate(self) -> None:
+        if self.source not in SOURCES:
+            raise InvalidInput(f"Unknown source {self.source!r}; choose one of {', '.join(SOURCES)}")
+        lens = list(self.context_lens)
+        if not lens or any(int(x) < 1 for x in lens):
+            raise InvalidInput("Every sequence needs at least one token.", "Give context lengths >= 1, e.g. 300, 517, 1000.")
+        for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
+            if int(getattr(self, name)) <= 0:
+                raise InvalidInput(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidInput(
+                f"{self.num_heads} query heads are not divisible by {self.num_kv_heads} KV heads.",
+                "Pick num_heads as a multiple of num_kv_heads (GQA).",
+            )
+        if self.policy not in POLICIES:
+            raise InvalidInput(f"Unknown allocation policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.frontend not in GLSL_FRONTENDS:
+            raise InvalidInput(f"Unknown GLSL front end {self.frontend!r}")
+        if self.preset not in synthetic.PRESETS:
+            raise InvalidInput(f"Unknown preset {self.preset!r}; choose one of {', '.join(synthetic.PRESETS)}")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["context_lens"] = list(self.context_lens)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SessionConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InvalidInput(f"Unknown setting(s): {', '.join(unknown)}", f"Known settings: {', '.join(sorted(known))}")
+        d = dict(d)
+        if "context_lens" in d:
+            d["context_lens"] = tuple(int(x) for x in d["context_lens"])
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str) -> "SessionConfig":
+        try:
+            with open(path) as fh:
+                return cls.from_json(json.load(fh))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidInput(f"Cannot read config {path}: {exc}") from exc
+
+    def with_overrides(self, pairs) -> "SessionConfig":
+        """Apply KEY=VALUE strings (values parsed as JSON when they parse, else kept as text)."""
+        d = self.to_json()
+        for pair in pairs:
+            if "=" not in pair:
+                raise InvalidInput(f"Expected KEY=VALUE, got {pair!r}")
+            k, v = pair.split("=", 1)
+            try:
+                val = json.loads(v)
+            except json.JSONDecodeError:
+                val = [int(x) for x in v.split(",")] if k == "context_lens" else v
+            d[k.strip()] = val
+        return SessionConfig.from_json(d)
+
+    @property
+    def scale(self) -> float:
+        return float(self.softmax_scale) if self.softmax_scale else float(1.0 / np.sqrt(self.head_size))
+
+
+@dataclass
+class TimingRow:
+    kernel: str
+    variant: str
+    timing: TimingResult
+    bytes_moved: int
+    copy_gbps: float
+
+    @property
+    def gbps(self) -> float:
+        return self.timing.gbps(self.bytes_moved)
+
+    @property
+    def pct_of_copy(self) -> float:
+        return 100.0 * self.gbps / self.copy_gbps if self.copy_gbps else float("nan")
+
+    def to_json(self) -> dict:
+        return {
+            "kernel": self.kernel,
+            "variant": self.variant,
+            **{f"gpu_us_{k}": getattr(self.timing, f"{k}_us") for k in ("min", "median", "p90")},
+            "timing_method": self.timing.method,
+            "bytes_moved": self.bytes_moved,
+            "gbps": self.gbps,
+            "pct_of_copy": self.pct_of_copy,
+        }
+
+
+@dataclass
+class Results:
+    config: SessionConfig
+    adapter: object  # AdapterSummary
+    batch: PagedBatch
+    key: np.ndarray  # [tokens, kv_heads, D] in the batch's token-row order
+    value: np.ndarray
+    q: np.ndarray  # [num_seqs, num_heads, D]
+    method: object  # KVMethod
+    layouts: tuple
+    qkv: object  # QuantizedKV
+    out_ref: np.ndarray  # f32 baseline decode output (GPU)
+    w_ref: np.ndarray  # f32 baseline attention weights (GPU)
+    out_q: np.ndarray  # method's decode output (GPU)
+    w_q: np.ndarray  # method's attention weights (GPU)
+    metrics: AttentionMetrics
+    k_stats: CodeStats
+    v_stats: CodeStats
+    k_channel_amax: np.ndarray  # [num_seqs, kv_heads, D]
+    v_channel_amax: np.ndarray
+    timings: list
+    copy_gbps: float
+    elapsed_s: float = 0.0
+    source_note: str = ""
+
+    @property
+    def real_rows(self) -> np.ndarray:
+        return self.batch.slot_mapping != PAD_SLOT
+
+    def summary_json(self) -> dict:
+        k_lay, v_lay = self.layouts
+        return {
+            "config": self.config.to_json(),
+            "adapter": self.adapter.to_json(),
+            "method": {"key": self.method.key, "label": self.method.label, "options": self.method.options()},
+            "layout": {"K": k_lay.to_json(), "V": v_lay.to_json()},
+            "batch": {
+                "num_seqs": self.batch.num_seqs,
+                "num_tokens": int(np.count_nonzero(self.real_rows)),
+                "num_blocks": self.batch.num_blocks,
+                "blocks_used": int((self.batch.block_owner() >= 0).sum()),
+                "block_size": self.batch.block_size,
+                "policy": self.batch.policy,
+                "context_lens": [int(x) for x in self.batch.context_lens],
+            },
+            "attention": self.metrics.summary(),
+            "codes": {"K": self.k_stats.to_json(), "V": self.v_stats.to_json()},
+            "timings": [t.to_json() for t in self.timings],
+            "copy_gbps": self.copy_gbps,
+            "elapsed_s": self.elapsed_s,
+            "source_note": self.source_note,
+        }
+
+
+ProgressFn = Callable[[float, str], None]
+
+
+class Session:
+    """Owns the GPU context; computes `Results` for a config. One compute at a time."""
+
+    def __init__(self, rt=None):
+        self._rt = rt
+        self._ctx = {}
+
+    @property
+    def rt(self):
+        if self._rt is None:
+            from kvviz.gpu.runtime import GpuRuntime
+
+            self._rt = GpuRuntime()
+        if self._rt.lost_reason:
+            # A lost device cannot be used again: open a fresh one for the next run.
+            from kvviz.gpu.runtime import GpuRuntime
+
+            self._rt = GpuRuntime()
+            self._ctx.clear()
+        return self._rt
+
+    def ctx(self, frontend: str):
+        from kvviz.methods.context import GpuContext
+
+        rt = self.rt
+        if frontend not in self._ctx:
+            self._ctx[frontend] = GpuContext(rt, frontend)
+        return self._ctx[frontend]
+
+    # ------------------------------------------------------------- inputs
+    def build_inputs(self, cfg: SessionConfig):
+        """(batch, key, value, q, note) for the config's source."""
+        if cfg.source == "kvfile":
+            return self._inputs_from_file(cfg)
+        lens = [int(x) for x in cfg.context_lens]
+        need = sum(-(-n // cfg.block_size) for n in lens)
+        num_blocks = cfg.num_blocks or max(need + 1, int(np.ceil(need * 1.25)))
+        if cfg.policy == "fragmented":
+            num_blocks = max(num_blocks, 2 * need)
+        batch = make_batch(lens, cfg.block_size, num_blocks, cfg.policy, cfg.seed)
+        k, v, q = synthetic.generate(cfg.preset, batch.token_seq, batch.token_pos, batch.num_seqs,
+                                     cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.seed)
+        return batch, k, v, q, f"synthetic '{cfg.preset}' (seed {cfg.seed})"
+
+    def _inputs_from_file(self, cfg: SessionConfig):
+        from kvviz.sources.kv_files import load_kv
+
+        dump = load_kv(cfg.kv_file)
+        k_all, v_all = dump["k"], dump["v"]
+        L, kvh, T, D = k_all.shape
+        if not 0 <= cfg.layer < L:
+            raise InvalidInput(f"layer {cfg.layer} out of range: the file has {L} layers")
+        batch = make_batch([T], cfg.block_size, cfg.num_blocks or None, cfg.policy, cfg.seed)
+        key = np.ascontiguousarray(k_all[cfg.layer].transpose(1, 0, 2), dtype=np.float32)
+        value = np.ascontiguousarray(v_all[cfg.layer].transpose(1, 0, 2), dtype=np.float32)
+        if dump.get("q") is not None:
+            q = np.ascontiguousarray(dump["q"][cfg.layer][:, -1, :][None], dtype=np.float32)
+            note = f"{cfg.kv_file}, layer {cfg.layer}, query of the last token"
+        else:
+            H = cfg.num_heads if cfg.num_heads % kvh == 0 else kvh
+            q = np.random.default_rng(cfg.seed).standard_normal((1, H, D), dtype=np.float32)
+            note = f"{cfg.kv_file}, layer {cfg.layer}, random queries (the file has none)"
+        return batch, key, value, q, note
+
+    # ------------------------------------------------------------ compute
+    def compute(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> Results:
+        from kvviz.kernels.copy import time_copy_buffer
+        from kvviz.kernels.traffic import decode_bytes, writer_bytes
+        from kvviz.methods import get_method
+
+        t0 = time.perf_counter()
+        progress = progress or (lambda f, msg: None)
+        cancel = cancel or (lambda: False)
+
+        def step(frac, msg):
+            if cancel():
+                raise Cancelled("Cancelled.")
+            progress(frac, msg)
+
+        cfg.validate()
+        step(0.02, "building the workload")
+        batch, key, value, q, note = self.build_inputs(cfg)
+        H, D, kvh = q.shape[1], key.shape[2], key.shape[1]
+        method = get_method(cfg.method, **cfg.method_options)
+        method.check(H, kvh, D, cfg.block_size)
+        ctx = self.ctx(cfg.frontend)
+        rt = ctx.rt
+        scale = cfg.scale if cfg.source == "synthetic" or cfg.softmax_scale else float(1 / np.sqrt(D))
+
+        step(0.10, "f32 baseline: write + decode + weights")
+        base = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
+        ctx.paged.write(base, key, value, batch.slot_mapping)
+        out_ref = ctx.paged.decode(base, q, batch, scale)
+        w_ref = ctx.paged.weights(base, q, batch, scale)
+
+        step(0.30, f"{method.label}: quantise")
+        qkv = method.quantize(ctx, batch, key, value)
+        step(0.45, f"{method.label}: attention")
+        out_q = method.attend(ctx, qkv, batch, q, scale)
+        w_q = method.weights(ctx, qkv, batch, q, scale)
+
+        step(0.55, "metrics")
+        metrics = attention_metrics(w_ref, w_q, out_ref, out_q, batch.context_lens)
+        real = batch.slot_mapping != PAD_SLOT
+        k_stats = code_stats(qkv.k_codes, qkv.code_range, real)
+        v_stats = code_stats(qkv.v_codes, qkv.code_range, real)
+        k_amax = np.stack([channel_amax(key, batch.token_rows(s)) for s in range(batch.num_seqs)])
+        v_amax = np.stack([channel_amax(value, batch.token_rows(s)) for s in range(batch.num_seqs)])
+
+        step(0.62, "timing: copy bandwidth")
+        runs = max(3, int(cfg.timing_runs))
+        ct, cb = time_copy_buffer(rt, max(2 * key.nbytes, 16 << 20), runs=runs)
+        copy_gbps = ct.gbps(cb)
+        timings = [TimingRow("copy_buffer", "copy_buffer_to_buffer", ct, cb, copy_gbps)]
+        step(0.70, "timing: f32 baseline kernels")
+        wd = ctx.paged.write_dispatches(base, key, value, batch.slot_mapping)
+        timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps))
+        dd, _ = ctx.paged.decode_dispatches(base, q, batch, scale)
+        timings.append(TimingRow("paged_attn_f32", "f32 baseline", rt.time(dd, runs), decode_bytes(base, batch, q), copy_gbps))
+        step(0.82, f"timing: {method.label} kernels")
+        for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, scale):
+            step(0.85, f"timing {name}")
+            timings.append(TimingRow(name, method.label, rt.time(dispatches, runs), nbytes, copy_gbps))
+        step(1.0, "done")
+        return Results(
+            config=cfg, adapter=rt.summary, batch=batch, key=key, value=value, q=q, method=method,
+            layouts=method.layouts(D, batch.block_size), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
+            w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
+            v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps,
+            elapsed_s=time.perf_counter() - t0, source_note=note,
+        )
+
+    def inspect_block(self, res: Results, block: int, kv_head: int, which: str = "K"):
+        if not 0 <= block < res.batch.num_blocks:
+            raise InvalidInput(f"block {block} out of range (0..{res.batch.num_blocks - 1})")
+        if not 0 <= kv_head < res.key.shape[1]:
+            raise InvalidInput(f"kv head {kv_head} out of range")
+        return res.method.inspect_block(self.ctx(res.config.frontend), res.qkv, res.batch, block, kv_head, which)
+
+    # -------------------------------------------------------------- sweep
+    def sweep(self, cfg: SessionConfig, param: str, values, progress: ProgressFn | None = None,
+              cancel: Callable[[], bool] | None = None) -> list[dict]:
+        """Latency of the method's and the baseline's decode over a range of `param`.
+
+        param: "context" (tokens per sequence, every sequence the same) or "batch" (number of
+        sequences of the config's first context length). Returns one dict per point; stops early
+        and returns what it has when cancelled.
+        """
+        from kvviz.kernels.traffic import decode_bytes
+        from kvviz.methods import get_method
+
+        if param not in ("context", "batch"):
+            raise InvalidInput(f"sweep parameter must be 'context' or 'batch', got {param!r}")
+        progress = progress or (lambda f, m: None)
+        cancel = cancel or (lambda: False)
+        cfg.validate()
+        ctx = self.ctx(cfg.frontend)
+        method = get_method(cfg.method, **cfg.method_options)
+        points = []
+        for i, val in enumerate(values):
+            if cancel():
+                break
+            progress(i / len(values), f"{param} = {val}")
+            lens = [int(val)] * len(cfg.context_lens) if param == "context" else [int(cfg.context_lens[0])] * int(val)
+            pcfg = SessionConfig.from_json({**cfg.to_json(), "context_lens": lens, "num_blocks": 0})
+            batch, key, value, q, _ = self.build_inputs(pcfg)
+            D, kvh = key.shape[2], key.shape[1]
+            method.check(q.shape[1], kvh, D, pcfg.block_size)
+            base = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
+            ctx.paged.write(base, key, value, batch.slot_mapping)
+            dd, _ = ctx.paged.decode_dispatches(base, q, batch, pcfg.scale)
+            tb = ctx.rt.time(dd, max(3, cfg.timing_runs))
+            row = {"param": param, "value": int(val), "tokens": int(sum(lens)),
+                   "baseline_us": tb.median_us, "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
+            for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, pcfg.scale):
+                t = ctx.rt.time(dispatches, max(3, cfg.timing_runs))
+                row["method_kernels"][name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us, "bytes": nbytes}
+            points.append(row)
+        progress(1.0, "sweep done")
+        return points

@@ -1,0 +1,267 @@
+"""`kvviz bench`: GPU timings of every kernel on named shapes, checked against the numpy oracles.
+
+Qt-free. Every time is a GPU timestamp measurement (median of `runs` after `warmup` discarded runs)
+unless the adapter lacks timestamps, in which case the row says "wall-clock". Bandwidth is unique
+bytes moved / median time, and `pct_of_copy` compares it with the buffer copy measured in the same
+run on the same device.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.errors import KvvizError
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
+from kvviz.kernels.copy import time_copy_buffer, time_copy_shader
+from kvviz.kernels.paged import PagedKernels
+from kvviz.kernels.traffic import decode_bytes, weights_bytes, writer_bytes
+from kvviz.oracles import paged as oracle
+from kvviz.paging import make_batch
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    name: str
+    context_lens: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    policy: str = "contiguous"
+
+    def to_json(self) -> dict:
+        lens = self.context_lens
+        return {
+            "name": self.name,
+            "num_seqs": len(lens),
+            "context_lens": list(lens) if len(set(lens)) > 1 else lens[0],
+            "num_tokens": int(sum(lens)),
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "block_size": self.block_size,
+            "policy": self.policy,
+        }
+
+    def label(self) -> str:
+        lens = self.context_lens
+        ctx = f"{lens[0]}" if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
+        return (
+            f"{len(lens)}x{ctx} tok, {self.num_heads}/{self.num_kv_heads} heads, "
+            f"d{self.head_size}, blk{self.block_size}"
+        )
+
+
+SHAPES = {
+    # Small enough for lavapipe in CI; ragged lengths on purpose.
+    "quick-ragged": BenchShape("quick-ragged", (37, 100, 300, 129), 8, 2, 128, 16, "scattered"),
+    "quick-d64-mha": BenchShape("quick-d64-mha", (64, 250), 4, 4, 64, 8),
+    # The performance anchor of docs/kernels.md: 15 x 4096 tokens, 32/8 heads, head 128, block 16.
+    "decode-15x4096": BenchShape("decode-15x4096", (4096,) * 15, 32, 8, 128, 16),
+    "decode-1x32768": BenchShape("decode-1x32768", (32768,), 32, 8, 128, 16),
+}
+QUICK = ("quick-ragged", "quick-d64-mha")
+FULL = ("decode-15x4096",)
+
+
+def make_inputs(shape: BenchShape, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    batch = make_batch(shape.context_lens, shape.block_size, policy=shape.policy, seed=seed)
+    T = batch.num_tokens
+    key = rng.standard_normal((T, shape.num_kv_heads, shape.head_size), dtype=np.float32)
+    value = rng.standard_normal((T, shape.num_kv_heads, shape.head_size), dtype=np.float32)
+    q = rng.standard_normal((batch.num_seqs, shape.num_heads, shape.head_size), dtype=np.float32)
+    return batch, key, value, q
+
+
+def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, note=""):
+    gbps = timing.gbps(nbytes) if timing is not None else float("nan")
+    return {
+        "kernel": kernel,
+        "variant": variant,
+        "shape": shape.to_json(),
+        "gpu_us_min": timing.min_us if timing else None,
+        "gpu_us_median": timing.median_us if timing else None,
+        "gpu_us_p90": timing.p90_us if timing else None,
+        "timing_method": timing.method if timing else None,
+        "bytes_moved": int(nbytes),
+        "gbps": gbps,
+        "pct_of_copy": 100.0 * gbps / copy_gbps if copy_gbps else None,
+        "max_abs_err_vs_oracle": err,
+        "tolerance": tol,
+        "within_tolerance": (err is not None and tol is not None and err <= tol),
+        "adapter": adapter,
+        "note": note,
+    }
+
+
+def _writer_error(fmt, cache_words, key, batch):
+    """Max |dequantised GPU cache - oracle| over elements that are not at a rounding tie."""
+    if fmt == "f32":
+        ref = oracle.write_cache_f32(np.zeros_like(cache_words), key, batch.slot_mapping, batch.block_size)
+        return float(np.abs(cache_words - ref).max())
+    ref = oracle.write_cache_int8(np.zeros_like(cache_words), key, batch.slot_mapping, batch.block_size)
+    got_c, got_s = oracle.unpack_int8_words(cache_words)
+    ref_c, ref_s = oracle.unpack_int8_words(ref)
+    # Ties: recompute the pre-round values in cache order to exclude exact .5 ties (GLSL round).
+    _, _, pre = oracle.quantize_int8_per_token(key)
+    tie = np.zeros(ref_c.shape, dtype=bool)
+    sm = batch.slot_mapping.astype(np.int64)
+    real = sm != 0xFFFFFFFF
+    tie[sm[real] // batch.block_size, :, sm[real] % batch.block_size, :] = oracle.tie_mask(pre[real])
+    diff = np.abs(got_c.astype(np.float64) * got_s[..., None] - ref_c.astype(np.float64) * ref_s[..., None])
+    diff[tie] = 0.0
+    scale_err = float(np.abs(got_s.astype(np.float64) - ref_s).max())
+    return float(max(diff.max(), scale_err))
+
+
+def run_bench(
+    shapes,
+    runs: int = 20,
+    warmup: int = 3,
+    frontends=(FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL),
+    compare_torch: bool = False,
+    methods: bool = True,
+    rt: GpuRuntime | None = None,
+    log=print,
+) -> dict:
+    rt = rt or GpuRuntime()
+    adapter = rt.summary.to_json()
+    log(f"adapter: {rt.summary.line()}")
+    rows = []
+    for shape in shapes:
+        batch, key, value, q = make_inputs(shape)
+        scale = float(1.0 / np.sqrt(shape.head_size))
+        kv_bytes = 2 * key.nbytes
+        copy_n = max(kv_bytes, 32 << 20)
+        ct, cb = time_copy_buffer(rt, copy_n, runs, warmup)
+        copy_gbps = ct.gbps(cb)
+        rows.append(_row("copy_buffer", "copy_buffer_to_buffer", shape, ct, cb, copy_gbps, 0.0, 0.0, adapter))
+        st, sb = time_copy_shader(rt, copy_n, runs, warmup)
+        rows.append(_row("copy_shader", "wgsl vec4", shape, st, sb, copy_gbps, 0.0, 0.0, adapter))
+        refs = {}
+        for fmt in ("f32", "q8"):
+            for fe in frontends if fmt == "q8" else (FRONTEND_GLSLANG,):
+                pk = PagedKernels(rt, fe)
+                variant = ("seed GLSL via " if fmt == "q8" else "f32 baseline via ") + fe
+                try:
+                    cache = pk.allocate(fmt, batch.num_blocks, shape.num_kv_heads, shape.block_size, shape.head_size)
+                    wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
+                    wt = rt.time(wd, runs, warmup)
+                    kc = pk.read(cache, "k")
+                    werr = _writer_error(fmt, kc, key, batch)
+                    name = f"reshape_and_cache_{fmt}"
+                    rows.append(_row(name, variant, shape, wt, writer_bytes(cache, batch, key), copy_gbps, werr, 0.0, adapter))
+                    if fmt not in refs:
+                        vc = pk.read(cache, "v")
+                        if fmt == "q8":
+                            kf, vf = oracle.dequantize_cache_int8(kc), oracle.dequantize_cache_int8(vc)
+                        else:
+                            kf, vf = kc.astype(np.float64), vc.astype(np.float64)
+                        ref = oracle.decode(q, kf, vf, batch.block_tables, batch.context_lens, shape.block_size, scale)
+                        refw = oracle.decode_weights(q, kf, batch.block_tables, batch.context_lens, shape.block_size, scale)
+                        refs[fmt] = (ref, refw)
+                    ref, refw = refs[fmt]
+                    dd, outs = pk.decode_dispatches(cache, q, batch, scale)
+                    dt = rt.time(dd, runs, warmup)
+                    out = pk._collect(outs, batch.num_seqs, shape.num_heads * shape.head_size, (shape.num_heads, shape.head_size))
+                    err = float(np.abs(out - ref).max())
+                    tol = 1e-4 * max(1.0, float(np.abs(ref).max()))
+                    rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, err, tol, adapter))
+                    w = pk.weights(cache, q, batch, scale)
+                    werr2 = float(np.abs(w - refw).max())
+                    rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr2, 1e-5, adapter, "correctness only"))
+                except KvvizError as exc:
+                    rows.append(_row(f"{fmt} kernels", variant, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
+        if methods:
+            rows += _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log)
+        if compare_torch:
+            rows.append(_torch_row(shape, runs, warmup, copy_gbps, adapter))
+    return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows}
+
+
+def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log):
+    """Every registered method's own kernels (the int8 seed is already covered above)."""
+    from kvviz.methods import registry
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(rt)
+    rows = []
+    for mkey, cls in sorted(registry().items()):
+        if mkey == "int8_seed":
+            continue
+        m = cls()
+        try:
+            m.check(shape.num_heads, shape.num_kv_heads, shape.head_size, shape.block_size)
+            for name, dispatches, nbytes in m.timed_kernels(ctx, batch, key, value, q, scale):
+                t = rt.time(dispatches, runs, warmup)
+                rows.append(_row(name, m.label, shape, t, nbytes, copy_gbps, None, None, adapter, "method kernel; conformance in tests"))
+        except KvvizError as exc:
+            rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
+    return rows
+
+
+def _torch_row(shape, runs, warmup, copy_gbps, adapter):
+    """torch SDPA decode in bf16 on the same shape: what a user would pick instead."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as exc:
+        return _row("torch_sdpa_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter, f"torch not importable: {exc}")
+    if not torch.cuda.is_available():
+        return _row("torch_sdpa_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter, "torch has no CUDA device")
+    from kvviz.gpu.timing import TimingResult
+
+    S, T = len(shape.context_lens), max(shape.context_lens)
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    qt = torch.randn(S, shape.num_heads, 1, shape.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    kt = torch.randn(S, shape.num_kv_heads, T, shape.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    vt = torch.randn_like(kt)
+    for _ in range(warmup):
+        F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    samples = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        b.record()
+        torch.cuda.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+    t = TimingResult.from_samples(samples, "cuda-events")
+    nbytes = 2 * kt.numel() * 2 + 2 * qt.numel() * 2
+    note = "padded to the longest sequence" if len(set(shape.context_lens)) > 1 else ""
+    return _row("torch_sdpa_bf16", f"torch {torch.__version__} {torch.cuda.get_device_name()}", shape, t, nbytes, copy_gbps, None, None, adapter, note)
+
+
+def format_table(result: dict) -> str:
+    lines = []
+    hdr = f"{'kernel':<28} {'variant':<30} {'median us':>10} {'min':>9} {'p90':>9} {'GB/s':>8} {'%copy':>6} {'max err':>9} {'ok':>3}"
+    shape_name = None
+    for r in result["rows"]:
+        if r["shape"]["name"] != shape_name:
+            shape_name = r["shape"]["name"]
+            s = r["shape"]
+            lines.append("")
+            lines.append(f"== {shape_name}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}")
+            lines.append(hdr)
+
+        def f(x, fmt):
+            return format(x, fmt) if isinstance(x, (int, float)) and x == x else "-"
+
+        ok = "-" if r["tolerance"] is None else ("yes" if r["within_tolerance"] else "NO")
+        lines.append(
+            f"{r['kernel'][:28]:<28} {r['variant'][:30]:<30} {f(r['gpu_us_median'], '10.1f'):>10} {f(r['gpu_us_min'], '9.1f'):>9} "
+            f"{f(r['gpu_us_p90'], '9.1f'):>9} {f(r['gbps'], '8.1f'):>8} {f(r['pct_of_copy'], '6.1f'):>6} "
+            f"{f(r['max_abs_err_vs_oracle'], '9.2e'):>9} {ok:>3}" + (f"  {r['note']}" if r["note"] else "")
+        )
+    return "\n".join(lines)
+
+
+def save_json(result: dict, path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2, default=float)

@@ -1,0 +1,65 @@
+"""Device copy: the practical bandwidth limit every kernel is compared with.
+
+Two measurements, both from GPU timestamps:
+  copy_buffer  - copy_buffer_to_buffer (the driver's DMA/copy path), between two timestamps written
+                 by the encoder (feature timestamp-query-inside-encoders) or, without it, by an empty
+                 compute pass before and after;
+  copy_shader  - a vec4 compute copy (shaders/copy/copy_vec4.wgsl): what a streaming shader reaches.
+Bytes moved = read + write = 2 x size.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
+from kvviz.gpu.shaders import ShaderSpec
+from kvviz.gpu.timing import TimingResult
+
+
+def _buffers(rt: GpuRuntime, nbytes: int, binding: bool):
+    nbytes = nbytes // 16 * 16
+    src = rt.empty(nbytes, "copy_src", binding=binding)
+    dst = rt.empty(nbytes, "copy_dst", binding=binding)
+    # Fill the source so the copy moves real data (some drivers shortcut untouched pages).
+    rt.write(src, np.arange(nbytes // 4, dtype=np.uint32))
+    return src, dst, nbytes
+
+
+def copy_shader_dispatches(rt: GpuRuntime, nbytes: int) -> tuple[list[Dispatch], int]:
+    nbytes = min(nbytes, rt.max_binding)
+    src, dst, nbytes = _buffers(rt, nbytes, True)
+    kern = rt.kernel(ShaderSpec("copy/copy_vec4.wgsl"), [STORAGE_RO, STORAGE_RW], immediate_size=8)
+    n_vec4 = nbytes // 16
+    groups = min(rt.max_grid, -(-n_vec4 // 256))
+    stride = groups * 256
+    return [Dispatch(kern, [src, dst], (groups, 1, 1), struct.pack("<2I", n_vec4, stride))], nbytes
+
+
+def time_copy_shader(rt: GpuRuntime, nbytes: int, runs: int = 20, warmup: int = 3):
+    d, n = copy_shader_dispatches(rt, nbytes)
+    return rt.time(d, runs=runs, warmup=warmup), 2 * n
+
+
+def time_copy_buffer(rt: GpuRuntime, nbytes: int, runs: int = 20, warmup: int = 3) -> tuple[TimingResult, int]:
+    """copy_buffer_to_buffer timed between a timestamp before and one after the copy."""
+    src, dst, n = _buffers(rt, min(nbytes, rt.max_buffer), False)
+
+    def record(enc, tw=None):
+        if tw is None:
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, n)
+            return
+        qs, i0, i1 = tw["query_set"], tw["beginning_of_pass_write_index"], tw["end_of_pass_write_index"]
+        if "timestamp-query-inside-encoders" in rt.features:
+            from wgpu.backends.wgpu_native.extras import write_timestamp
+
+            write_timestamp(enc, qs, i0)
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, n)
+            write_timestamp(enc, qs, i1)
+        else:
+            enc.begin_compute_pass(timestamp_writes={"query_set": qs, "end_of_pass_write_index": i0}).end()
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, n)
+            enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": i1}).end()
+
+    return rt.time(record=record, runs=runs, warmup=warmup), 2 * n
