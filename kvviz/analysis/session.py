@@ -264,7 +264,7 @@ class Session:
 
     # ------------------------------------------------------------ compute
     def compute(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> Results:
-        from kvviz.kernels.copy import time_copy_buffer
+        from kvviz.kernels.copy import measure_copy
         from kvviz.kernels.traffic import decode_bytes, writer_bytes
         from kvviz.methods import get_method
 
@@ -309,9 +309,8 @@ class Session:
 
         step(0.62, "timing: copy bandwidth")
         runs = max(3, int(cfg.timing_runs))
-        ct, cb = time_copy_buffer(rt, max(2 * key.nbytes, 16 << 20), runs=runs)
-        copy_gbps = ct.gbps(cb)
-        timings = [TimingRow("copy_buffer", "copy_buffer_to_buffer", ct, cb, copy_gbps)]
+        copy_gbps, copies = measure_copy(rt, max(2 * key.nbytes, 16 << 20), runs=runs)
+        timings = [TimingRow(name, variant, t, nb, copy_gbps) for name, variant, t, nb in copies]
         step(0.70, "timing: f32 baseline kernels")
         wd = ctx.paged.write_dispatches(base, key, value, batch.slot_mapping)
         timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps))

@@ -387,12 +387,14 @@ class GpuRuntime:
         runs: int = 20,
         warmup: int = 3,
         record: Callable | None = None,
+        isolate: bool = True,
     ) -> TimingResult:
         """GPU time of one compute pass holding `dispatches`, from timestamp queries.
 
         Warm-up passes are submitted first and discarded; then `runs` passes each carry a begin and
         an end timestamp. Without the timestamp feature, falls back to wall-clock time of submit +
-        wait per run and says so in `TimingResult.method`.
+        wait per run and says so in `TimingResult.method`. `isolate` submits and waits for each run
+        on its own (default); False records all runs back to back in one submit.
         """
         dispatches = list(dispatches or [])
         with self._lock:
@@ -431,6 +433,13 @@ class GpuRuntime:
                     "end_of_pass_write_index": 2 * i + 1,
                 }
                 rec(enc, tw)
+                if isolate:
+                    # One submit per run, waited for: a begin timestamp cannot be taken while the
+                    # previous run is still in flight (back-to-back passes overlapped on an H200 and
+                    # gave bimodal times).
+                    self.queue.submit([enc.finish()])
+                    self._wait()
+                    enc = self.device.create_command_encoder()
             resolve = self.empty(16 * runs, "kvviz-timestamps")
             resolve_buf = self.device.create_buffer(
                 size=16 * runs, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC

@@ -129,3 +129,57 @@ def decode(q, k_cache_f, v_cache_f, block_tables, context_lens, block_size, scal
         for h in range(H):
             out[s, h] = w[s, h, :n] @ v[h // (H // kvh)]
     return out
+
+
+def division_ulps(adapter_summary) -> int:
+    """ULPs a kernel's f32 division may be off on this adapter.
+
+    SPIR-V's OpFDiv is only required to be within 2.5 ULP in Vulkan; lavapipe divides exactly, the
+    NVIDIA driver does not (the seed's amax/127 scale differed by 1 ULP on an H200). 0 on software
+    adapters, 3 elsewhere.
+    """
+    return 0 if adapter_summary.is_software else 3
+
+
+def ulp_diff_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in units in the last place between float32 arrays of the same sign."""
+    ai = np.asarray(a, np.float32).view(np.int32).astype(np.int64)
+    bi = np.asarray(b, np.float32).view(np.int32).astype(np.int64)
+    return np.abs(ai - bi)
+
+
+def compare_int8_cache(got: np.ndarray, key: np.ndarray, slot_mapping: np.ndarray, block_size: int,
+                       scale_ulps: int = 0, fill: int = 0) -> dict:
+    """GPU int8 cache vs the oracle over the slots the batch writes.
+
+    Codes must be equal except one code where x*127/amax is at (or within float rounding of) a .5
+    tie; scales within `scale_ulps` ULP (0 = bit-equal). Returns counts and an `ok` verdict.
+    """
+    ref = write_cache_int8(np.full_like(got, fill), key, slot_mapping, block_size)
+    sm = np.asarray(slot_mapping).astype(np.int64)
+    real = sm != PAD_SLOT
+    blk, off = sm[real] // block_size, sm[real] % block_size
+    used = np.zeros(got.shape[:3], dtype=bool)
+    used[blk, :, off] = True
+    gc, gs = unpack_int8_words(got[used])
+    rc, rs = unpack_int8_words(ref[used])
+    _, _, pre = quantize_int8_per_token(key[real])
+    tie_c = np.zeros(got.shape[:3] + (gc.shape[-1],), dtype=bool)
+    tie_c[blk, :, off] = tie_mask(pre)
+    tie = tie_c[used]
+    diff = np.abs(gc.astype(np.int32) - rc.astype(np.int32))
+    ulps = ulp_diff_f32(gs, rs)
+    untouched_ok = bool((got[~used] == fill).all())
+    res = {
+        "codes": int(diff.size),
+        "code_max_diff": int(diff.max(initial=0)),
+        "code_mismatch_at_ties": int(np.count_nonzero(diff[tie])),
+        "code_mismatch_not_tie": int(np.count_nonzero(diff[~tie])),
+        "scales": int(gs.size),
+        "scale_max_ulp": int(ulps.max(initial=0)),
+        "scale_mismatch": int(np.count_nonzero(ulps)),
+        "untouched_slots_kept": untouched_ok,
+    }
+    res["ok"] = (res["code_max_diff"] <= 1 and res["code_mismatch_not_tie"] == 0
+                 and res["scale_max_ulp"] <= scale_ulps and untouched_ok)
+    return res
