@@ -1,0 +1,133 @@
+"""Compare quantisation methods against the f32 paged baseline on the same KV (Qt-free).
+
+`compare_methods` writes the batch into the f32 paged cache (ctx.paged f32 writer), runs the f32
+decode and attention-weights kernels, then quantises the same KV with each method and runs its own
+attention path on the GPU. Every number comes from GPU outputs; nothing is recomputed in numpy.
+
+Per method (dict keys):
+  key, label, options
+  bits_per_element   average of the K and V layouts' bits per element (scales, zeros and, for
+                     KIVI, the float32 residual rows of THIS batch included: `layouts_for_batch`)
+  bytes_per_token    K + V bytes one token costs over all KV heads
+  kl_mean, kl_max    KL(w_f32 || w_method) in nats over the positions of each (sequence, head),
+                     mean and max over (sequence, head) pairs with a non-empty context. Both
+                     weight rows are renormalised to sum 1 (the kernels divide by sum + 1e-6) and
+                     floored at 1e-30 inside the log, so a weight the method flushes to 0 costs a
+                     large but finite amount.
+  max_weight_err     max |w_method - w_f32| over all positions
+  out_rel_l2         ||o_method - o_f32|| / ||o_f32|| over the whole decode output
+  out_cos_mean, out_cos_min   cosine of o_method and o_f32 per (sequence, head)
+  top8_overlap       mean over (sequence, head) of |top8(w_f32) & top8(w_method)| / min(8, context)
+  seconds            host wall time of quantise + attend + weights (lavapipe: CPU time, not GPU time)
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+TOPK = 8
+KL_FLOOR = 1e-30
+
+
+def _layouts(method, batch, head_size):
+    hook = getattr(method, "layouts_for_batch", None)
+    if hook is not None:
+        return hook(batch, head_size)
+    return method.layouts(head_size, batch.block_size)
+
+
+def kl_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """KL(p || q) along the last axis of non-negative rows (renormalised; see module doc)."""
+    p = np.asarray(p, np.float64)
+    q = np.asarray(q, np.float64)
+    p = p / np.maximum(p.sum(-1, keepdims=True), KL_FLOOR)
+    q = q / np.maximum(q.sum(-1, keepdims=True), KL_FLOOR)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(p > 0, p * (np.log(np.maximum(p, KL_FLOOR)) - np.log(np.maximum(q, KL_FLOOR))), 0.0)
+    return np.maximum(t.sum(-1), 0.0)
+
+
+def attention_errors(w_ref, w, o_ref, o, context_lens, k: int = TOPK) -> dict:
+    """The attention metrics of one method from GPU weights [S, H, ctx] and outputs [S, H, D]."""
+    w_ref = np.asarray(w_ref, np.float64)
+    w = np.asarray(w, np.float64)
+    o_ref = np.asarray(o_ref, np.float64)
+    o = np.asarray(o, np.float64)
+    S, H, _ = w_ref.shape
+    ctx = np.asarray(context_lens, np.int64)
+    kls, overl, coss = [], [], []
+    for s in range(S):
+        n = int(ctx[s])
+        if n == 0:
+            continue
+        kls.append(kl_rows(w_ref[s, :, :n], w[s, :, :n]))
+        kk = min(k, n)
+        for h in range(H):
+            a = set(np.argsort(-w_ref[s, h, :n], kind="stable")[:kk].tolist())
+            b = set(np.argsort(-w[s, h, :n], kind="stable")[:kk].tolist())
+            overl.append(len(a & b) / kk)
+            na, nb = np.linalg.norm(o_ref[s, h]), np.linalg.norm(o[s, h])
+            coss.append(float(o_ref[s, h] @ o[s, h] / (na * nb)) if na > 0 and nb > 0 else float(na == nb))
+    kl = np.concatenate(kls) if kls else np.zeros(1)
+    ref_norm = np.linalg.norm(o_ref)
+    return {
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "max_weight_err": float(np.abs(w - w_ref).max()) if w.size else 0.0,
+        "out_rel_l2": float(np.linalg.norm(o - o_ref) / ref_norm) if ref_norm > 0 else float(np.linalg.norm(o)),
+        "out_cos_mean": float(np.mean(coss)) if coss else 1.0,
+        "out_cos_min": float(np.min(coss)) if coss else 1.0,
+        f"top{k}_overlap": float(np.mean(overl)) if overl else 1.0,
+    }
+
+
+def baseline(ctx, batch, key, value, q, scale):
+    """f32 paged cache, decode output and weights of the batch (the reference every method is held to)."""
+    kvh, D = key.shape[1], key.shape[2]
+    cache = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
+    ctx.paged.write(cache, key, value, batch.slot_mapping)
+    return cache, ctx.paged.decode(cache, q, batch, scale), ctx.paged.weights(cache, q, batch, scale)
+
+
+def compare_methods(ctx, batch, key, value, q, scale, methods) -> list[dict]:
+    """Run the f32 baseline and every method on the same KV; one dict per method (see module doc)."""
+    key = np.asarray(key)
+    kvh, D = key.shape[1], key.shape[2]
+    _, o_ref, w_ref = baseline(ctx, batch, key, value, q, scale)
+    rows = []
+    for m in methods:
+        t0 = time.perf_counter()
+        qkv = m.quantize(ctx, batch, key, value)
+        o = m.attend(ctx, qkv, batch, q, scale)
+        w = m.weights(ctx, qkv, batch, q, scale)
+        dt = time.perf_counter() - t0
+        kl, vl = _layouts(m, batch, D)
+        row = {
+            "key": m.key,
+            "label": m.label,
+            "options": dict(m.options()),
+            "bits_per_element": (kl.bits_per_element + vl.bits_per_element) / 2.0,
+            "bytes_per_token": (kl.bytes_per_token_per_head + vl.bytes_per_token_per_head) * kvh,
+        }
+        row.update(attention_errors(w_ref, w, o_ref, o, batch.context_lens))
+        row["seconds"] = dt
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict], f32_bytes_per_token: float | None = None) -> str:
+    """A fixed-width text table of compare_methods rows (for `pytest -s`, the CLI and reports)."""
+    head = f"{'method':<44} {'bits/el':>7} {'B/token':>8} {'KL mean':>10} {'KL max':>10} {'max|dw|':>9} {'out relL2':>9} {'cos min':>8} {'top8':>5}"
+    lines = [head, "-" * len(head)]
+    if f32_bytes_per_token is not None:
+        lines.append(f"{'f32 baseline':<44} {32.0:>7.2f} {f32_bytes_per_token:>8.0f} {0.0:>10.2e} {0.0:>10.2e} {0.0:>9.2e} {0.0:>9.2e} {1.0:>8.5f} {1.0:>5.2f}")
+    for r in rows:
+        opts = ",".join(f"{k}={v}" for k, v in r["options"].items() if k != "context_len")
+        name = f"{r['key']}" + (f"({opts})" if opts else "")
+        lines.append(
+            f"{name:<44} {r['bits_per_element']:>7.2f} {r['bytes_per_token']:>8.0f} {r['kl_mean']:>10.2e} "
+            f"{r['kl_max']:>10.2e} {r['max_weight_err']:>9.2e} {r['out_rel_l2']:>9.2e} {r['out_cos_min']:>8.5f} "
+            f"{r['top8_overlap']:>5.2f}"
+        )
+    return "\n".join(lines)

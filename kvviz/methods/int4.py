@@ -1,0 +1,95 @@
+"""int4_group: asymmetric 4-bit per group of G consecutive elements of a token's head vector.
+
+Seed 002's INT4 made real: 8 codes per u32 word, scale and zero in their own words (the seed wrote
+zero points over other groups' scales). Option group_size G in {32, 64, 128}; G must divide the head
+size. scale = (max-min)/15, zero = min, code = clamp(round((x-min)/scale), 0, 15); a group with
+max - min < 2^-100 (constant, all zero) is degenerate: scale 0, codes 0, dequantised exactly to min.
+Shaders: quant/int4_write.wgsl, quant/int4_dequant.wgsl. Oracle: kvviz/oracles/int4.py.
+"""
+from __future__ import annotations
+
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.kernels import quant as qk
+from kvviz.methods.base import CacheLayout, LayoutField, register
+from kvviz.methods.quant_common import PerTokenRecordMethod
+from kvviz.oracles import int4 as oracle
+
+GROUP_SIZES = (32, 64, 128)
+
+
+@register
+class Int4Group(PerTokenRecordMethod):
+    key = "int4_group"
+    label = "int4 per group (asymmetric)"
+    family = "int4"
+    nominal_bits = 4.0
+    head_multiple = 8
+    head_multiple_why = "8 codes are packed per 32-bit word"
+    code_range = (0, 15)
+
+    def __init__(self, group_size: int = 32):
+        if int(group_size) not in GROUP_SIZES:
+            raise InvalidInput(f"int4_group: group_size must be one of {GROUP_SIZES}, got {group_size}")
+        self.group_size = int(group_size)
+        self.label = f"int4 per group G={self.group_size}"
+
+    def options(self):
+        return {"group_size": self.group_size}
+
+    def check(self, num_heads, num_kv_heads, head_size, block_size):
+        super().check(num_heads, num_kv_heads, head_size, block_size)
+        if head_size % self.group_size:
+            raise UnsupportedShape(
+                f"int4_group: group_size {self.group_size} does not divide head_size {head_size}.",
+                f"Pick a group size that divides {head_size} (one of {GROUP_SIZES}).",
+            )
+
+    def check_values(self, key, value):
+        qk.check_magnitude("key", key)
+        qk.check_magnitude("value", value)
+
+    def wpt(self, head_size):
+        return head_size // 8 + 2 * (head_size // self.group_size)
+
+    def writer_spec(self):
+        return qk.spec("int4_write.wgsl", GROUP=self.group_size)
+
+    def dequant_spec(self):
+        return qk.spec("int4_dequant.wgsl", GROUP=self.group_size)
+
+    def unpack(self, records, head_size):
+        codes, scales, zeros = oracle.unpack_records(records, head_size, self.group_size)
+        return {"codes": codes.astype(int), "scale": scales, "zero": zeros}
+
+    def quantize(self, ctx, batch, key, value):
+        qkv = super().quantize(ctx, batch, key, value)
+        qkv.extra["k_zeros"] = qkv.extra["k_fields"]["zero"]
+        qkv.extra["v_zeros"] = qkv.extra["v_fields"]["zero"]
+        return qkv
+
+    def layouts(self, head_size, block_size):
+        G = self.group_size
+        ng = head_size // G
+        nw = head_size // 8
+
+        def one(which):
+            return CacheLayout(
+                method=self.key,
+                which=which,
+                head_size=head_size,
+                fields=(
+                    LayoutField("codes", "uint4", 4, head_size, "token", "clamp(round((x-min)/scale), 0, 15)"),
+                    LayoutField("scale", "f32", 32, ng, "group", f"(max-min)/15 per group of {G}; 0 if degenerate"),
+                    LayoutField("zero", "f32", 32, ng, "group", "group minimum: x^ = code*scale + zero"),
+                ),
+                bytes_per_token_per_head=float(self.wpt(head_size) * 4),
+                description=(
+                    f"Asymmetric int4 per group of {G} consecutive elements of a token's head vector; "
+                    f"{ng} group(s) a token. Degenerate groups (max-min < 2^-100) store scale 0 and "
+                    f"dequantise to min exactly. Paged [num_blocks, kv_heads, {block_size}, {self.wpt(head_size)}] u32."
+                ),
+                word_map=f"words 0..{nw - 1}: 8 uint4 codes each (element 8w+l in bits 4l..4l+3); "
+                f"words {nw}+2g / {nw}+2g+1 (g = 0..{ng - 1}): f32 scale / f32 zero (min) of group g",
+            )
+
+        return one("K"), one("V")

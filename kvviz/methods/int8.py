@@ -1,0 +1,61 @@
+"""int8_token: seed 002's per-token int8 quantiser made real (valid WGSL, 4 codes a word, paged).
+
+scale = max(amax/127, 1e-8), code = clamp(round(x/scale), -128, 127): the seed's asymmetric clamp,
+unlike the GLSL seed 000 (clamp [-127, 127], reciprocal multiply). -128 is never produced in
+practice (see kvviz/oracles/int8.py). Shaders: quant/int8_write.wgsl, quant/int8_dequant.wgsl.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.kernels import quant as qk
+from kvviz.methods.base import CacheLayout, LayoutField, register
+from kvviz.methods.quant_common import PerTokenRecordMethod
+from kvviz.oracles import int8 as oracle
+
+
+@register
+class Int8PerToken(PerTokenRecordMethod):
+    key = "int8_token"
+    label = "int8 per token (seed 002, WGSL)"
+    family = "int8"
+    nominal_bits = 8.0
+    code_range = (-128, 127)
+
+    def wpt(self, head_size):
+        return head_size // 4 + 1
+
+    def writer_spec(self):
+        return qk.spec("int8_write.wgsl")
+
+    def dequant_spec(self):
+        return qk.spec("int8_dequant.wgsl")
+
+    def unpack(self, records, head_size):
+        codes, scales = oracle.unpack_records(records)
+        return {"codes": codes.astype(np.int32), "scale": scales}
+
+    def layouts(self, head_size, block_size):
+        nw = head_size // 4
+
+        def one(which):
+            return CacheLayout(
+                method=self.key,
+                which=which,
+                head_size=head_size,
+                fields=(
+                    LayoutField("codes", "int8", 8, head_size, "token",
+                                "clamp(round(x/scale), -128, 127); -128 unreachable in practice"),
+                    LayoutField("scale", "f32", 32, 1, "token", "max(amax/127, 1e-8)"),
+                ),
+                bytes_per_token_per_head=float((nw + 1) * 4),
+                description=(
+                    "Per-token int8 (seed 002): scale = max(amax/127, 1e-8), code = clamp(round(x/scale), "
+                    "-128, 127) with a correctly rounded division; dequantised = code*scale. Paged "
+                    f"[num_blocks, kv_heads, {block_size}, {nw + 1}] u32."
+                ),
+                word_map=f"words 0..{nw - 1}: 4 int8 codes each (element 4w+l in byte l, LE, two's complement); "
+                f"word {nw}: f32 scale bits",
+            )
+
+        return one("K"), one("V")

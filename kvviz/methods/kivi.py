@@ -1,0 +1,341 @@
+"""kivi: KIVI-style paged KV cache (arXiv:2402.02750): keys per channel over groups of 32 tokens,
+values per token, asymmetric 2 or 4 bits, the most recent tokens of each sequence in float32.
+
+Options: bits in {2, 4}; recent R >= 0 (default 128); context_len (default 4096): the sequence length
+the layout's bytes/bits accounting assumes (`layouts_for_batch` accounts a concrete batch exactly).
+Which tokens are quantised, the group -> block mapping and the buffers: kvviz/oracles/kivi.py.
+Shaders: quant/kivi_write_tok.wgsl (values + residual rows), quant/kivi_write_kgroup.wgsl (key groups),
+quant/kivi_dequant.wgsl (-> f32 PagedCache for the f32 decode / weights).
+
+Writer order inside one compute pass: the token kernel (every row: V codes or residual copy) and the
+key-group kernel (one workgroup per (complete group, kv head), reading the group's 32 rows gathered
+on the host and locating its side words through the block table) touch disjoint words.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.errors import InvalidInput
+from kvviz.gpu.runtime import Dispatch
+from kvviz.kernels import quant as qk
+from kvviz.kernels.traffic import decode_bytes
+from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.methods.int8_seed import block_positions
+from kvviz.oracles import kivi as oracle
+from kvviz.oracles.int4 import unpack_codes
+from kvviz.paging import PAD_SLOT
+
+BITS = (2, 4)
+GROUP = oracle.GROUP
+
+
+@register
+class Kivi(KVMethod):
+    key = "kivi"
+    label = "KIVI (K per channel, V per token)"
+    family = "kivi"
+    nominal_bits = 2.0
+
+    def __init__(self, bits: int = 2, recent: int = 128, context_len: int = 4096):
+        if int(bits) not in BITS:
+            raise InvalidInput(f"kivi: bits must be one of {BITS}, got {bits}")
+        if int(recent) < 0:
+            raise InvalidInput(f"kivi: recent must be >= 0, got {recent}")
+        if int(context_len) <= 0:
+            raise InvalidInput(f"kivi: context_len must be positive, got {context_len}")
+        self.bits = int(bits)
+        self.recent = int(recent)
+        self.context_len = int(context_len)
+        self.nominal_bits = float(self.bits)
+        self.label = f"KIVI {self.bits}-bit (K per channel/32 tok, V per token, recent {self.recent} f32)"
+
+    @property
+    def levels(self) -> int:
+        return (1 << self.bits) - 1
+
+    def options(self):
+        return {"bits": self.bits, "recent": self.recent, "context_len": self.context_len}
+
+    # ------------------------------------------------------------------ shapes and layout
+    def check(self, num_heads, num_kv_heads, head_size, block_size):
+        qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, 16,
+                              "KIVI packs 16 2-bit codes a word and keeps D*block_size/16 side words a block")
+
+    def _accounting(self, head_size: int, residual_fraction: float, note: str):
+        D = head_size
+        KW = oracle.kw(D, self.bits)
+        res = residual_fraction * D * 4
+        k_bpt = KW * 4 + D / 4 + res  # codes + side stream (2 f32 per channel per 32 tokens) + residual
+        v_bpt = (KW + 2) * 4 + res
+        return k_bpt, v_bpt, note
+
+    def _layouts(self, head_size, block_size, residual_fraction, note):
+        D = head_size
+        KW = oracle.kw(D, self.bits)
+        WS = oracle.ws(D, block_size)
+        k_bpt, v_bpt, note = self._accounting(D, residual_fraction, note)
+        b = self.bits
+        dt = f"uint{b}"
+        if block_size <= 32:
+            span = f"a group's side data spans 32/bs = {32 / block_size:g} block(s)"
+        else:
+            span = f"a block carries bs/32 = {block_size / 32:g} groups' side data"
+        common = (
+            f"Quantised positions: [0, n_q) with n_q = floor(max(L - {self.recent}, 0)/32)*32; positions "
+            f"[n_q, L) are float32 rows of the residual buffer [rows, 2 (K,V), kv_heads, {D}]. {note}"
+        )
+        k = CacheLayout(
+            method=self.key, which="K", head_size=D,
+            fields=(
+                LayoutField("codes", dt, b, D, "token", "per-channel asymmetric, groups of 32 tokens"),
+                LayoutField("scale", "f32", 32, D, "channel-group", "(max-min)/%d over the group's 32 tokens" % self.levels),
+                LayoutField("zero", "f32", 32, D, "channel-group", "group minimum of the channel"),
+                LayoutField("residual", "f32", 32, D, "token", f"only the last {self.recent}..{self.recent + 31} tokens"),
+            ),
+            bytes_per_token_per_head=float(k_bpt),
+            description=(
+                f"KIVI keys, {b} bits: per channel over groups of 32 consecutive positions [32g, 32g+32) of a "
+                f"sequence; each group's per-channel (scale, zero) live in the sequence's side stream, paged "
+                f"with the block table: {WS} side words per block (D*bs/16 = 2 f32 per channel per 32 tokens), "
+                f"so {span}; any block size works. "
+                + common
+            ),
+            word_map=(
+                f"per (block, head): words [0, {block_size * KW}) = token o's {KW} code words at o*{KW} "
+                f"(element {32 // b}w+l in bits {b}l..); words [{block_size * KW}, {block_size * KW + WS}) = side "
+                f"stream words [j*{WS}, (j+1)*{WS}) of the sequence (j = logical block): stream word 2*{D}*g + 2c = "
+                f"scale, +1 = zero of channel c, group g"
+            ),
+        )
+        v = CacheLayout(
+            method=self.key, which="V", head_size=D,
+            fields=(
+                LayoutField("codes", dt, b, D, "token", "per-token asymmetric over the head vector"),
+                LayoutField("scale", "f32", 32, 1, "token", "(max-min)/%d" % self.levels),
+                LayoutField("zero", "f32", 32, 1, "token", "token minimum"),
+                LayoutField("residual", "f32", 32, D, "token", f"only the last {self.recent}..{self.recent + 31} tokens"),
+            ),
+            bytes_per_token_per_head=float(v_bpt),
+            description=f"KIVI values, {b} bits, per token (asymmetric). " + common,
+            word_map=f"per (block, head): token o's record at o*{KW + 2}: {KW} code words, f32 scale, f32 zero (min)",
+        )
+        return k, v
+
+    def layouts(self, head_size, block_size):
+        L = self.context_len
+        frac = (L - oracle.n_quantised(L, self.recent)) / L
+        note = (
+            f"Bytes/token assume one sequence of context_len = {L} tokens (residual {L - oracle.n_quantised(L, self.recent)} "
+            f"f32 rows amortised over {L}) and full blocks; residual tokens also keep their (zeroed) code slots."
+        )
+        return self._layouts(head_size, block_size, frac, note)
+
+    def layouts_for_batch(self, batch, head_size):
+        """Layouts whose bytes/token are exact for this batch: residual rows / tokens of the batch."""
+        p = oracle.plan(batch.context_lens, self.recent)
+        n = max(1, int(np.asarray(batch.context_lens, np.int64).sum()))
+        note = (
+            f"Bytes/token for this batch: {p.total_res} residual f32 rows over {n} tokens, full blocks assumed; "
+            "residual tokens also keep their (zeroed) code slots."
+        )
+        return self._layouts(head_size, batch.block_size, p.total_res / n, note)
+
+    # ------------------------------------------------------------------ GPU
+    def _prepare(self, ctx, batch, key, value):
+        rt = ctx.rt
+        key, value = qk.check_kv(key, value)
+        T, kvh, D = key.shape
+        self.check(kvh, kvh, D, batch.block_size)
+        sm = qk.check_batch(batch, T)
+        qk.check_magnitude("key", key)
+        qk.check_magnitude("value", value)
+        for s in range(batch.num_seqs):
+            pos = batch.token_pos[batch.token_rows(s)]
+            if len(pos) != int(batch.context_lens[s]) or (pos != np.arange(len(pos))).any():
+                raise InvalidInput(
+                    f"kivi: sequence {s} has {len(pos)} token rows for a context of {int(batch.context_lens[s])}; "
+                    "KIVI quantises keys per channel over whole 32-token groups, so the batch must hold every "
+                    "position 0..L-1 of each sequence once.",
+                    "Write whole sequences (prefill) with this method.",
+                )
+        bs = batch.block_size
+        KW = oracle.kw(D, self.bits)
+        kstride = oracle.k_stride(D, bs, self.bits)
+        plan = oracle.plan(batch.context_lens, self.recent)
+        qc = qk.alloc_cache(rt, self.key, batch, kvh, D, kstride, bs * (KW + 2))
+        res = qk.alloc_words(rt, max(1, plan.total_res) * 2 * kvh * D, f"{self.key}_residual")
+        S = batch.num_seqs
+        mbs = batch.block_tables.shape[1]
+        info = np.concatenate([plan.seq_info().reshape(-1), batch.block_tables.astype(np.uint32).reshape(-1)])
+        info_buf = rt.upload(info, "kivi_info")
+        qc.extra.update(res=res, info=info_buf, plan=plan)
+        bt_off = 4 * S
+
+        # per-row residual index
+        tseq, tpos = batch.token_seq, batch.token_pos
+        real = sm != PAD_SLOT
+        row_res = np.full(T, PAD_SLOT, dtype=np.uint32)
+        if T:
+            r = real & (tseq >= 0)
+            nq_row = np.where(r, plan.n_q[np.maximum(tseq, 0)], 0)
+            is_res = r & (tpos >= nq_row)
+            row_res[is_res] = (plan.res_off[tseq[is_res]] + tpos[is_res] - nq_row[is_res]).astype(np.uint32)
+
+        defines = {"BITS": self.bits}
+        out: list[Dispatch] = []
+        if T:
+            tok = rt.kernel(qk.spec("kivi_write_tok.wgsl", **defines), qk.ro(4) + qk.rw(3), 16)
+            imm = qk.pack_u32(kvh, D, bs, kstride)
+            out += qk.token_dispatches(rt, tok, key, value, sm, [qc.k, qc.v, res], lambda n: imm, extra_rows=[row_res], z=1)
+        # key groups: (seq, g) for every complete quantised group, rows gathered on the host
+        groups, rows = [], []
+        for s in range(S):
+            ng = int(plan.n_q[s]) // GROUP
+            if not ng:
+                continue
+            srows = batch.token_rows(s)
+            for g in range(ng):
+                groups.append((s, g, 0, 0))
+                rows.append(srows[g * GROUP : (g + 1) * GROUP])
+        if groups:
+            gk = rt.kernel(qk.spec("kivi_write_kgroup.wgsl", **defines), qk.ro(4) + qk.rw(1), 24)
+            garr = np.asarray(groups, dtype=np.uint32)
+            rarr = np.asarray(rows, dtype=np.int64)
+            imm = qk.pack_u32(kvh, D, bs, kstride, bt_off, mbs)
+            for a, b in qk.row_chunks(rt, len(groups), GROUP * kvh * D * 4):
+                r = rarr[a:b].reshape(-1)
+                out.append(Dispatch(gk, [
+                    rt.upload(key[r], "kivi_key_groups"),
+                    rt.upload(sm[r].astype(np.uint32), "kivi_group_slots"),
+                    rt.upload(garr[a:b], "kivi_groups"),
+                    info_buf, qc.k,
+                ], (b - a, kvh, 1), imm))
+        f32c = qk.alloc_f32(ctx, batch, kvh, D)
+        dk = rt.kernel(qk.spec("kivi_dequant.wgsl", **defines), qk.ro(5) + qk.rw(2), 28)
+        dd = qk.dequant_dispatches(
+            ctx, dk, [qc.k, qc.v, res, info_buf], f32c, batch,
+            lambda w0: qk.pack_u32(kvh, D, bs, kstride, bt_off, mbs, w0),
+        )
+        return key, value, qc, f32c, out, dd, row_res
+
+    def read_buffers(self, ctx, qkv) -> dict:
+        """Raw K, V ([num_blocks, kv_heads, words]) and residual ([rows, 2, kv_heads, D] f32) buffers."""
+        qc = qkv.device["cache"]
+        p = qc.extra["plan"]
+        rows = max(1, p.total_res)
+        res = ctx.rt.read(qc.extra["res"], np.float32, (rows, 2, qc.num_kv_heads, qc.head_size),
+                          nbytes=rows * 2 * qc.num_kv_heads * qc.head_size * 4)
+        return {"k": qk.read_cache(ctx.rt, qc, "K"), "v": qk.read_cache(ctx.rt, qc, "V"), "res": res}
+
+    def quantize(self, ctx, batch, key, value):
+        key, value, qc, f32c, wd, dd, row_res = self._prepare(ctx, batch, key, value)
+        ctx.rt.run(wd + dd)
+        T, kvh, D = key.shape
+        bs = batch.block_size
+        KW = oracle.kw(D, self.bits)
+        WS = oracle.ws(D, bs)
+        qkv = QuantizedKV(self, D, kvh, None, None, None, None, (0, self.levels), device={"cache": qc, "f32": f32c})
+        bufs = self.read_buffers(ctx, qkv)
+        kbuf, vbuf = bufs["k"], bufs["v"]
+        sm = batch.slot_mapping.astype(np.int64)
+        real = sm != PAD_SLOT
+        blk, off = sm[real] // bs, sm[real] % bs
+        k_codes = np.zeros((T, kvh, D), np.int32)
+        v_codes = np.zeros((T, kvh, D), np.int32)
+        k_scale = np.zeros((T, kvh, D), np.float32)
+        k_zero = np.zeros((T, kvh, D), np.float32)
+        v_scale = np.zeros((T, kvh), np.float32)
+        v_zero = np.zeros((T, kvh), np.float32)
+        kc = kbuf[:, :, : bs * KW].reshape(batch.num_blocks, kvh, bs, KW)
+        vr = vbuf.reshape(batch.num_blocks, kvh, bs, KW + 2)
+        k_codes[real] = unpack_codes(kc[blk, :, off], self.bits)
+        v_codes[real] = unpack_codes(vr[blk, :, off, :KW], self.bits)
+        v_scale[real] = vr[blk, :, off, KW].view(np.float32)
+        v_zero[real] = vr[blk, :, off, KW + 1].view(np.float32)
+        # per-token view of the key group parameters, read from the side streams
+        streams = self.side_streams(batch, kbuf, kvh, D)
+        plan = qc.extra["plan"]
+        residual = row_res != PAD_SLOT
+        for s in range(batch.num_seqs):
+            nq = int(plan.n_q[s])
+            if nq:
+                rows = batch.token_rows(s)[:nq]
+                st = streams[s][:, np.arange(nq) // GROUP]  # [kvh, nq, D, 2]
+                k_scale[rows] = st[..., 0].transpose(1, 0, 2)
+                k_zero[rows] = st[..., 1].transpose(1, 0, 2)
+        qkv.k_codes, qkv.v_codes, qkv.k_scales, qkv.v_scales = k_codes, v_codes, k_scale, v_scale
+        qkv.extra.update(
+            k_zeros=k_zero, v_zeros=v_zero, residual=residual, row_res=row_res, plan=plan,
+            side_streams=streams, buffers=bufs, ws=WS,
+        )
+        return qkv
+
+    def side_streams(self, batch, kbuf, kvh, D) -> list:
+        """Per sequence [kvh, groups, D, 2] (scale, zero) read from the side stream words of its blocks."""
+        bs = batch.block_size
+        KW, WS = oracle.kw(D, self.bits), oracle.ws(D, bs)
+        p = oracle.plan(batch.context_lens, self.recent)
+        out = []
+        for s in range(batch.num_seqs):
+            ng = int(p.n_q[s]) // GROUP
+            blocks = np.asarray(batch.seq_blocks[s], dtype=np.int64)
+            idx = np.arange(ng * 2 * D)
+            words = kbuf[blocks[idx // WS], :, bs * KW + idx % WS] if ng else np.zeros((0, kvh), np.uint32)
+            out.append(np.ascontiguousarray(words.T).view(np.float32).reshape(kvh, ng, D, 2))
+        return out
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
+
+    def weights(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.weights(qkv.device["f32"], q, batch, scale)
+
+    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
+        return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
+
+    def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        qc = qkv.device["cache"]
+        D, bs = qc.head_size, batch.block_size
+        KW, WS = oracle.kw(D, self.bits), oracle.ws(D, bs)
+        bufs = self.read_buffers(ctx, qkv)
+        plan = qc.extra["plan"]
+        pos = block_positions(batch, block)
+        owner = int(batch.block_owner()[block])
+        recs = []
+        for o in range(bs):
+            p = int(pos[o])
+            if which == "K":
+                words = bufs["k"][block, kv_head, o * KW : (o + 1) * KW].copy()
+            else:
+                words = bufs["v"][block, kv_head, o * (KW + 2) : (o + 1) * (KW + 2)].copy()
+            fields: dict = {"codes": unpack_codes(words[:KW], self.bits).astype(np.int32)}
+            if p >= 0 and p >= int(plan.n_q[owner]):
+                r = int(plan.res_off[owner]) + p - int(plan.n_q[owner])
+                fields["residual_f32"] = bufs["res"][r, 0 if which == "K" else 1, kv_head].copy()
+            elif p >= 0 and which == "K":
+                g = p // GROUP
+                st = qkv.extra["side_streams"][owner][kv_head, g]
+                fields.update(group=g, scale=st[:, 0].copy(), zero=st[:, 1].copy())
+            elif p >= 0:
+                fields.update(scale=float(words[KW:KW + 1].view(np.float32)[0]), zero=float(words[KW + 1:].view(np.float32)[0]))
+            recs.append(TokenRecord(slot=block * bs + o, position=p, words=words, fields=fields))
+        if which == "K" and recs:
+            recs[0].fields["block_side_words"] = bufs["k"][block, kv_head, bs * KW : bs * KW + WS].copy()
+        return recs
+
+    def timed_kernels(self, ctx, batch, key, value, q, scale):
+        key, value, qc, f32c, wd, dd, _ = self._prepare(ctx, batch, key, value)
+        ctx.rt.run(wd + dd)
+        T, kvh, D = key.shape
+        k_lay, v_lay = self.layouts_for_batch(batch, D)
+        real = int(np.count_nonzero(batch.slot_mapping != PAD_SLOT))
+        stored = int(round(real * kvh * (k_lay.bytes_per_token_per_head + v_lay.bytes_per_token_per_head)))
+        w_bytes = 2 * real * kvh * D * 4 + T * 4 + stored
+        nblk = sum(len(b) for b in batch.seq_blocks)
+        d_bytes = stored + 2 * nblk * kvh * batch.block_size * D * 4
+        dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
+        return [
+            ("kivi writer (tokens + key groups)", wd, int(w_bytes)),
+            ("kivi dequantise", dd, int(d_bytes)),
+            ("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q)),
+        ]

@@ -1,0 +1,150 @@
+"""Host side shared by the per-token-record methods (int8_token, int4_group, fp8_*).
+
+A per-token-record method stores, for every cache slot and KV head, one fixed-size record of u32
+words (codes, then scales / zeros) in a paged cache [num_blocks, kv_heads, block_size, wpt], written
+by a WGSL writer through the batch's slot_mapping. Attention runs over an f32 copy of the used blocks
+made by the method's WGSL dequantise kernel, through the f32 baseline decode / weights kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.kernels import quant as qk
+from kvviz.kernels.traffic import decode_bytes
+from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
+from kvviz.methods.int8_seed import block_positions
+from kvviz.paging import PAD_SLOT
+
+
+class PerTokenRecordMethod(KVMethod):
+    """Subclasses define wpt(), the writer / dequantise specs and unpack()."""
+
+    head_multiple: int = 4
+    head_multiple_why: str = "4 codes are packed per 32-bit word"
+    code_range: tuple = (0, 0)
+
+    # ------------------------------------------------------------------ per family
+    def wpt(self, head_size: int) -> int:
+        raise NotImplementedError
+
+    def writer_spec(self):
+        raise NotImplementedError
+
+    def dequant_spec(self):
+        raise NotImplementedError
+
+    def unpack(self, records: np.ndarray, head_size: int) -> dict:
+        """records [..., wpt] u32 -> {"codes": ..., "scale": ..., (more fields)}."""
+        raise NotImplementedError
+
+    def check_values(self, key: np.ndarray, value: np.ndarray) -> None:
+        """Extra value checks before dispatch (finite-ness is checked already)."""
+
+    # ------------------------------------------------------------------ shared
+    def check(self, num_heads, num_kv_heads, head_size, block_size):
+        qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, self.head_multiple, self.head_multiple_why)
+
+    def _validate(self, batch, key, value):
+        key, value = qk.check_kv(key, value)
+        T, kvh, D = key.shape
+        self.check(kvh, kvh, D, batch.block_size)
+        sm = qk.check_batch(batch, T)
+        self.check_values(key, value)
+        return key, value, sm
+
+    def _tensor_buffer(self, ctx):
+        return None
+
+    def writer_dispatches(self, ctx, qc, key, value, sm):
+        rt = ctx.rt
+        kvh, D = key.shape[1], key.shape[2]
+        kern = rt.kernel(self.writer_spec(), qk.ro(3) + qk.rw(2 + (1 if qc.extra.get("tensor") else 0)), 16)
+        bufs = [qc.k, qc.v] + ([qc.extra["tensor"]] if qc.extra.get("tensor") else [])
+        imm = qk.pack_u32(kvh, D, qc.block_size, self.wpt(D))
+        return qk.token_dispatches(rt, kern, key, value, sm, bufs, lambda n: imm)
+
+    def dequant_dispatches(self, ctx, qc, f32c, batch):
+        rt = ctx.rt
+        D = qc.head_size
+        tensor = qc.extra.get("tensor")
+        kern = rt.kernel(self.dequant_spec(), qk.ro(3 + (1 if tensor else 0)) + qk.rw(2), 20)
+        ins = [qc.k, qc.v] + ([tensor] if tensor else [])
+        return qk.dequant_dispatches(
+            ctx, kern, ins, f32c, batch, lambda w0: qk.pack_u32(qc.num_kv_heads, D, qc.block_size, self.wpt(D), w0)
+        )
+
+    def _build(self, ctx, batch, key, value):
+        key, value, sm = self._validate(batch, key, value)
+        T, kvh, D = key.shape
+        w = self.wpt(D)
+        qc = qk.alloc_cache(ctx.rt, self.key, batch, kvh, D, batch.block_size * w, batch.block_size * w)
+        tb = self._tensor_buffer(ctx)
+        if tb is not None:
+            qc.extra["tensor"] = tb
+        f32c = qk.alloc_f32(ctx, batch, kvh, D)
+        wd = self.writer_dispatches(ctx, qc, key, value, sm) if T else []
+        dd = self.dequant_dispatches(ctx, qc, f32c, batch)
+        return key, value, qc, f32c, wd, dd
+
+    def quantize(self, ctx, batch, key, value):
+        key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
+        ctx.rt.run(wd + dd)
+        T, kvh, D = key.shape
+        fields = {}
+        for which in ("K", "V"):
+            recs = qk.token_records(qk.read_cache(ctx.rt, qc, which), batch, self.wpt(D))
+            fields[which] = (recs, self.unpack(recs, D))
+        (kr, kf), (vr, vf) = fields["K"], fields["V"]
+        extra = {"k_records": kr, "v_records": vr, "k_fields": kf, "v_fields": vf}
+        return QuantizedKV(
+            self, D, kvh, kf["codes"], vf["codes"], kf["scale"], vf["scale"], self.code_range,
+            device={"cache": qc, "f32": f32c}, extra=extra,
+        )
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
+
+    def weights(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.weights(qkv.device["f32"], q, batch, scale)
+
+    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
+        """The dequantised f32 paged cache [num_blocks, kv_heads, block_size, head_size]."""
+        return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
+
+    def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        qc = qkv.device["cache"]
+        D = qc.head_size
+        w = self.wpt(D)
+        full = qk.read_cache(ctx.rt, qc, which)
+        recs = full[block, kv_head].reshape(batch.block_size, w)
+        fields = self.unpack(recs, D)
+        pos = block_positions(batch, block)
+        return [
+            TokenRecord(
+                slot=block * batch.block_size + o,
+                position=int(pos[o]),
+                words=recs[o].copy(),
+                fields={k: (np.asarray(v[o]) if np.ndim(v[o]) else float(v[o])) for k, v in fields.items()},
+            )
+            for o in range(batch.block_size)
+        ]
+
+    def _writer_bytes(self, batch, key) -> int:
+        real = int(np.count_nonzero(batch.slot_mapping != PAD_SLOT))
+        kvh, D = key.shape[1], key.shape[2]
+        return int(2 * real * kvh * D * 4 + batch.num_tokens * 4 + 2 * real * kvh * self.wpt(D) * 4)
+
+    def _dequant_bytes(self, batch, kvh, D) -> int:
+        nblk = sum(len(b) for b in batch.seq_blocks)
+        return int(2 * nblk * kvh * batch.block_size * (self.wpt(D) + D) * 4)
+
+    def timed_kernels(self, ctx, batch, key, value, q, scale):
+        key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
+        ctx.rt.run(wd + dd)
+        dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
+        kvh, D = key.shape[1], key.shape[2]
+        return [
+            (f"{self.key} writer", wd, self._writer_bytes(batch, key)),
+            (f"{self.key} dequantise", dd, self._dequant_bytes(batch, kvh, D)),
+            ("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q)),
+        ]

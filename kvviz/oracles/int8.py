@@ -1,0 +1,52 @@
+"""numpy oracle of the `int8_token` paged cache (seed 002's "INT8"/"FP8" per-token quantiser, made real).
+
+Per token and KV head, over the head vector x (float32):
+    amax  = max |x|
+    scale = max(amax / 127, 1e-8)                (float32 division, float32 constant 1e-8)
+    code  = clamp(round(x / scale), -128, 127)   (round half to even; x / scale a float32 division)
+The clamp is seed 002's asymmetric [-128, 127]; it differs from the GLSL seed (000), which clamps to
+[-127, 127] and multiplies by the float32 reciprocal 127/amax. Because the scale is amax/127 (rounded),
+|x / scale| <= 127 * (1 + 2^-23) and rounds to at most 127: the code -128 is never produced unless the
+1e-8 floor applies, where |x / scale| < 127 as well. So codes lie in [-127, 127] in practice.
+The GPU divides with a correctly rounded integer division (shaders/quant/common.wgsl), so codes and
+scales are bit-identical to this oracle; dequantised value = code * scale (one float32 multiply).
+
+Record (u32 words) of one token and head: head_size/4 code words (lane l = byte l, little-endian,
+two's complement), then the float32 bits of the scale. Same shape as the seed's q8 record.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+SCALE_FLOOR = np.float32(1e-8)
+QMAX = np.float32(127.0)
+
+
+def quantize(x: np.ndarray):
+    """x [..., D] float32 -> (codes int8 [..., D], scales float32 [...])."""
+    x = np.asarray(x, dtype=np.float32)
+    amax = np.abs(x).max(axis=-1)
+    scales = np.maximum(amax / QMAX, SCALE_FLOOR).astype(np.float32)
+    pre = (x / scales[..., None]).astype(np.float32)
+    codes = np.clip(np.rint(pre), -128, 127).astype(np.int8)
+    return codes, scales
+
+
+def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    return (np.asarray(codes, np.float32) * np.asarray(scales, np.float32)[..., None]).astype(np.float32)
+
+
+def pack_records(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """codes [..., D] int8 + scales [...] -> records [..., D/4 + 1] u32."""
+    c = np.ascontiguousarray(codes, dtype=np.int8)
+    d = c.shape[-1]
+    words = c.view(np.uint8).reshape(*c.shape[:-1], d // 4, 4).copy().view("<u4")[..., 0].astype(np.uint32)
+    sb = np.ascontiguousarray(scales, dtype=np.float32).view(np.uint32)[..., None]
+    return np.concatenate([words, sb], axis=-1)
+
+
+def unpack_records(records: np.ndarray):
+    """records [..., D/4 + 1] u32 -> (codes int8 [..., D], scales float32 [...])."""
+    r = np.ascontiguousarray(records, dtype=np.uint32)
+    codes = r[..., :-1].copy().view(np.int8).reshape(*r.shape[:-1], (r.shape[-1] - 1) * 4)
+    return codes, r[..., -1].copy().view(np.float32)

@@ -1,0 +1,52 @@
+// int8_token writer (seed 002's per-token int8, made valid WGSL and paged).
+// One 64-thread workgroup per (token row, kv head, K|V): grid (rows, kv_heads, 2).
+// Input key/value: [rows, kv_heads, head_size] f32. slots: [rows] u32 (PAD_SLOT = padding row, skipped).
+// Cache (K and V): u32 [num_blocks, kv_heads, block_size, wpt], wpt = head_size/4 + 1:
+//   words 0..hd/4-1: 4 int8 codes (element 4w+l in byte l), word hd/4: f32 bits of the scale.
+// scale = max(amax / 127, 1e-8); code = clamp(round(x / scale), -128, 127) (see kvviz/oracles/int8.py).
+@group(0) @binding(0) var<storage, read> key_in: array<f32>;
+@group(0) @binding(1) var<storage, read> val_in: array<f32>;
+@group(0) @binding(2) var<storage, read> slots: array<u32>;
+@group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+struct P { kvh: u32, hd: u32, bs: u32, wpt: u32 }
+var<immediate> p: P;
+const WG: u32 = 64u;
+var<workgroup> s_red: array<u32, 64>;
+
+fn load_x(which: u32, i: u32) -> f32 { if (which == 0u) { return key_in[i]; } return val_in[i]; }
+fn store_w(which: u32, i: u32, w: u32) { if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; } }
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let t = wg.x;
+  let h = wg.y;
+  let which = wg.z;
+  let tid = lid.x;
+  let src = (t * p.kvh + h) * p.hd;
+  let nw = p.hd / 4u;
+  var m = 0u;                                   // max |x| as bits: unsigned order = float order for x >= 0
+  for (var w = tid; w < nw; w = w + WG) {
+    for (var l = 0u; l < 4u; l = l + 1u) { m = max(m, bitcast<u32>(load_x(which, src + 4u * w + l)) & ABS_MASK); }
+  }
+  s_red[tid] = m;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+    if (tid < s) { s_red[tid] = max(s_red[tid], s_red[tid + s]); }
+    workgroupBarrier();
+  }
+  let amax = bitcast<f32>(s_red[0]);
+  let slot = slots[t];
+  if (slot == PAD_SLOT) { return; }
+  let scale = max(div_rn(amax, 127.0), 1e-8f);
+  let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
+  for (var w = tid; w < nw; w = w + WG) {
+    var word = 0u;
+    for (var l = 0u; l < 4u; l = l + 1u) {
+      let q = clamp(i32(round(div_rn(load_x(which, src + 4u * w + l), scale))), -128, 127);
+      word = word | ((bitcast<u32>(q) & 0xFFu) << (8u * l));
+    }
+    store_w(which, dst + w, word);
+  }
+  if (tid == 0u) { store_w(which, dst + nw, bitcast<u32>(scale)); }
+}
