@@ -1,0 +1,384 @@
+"""Host launchers of the TurboQuant kernels: the compressor (tq_compress.wgsl), the query rotation
+(tq_rotate_q.wgsl), the UNMODIFIED seed flash_attention_tq.wgsl for decode and causal prefill chunks,
+and tq_scores.wgsl (the same estimator's softmax weights or logits over positions).
+
+Shaders: shaders/turboquant/. Oracle: kvviz/oracles/turboquant.py. Tests: tests/test_turboquant.py.
+
+TurboQuant is not paged: one cache holds ONE sequence, `cache_cap` positions for every KV head, in
+regions (keys [polar | jl | norms], values [polar | norms]) with slot = kv_head * cache_cap + t.
+
+Everything is checked on the host before dispatch (kernels.md section 4 constraints): head_dim a
+power of two, <= 128, a multiple of 32 (UnsupportedShape); max_seq <= cache_cap, start_pos + n_queries
+<= max_seq, positions [0, max_seq) written, finite inputs, an integral GQA ratio, norms that fit f16
+(InvalidInput). Grids larger than the device's per-dimension limit are split (rows / queries).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, check_finite
+from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
+from kvviz.gpu.shaders import ShaderSpec
+from kvviz.oracles import turboquant as tqo
+
+MAX_HEAD_DIM = 128
+F16_MAX = 65504.0
+
+SEED_SHADER = "turboquant/flash_attention_tq.wgsl"
+COMPRESS_SHADER = "turboquant/tq_compress.wgsl"
+ROTATE_SHADER = "turboquant/tq_rotate_q.wgsl"
+SCORES_SHADER = "turboquant/tq_scores.wgsl"
+
+
+def check_head_dim(head_dim: int) -> None:
+    d = int(head_dim)
+    if d <= 0 or d & (d - 1) or d > MAX_HEAD_DIM or d % 32:
+        raise UnsupportedShape(
+            f"head_dim {head_dim} is not supported by TurboQuant: it must be a power of two (Walsh-Hadamard), "
+            f"<= {MAX_HEAD_DIM} (the kernels' shared arrays) and a multiple of 32 (whole JL sign words).",
+            "Use head_dim 32, 64 or 128.",
+        )
+
+
+def check_gqa(n_heads: int, n_kv_heads: int) -> None:
+    if n_kv_heads <= 0 or n_heads <= 0 or n_heads % n_kv_heads:
+        raise UnsupportedShape(
+            f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads",
+            "GQA needs num_heads to be a multiple of num_kv_heads.",
+        )
+
+
+def resolve_qjl_scale(qjl_scale, d: int) -> float:
+    if isinstance(qjl_scale, str):
+        if qjl_scale not in tqo.QJL_SCALES:
+            raise InvalidInput(f"qjl_scale must be one of {tqo.QJL_SCALES} or a number, got {qjl_scale!r}")
+        return tqo.qjl_scale_value(qjl_scale, d)
+    v = float(qjl_scale)
+    if not math.isfinite(v):
+        raise InvalidInput(f"qjl_scale must be finite, got {qjl_scale}")
+    return v
+
+
+def _f32(name: str, a, shape_desc: str, ndim: int) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype != np.float32:
+        raise InvalidInput(f"{name} must be float32, got {arr.dtype}", f"Convert with .astype(np.float32); expected {shape_desc}.")
+    if arr.ndim != ndim:
+        raise InvalidInput(f"{name} must be {shape_desc}, got shape {arr.shape}")
+    check_finite(name, arr)
+    return np.ascontiguousarray(arr)
+
+
+def _bits(x: float) -> int:
+    return int(np.array([x], np.float32).view(np.uint32)[0])
+
+
+def _params(values) -> np.ndarray:
+    p = np.zeros(16, np.uint32)
+    p[: len(values)] = np.asarray(values, dtype=np.uint64).astype(np.uint32)
+    return p
+
+
+@dataclass
+class TQCache:
+    """One sequence's compressed K and V on the device, with its sign vectors and centroids."""
+
+    n_kv_heads: int
+    head_dim: int
+    cache_cap: int
+    params: tqo.TQParams
+    k: object
+    v: object
+    signs: object
+    written: np.ndarray = field(default=None)  # [cache_cap] bool: positions written so far
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed
+
+    @property
+    def layer(self) -> int:
+        return self.params.layer
+
+    @property
+    def k_words(self) -> int:
+        return tqo.key_cache_words(self.n_kv_heads, self.cache_cap, self.head_dim)
+
+    @property
+    def v_words(self) -> int:
+        return tqo.value_cache_words(self.n_kv_heads, self.cache_cap, self.head_dim)
+
+    @property
+    def length(self) -> int:
+        """Positions [0, length) are all written."""
+        if not self.written.any():
+            return 0
+        if self.written.all():
+            return self.cache_cap
+        return int(np.argmin(self.written))
+
+    @staticmethod
+    def key_bytes_per_vector(d: int) -> int:
+        return (d // 16 + d // 32 + 1) * 4
+
+    @staticmethod
+    def value_bytes_per_vector(d: int) -> int:
+        return (d // 16 + 1) * 4
+
+    @property
+    def nbytes(self) -> int:
+        return (self.k_words + self.v_words) * 4
+
+
+class TurboQuantKernels:
+    """Launchers for one runtime."""
+
+    def __init__(self, rt: GpuRuntime):
+        self.rt = rt
+
+    # ------------------------------------------------------------------ kernels
+    def _compress_kernel(self, which: str):
+        entry = "tq_compress_keys" if which == "k" else "tq_compress_values"
+        return self.rt.kernel(ShaderSpec(COMPRESS_SHADER, entry=entry), [STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RO])
+
+    def _rotate_kernel(self):
+        return self.rt.kernel(ShaderSpec(ROTATE_SHADER, entry="tq_rotate_q"), [STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RO])
+
+    def _seed_kernel(self):
+        return self.rt.kernel(
+            ShaderSpec(SEED_SHADER, entry="flash_attention_tq"),
+            [STORAGE_RO, STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RO],
+        )
+
+    def _scores_kernel(self):
+        return self.rt.kernel(ShaderSpec(SCORES_SHADER, entry="tq_scores"), [STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RO])
+
+    # ------------------------------------------------------------------ cache
+    def allocate(self, n_kv_heads: int, head_dim: int, cache_cap: int, seed: int = tqo.DEFAULT_SEED, layer: int = 0) -> TQCache:
+        check_head_dim(head_dim)
+        if n_kv_heads <= 0 or cache_cap <= 0:
+            raise InvalidInput(f"n_kv_heads and cache_cap must be positive, got {n_kv_heads} and {cache_cap}")
+        if layer < 0 or seed < 0:
+            raise InvalidInput(f"seed and layer must be non-negative, got {seed} and {layer}")
+        p = tqo.TQParams(int(head_dim), int(seed), int(layer))
+        kw = tqo.key_cache_words(n_kv_heads, cache_cap, head_dim)
+        vw = tqo.value_cache_words(n_kv_heads, cache_cap, head_dim)
+        k = self.rt.empty(kw * 4, "tq_k_cache")
+        v = self.rt.empty(vw * 4, "tq_v_cache")
+        # wgpu zero-fills new buffers: unwritten slots read as zero words (a zero vector).
+        signs = self.rt.upload(p.signs_buffer(), "tq_signs")
+        return TQCache(int(n_kv_heads), int(head_dim), int(cache_cap), p, k, v, signs, np.zeros(int(cache_cap), bool))
+
+    def read(self, cache: TQCache) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the (K, V) cache words."""
+        return self.rt.read(cache.k, np.uint32, (cache.k_words,)), self.rt.read(cache.v, np.uint32, (cache.v_words,))
+
+    # ------------------------------------------------------------------ compress
+    def compress_dispatches(self, cache: TQCache, keys, values, start_pos: int = 0) -> list[Dispatch]:
+        """Validate, upload, and return the dispatches that write keys/values [tokens, kv_heads, d] of
+        ONE sequence at positions start_pos.. of `cache` (not yet run; the positions are marked written
+        now, so run the dispatches before attending)."""
+        desc = f"[tokens, {cache.n_kv_heads}, {cache.head_dim}]"
+        keys = _f32("keys", keys, desc, 3)
+        values = _f32("values", values, desc, 3)
+        if keys.shape[1:] != (cache.n_kv_heads, cache.head_dim) or values.shape != keys.shape:
+            raise InvalidInput(f"keys/values must both be {desc}; got {keys.shape} and {values.shape}")
+        T = keys.shape[0]
+        start_pos = int(start_pos)
+        if start_pos < 0 or start_pos + T > cache.cache_cap:
+            raise InvalidInput(
+                f"positions {start_pos}..{start_pos + T - 1} do not fit a cache of {cache.cache_cap} positions",
+                "Allocate the cache with a larger cache_cap.",
+            )
+        for name, a in (("keys", keys), ("values", values)):
+            if T and float(np.sqrt((a.astype(np.float64) ** 2).sum(-1)).max()) > F16_MAX:
+                raise InvalidInput(
+                    f"a {name} vector has a norm above {F16_MAX:g}: TurboQuant stores norms as f16",
+                    "Scale the input down; f16 norms overflow to infinity.",
+                )
+        if T == 0:
+            return []
+        p = cache.params
+        c, b = p.centroids, p.boundaries
+        out: list[Dispatch] = []
+        chunk = self.rt.max_grid
+        if cache.n_kv_heads > chunk:
+            raise DeviceLimitError(f"{cache.n_kv_heads} KV heads exceed the grid limit {chunk}.")
+        kb = self.rt.upload(keys, "tq_keys")
+        vb = self.rt.upload(values, "tq_values")
+        for base in range(0, T, chunk):
+            rows = min(chunk, T - base)
+            prm = _params(
+                [T, cache.n_kv_heads, cache.head_dim, cache.cache_cap, start_pos, p.sign_off, base,
+                 _bits(tqo.inv_sqrt_d(cache.head_dim)), *(_bits(x) for x in c), *(_bits(x) for x in b)]
+            )
+            pb = self.rt.upload(prm, "tq_compress_params")
+            grid = (rows, cache.n_kv_heads, 1)
+            out.append(Dispatch(self._compress_kernel("k"), [kb, cache.k, cache.signs, pb], grid))
+            out.append(Dispatch(self._compress_kernel("v"), [vb, cache.v, cache.signs, pb], grid))
+        cache.written[start_pos : start_pos + T] = True
+        return out
+
+    def compress(self, cache: TQCache, keys, values, start_pos: int = 0) -> None:
+        self.rt.run(self.compress_dispatches(cache, keys, values, start_pos))
+
+    # ------------------------------------------------------------------ rotate
+    def rotate_q_dispatches(self, q, params: tqo.TQParams, signs_buf=None, q_cap: int | None = None):
+        """q [n_q, n_heads, d] f32 -> (dispatches, buffer [q_rot | q_jl | sums], q_cap)."""
+        check_head_dim(params.d)
+        q = _f32("q", q, f"[n_queries, n_heads, {params.d}]", 3)
+        nq, H, d = q.shape
+        if d != params.d:
+            raise InvalidInput(f"q has head size {d}, the cache {params.d}")
+        if nq == 0:
+            raise InvalidInput("q has no query rows")
+        q_cap = nq if q_cap is None else int(q_cap)
+        if q_cap < nq:
+            raise InvalidInput(f"q_cap {q_cap} is smaller than the {nq} query rows")
+        if H > self.rt.max_grid:
+            raise DeviceLimitError(f"{H} heads exceed the grid limit {self.rt.max_grid}.")
+        if signs_buf is None:
+            signs_buf = self.rt.upload(params.signs_buffer(), "tq_signs")
+        out = self.rt.empty((2 * q_cap * H * d + q_cap * H) * 4, "tq_qrot")
+        qb = self.rt.upload(q, "tq_q")
+        ds = []
+        for base in range(0, nq, self.rt.max_grid):
+            rows = min(self.rt.max_grid, nq - base)
+            prm = _params([nq, H, d, q_cap, params.sign_off, base, _bits(tqo.inv_sqrt_d(d))])
+            ds.append(Dispatch(self._rotate_kernel(), [qb, out, signs_buf, self.rt.upload(prm, "tq_rotate_params")], (rows, H, 1)))
+        return ds, out, q_cap
+
+    def rotate_q(self, q, params: tqo.TQParams, q_cap: int | None = None) -> np.ndarray:
+        """Run tq_rotate_q; returns the whole [q_rot | q_jl | sums] buffer as f32."""
+        ds, buf, q_cap = self.rotate_q_dispatches(q, params, q_cap=q_cap)
+        self.rt.run(ds)
+        nq, H, d = np.asarray(q).shape
+        return self.rt.read(buf, np.float32, (2 * q_cap * H * d + q_cap * H,))
+
+    # ------------------------------------------------------------------ attention
+    def _check_attention(self, cache: TQCache, q, start_pos: int, max_seq, scale: float, qjl_scale):
+        q = _f32("q", q, f"[n_queries, n_heads, {cache.head_dim}]", 3)
+        nq, H, d = q.shape
+        if d != cache.head_dim:
+            raise InvalidInput(f"q has head size {d}, the cache {cache.head_dim}")
+        check_gqa(H, cache.n_kv_heads)
+        if nq == 0:
+            raise InvalidInput("q has no query rows")
+        start_pos = int(start_pos)
+        if start_pos < 0:
+            raise InvalidInput(f"start_pos must be >= 0, got {start_pos}")
+        max_seq = start_pos + nq if max_seq is None else int(max_seq)
+        if max_seq > cache.cache_cap:
+            raise InvalidInput(
+                f"max_seq {max_seq} exceeds the cache capacity {cache.cache_cap}",
+                "max_seq bounds the positions read; it cannot exceed cache_cap.",
+            )
+        if start_pos + nq > max_seq:
+            raise InvalidInput(
+                f"start_pos + n_queries = {start_pos + nq} exceeds max_seq {max_seq}",
+                "The last query sits at position start_pos + n_queries - 1 and must be < max_seq.",
+            )
+        if not cache.written[:max_seq].all():
+            missing = int(np.flatnonzero(~cache.written[:max_seq])[0])
+            raise InvalidInput(
+                f"position {missing} of the cache was never written, but max_seq is {max_seq}",
+                "Compress every position the queries attend to first.",
+            )
+        if not math.isfinite(float(scale)):
+            raise InvalidInput(f"softmax scale must be finite, got {scale}")
+        if H > self.rt.max_grid:
+            raise DeviceLimitError(f"{H} heads exceed the grid limit {self.rt.max_grid}.")
+        return q, start_pos, max_seq, resolve_qjl_scale(qjl_scale, d)
+
+    def attention_dispatches(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference", max_seq=None):
+        """Rotation + seed flash_attention_tq dispatches for queries [n_q, n_heads, d] at positions
+        start_pos..start_pos+n_q-1 (causal; n_q = 1 and start_pos = pos is decode).
+        Returns (dispatches, out buffer [n_q, n_heads, d] f32)."""
+        q, start_pos, max_seq, qs = self._check_attention(cache, q, start_pos, max_seq, scale, qjl_scale)
+        nq, H, d = q.shape
+        ds, qrot, q_cap = self.rotate_q_dispatches(q, cache.params, cache.signs)
+        out = self.rt.empty(nq * H * d * 4, "tq_attn_out")
+        c = cache.params.centroids
+        for base in range(0, nq, self.rt.max_grid):
+            rows = min(self.rt.max_grid, nq - base)
+            prm = _params(
+                [H, cache.n_kv_heads, d, max_seq, start_pos, _bits(scale), q_cap, H * d, _bits(qs),
+                 cache.params.sign_off, *(_bits(x) for x in c), base, cache.cache_cap]
+            )
+            ds.append(
+                Dispatch(
+                    self._seed_kernel(),
+                    [qrot, cache.k, cache.v, out, self.rt.upload(prm, "tq_attn_params"), cache.signs],
+                    (H, rows, 1),
+                )
+            )
+        return ds, out
+
+    def attention(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference", max_seq=None) -> np.ndarray:
+        """Run the seed kernel; returns [n_q, n_heads, d] f32."""
+        ds, out = self.attention_dispatches(cache, q, start_pos, scale, qjl_scale, max_seq)
+        self.rt.run(ds)
+        nq, H, d = np.asarray(q).shape
+        return self.rt.read(out, np.float32, (nq, H, d))
+
+    def decode(self, cache: TQCache, q, pos: int, scale: float, qjl_scale="reference") -> np.ndarray:
+        """One query [n_heads, d] at position pos, attending over [0, pos]: [n_heads, d] f32."""
+        q = np.asarray(q)
+        return self.attention(cache, q.reshape((1,) + q.shape[-2:]), pos, scale, qjl_scale, max_seq=int(pos) + 1)[0]
+
+    def prefill(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference") -> np.ndarray:
+        """A causal chunk of queries [n, n_heads, d] at positions start_pos..start_pos+n-1."""
+        return self.attention(cache, q, start_pos, scale, qjl_scale)
+
+    # ------------------------------------------------------------------ scores
+    def scores_dispatches(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference", max_seq=None,
+                          mode: str = "weights"):
+        """tq_scores dispatches: softmax weights (mode 'weights') or logits ('logits') of the seed's estimator,
+        [n_q, n_heads, max_seq] f32 (0 past each query's causal window)."""
+        if mode not in ("weights", "logits"):
+            raise InvalidInput(f"mode must be 'weights' or 'logits', got {mode!r}")
+        q, start_pos, max_seq, qs = self._check_attention(cache, q, start_pos, max_seq, scale, qjl_scale)
+        nq, H, d = q.shape
+        ds, qrot, q_cap = self.rotate_q_dispatches(q, cache.params, cache.signs)
+        out_len = max(max_seq, 1)
+        out = self.rt.empty(nq * H * out_len * 4, "tq_scores_out")
+        c = cache.params.centroids
+        for base in range(0, nq, self.rt.max_grid):
+            rows = min(self.rt.max_grid, nq - base)
+            prm = _params(
+                [H, cache.n_kv_heads, d, max_seq, start_pos, _bits(scale), q_cap, out_len, _bits(qs),
+                 0 if mode == "weights" else 1, *(_bits(x) for x in c), base, cache.cache_cap]
+            )
+            ds.append(Dispatch(self._scores_kernel(), [qrot, cache.k, out, self.rt.upload(prm, "tq_scores_params")], (H, rows, 1)))
+        return ds, out, out_len
+
+    def scores(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference", max_seq=None,
+               mode: str = "weights") -> np.ndarray:
+        ds, out, out_len = self.scores_dispatches(cache, q, start_pos, scale, qjl_scale, max_seq, mode)
+        self.rt.run(ds)
+        nq, H, _ = np.asarray(q).shape
+        return self.rt.read(out, np.float32, (nq, H, out_len))
+
+
+# ---------------------------------------------------------------------- traffic
+def compress_bytes(cache: TQCache, tokens: int) -> int:
+    """Unique bytes of compressing `tokens` positions: f32 K and V in, compressed K and V out."""
+    d, kvh = cache.head_dim, cache.n_kv_heads
+    return int(tokens * kvh * (2 * d * 4 + TQCache.key_bytes_per_vector(d) + TQCache.value_bytes_per_vector(d)))
+
+
+def attention_bytes(cache: TQCache, n_queries: int, n_heads: int, max_seq: int) -> int:
+    """Unique bytes of the seed kernel: rotated queries, the compressed K and V of max_seq positions, the output."""
+    d, kvh = cache.head_dim, cache.n_kv_heads
+    q = n_queries * n_heads * (2 * d + 1) * 4
+    kv = max_seq * kvh * (TQCache.key_bytes_per_vector(d) + TQCache.value_bytes_per_vector(d))
+    return int(q + kv + n_queries * n_heads * d * 4 + 2 * d * 4)
+
+
+def scores_bytes(cache: TQCache, n_queries: int, n_heads: int, max_seq: int) -> int:
+    d, kvh = cache.head_dim, cache.n_kv_heads
+    return int(n_queries * n_heads * (2 * d + 1) * 4 + max_seq * kvh * TQCache.key_bytes_per_vector(d)
+               + n_queries * n_heads * max_seq * 4)

@@ -1,0 +1,318 @@
+"""TurboQuant (arXiv:2504.19874) as a kvviz method: 2-bit PolarQuant + 1-bit QJL keys, 2-bit PolarQuant
+values, attention by the UNMODIFIED seed kernel flash_attention_tq.wgsl (seed 003).
+
+TurboQuant here is not paged: the seed kernel reads one sequence's cache, laid out in regions with
+slot = kv_head * cache_cap + position. On a PagedBatch every sequence becomes its own TurboQuant cache
+(capacity = its context length); the batch's block tables are used only to tell the block inspector
+which positions a physical block holds.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
+from kvviz.kernels import turboquant as tqk
+from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.oracles import turboquant as tqo
+
+
+def _block_positions(batch, block: int) -> tuple[int, np.ndarray]:
+    """(owning sequence or -1, position of each slot of a physical block, -1 where unused)."""
+    pos = np.full(batch.block_size, -1, dtype=np.int64)
+    owner = int(batch.block_owner()[block])
+    if owner < 0:
+        return owner, pos
+    logical = list(batch.seq_blocks[owner]).index(block)
+    n = int(batch.context_lens[owner])
+    for o in range(batch.block_size):
+        p = logical * batch.block_size + o
+        if p < n:
+            pos[o] = p
+    return owner, pos
+
+
+@register
+class TurboQuantMethod(KVMethod):
+    key = "turboquant"
+    label = "TurboQuant 2-bit polar + 1-bit QJL (seed WGSL)"
+    family = "turboquant"
+    nominal_bits = 2.75  # mean of K (3.25) and V (2.25) bits per element at head size 128, norms included
+
+    def __init__(self, qjl_scale: str = "reference", seed: int = tqo.DEFAULT_SEED, layer: int = 0):
+        if qjl_scale not in tqo.QJL_SCALES:
+            raise InvalidInput(f"qjl_scale must be one of {tqo.QJL_SCALES}, got {qjl_scale!r}")
+        if int(seed) < 0 or int(layer) < 0:
+            raise InvalidInput(f"seed and layer must be non-negative, got {seed} and {layer}")
+        self.qjl_scale = qjl_scale
+        self.seed = int(seed)
+        self.layer = int(layer)
+
+    def options(self) -> dict:
+        return {"qjl_scale": self.qjl_scale, "seed": self.seed, "layer": self.layer}
+
+    def check(self, num_heads, num_kv_heads, head_size, block_size):
+        tqk.check_head_dim(head_size)
+        tqk.check_gqa(num_heads, num_kv_heads)
+        if block_size <= 0:
+            raise UnsupportedShape(f"block_size must be positive, got {block_size}")
+
+    def params(self, head_size: int) -> tqo.TQParams:
+        return tqo.TQParams(int(head_size), self.seed, self.layer)
+
+    # ------------------------------------------------------------------ layout
+    def layouts(self, head_size, block_size):
+        tqk.check_head_dim(head_size)
+        d = head_size
+        c, b = tqo.lloyd_max_2bit(d)
+        cs = ", ".join(f"{x:+.6f}" for x in c)
+        common = (
+            "TurboQuant is not paged: each sequence is its own cache (capacity = its context length), split "
+            "into regions with slot = kv_head * cache_cap + position; the block inspector maps a physical "
+            "block to positions through the batch's block table. "
+            f"Rotation: RHT with seeded signs (seed {self.seed} ^ layer {self.layer}); 2-bit Lloyd-Max "
+            f"centroids for d={d}: {cs}."
+        )
+        k = CacheLayout(
+            method=self.key,
+            which="K",
+            head_size=d,
+            fields=(
+                LayoutField("polar_idx", "uint2", 2, d, "vector", "Lloyd-Max index of each RHT-rotated coordinate of k/|k|"),
+                LayoutField("jl_bits", "bit", 1, d, "vector", "sign of WHT((r/|r|) * s_jl), r = residual in rotated space"),
+                LayoutField("norm", "f16", 16, 1, "vector", "|k| (pack2x16float low half)"),
+                LayoutField("residual_norm", "f16", 16, 1, "vector", "|r| of the unit vector (high half)"),
+            ),
+            bytes_per_token_per_head=tqk.TQCache.key_bytes_per_vector(d),
+            description="Keys: PolarQuant (2 bits) + QJL residual signs (1 bit) + two f16 norms. " + common,
+            word_map=(
+                f"polar region: words slot*{d // 16}..+{d // 16 - 1}, element j at bits 2j (LSB first); "
+                f"jl region at vecs*{d // 16}: words slot*{d // 32}..+{d // 32 - 1}, element j at bit j; "
+                f"norms region at vecs*{d // 16 + d // 32}: word slot = pack2x16float(norm, residual_norm)"
+            ),
+        )
+        v = CacheLayout(
+            method=self.key,
+            which="V",
+            head_size=d,
+            fields=(
+                LayoutField("polar_idx", "uint2", 2, d, "vector", "Lloyd-Max index of each RHT-rotated coordinate of v/|v|"),
+                LayoutField("norm", "f16", 16, 1, "vector", "|v| (pack2x16float low half)"),
+                LayoutField("pad", "f16", 16, 1, "vector", "high half of the norm word, always 0"),
+            ),
+            bytes_per_token_per_head=tqk.TQCache.value_bytes_per_vector(d),
+            description="Values: PolarQuant only (2 bits) + f16 norm; reconstructed as norm * RHT^-1(c[idx]). " + common,
+            word_map=(
+                f"polar region: words slot*{d // 16}..+{d // 16 - 1}, element j at bits 2j; "
+                f"norms region at vecs*{d // 16}: word slot = pack2x16float(norm, 0)"
+            ),
+        )
+        return k, v
+
+    # ------------------------------------------------------------------ quantise
+    def _seq_rows(self, batch, s: int) -> np.ndarray:
+        rows = batch.token_rows(s)
+        L = int(batch.context_lens[s])
+        if len(rows) != L or not np.array_equal(batch.token_pos[rows], np.arange(L)):
+            raise InvalidInput(
+                f"sequence {s} has {len(rows)} token rows for a context of {L}: TurboQuant compresses "
+                "each sequence whole, positions 0..L-1"
+            )
+        return rows
+
+    def _caches(self, ctx, batch, key, value):
+        key = np.asarray(key)
+        value = np.asarray(value)
+        for name, a in (("key", key), ("value", value)):
+            if a.dtype != np.float32 or a.ndim != 3:
+                raise InvalidInput(f"{name} must be float32 [num_tokens, num_kv_heads, head_size], got {a.dtype} {a.shape}")
+            check_finite(name, a)
+        if value.shape != key.shape or key.shape[0] != batch.num_tokens:
+            raise InvalidInput(f"key/value must be [{batch.num_tokens}, kvh, D]; got {key.shape} and {value.shape}")
+        T, kvh, d = key.shape
+        tqk.check_head_dim(d)
+        batch.validate()
+        kern = tqk.TurboQuantKernels(ctx.rt)
+        caches, dispatches, rows_of = [], [], []
+        for s in range(batch.num_seqs):
+            rows = self._seq_rows(batch, s)
+            L = len(rows)
+            cache = kern.allocate(kvh, d, max(L, 1), self.seed, self.layer)
+            if L:
+                dispatches += kern.compress_dispatches(cache, key[rows], value[rows], 0)
+            caches.append(cache)
+            rows_of.append(rows)
+        return kern, caches, dispatches, rows_of
+
+    def quantize(self, ctx, batch, key, value):
+        kern, caches, dispatches, rows_of = self._caches(ctx, batch, key, value)
+        ctx.rt.run(dispatches)
+        T, kvh, d = np.asarray(key).shape
+        p = self.params(d)
+        k_idx = np.zeros((T, kvh, d), np.uint8)
+        v_idx = np.zeros((T, kvh, d), np.uint8)
+        k_bits = np.zeros((T, kvh, d), np.uint8)
+        k_norm = np.zeros((T, kvh), np.float32)
+        k_rnorm = np.zeros((T, kvh), np.float32)
+        v_norm = np.zeros((T, kvh), np.float32)
+        words = []
+        for cache, rows in zip(caches, rows_of):
+            kw, vw = kern.read(cache)
+            words.append((kw, vw))
+            L = len(rows)
+            if not L:
+                continue
+            dec = tqo.decode_cache(kw, vw, kvh, cache.cache_cap, d)
+            k_idx[rows] = dec.k_idx[:, :L].transpose(1, 0, 2)
+            v_idx[rows] = dec.v_idx[:, :L].transpose(1, 0, 2)
+            k_bits[rows] = dec.k_bits[:, :L].transpose(1, 0, 2)
+            k_norm[rows] = dec.k_norm[:, :L].T
+            k_rnorm[rows] = dec.k_rnorm[:, :L].T
+            v_norm[rows] = dec.v_norm[:, :L].T
+        extra = {
+            "k_jl_bits": k_bits,
+            "k_residual_norms": k_rnorm,
+            "k_dequant_polar": tqo.dequantize_polar(k_idx, k_norm, p).astype(np.float32),
+            "v_dequant": tqo.dequantize_polar(v_idx, v_norm, p).astype(np.float32),
+            "centroids": p.centroids,
+            "boundaries": p.boundaries,
+            "qjl_scale": self.qjl_scale,
+            "qjl_scale_value": tqo.qjl_scale_value(self.qjl_scale, d),
+            "words": words,
+            "note": "k_dequant_polar is the PolarQuant part only: QJL bits estimate inner products, they do not reconstruct k.",
+        }
+        return QuantizedKV(
+            self, d, kvh, k_idx, v_idx, k_norm, v_norm, (0, 3),
+            device={"caches": caches, "kernels": kern}, extra=extra,
+        )
+
+    # ------------------------------------------------------------------ attention
+    def _check_q(self, qkv, batch, q):
+        q = np.asarray(q)
+        if q.dtype != np.float32 or q.ndim != 3:
+            raise InvalidInput(f"q must be float32 [num_seqs, num_heads, head_size], got {q.dtype} {q.shape}")
+        check_finite("q", q)
+        S, H, D = q.shape
+        if S != batch.num_seqs or D != qkv.head_size:
+            raise InvalidInput(f"q is {q.shape}; expected [{batch.num_seqs}, num_heads, {qkv.head_size}]")
+        tqk.check_gqa(H, qkv.num_kv_heads)
+        if len(qkv.device["caches"]) != batch.num_seqs:
+            raise InvalidInput("This TurboQuant cache was built for another batch.")
+        return q
+
+    def attend_dispatches(self, qkv, batch, q, scale):
+        """Decode (one query per sequence at its last position) dispatches: [(seq, dispatches, out buffer)]."""
+        kern = qkv.device["kernels"]
+        out = []
+        for s, cache in enumerate(qkv.device["caches"]):
+            L = int(batch.context_lens[s])
+            if L == 0:
+                continue
+            ds, buf = kern.attention_dispatches(cache, q[s : s + 1], L - 1, scale, self.qjl_scale, max_seq=L)
+            out.append((s, ds, buf))
+        return out
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        q = self._check_q(qkv, batch, q)
+        S, H, D = q.shape
+        jobs = self.attend_dispatches(qkv, batch, q, scale)
+        ctx.rt.run([d for _, ds, _ in jobs for d in ds])
+        res = np.zeros((S, H, D), np.float32)
+        for s, _, buf in jobs:
+            res[s] = ctx.rt.read(buf, np.float32, (H, D))
+        return res
+
+    def weights_dispatches(self, qkv, batch, q, scale, mode: str = "weights"):
+        kern = qkv.device["kernels"]
+        out = []
+        for s, cache in enumerate(qkv.device["caches"]):
+            L = int(batch.context_lens[s])
+            if L == 0:
+                continue
+            ds, buf, out_len = kern.scores_dispatches(cache, q[s : s + 1], L - 1, scale, self.qjl_scale, max_seq=L, mode=mode)
+            out.append((s, ds, buf, out_len))
+        return out
+
+    def weights(self, ctx, qkv, batch, q, scale):
+        q = self._check_q(qkv, batch, q)
+        S, H, _ = q.shape
+        jobs = self.weights_dispatches(qkv, batch, q, scale)
+        ctx.rt.run([d for _, ds, _, _ in jobs for d in ds])
+        res = np.zeros((S, H, max(batch.max_context_len, 1)), np.float32)
+        for s, _, buf, out_len in jobs:
+            res[s, :, :out_len] = ctx.rt.read(buf, np.float32, (H, out_len))
+        return res
+
+    # ------------------------------------------------------------------ inspector
+    def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        if not 0 <= int(block) < batch.num_blocks:
+            raise InvalidInput(f"block {block} is outside the pool of {batch.num_blocks} blocks")
+        if not 0 <= int(kv_head) < qkv.num_kv_heads:
+            raise InvalidInput(f"kv_head {kv_head} is outside 0..{qkv.num_kv_heads - 1}")
+        if which not in ("K", "V"):
+            raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
+        d = qkv.head_size
+        pw, jw = d // 16, d // 32
+        owner, pos = _block_positions(batch, int(block))
+        dec = None
+        if owner >= 0:
+            cache = qkv.device["caches"][owner]
+            kw, vw = qkv.device["kernels"].read(cache)  # what sits in GPU memory now
+            dec = tqo.decode_cache(kw, vw, qkv.num_kv_heads, cache.cache_cap, d)
+        records = []
+        for o in range(batch.block_size):
+            p = int(pos[o])
+            slot = int(block) * batch.block_size + o
+            if p < 0 or dec is None:
+                nwords = pw + jw + 1 if which == "K" else pw + 1
+                zeros = np.zeros(d, np.int32)
+                fields = {"polar_idx": zeros, "norm": 0.0}
+                if which == "K":
+                    fields.update({"jl_bits": zeros.copy(), "residual_norm": 0.0})
+                records.append(TokenRecord(slot, -1, np.zeros(nwords, np.uint32), fields))
+                continue
+            h = int(kv_head)
+            tq_slot = h * dec.k_idx.shape[1] + p
+            if which == "K":
+                words = np.concatenate([dec.k_polar_words[h, p], dec.k_jl_words[h, p], [dec.k_norm_words[h, p]]]).astype(np.uint32)
+                fields = {
+                    "polar_idx": dec.k_idx[h, p].astype(np.int32),
+                    "jl_bits": dec.k_bits[h, p].astype(np.int32),
+                    "norm": float(dec.k_norm[h, p]),
+                    "residual_norm": float(dec.k_rnorm[h, p]),
+                    "tq_slot": tq_slot,
+                }
+            else:
+                words = np.concatenate([dec.v_polar_words[h, p], [dec.v_norm_words[h, p]]]).astype(np.uint32)
+                fields = {
+                    "polar_idx": dec.v_idx[h, p].astype(np.int32),
+                    "norm": float(dec.v_norm[h, p]),
+                    "tq_slot": tq_slot,
+                }
+            records.append(TokenRecord(slot, p, words, fields))
+        return records
+
+    # ------------------------------------------------------------------ timing
+    def timed_kernels(self, ctx, batch, key, value, q, scale):
+        kern, caches, comp, rows_of = self._caches(ctx, batch, key, value)
+        ctx.rt.run(comp)
+        T, kvh, d = np.asarray(key).shape
+        qkv = QuantizedKV(self, d, kvh, None, None, None, None, (0, 3), device={"caches": caches, "kernels": kern})
+        q = self._check_q(qkv, batch, q)
+        H = q.shape[1]
+        attn = [d_ for _, ds, _ in self.attend_dispatches(qkv, batch, q, scale) for d_ in ds]
+        scores = [d_ for _, ds, _, _ in self.weights_dispatches(qkv, batch, q, scale) for d_ in ds]
+        ctx.rt.run(attn + scores)  # fills the rotated-query buffers the timed seed dispatches read
+        rot = [x for x in attn if x.kernel.spec.entry == "tq_rotate_q"]
+        seed = [x for x in attn if x.kernel.spec.entry == "flash_attention_tq"]
+        sc = [x for x in scores if x.kernel.spec.entry == "tq_scores"]
+        lens = [int(L) for L in batch.context_lens]
+        comp_b = sum(tqk.compress_bytes(c, L) for c, L in zip(caches, lens))
+        attn_b = sum(tqk.attention_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
+        sc_b = sum(tqk.scores_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
+        rot_b = sum(1 for L in lens if L) * H * d * 4 * 4
+        return [
+            ("tq_compress (keys + values)", comp, comp_b),
+            ("tq_rotate_q", rot, rot_b),
+            ("flash_attention_tq (decode)", seed, attn_b),
+            ("tq_scores (weights)", sc, sc_b),
+        ]
