@@ -12,8 +12,8 @@ Per method (dict keys):
   kl_mean, kl_max    KL(w_f32 || w_method) in nats over the positions of each (sequence, head),
                      mean and max over (sequence, head) pairs with a non-empty context. Both
                      weight rows are renormalised to sum 1 (the kernels divide by sum + 1e-6) and
-                     floored at 1e-30 inside the log, so a weight the method flushes to 0 costs a
-                     large but finite amount.
+                     floored inside the log (kvviz.analysis.metrics.kl_divergence), so a weight
+                     the method flushes to 0 costs a large but finite amount.
   max_weight_err     max |w_method - w_f32| over all positions
   out_rel_l2         ||o_method - o_f32|| / ||o_f32|| over the whole decode output
   out_cos_mean, out_cos_min   cosine of o_method and o_f32 per (sequence, head)
@@ -26,8 +26,9 @@ import time
 
 import numpy as np
 
+from kvviz.analysis.metrics import attention_metrics
+
 TOPK = 8
-KL_FLOOR = 1e-30
 
 
 def _layouts(method, batch, head_size):
@@ -37,48 +38,24 @@ def _layouts(method, batch, head_size):
     return method.layouts(head_size, batch.block_size)
 
 
-def kl_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """KL(p || q) along the last axis of non-negative rows (renormalised; see module doc)."""
-    p = np.asarray(p, np.float64)
-    q = np.asarray(q, np.float64)
-    p = p / np.maximum(p.sum(-1, keepdims=True), KL_FLOOR)
-    q = q / np.maximum(q.sum(-1, keepdims=True), KL_FLOOR)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(p > 0, p * (np.log(np.maximum(p, KL_FLOOR)) - np.log(np.maximum(q, KL_FLOOR))), 0.0)
-    return np.maximum(t.sum(-1), 0.0)
-
-
 def attention_errors(w_ref, w, o_ref, o, context_lens, k: int = TOPK) -> dict:
-    """The attention metrics of one method from GPU weights [S, H, ctx] and outputs [S, H, D]."""
-    w_ref = np.asarray(w_ref, np.float64)
-    w = np.asarray(w, np.float64)
+    """The attention metrics of one method from GPU weights [S, H, ctx] and outputs [S, H, D],
+    summarised over the (sequence, head) pairs with a non-empty context (kvviz.analysis.metrics)."""
+    m = attention_metrics(w_ref, w, o_ref, o, context_lens, k)
+    live = np.asarray(context_lens, np.int64) > 0
     o_ref = np.asarray(o_ref, np.float64)
     o = np.asarray(o, np.float64)
-    S, H, _ = w_ref.shape
-    ctx = np.asarray(context_lens, np.int64)
-    kls, overl, coss = [], [], []
-    for s in range(S):
-        n = int(ctx[s])
-        if n == 0:
-            continue
-        kls.append(kl_rows(w_ref[s, :, :n], w[s, :, :n]))
-        kk = min(k, n)
-        for h in range(H):
-            a = set(np.argsort(-w_ref[s, h, :n], kind="stable")[:kk].tolist())
-            b = set(np.argsort(-w[s, h, :n], kind="stable")[:kk].tolist())
-            overl.append(len(a & b) / kk)
-            na, nb = np.linalg.norm(o_ref[s, h]), np.linalg.norm(o[s, h])
-            coss.append(float(o_ref[s, h] @ o[s, h] / (na * nb)) if na > 0 and nb > 0 else float(na == nb))
-    kl = np.concatenate(kls) if kls else np.zeros(1)
     ref_norm = np.linalg.norm(o_ref)
+    kl = m.kl[live] if live.any() else np.zeros(1)
+    cos = m.cosine[live] if live.any() else np.ones(1)
     return {
         "kl_mean": float(kl.mean()),
         "kl_max": float(kl.max()),
-        "max_weight_err": float(np.abs(w - w_ref).max()) if w.size else 0.0,
+        "max_weight_err": float(m.max_weight_err.max()) if m.max_weight_err.size else 0.0,
         "out_rel_l2": float(np.linalg.norm(o - o_ref) / ref_norm) if ref_norm > 0 else float(np.linalg.norm(o)),
-        "out_cos_mean": float(np.mean(coss)) if coss else 1.0,
-        "out_cos_min": float(np.min(coss)) if coss else 1.0,
-        f"top{k}_overlap": float(np.mean(overl)) if overl else 1.0,
+        "out_cos_mean": float(cos.mean()),
+        "out_cos_min": float(cos.min()),
+        f"top{k}_overlap": float(m.topk_overlap[live].mean()) if live.any() else 1.0,
     }
 
 

@@ -34,8 +34,9 @@ class AttentionMetrics:
         }
 
 
-def kl_divergence(p: np.ndarray, q: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """KL(p || q) along the last axis, both renormalised (the kernels' 1e-6 makes sums 1 - tiny)."""
+def kl_divergence(p: np.ndarray, q: np.ndarray, eps: float = 1e-30) -> np.ndarray:
+    """KL(p || q) along the last axis, both renormalised (the kernels' 1e-6 makes sums 1 - tiny);
+    q is floored at `eps` inside the log, so a weight flushed to 0 costs a large but finite amount."""
     p = np.asarray(p, np.float64)
     q = np.asarray(q, np.float64)
     p = p / np.maximum(p.sum(-1, keepdims=True), eps)
