@@ -14,8 +14,10 @@ for t in "$@"; do
     conformance)
       python3 -m pytest tests/test_paged_conformance.py -q -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/conformance_glslang.txt"
       KVVIZ_GLSL_FRONTEND=naga-glsl python3 -m pytest tests/test_paged_conformance.py -q -p no:cacheprovider -x --tb=line 2>&1 | tail -8 | tee "$OUT/conformance_naga.txt" ;;
-    tests:*)
-      python3 -m pytest ${t#tests:} -q -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/tests.txt" ;;
+    methods)
+      python3 -m pytest tests/test_quant_methods.py tests/test_turboquant.py -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/methods.txt" ;;
+    live)
+      python3 -m pytest tests/test_live_model.py tests/test_live_decode.py -q -p no:cacheprovider -m "not slow" 2>&1 | tail -15 | tee "$OUT/live.txt" ;;
     bench)
       python3 -m kvviz bench --shape decode-15x4096 --compare-torch --json "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench_h200.txt" ;;
     bench-core)
