@@ -192,7 +192,8 @@ class PagedKernels:
         W = self.window_blocks(cache)
         wslots = cache.block_size * W
         win_of = np.where(real, sm // wslots, -1)
-        chunk = self.rt.max_grid
+        # Tokens per dispatch: the grid limit, and the storage-binding limit of the key/value inputs.
+        chunk = max(1, min(self.rt.max_grid, self.rt.max_binding // (cache.num_kv_heads * cache.head_size * 4)))
         out: list[Dispatch] = []
         windows = sorted(set(int(w) for w in np.unique(win_of) if w >= 0))
         for w in windows:

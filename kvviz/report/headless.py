@@ -1,0 +1,75 @@
+"""`kvviz report --out DIR [--config FILE] [--set KEY=VALUE ...] [--compare]`: the window's report, headless.
+
+Builds the `SessionConfig`, runs `Session.compute`, and writes report.json, report.md, the panel
+CSVs, the Chrome trace and (when PySide6 is importable) every panel as PNG, rendered offscreen by
+kvviz.ui without a display. Without Qt (the GPU machine) it writes everything but the figures.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from kvviz.analysis.session import Session, SessionConfig
+from kvviz.errors import KvvizError
+from kvviz.report.tables import default_panel_tables, history_entry
+from kvviz.report.writer import write_report
+
+
+def build_config(args) -> SessionConfig:
+    cfg = SessionConfig.load(args.config) if getattr(args, "config", None) else SessionConfig()
+    pairs = list(getattr(args, "set", None) or [])
+    if pairs:
+        cfg = cfg.with_overrides(pairs)
+    cfg.validate()
+    return cfg
+
+
+def _progress(frac: float, msg: str) -> None:
+    print(f"  [{frac * 100:5.1f}%] {msg}", file=sys.stderr, flush=True)
+
+
+def render_figures(res, out_dir: str, compare_rows=None) -> tuple[dict, str]:
+    """Panel PNGs via kvviz.ui (offscreen); ({} , reason) when Qt is not available."""
+    import importlib.util
+
+    missing = [m for m in ("PySide6", "pyqtgraph") if importlib.util.find_spec(m) is None]
+    if missing:
+        return {}, f"no figures: {', '.join(missing)} not installed (report.json, report.md and CSVs are complete)"
+    if "PySide6.QtWidgets" not in sys.modules:
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before Qt is imported: no display needed
+        os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    try:
+        from kvviz.ui.render import render_report_figures
+
+        return render_report_figures(res, out_dir, compare_rows=compare_rows), ""
+    except ImportError as exc:
+        return {}, f"no figures: Qt could not be loaded ({exc})"
+
+
+def main(args) -> int:
+    cfg = build_config(args)
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    print(f"kvviz report: computing {cfg.method} on {cfg.source} '{cfg.preset}', context {list(cfg.context_lens)}",
+          file=sys.stderr)
+    session = Session()
+    res = session.compute(cfg, progress=_progress)
+    compare_rows = None
+    if getattr(args, "compare", False):
+        from kvviz.report.compare_run import run_compare
+
+        try:
+            compare_rows = run_compare(session, res)
+        except KvvizError as exc:
+            print(f"kvviz report: comparison skipped: {exc.describe()}", file=sys.stderr)
+    figures, why = render_figures(res, out, compare_rows)
+    if why:
+        print(f"kvviz report: {why}", file=sys.stderr)
+    history = [history_entry(res, 1)]
+    tables = default_panel_tables(res, compare_rows=compare_rows, history=history)
+    paths = write_report(out, res, tables, figures, compare_rows=compare_rows, history=history)
+    print(f"adapter: {res.adapter.line()}")
+    for k, v in res.metrics.summary().items():
+        print(f"  {k}: {v:.6g}")
+    print(f"wrote {paths['md']}, {paths['json']}, {paths['trace']}, {len(paths['csv'])} CSV, {len(figures)} PNG")
+    return 0

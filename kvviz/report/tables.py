@@ -1,0 +1,277 @@
+"""Tables of exactly what each panel plots, built from `Results` (Qt-free).
+
+The window's panels draw from these tables and export them as CSV; `kvviz report` writes the same
+tables headless, so a CSV row is always one plotted point (one bar, one cell, one curve sample).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Table:
+    """A named table: column names and rows of plain Python values."""
+
+    name: str
+    columns: list
+    rows: list = field(default_factory=list)
+    title: str = ""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def column(self, name: str) -> np.ndarray:
+        i = self.columns.index(name)
+        return np.asarray([r[i] for r in self.rows])
+
+    def to_json(self) -> dict:
+        return {"title": self.title, "columns": list(self.columns), "rows": [[clean(v) for v in r] for r in self.rows]}
+
+    def write_csv(self, path) -> str:
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(self.columns)
+            for r in self.rows:
+                w.writerow([_csv_value(v) for v in r])
+        return str(path)
+
+
+def clean(v):
+    """A JSON-safe plain value: numpy scalars -> Python, NaN/Inf -> None."""
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        v = float(v)
+        return v if math.isfinite(v) else None
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.ndarray):
+        return [clean(x) for x in v.tolist()]
+    if isinstance(v, dict):
+        return {str(k): clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [clean(x) for x in v]
+    return v
+
+
+def _csv_value(v):
+    if isinstance(v, (float, np.floating)):
+        return repr(float(v))
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+# ----------------------------------------------------------------------------- cache layout
+def block_pool_table(res, columns: int | None = None) -> Table:
+    """One row per physical block: where its cell sits in the grid, owner, logical index, tokens used."""
+    batch = res.batch
+    owner = batch.block_owner()
+    fill = batch.block_fill()
+    logical = np.full(batch.num_blocks, -1, dtype=np.int64)
+    for s, blocks in enumerate(batch.seq_blocks):
+        for i, b in enumerate(blocks):
+            logical[int(b)] = i
+    cols = columns or grid_columns(batch.num_blocks)
+    rows = []
+    for b in range(batch.num_blocks):
+        rows.append([b, b // cols, b % cols, int(owner[b]), int(logical[b]), int(fill[b]), int(batch.block_size)])
+    return Table("blocks", ["block", "grid_row", "grid_col", "sequence", "logical_index", "tokens_used", "block_size"],
+                 rows, "Physical block pool (sequence -1 = free)")
+
+
+def grid_columns(num_blocks: int, aspect: float = 2.0) -> int:
+    """Columns of the block grid for a view `aspect` (width / height) times as wide as tall, 8..128."""
+    aspect = min(12.0, max(0.5, float(aspect)))
+    return int(min(128, max(8, math.ceil(math.sqrt(aspect * max(1, num_blocks))))))
+
+
+def block_table_table(res) -> Table:
+    """Each sequence's block table (logical -> physical), one row per used entry."""
+    batch = res.batch
+    rows = []
+    for s, blocks in enumerate(batch.seq_blocks):
+        n = int(batch.context_lens[s])
+        for i, b in enumerate(blocks):
+            rows.append([s, i, int(b), int(min(batch.block_size, n - i * batch.block_size))])
+    return Table("block_tables", ["sequence", "logical_index", "physical_block", "tokens_used"], rows,
+                 "Block tables: logical block -> physical block")
+
+
+# ----------------------------------------------------------------------------------- scales
+def _per_token(arr: np.ndarray, rows: np.ndarray, kv_head: int, num_tokens: int):
+    """Per-token scale values of one KV head for the given token rows, and a note on the reduction."""
+    a = np.asarray(arr)
+    if a.ndim == 0 or a.size == 1:
+        return np.full(len(rows), float(a.reshape(-1)[0]) if a.size else float("nan")), "one scale for the whole tensor"
+    if a.shape[0] != num_tokens:
+        flat = a.reshape(-1).astype(np.float64)
+        return np.full(len(rows), float(np.mean(flat))), f"scales are not per token (shape {tuple(a.shape)}): mean shown"
+    a = a[rows]
+    if a.ndim >= 2:
+        a = a[:, min(kv_head, a.shape[1] - 1)]
+    note = ""
+    if a.ndim > 1:
+        note = f"mean of {int(np.prod(a.shape[1:]))} group scales per token"
+        a = a.reshape(len(rows), -1).astype(np.float64).mean(axis=1)
+    return a.astype(np.float64), note
+
+
+def token_scales_table(res, seq: int, kv_head: int) -> Table:
+    """Per-token K and V scale vs position for one sequence and KV head (token-row order)."""
+    batch = res.batch
+    rows = batch.token_rows(seq)
+    pos = batch.token_pos[rows]
+    ks, kn = _per_token(res.qkv.k_scales, rows, kv_head, batch.num_tokens)
+    vs, vn = _per_token(res.qkv.v_scales, rows, kv_head, batch.num_tokens)
+    note = "; ".join(sorted({n for n in (kn, vn) if n}))
+    t = Table("scales", ["position", "k_scale", "v_scale"],
+              [[int(p), float(k), float(v)] for p, k, v in zip(pos, ks, vs)],
+              f"Per-token scales, sequence {seq}, KV head {kv_head}" + (f" ({note})" if note else ""))
+    return t
+
+
+def channel_amax_table(res, which: str) -> Table:
+    """Per-channel max |x| of K or V, one row per heatmap cell (sequence, KV head, channel)."""
+    a = np.asarray(res.k_channel_amax if which == "K" else res.v_channel_amax, np.float64)
+    S, H, D = a.shape
+    rows = [[s, h, d, float(a[s, h, d])] for s in range(S) for h in range(H) for d in range(D)]
+    return Table(f"channel_amax_{which}", ["sequence", "kv_head", "channel", "amax"], rows,
+                 f"Per-channel max |{which}| over each sequence's tokens")
+
+
+# ------------------------------------------------------------------------------------ codes
+def code_hist_table(res) -> Table:
+    """K and V code counts over the union of code values (one row = one bar pair)."""
+    kv, kc = np.asarray(res.k_stats.values), np.asarray(res.k_stats.counts)
+    vv, vc = np.asarray(res.v_stats.values), np.asarray(res.v_stats.counts)
+    vals = np.union1d(kv.astype(np.float64), vv.astype(np.float64))
+    kmap = {float(a): int(b) for a, b in zip(kv.astype(np.float64), kc)}
+    vmap = {float(a): int(b) for a, b in zip(vv.astype(np.float64), vc)}
+    integral = np.all(np.equal(np.mod(vals, 1), 0))
+    rows = [[int(x) if integral else float(x), kmap.get(float(x), 0), vmap.get(float(x), 0)] for x in vals]
+    return Table("codes", ["code", "k_count", "v_count"], rows, "Code histogram over real tokens")
+
+
+def code_stats_table(res) -> Table:
+    k, v = res.k_stats, res.v_stats
+    rows = [[name, float(getattr(k, name)), float(getattr(v, name))]
+            for name in ("clip_rate", "zero_fraction", "range_used")]
+    rows.append(["total", int(k.total), int(v.total)])
+    lo, hi = res.qkv.code_range
+    rows.append(["code_min", float(lo), float(lo)])
+    rows.append(["code_max", float(hi), float(hi)])
+    return Table("code_stats", ["stat", "K", "V"], rows, "Code statistics")
+
+
+# -------------------------------------------------------------------------------- attention
+METRIC_NAMES = ("max_weight_err", "kl", "cosine", "rel_l2", "topk_overlap")
+
+
+def attention_weights_table(res, seq: int, head: int) -> Table:
+    """f32 and quantised attention weights over positions of one sequence and query head."""
+    n = int(res.batch.context_lens[seq])
+    wr = np.asarray(res.w_ref[seq, head, :n], np.float64)
+    wq = np.asarray(res.w_q[seq, head, :n], np.float64)
+    rows = [[i, float(a), float(b), float(b - a)] for i, (a, b) in enumerate(zip(wr, wq))]
+    return Table("weights", ["position", "w_f32", "w_quant", "diff"], rows,
+                 f"Attention weights, sequence {seq}, query head {head}")
+
+
+def head_metrics_table(res) -> Table:
+    m = res.metrics
+    S, H = m.kl.shape
+    rows = [[s, h] + [float(getattr(m, k)[s, h]) for k in METRIC_NAMES] for s in range(S) for h in range(H)]
+    return Table("head_metrics", ["sequence", "head", "max_weight_err", "kl", "cosine", "rel_l2", f"top{m.k}_overlap"],
+                 rows, "Attention error per (sequence, query head)")
+
+
+# ----------------------------------------------------------------------------------- timing
+def timing_key(row) -> str:
+    return f"{row.kernel} [{row.variant}]"
+
+
+def timings_table(res, pinned: dict | None = None) -> Table:
+    """One row per timed kernel (one bar in the bandwidth chart); delta vs a pinned run if given."""
+    rows = []
+    for t in res.timings:
+        ref = (pinned or {}).get(timing_key(t))
+        delta = 100.0 * (t.timing.median_us - ref) / ref if ref else float("nan")
+        rows.append([t.kernel, t.variant, t.timing.median_us, t.timing.min_us, t.timing.p90_us,
+                     len(t.timing.samples_us), int(t.bytes_moved), t.gbps, t.pct_of_copy, t.timing.method, delta])
+    return Table("timings", ["kernel", "variant", "median_us", "min_us", "p90_us", "runs", "bytes", "gbps",
+                             "pct_of_copy", "timing_method", "delta_vs_pin_pct"], rows,
+                 "Kernel timings (median of runs, min-p90)")
+
+
+def history_entry(res, index: int) -> dict:
+    """What the history of runs keeps of one compute."""
+    return {
+        "run": index,
+        "method": res.method.key,
+        "context_lens": [int(x) for x in res.batch.context_lens],
+        "heads": f"{res.config.num_heads}/{res.config.num_kv_heads}x{res.config.head_size}",
+        "kl_mean": float(res.metrics.kl.mean()),
+        "copy_gbps": float(res.copy_gbps),
+        "medians": {timing_key(t): float(t.timing.median_us) for t in res.timings},
+        "elapsed_s": float(res.elapsed_s),
+    }
+
+
+def history_table(entries) -> Table:
+    """One row per (run, kernel): the median of every kernel in every run of the window."""
+    rows = []
+    for e in entries:
+        for k, us in e["medians"].items():
+            rows.append([e["run"], e["method"], e["heads"], ",".join(map(str, e["context_lens"])), k, us])
+    return Table("history", ["run", "method", "shape", "context_lens", "kernel", "median_us"], rows,
+                 "History of runs (median GPU time per kernel)")
+
+
+def sweep_table(points) -> Table:
+    """One row per plotted sweep point (value, kernel)."""
+    rows = []
+    for p in points or []:
+        rows.append([p["param"], p["value"], p["tokens"], "paged_attn_f32 (baseline)", p["baseline_us"],
+                     float("nan"), float("nan"), p["baseline_bytes"]])
+        for name, k in p["method_kernels"].items():
+            rows.append([p["param"], p["value"], p["tokens"], name, k["median_us"], k["min_us"], k["p90_us"], k["bytes"]])
+    return Table("sweep", ["param", "value", "tokens", "kernel", "median_us", "min_us", "p90_us", "bytes"], rows,
+                 "Latency sweep")
+
+
+# ---------------------------------------------------------------------------------- compare
+COMPARE_COLUMNS = ("key", "label", "bits_per_element", "kl_mean", "rel_l2")
+
+
+def compare_table(rows) -> Table:
+    """Method comparison: one row per method (one scatter point); every key the rows carry."""
+    rows = list(rows or [])
+    cols = list(COMPARE_COLUMNS)
+    for r in rows:
+        for k in r:
+            if k not in cols and not isinstance(r[k], (dict, list, tuple, np.ndarray)):
+                cols.append(k)
+    return Table("compare", cols, [[r.get(c, float("nan")) if c not in ("key", "label") else r.get(c, "") for c in cols]
+                                   for r in rows], "Method comparison on the same K/V")
+
+
+# ----------------------------------------------------------------------------- defaults
+def default_panel_tables(res, compare_rows=None, sweep_points=None, history=None) -> dict:
+    """Every panel's tables with default selections (sequence 0, head 0): what `kvviz report` writes."""
+    out = {
+        "cache_layout": [block_pool_table(res), block_table_table(res)],
+        "scales": [token_scales_table(res, 0, 0), channel_amax_table(res, "K"), channel_amax_table(res, "V")],
+        "codes": [code_hist_table(res), code_stats_table(res)],
+        "attention": [attention_weights_table(res, 0, 0), head_metrics_table(res)],
+        "timing": [timings_table(res), history_table(history or [history_entry(res, 1)])],
+    }
+    if sweep_points:
+        out["timing"].append(sweep_table(sweep_points))
+    if compare_rows:
+        out["compare"] = [compare_table(compare_rows)]
+    return out

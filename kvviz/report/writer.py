@@ -1,0 +1,184 @@
+"""The report folder (Qt-free): report.json (every number), report.md (a summary with the figures),
+one CSV per panel table and the timings as a Chrome trace.
+
+The window (Ctrl+E) and `kvviz report` both call `write_report`; the window passes the PNGs it
+rendered from its panels, `kvviz report` the ones it rendered offscreen (or none without Qt).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from kvviz.report.tables import Table, clean, default_panel_tables
+from kvviz.report.trace import write_chrome_trace
+
+PANEL_TITLES = {
+    "window": "Window",
+    "overview": "Overview",
+    "cache_layout": "Cache layout",
+    "scales": "Scales",
+    "codes": "Code histogram",
+    "attention": "Attention error",
+    "timing": "GPU timing",
+    "compare": "Method comparison",
+    "block_inspector": "Block inspector",
+}
+
+
+def _fmt(v, digits: int = 4) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e4 or abs(v) < 1e-3:
+            return f"{v:.{digits - 1}e}"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def report_json(res, tables: dict, figures: dict | None = None, compare_rows=None, sweep_points=None,
+                history=None) -> dict:
+    d = res.summary_json()
+    d["panels"] = {panel: {t.name: t.to_json() for t in ts} for panel, ts in tables.items()}
+    d["figures"] = dict(figures or {})
+    if compare_rows is not None:
+        d["compare"] = list(compare_rows)
+    if sweep_points is not None:
+        d["sweep"] = list(sweep_points)
+    if history is not None:
+        d["history"] = list(history)
+    d["generated"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return clean(d)
+
+
+def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_points=None) -> str:
+    s = res.summary_json()
+    a = res.adapter
+    L = []
+    L.append("# kvviz report")
+    L.append("")
+    L.append(f"- **Adapter:** {a.line()}")
+    if a.is_software:
+        L.append("- **Note:** this adapter is a software rasteriser (lavapipe/llvmpipe): the timings are CPU "
+                 "times, not GPU times.")
+    L.append(f"- **Source:** {res.source_note}")
+    L.append(f"- **Method:** {res.method.label} (`{res.method.key}`)"
+             + (f", options {json.dumps(res.method.options())}" if res.method.options() else ""))
+    L.append(f"- **Computed in:** {res.elapsed_s:.2f} s")
+    L.append("")
+    L.append("## Configuration")
+    L.append("")
+    L.append("| setting | value |")
+    L.append("|---|---|")
+    for k, v in res.config.to_json().items():
+        L.append(f"| {k} | {json.dumps(v) if isinstance(v, (list, dict)) else v} |")
+    b = s["batch"]
+    L.append("")
+    L.append(f"Batch: {b['num_seqs']} sequences, {b['num_tokens']} tokens, {b['blocks_used']} of {b['num_blocks']} "
+             f"physical blocks used ({b['block_size']} tokens a block, {b['policy']} allocation).")
+    L.append("")
+    L.append("## Cache layout")
+    for lay in res.layouts:
+        L.append("")
+        L.append(f"**{lay.which}**: {lay.bytes_per_token_per_head:g} bytes per token per KV head, "
+                 f"{lay.bits_per_element:.3f} bits per element. {lay.description}")
+        L.append("")
+        L.append("| field | dtype | bits | count | per | note |")
+        L.append("|---|---|---|---|---|---|")
+        for f in lay.fields:
+            L.append(f"| {f.name} | {f.dtype} | {f.bits} | {f.count} | {f.per} | {f.note} |")
+        if lay.word_map:
+            L.append("")
+            L.append("Word map: " + "; ".join(x.strip() for x in lay.word_map.splitlines() if x.strip()))
+    L.append("")
+    L.append("## Attention error (quantised vs f32 baseline, both on the GPU)")
+    L.append("")
+    L.append("| metric | value |")
+    L.append("|---|---|")
+    for k, v in s["attention"].items():
+        L.append(f"| {k} | {_fmt(v, 6)} |")
+    L.append("")
+    L.append("## Codes")
+    L.append("")
+    L.append("| stat | K | V |")
+    L.append("|---|---|---|")
+    for k in ("clip_rate", "zero_fraction", "range_used", "total"):
+        L.append(f"| {k} | {_fmt(s['codes']['K'][k])} | {_fmt(s['codes']['V'][k])} |")
+    L.append("")
+    L.append("## GPU timings")
+    L.append("")
+    methods = sorted({t.timing.method for t in res.timings})
+    runs = sorted({len(t.timing.samples_us) for t in res.timings})
+    L.append(f"Timing method: **{', '.join(methods)}**; median of {', '.join(map(str, runs))} runs after warm-up, "
+             f"min-p90 in brackets. Bandwidth = unique bytes moved / median; % of copy compares it with a "
+             f"buffer copy measured in the same run ({res.copy_gbps:.2f} GB/s).")
+    if a.is_software:
+        L.append("")
+        L.append("> lavapipe: CPU timings, not GPU.")
+    L.append("")
+    L.append("| kernel | variant | median us (min-p90) | bytes | GB/s | % of copy | timing method |")
+    L.append("|---|---|---|---|---|---|---|")
+    for t in res.timings:
+        L.append(f"| {t.kernel} | {t.variant} | {t.timing.median_us:.1f} ({t.timing.min_us:.1f}-{t.timing.p90_us:.1f}) "
+                 f"| {t.bytes_moved} | {t.gbps:.3f} | {t.pct_of_copy:.1f} | {t.timing.method} |")
+    if sweep_points:
+        from kvviz.report.tables import sweep_table
+
+        t = sweep_table(sweep_points)
+        L.append("")
+        L.append(f"## Latency sweep over {sweep_points[0]['param']} (median us, {', '.join(methods)})")
+        L.append("")
+        L.append("| value | tokens | kernel | median us | bytes |")
+        L.append("|---|---|---|---|---|")
+        for r in t.rows:
+            L.append(f"| {r[1]} | {r[2]} | {r[3]} | {r[4]:.1f} | {r[7]} |")
+    if compare_rows:
+        L.append("")
+        L.append("## Method comparison (same K/V, same queries)")
+        L.append("")
+        L.append("| method | bits/element | KL mean | rel L2 |")
+        L.append("|---|---|---|---|")
+        for r in compare_rows:
+            L.append(f"| {r.get('label', r.get('key'))} | {_fmt(r.get('bits_per_element'))} | {_fmt(r.get('kl_mean'))} "
+                     f"| {_fmt(r.get('rel_l2'))} |")
+    if figures:
+        L.append("")
+        L.append("## Figures")
+        for panel, path in figures.items():
+            L.append("")
+            L.append(f"### {PANEL_TITLES.get(panel, panel)}")
+            L.append("")
+            L.append(f"![{PANEL_TITLES.get(panel, panel)}]({path})")
+    L.append("")
+    return "\n".join(L)
+
+
+def write_report(out_dir, res, tables: dict | None = None, figures: dict | None = None, compare_rows=None,
+                 sweep_points=None, history=None) -> dict:
+    """Write report.json, report.md, csv/<panel>_<table>.csv and trace.json into `out_dir`.
+
+    tables: panel -> [Table] (default: every panel with default selections); figures: panel -> PNG
+    path relative to out_dir. Returns {"json", "md", "trace", "csv": [...]} paths.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    if tables is None:
+        tables = default_panel_tables(res, compare_rows, sweep_points, history)
+    csv_dir = os.path.join(out_dir, "csv")
+    os.makedirs(csv_dir, exist_ok=True)
+    csvs = []
+    for panel, ts in tables.items():
+        for t in ts:
+            assert isinstance(t, Table)
+            csvs.append(t.write_csv(os.path.join(csv_dir, f"{panel}_{t.name}.csv")))
+    jpath = os.path.join(out_dir, "report.json")
+    with open(jpath, "w") as fh:
+        json.dump(report_json(res, tables, figures, compare_rows, sweep_points, history), fh, indent=1, allow_nan=False)
+    mpath = os.path.join(out_dir, "report.md")
+    with open(mpath, "w") as fh:
+        fh.write(report_markdown(res, figures, compare_rows, sweep_points))
+    tpath = write_chrome_trace(os.path.join(out_dir, "trace.json"), res)
+    return {"json": jpath, "md": mpath, "trace": tpath, "csv": csvs}

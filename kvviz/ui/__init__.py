@@ -1,0 +1,1 @@
+"""The PySide6 + pyqtgraph desktop window. Everything else in kvviz is Qt-free."""

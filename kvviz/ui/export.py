@@ -1,0 +1,62 @@
+"""Render widgets to PNG (at 2x device pixel ratio) and SVG (through QSvgGenerator).
+
+pyqtgraph's SVGExporter fails with PySide6 >= 6.11 (pyqtgraph issue 3485), so SVG export paints the
+widget (and with it every pyqtgraph scene inside it) into a QSvgGenerator instead.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, QRect, QSize, Qt
+from PySide6.QtGui import QColor, QImage, QPainter
+from PySide6.QtSvg import QSvgGenerator
+from PySide6.QtWidgets import QApplication, QWidget
+
+
+def _settle(widget: QWidget) -> None:
+    """Make sure layouts and pyqtgraph ranges are up to date before painting."""
+    if widget.layout() is not None:
+        widget.layout().activate()
+    QApplication.processEvents()
+
+
+def grab_image(widget: QWidget, dpr: float = 2.0) -> QImage:
+    """The widget painted into an image of dpr x its size (logical size unchanged)."""
+    _settle(widget)
+    size = widget.size()
+    img = QImage(QSize(int(round(size.width() * dpr)), int(round(size.height() * dpr))), QImage.Format_ARGB32)
+    img.setDevicePixelRatio(dpr)
+    img.fill(widget.palette().window().color() if widget.autoFillBackground() else QColor("white"))
+    p = QPainter(img)
+    try:
+        p.setRenderHint(QPainter.Antialiasing, True)
+        p.setRenderHint(QPainter.TextAntialiasing, True)
+        widget.render(p, QPoint(0, 0))
+    finally:
+        p.end()
+    return img
+
+
+def save_png(widget: QWidget, path: str, dpr: float = 2.0) -> str:
+    img = grab_image(widget, dpr)
+    if not img.save(str(path), "PNG"):
+        raise OSError(f"could not write {path}")
+    return str(path)
+
+
+def save_svg(widget: QWidget, path: str, title: str = "") -> str:
+    _settle(widget)
+    size = widget.size()
+    gen = QSvgGenerator()
+    gen.setFileName(str(path))
+    gen.setSize(size)
+    gen.setViewBox(QRect(0, 0, size.width(), size.height()))
+    gen.setTitle(title or widget.windowTitle() or "kvviz")
+    gen.setDescription("kvviz panel")
+    p = QPainter()
+    if not p.begin(gen):
+        raise OSError(f"could not write {path}")
+    try:
+        p.fillRect(QRect(0, 0, size.width(), size.height()), Qt.white)
+        widget.render(p, QPoint(0, 0))
+    finally:
+        p.end()
+    return str(path)

@@ -1,0 +1,583 @@
+"""The kvviz main window: a QMainWindow of dockable panels over the Qt-free `Session`.
+
+The window edits a `SessionConfig` (Workload panel), asks the worker (kvviz.ui.worker) to run
+`Session.compute`, and draws the `Results` in every panel. Dock arrangement, window geometry and the
+last configuration that computed persist in QSettings ("kvviz"/"kvviz" unless one is passed in).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
+    QToolButton, QVBoxLayout, QWidget,
+)
+
+from kvviz.analysis.session import Cancelled, Session, SessionConfig
+from kvviz.errors import InvalidInput, KvvizError
+from kvviz.report.writer import write_report
+from kvviz.ui.export import save_png
+from kvviz.ui.panels import (
+    AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, OverviewPanel, ScalesPanel,
+    TimingPanel, WorkloadPanel,
+)
+from kvviz.ui.panels.timing import SOFTWARE_FLAG
+from kvviz.ui.style import ERROR_BG, ERROR_FG, WARN_BG, WARN_FG, setup_pyqtgraph
+from kvviz.ui.worker import TaskRunner
+
+ORG = "kvviz"
+APP = "kvviz"
+STATE_VERSION = 3
+
+
+class ErrorBanner(QFrame):
+    """A dismissable banner at the top of the window: the error and its hint."""
+
+    dismissed = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("errorBanner")
+        self.setStyleSheet(f"#errorBanner {{ background: {ERROR_BG}; border: 1px solid #e0a09a; border-radius: 4px; }}"
+                           f" QLabel {{ color: {ERROR_FG}; }}")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(8, 4, 4, 4)
+        icon = QLabel("\u26a0")
+        icon.setStyleSheet("font-size: 16pt;")
+        lay.addWidget(icon)
+        text = QVBoxLayout()
+        self.title = QLabel("")
+        self.title.setStyleSheet("font-weight: bold;")
+        self.title.setWordWrap(True)
+        self.title.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.hint = QLabel("")
+        self.hint.setWordWrap(True)
+        self.hint.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        text.addWidget(self.title)
+        text.addWidget(self.hint)
+        lay.addLayout(text, 1)
+        close = QToolButton()
+        close.setText("\u2715")
+        close.setToolTip("Dismiss")
+        close.clicked.connect(self._dismiss)
+        lay.addWidget(close, 0, Qt.AlignTop)
+        self.hide()
+
+    def _dismiss(self) -> None:
+        self.hide()
+        self.dismissed.emit()
+
+    def show_error(self, where: str, exc: BaseException) -> None:
+        if isinstance(exc, KvvizError):
+            msg, hint = str(exc), exc.hint
+        else:
+            msg, hint = f"{type(exc).__name__}: {exc}", "Unexpected error (details on stderr); the window keeps working."
+        self.title.setText(f"{where}: {msg}")
+        self.hint.setText(hint)
+        self.hint.setVisible(bool(hint))
+        self.show()
+
+    def text(self) -> str:
+        return f"{self.title.text()}\n{self.hint.text()}" if self.isVisible() else ""
+
+
+class MainWindow(QMainWindow):
+    results_ready = Signal(object)  # Results
+    compute_failed = Signal(object)  # exception
+    task_cancelled = Signal(str)  # kind
+    sweep_ready = Signal(object)
+    compare_ready = Signal(object)
+    inspect_ready = Signal(object)
+
+    def __init__(self, settings: QSettings | None = None, config: SessionConfig | None = None,
+                 session: Session | None = None, autostart: bool = True, debounce_ms: int = 300):
+        super().__init__()
+        setup_pyqtgraph()
+        self.setWindowTitle("kvviz - KV-cache quantisation lab")
+        self.settings = settings if settings is not None else QSettings(ORG, APP)
+        self.session = session or Session()
+        self.results = None
+        self.last_good_config: SessionConfig | None = None
+        self._compute_task = None
+        self._adapter = None
+        self.runner = TaskRunner(self)
+        self.runner.started.connect(self._task_started)
+        self.runner.progress.connect(self._task_progress)
+        self.runner.finished.connect(self._task_finished)
+        self.runner.failed.connect(self._task_failed)
+        self.runner.idle.connect(self._idle)
+
+        self._debounce = QTimer(self)
+        self._debounce.setSingleShot(True)
+        self._debounce.setInterval(debounce_ms)
+        self._debounce.timeout.connect(self.request_compute)
+
+        # ---- central: error banner + overview
+        central = QWidget()
+        cl = QVBoxLayout(central)
+        cl.setContentsMargins(4, 4, 4, 0)
+        cl.setSpacing(4)
+        self.banner = ErrorBanner()
+        self.banner.dismissed.connect(lambda: self._fit_central())
+        cl.addWidget(self.banner)
+        self.overview = OverviewPanel(self)
+        cl.addWidget(self.overview, 1)
+        self.central = central
+        self.setCentralWidget(central)
+        self._fit_central()
+
+        # ---- panels in docks
+        self.workload = WorkloadPanel(self)
+        self.cache_layout = CacheLayoutPanel(self)
+        self.inspector = BlockInspectorPanel(self)
+        self.scales = ScalesPanel(self)
+        self.codes = CodesPanel(self)
+        self.attention = AttentionPanel(self)
+        self.timing = TimingPanel(self)
+        self.compare = ComparePanel(self)
+        self.panels = [self.overview, self.cache_layout, self.scales, self.codes, self.attention, self.timing,
+                       self.compare, self.inspector]
+        self.docks = {}
+        for w in [self.workload] + self.panels[1:]:
+            d = QDockWidget(w.title, self)
+            d.setObjectName(f"dock_{w.key}")
+            d.setWidget(w)
+            d.setFeatures(QDockWidget.DockWidgetMovable | QDockWidget.DockWidgetFloatable | QDockWidget.DockWidgetClosable)
+            self.docks[w.key] = d
+        self._default_layout()
+
+        self.workload.changed.connect(self.schedule_compute)
+        self.workload.run_requested.connect(self.request_compute)
+        self.workload.cancel_requested.connect(self.cancel)
+        self.cache_layout.block_clicked.connect(self.open_block)
+        self.timing.sweep_requested.connect(self.request_sweep)
+        self.compare.compare_requested.connect(self.request_compare)
+
+        self._build_status_bar()
+        self._build_actions()
+        self._restore(config)
+        self.workload.set_busy(False)
+        # the adapter's name goes in the status bar straight away, even if the first compute fails
+        session = self.session
+        self.runner.submit("adapter", lambda p, c: session.rt.summary, "open the GPU")
+        if autostart:
+            QTimer.singleShot(0, self.request_compute)
+
+    # ----------------------------------------------------------------- layout
+    def _default_layout(self) -> None:
+        d = self.docks
+        for dock in d.values():
+            dock.setFloating(False)
+            dock.show()
+        self.setCorner(Qt.TopLeftCorner, Qt.LeftDockWidgetArea)
+        self.setCorner(Qt.BottomLeftCorner, Qt.LeftDockWidgetArea)
+        self.setCorner(Qt.TopRightCorner, Qt.RightDockWidgetArea)
+        self.setCorner(Qt.BottomRightCorner, Qt.RightDockWidgetArea)
+        self.addDockWidget(Qt.LeftDockWidgetArea, d["workload"])
+        self.addDockWidget(Qt.TopDockWidgetArea, d["cache_layout"])
+        self.addDockWidget(Qt.TopDockWidgetArea, d["block_inspector"])
+        self.tabifyDockWidget(d["cache_layout"], d["block_inspector"])
+        self.addDockWidget(Qt.RightDockWidgetArea, d["attention"])
+        self.addDockWidget(Qt.RightDockWidgetArea, d["timing"])
+        self.splitDockWidget(d["attention"], d["timing"], Qt.Vertical)
+        self.tabifyDockWidget(d["timing"], d["compare"])
+        self.addDockWidget(Qt.BottomDockWidgetArea, d["scales"])
+        self.addDockWidget(Qt.BottomDockWidgetArea, d["codes"])
+        self.splitDockWidget(d["scales"], d["codes"], Qt.Horizontal)
+        d["cache_layout"].raise_()
+        d["timing"].raise_()
+        self.resizeDocks([d["workload"], d["attention"]], [275, 580], Qt.Horizontal)
+        self.resizeDocks([d["attention"], d["timing"]], [480, 520], Qt.Vertical)
+        self.resizeDocks([d["cache_layout"], d["scales"]], [290, 520], Qt.Vertical)
+
+    def _fit_central(self) -> None:
+        """Keep the overview compact so the docks get the room; grow it while the error banner shows."""
+        extra = self.banner.sizeHint().height() + 6 if self.banner.isVisible() else 0
+        self.central.setMaximumHeight(self.overview.sizeHint().height() + 10 + extra)
+
+    def reset_layout(self) -> None:
+        self._default_layout()
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.status_label = QLabel("Starting ...")
+        sb.addWidget(self.status_label, 1)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setMaximumWidth(220)
+        self.progress.setTextVisible(True)
+        self.progress.hide()
+        sb.addPermanentWidget(self.progress)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Cancel the running task (Esc)")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.cancel_button.hide()
+        sb.addPermanentWidget(self.cancel_button)
+        self.software_label = QLabel(f" \u26a0 {SOFTWARE_FLAG} ")
+        self.software_label.setStyleSheet(f"background:{WARN_BG}; color:{WARN_FG}; font-weight:bold;"
+                                          " border:1px solid #e0b000; border-radius:3px; padding:1px 4px;")
+        self.software_label.hide()
+        sb.addPermanentWidget(self.software_label)
+        self.adapter_label = QLabel("Adapter: (opening the GPU ...)")
+        self.adapter_label.setStyleSheet("padding: 0 6px;")
+        sb.addPermanentWidget(self.adapter_label)
+
+    def _build_actions(self) -> None:
+        m_file = self.menuBar().addMenu("&File")
+        m_run = self.menuBar().addMenu("&Run")
+        m_view = self.menuBar().addMenu("&View")
+
+        def act(menu, text, slot, keys=()):
+            a = QAction(text, self)
+            if keys:
+                a.setShortcuts([QKeySequence(k) for k in keys])
+            a.triggered.connect(slot)
+            menu.addAction(a)
+            self.addAction(a)
+            return a
+
+        self.act_run = act(m_run, "&Run now", self.request_compute, ("Ctrl+R", "F5"))
+        self.act_cancel = act(m_run, "&Cancel", self.cancel, ("Esc",))
+        m_run.addSeparator()
+        self.act_compare = act(m_run, "Compare all &methods", self.request_compare)
+        self.act_report = act(m_file, "&Export report folder...", self._export_report_clicked, ("Ctrl+E",))
+        self.act_shot = act(m_file, "Save window &screenshot...", self._screenshot_clicked, ("Ctrl+Shift+S",))
+        self.act_trace = act(m_file, "Export timings as Chrome &trace...", self.export_trace)
+        m_file.addSeparator()
+        self.act_load = act(m_file, "&Load config...", self._load_config_clicked)
+        self.act_save = act(m_file, "Sa&ve config...", self._save_config_clicked)
+        m_file.addSeparator()
+        act(m_file, "&Quit", self.close, ("Ctrl+Q",))
+        for key in ["workload", "cache_layout", "block_inspector", "scales", "codes", "attention", "timing", "compare"]:
+            m_view.addAction(self.docks[key].toggleViewAction())
+        m_view.addSeparator()
+        act(m_view, "Reset &layout", self.reset_layout)
+
+    # --------------------------------------------------------------- settings
+    def _restore(self, config: SessionConfig | None) -> None:
+        s = self.settings
+        geo = s.value("geometry")
+        if geo is not None:
+            self.restoreGeometry(geo)
+        else:
+            self.resize(1600, 1000)
+        state = s.value("windowState")
+        if state is not None:
+            self.restoreState(state, STATE_VERSION)
+        cfg = config
+        if cfg is None:
+            raw = s.value("config")
+            if raw:
+                try:
+                    cfg = SessionConfig.from_json(json.loads(raw))
+                    cfg.validate()
+                except (KvvizError, ValueError, TypeError):
+                    cfg = None
+        self.workload.set_config(cfg or SessionConfig())
+        auto = s.value("autoRun")
+        if auto is not None:
+            self.workload.auto_run.setChecked(str(auto).lower() in ("true", "1"))
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("geometry", self.saveGeometry())
+        s.setValue("windowState", self.saveState(STATE_VERSION))
+        cfg = self.last_good_config
+        if cfg is None:
+            try:
+                cfg = self.workload.config()
+                cfg.validate()
+            except KvvizError:
+                cfg = None
+        if cfg is not None:
+            s.setValue("config", json.dumps(cfg.to_json()))
+        s.setValue("autoRun", self.workload.auto_run.isChecked())
+        s.sync()
+
+    def closeEvent(self, ev) -> None:
+        self.save_settings()
+        self._debounce.stop()
+        self.runner.shutdown()
+        super().closeEvent(ev)
+
+    # ---------------------------------------------------------------- compute
+    def schedule_compute(self) -> None:
+        """A control changed: recompute after the debounce interval (if auto-run is on)."""
+        if self.workload.auto_run.isChecked():
+            self._debounce.start()
+
+    def request_compute(self) -> None:
+        self._debounce.stop()
+        try:
+            cfg = self.workload.config()
+        except KvvizError as exc:
+            self.show_error("Workload", exc)
+            return
+        session = self.session
+        self._compute_task = self.runner.submit(
+            "compute", lambda progress, cancel: session.compute(cfg, progress, cancel), f"compute {cfg.method}", cfg)
+
+    def cancel(self) -> None:
+        self._debounce.stop()
+        if self.runner.cancel_all():
+            self.status_label.setText("Cancelling ...")
+
+    def request_inspect(self, block: int, kv_head: int, which: str) -> None:
+        res = self.results
+        if res is None:
+            return
+        session = self.session
+        self.runner.submit("inspect", lambda p, c: session.inspect_block(res, block, kv_head, which),
+                           f"inspect block {block}", (res, block, kv_head, which))
+
+    def open_block(self, block: int) -> None:
+        d = self.docks["block_inspector"]
+        d.show()
+        d.raise_()
+        self.inspector.show_block(block)
+
+    def request_sweep(self, param: str, values) -> None:
+        cfg = self.results.config if self.results is not None else None
+        if cfg is None:
+            try:
+                cfg = self.workload.config()
+            except KvvizError as exc:
+                self.show_error("Sweep", exc)
+                return
+        session = self.session
+        values = list(values)
+        self.runner.submit("sweep", lambda p, c: session.sweep(cfg, param, values, p, c), f"sweep {param}", (param, values))
+
+    def request_compare(self) -> None:
+        res = self.results
+        if res is None:
+            return
+        from kvviz.report.compare_run import run_compare
+
+        session = self.session
+        d = self.docks["compare"]
+        d.show()
+        d.raise_()
+        self.compare.status.setText("Comparing every method on the current K/V ...")
+        self.runner.submit("compare", lambda p, c: run_compare(session, res, progress=p, cancel=c), "compare methods", res)
+
+    # ------------------------------------------------------------ task events
+    def _task_started(self, task) -> None:
+        self.progress.setValue(0)
+        self.progress.setFormat(f"{task.label}: %p%")
+        self.progress.show()
+        self.cancel_button.show()
+        self.workload.set_busy(True)
+        if task.kind != "inspect":
+            self.status_label.setText(f"{task.label} ...")
+
+    def _task_progress(self, task, frac: float, msg: str) -> None:
+        if task is self.runner.current and task.kind != "inspect":
+            self.progress.setValue(int(frac * 1000))
+            self.status_label.setText(f"{task.label}: {msg}")
+
+    def _idle(self) -> None:
+        if not self.runner.busy:
+            self.progress.hide()
+            self.cancel_button.hide()
+            self.workload.set_busy(False)
+
+    def _task_finished(self, task, result) -> None:
+        if task.kind == "compute":
+            if task is not self._compute_task:
+                return  # superseded by a newer request: its results are on the way
+            self._show_results(result)
+        elif task.kind == "sweep":
+            self.timing.set_sweep(result, task.cancelled)
+            self.status_label.setText(f"Sweep: {len(result)} point(s)" + (" (cancelled)" if task.cancelled else ""))
+            self.sweep_ready.emit(result)
+        elif task.kind == "compare":
+            self.compare.set_rows(result, task.cancelled)
+            self.status_label.setText(f"Compared {len(result)} methods")
+            self.compare_ready.emit(result)
+        elif task.kind == "adapter":
+            self._set_adapter(result)
+        elif task.kind == "inspect":
+            res, block, kvh, which = task.payload
+            if res is self.results:
+                self.inspector.set_records(result, block, kvh, which)
+                self.inspect_ready.emit(result)
+
+    def _task_failed(self, task, exc) -> None:
+        if isinstance(exc, Cancelled):
+            if task.kind == "compute" and task is not self._compute_task:
+                return  # superseded, not cancelled by the user
+            self.status_label.setText(f"{task.label}: cancelled" + (" - showing the previous results" if self.results else ""))
+            if task.kind == "sweep":
+                self.timing.sweep_status.setText("Sweep cancelled.")
+            self.task_cancelled.emit(task.kind)
+            return
+        if not isinstance(exc, KvvizError):
+            tb = getattr(exc, "__kvviz_traceback__", "")
+            print(f"kvviz: unexpected error in {task.label}:\n{tb}", file=sys.stderr)
+        where = {"adapter": "No GPU adapter", "compute": "Compute failed", "sweep": "Sweep failed",
+                 "compare": "Comparison failed", "inspect": "Block inspector"}.get(task.kind, task.kind)
+        self.show_error(where, exc)
+        if task.kind == "compute":
+            if task is self._compute_task:
+                self.status_label.setText("Compute failed" + (" - showing the previous results" if self.results else ""))
+                self.compute_failed.emit(exc)
+        elif task.kind == "sweep":
+            self.timing.sweep_status.setText(f"Sweep failed: {exc}")
+        elif task.kind == "compare":
+            self.compare.status.setText(f"Comparison failed: {exc}")
+
+    def show_error(self, where: str, exc: BaseException) -> None:
+        self.banner.show_error(where, exc)
+        self._fit_central()
+        self.status_label.setText(f"{where}: {exc}")
+
+    def clear_error(self) -> None:
+        self.banner.hide()
+        self._fit_central()
+
+    def _show_results(self, res) -> None:
+        self.results = res
+        self.last_good_config = res.config
+        self.clear_error()
+        self._set_adapter(res.adapter)
+        for p in self.panels:
+            try:
+                p.set_results(res)
+            except Exception as exc:  # noqa: BLE001 - one broken panel must not take the window down
+                import traceback
+
+                traceback.print_exc()
+                self.show_error(f"{p.title} panel", exc)
+        self.status_label.setText(f"{res.method.label}: done in {res.elapsed_s:.2f} s ({res.source_note})")
+        # keep the block inspector showing a block of the new results
+        blk = self.cache_layout.selected_block
+        if blk < 0 and res.batch.seq_blocks and res.batch.seq_blocks[0]:
+            blk = int(res.batch.seq_blocks[0][0])
+        if blk >= 0:
+            self.cache_layout.selected_block = blk
+            self.cache_layout._show_selection()
+            self.inspector.show_block(blk)
+        self.results_ready.emit(res)
+
+    def _set_adapter(self, adapter) -> None:
+        self._adapter = adapter
+        self.adapter_label.setText(f"Adapter: {adapter.name} ({adapter.backend}, {adapter.adapter_type})")
+        self.adapter_label.setToolTip(adapter.line())
+        self.software_label.setVisible(bool(adapter.is_software))
+        self.software_label.setToolTip(f"{adapter.name} is a software rasteriser: every time is a CPU time.")
+
+    # ----------------------------------------------------------------- export
+    def ask_save_path(self, caption: str, name: str, filt: str) -> str:
+        path, _ = QFileDialog.getSaveFileName(self, caption, name, filt)
+        return path
+
+    def ask_directory(self, caption: str) -> str:
+        return QFileDialog.getExistingDirectory(self, caption, os.getcwd())
+
+    def export_panel(self, panel, fmt: str) -> list:
+        if panel.res is None and fmt == "csv":
+            return []
+        filt = {"png": "PNG image (*.png)", "svg": "SVG image (*.svg)", "csv": "CSV table (*.csv)"}[fmt]
+        path = self.ask_save_path(f"Export {panel.title} as {fmt.upper()}", f"kvviz-{panel.key}.{fmt}", filt)
+        if not path:
+            return []
+        try:
+            out = panel.export(fmt, path)
+        except (OSError, ValueError) as exc:
+            self.show_error("Export", exc)
+            return []
+        self.status_label.setText(f"Wrote {', '.join(out)}")
+        return out
+
+    def save_screenshot(self, path: str) -> str:
+        QApplication.processEvents()
+        img = self.grab()
+        if not img.save(str(path), "PNG"):
+            raise OSError(f"could not write {path}")
+        return str(path)
+
+    def _screenshot_clicked(self) -> None:
+        path = self.ask_save_path("Save window screenshot", "kvviz-window.png", "PNG image (*.png)")
+        if path:
+            try:
+                self.save_screenshot(path)
+                self.status_label.setText(f"Wrote {path}")
+            except OSError as exc:
+                self.show_error("Screenshot", exc)
+
+    def export_trace(self, path: str | None = None) -> str:
+        from kvviz.report.trace import write_chrome_trace
+
+        if self.results is None:
+            self.show_error("Chrome trace", InvalidInput("No results yet.", "Wait for the first run to finish."))
+            return ""
+        if not path:
+            path = self.ask_save_path("Export timings as Chrome trace", "kvviz-trace.json", "Chrome trace (*.json)")
+            if not path:
+                return ""
+        out = write_chrome_trace(path, self.results)
+        self.status_label.setText(f"Wrote {out} (open it in https://ui.perfetto.dev)")
+        return out
+
+    def export_report(self, out_dir: str) -> dict:
+        """The report folder: every panel as PNG, report.json, report.md, CSVs, trace.json."""
+        res = self.results
+        if res is None:
+            raise InvalidInput("No results yet.", "Wait for the first run to finish.")
+        os.makedirs(out_dir, exist_ok=True)
+        figures = {"window": "window.png"}
+        save_png(self, os.path.join(out_dir, "window.png"), 1.0)
+        tables = {}
+        for p in self.panels:
+            if p is self.inspector and not p.tables():
+                continue
+            if p is self.compare and not p.tables():
+                continue
+            name = f"{p.key}.png"
+            hidden = not p.isVisible()
+            if hidden:
+                p.resize(max(p.width(), 900), max(p.height(), 600))
+            p.export_png(os.path.join(out_dir, name))
+            figures[p.key] = name
+            tables[p.key] = p.tables()
+        paths = write_report(out_dir, res, tables, figures, compare_rows=self.compare.rows or None,
+                             sweep_points=self.timing.sweep_points or None, history=self.timing.history)
+        self.status_label.setText(f"Report written to {out_dir}")
+        return paths
+
+    def _export_report_clicked(self) -> None:
+        d = self.ask_directory("Export report into folder")
+        if not d:
+            return
+        try:
+            self.export_report(d)
+        except (KvvizError, OSError) as exc:
+            self.show_error("Export report", exc)
+
+    def _load_config_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load config", "", "JSON (*.json)")
+        if not path:
+            return
+        try:
+            cfg = SessionConfig.load(path)
+        except KvvizError as exc:
+            self.show_error("Load config", exc)
+            return
+        self.workload.set_config(cfg)
+        self.request_compute()
+
+    def _save_config_clicked(self) -> None:
+        path = self.ask_save_path("Save config", "kvviz-config.json", "JSON (*.json)")
+        if not path:
+            return
+        try:
+            cfg = self.workload.config()
+            with open(path, "w") as fh:
+                json.dump(cfg.to_json(), fh, indent=1)
+        except (KvvizError, OSError) as exc:
+            self.show_error("Save config", exc)

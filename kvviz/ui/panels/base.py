@@ -1,0 +1,122 @@
+"""The panel base class: a widget that draws `Results` from the tables it exports.
+
+A panel keeps what it plots as `kvviz.report.tables.Table`s (Qt-free), draws from them, and exports
+them: PNG at 2x device pixel ratio, SVG through QSvgGenerator, CSV of exactly the plotted points.
+"""
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSizePolicy, QToolButton, QVBoxLayout, QWidget
+
+from kvviz.ui.export import save_png, save_svg
+
+PANEL_FORMATS = ("png", "svg", "csv")
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that shrinks with its panel: the text is elided, the full text is the tooltip."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(text, parent)
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.setMinimumWidth(20)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt naming
+        super().setText(text)
+        self.setToolTip(text)
+
+    def minimumSizeHint(self):  # noqa: N802
+        h = super().minimumSizeHint()
+        h.setWidth(20)
+        return h
+
+    def paintEvent(self, ev) -> None:  # noqa: N802
+        p = QPainter(self)
+        fm = self.fontMetrics()
+        r = self.contentsRect()
+        p.drawText(r, int(self.alignment()) | Qt.AlignVCenter, fm.elidedText(self.text(), Qt.ElideRight, r.width()))
+
+
+class Panel(QWidget):
+    key = ""
+    title = ""
+    selection_changed = Signal()
+
+    def __init__(self, host=None, parent=None):
+        super().__init__(parent)
+        self.host = host
+        self.res = None
+        self.setObjectName(f"panel_{self.key}")
+        self.setWindowTitle(self.title)
+        self.setAutoFillBackground(True)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(4, 2, 4, 4)
+        outer.setSpacing(3)
+        bar = QHBoxLayout()
+        bar.setSpacing(6)
+        self.tools = QHBoxLayout()
+        self.tools.setSpacing(6)
+        bar.addLayout(self.tools)
+        self.info = ElidedLabel("")
+        self.info.setAlignment(Qt.AlignRight)
+        bar.addWidget(self.info, 1)
+        self.export_button = QToolButton()
+        self.export_button.setText("Export")
+        self.export_button.setToolTip(f"Export the {self.title} panel: PNG (2x), SVG, CSV of the plotted data")
+        self.export_button.setPopupMode(QToolButton.InstantPopup)
+        menu = QMenu(self.export_button)
+        for fmt in PANEL_FORMATS:
+            menu.addAction(f"{fmt.upper()}...", lambda f=fmt: self._export_clicked(f))
+        self.export_button.setMenu(menu)
+        bar.addWidget(self.export_button)
+        outer.addLayout(bar)
+        self.body = QVBoxLayout()
+        self.body.setContentsMargins(0, 0, 0, 0)
+        self.body.setSpacing(3)
+        outer.addLayout(self.body, 1)
+
+    # ---------------------------------------------------------------- data
+    def set_results(self, res) -> None:
+        self.res = res
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the tables from `self.res` and the panel's selections, then draw them."""
+
+    def tables(self) -> list:
+        """[Table]: the first is the main plotted data, others are extra plotted data."""
+        return []
+
+    # -------------------------------------------------------------- export
+    def _export_clicked(self, fmt: str) -> None:
+        if self.host is not None:
+            self.host.export_panel(self, fmt)
+
+    def export(self, fmt: str, path: str) -> list:
+        if fmt == "png":
+            return [self.export_png(path)]
+        if fmt == "svg":
+            return [self.export_svg(path)]
+        if fmt == "csv":
+            return self.export_csv(path)
+        raise ValueError(fmt)
+
+    def export_png(self, path: str) -> str:
+        return save_png(self, path, 2.0)
+
+    def export_svg(self, path: str) -> str:
+        return save_svg(self, path, f"kvviz: {self.title}")
+
+    def export_csv(self, path: str) -> list:
+        """The main table to `path`, every other table to `<stem>_<table>.csv` beside it."""
+        tabs = self.tables()
+        if not tabs:
+            raise ValueError(f"{self.title}: nothing to export yet")
+        stem, ext = os.path.splitext(str(path))
+        out = [tabs[0].write_csv(path)]
+        for t in tabs[1:]:
+            out.append(t.write_csv(f"{stem}_{t.name}{ext or '.csv'}"))
+        return out

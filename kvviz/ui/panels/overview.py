@@ -1,0 +1,109 @@
+"""Overview (the window's central widget): the headline numbers of the current results as cards."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout
+
+from kvviz.report.tables import Table
+from kvviz.ui.panels.base import Panel
+
+CARDS = [
+    ("method", "method"),
+    ("bits_k", "K bits / element"),
+    ("bits_v", "V bits / element"),
+    ("kl_mean", "KL mean (nats)"),
+    ("cosine_min", "output cosine (min)"),
+    ("rel_l2_mean", "output rel. L2 (mean)"),
+    ("topk", "top-8 overlap (mean)"),
+    ("decode", "decode: method / f32"),
+    ("blocks", "blocks used / pool"),
+    ("elapsed", "computed in"),
+]
+
+
+class _Card(QFrame):
+    def __init__(self, caption: str):
+        super().__init__()
+        self.setObjectName("card")
+        self.setStyleSheet("#card { background: #f6f7f9; border: 1px solid #d5d8dc; border-radius: 5px; }")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 4, 8, 4)
+        lay.setSpacing(0)
+        self.value = QLabel("-")
+        self.value.setStyleSheet("font-size: 13pt; font-weight: 600; color: #1b2a3a;")
+        self.value.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.caption = QLabel(caption)
+        self.caption.setStyleSheet("color: #5a6570; font-size: 8pt;")
+        for lab in (self.value, self.caption):  # cards may shrink below their text on small screens
+            lab.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+            lab.setMinimumWidth(30)
+        lay.addWidget(self.value)
+        lay.addWidget(self.caption)
+
+
+class OverviewPanel(Panel):
+    key = "overview"
+    title = "Overview"
+
+    def __init__(self, host=None, parent=None):
+        super().__init__(host, parent)
+        self.summary = None
+        self.headline = QLabel("Computing the default workload ...")
+        self.headline.setWordWrap(True)
+        self.headline.setMinimumWidth(200)
+        self.headline.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.headline.setStyleSheet("font-size: 10pt;")
+        self.info.hide()
+        self.tools.addWidget(self.headline, 1)
+        grid = QGridLayout()
+        grid.setSpacing(6)
+        self.cards = {}
+        for i, (key, caption) in enumerate(CARDS):
+            c = _Card(caption)
+            self.cards[key] = c
+            grid.addWidget(c, i // 5, i % 5)
+        self.body.addLayout(grid)
+        self.body.addStretch(1)
+
+    def refresh(self) -> None:
+        res = self.res
+        if res is None:
+            return
+        s = res.metrics.summary()
+        k_lay, v_lay = res.layouts
+        by = {t.kernel: t for t in res.timings}
+        method_decode = [t for t in res.timings if t.variant == res.method.label and ("attn" in t.kernel or "decode" in t.kernel)]
+        base = by.get("paged_attn_f32")
+        if method_decode and base:
+            md = sum(t.timing.median_us for t in method_decode)
+            decode = f"{md / 1000:.1f} / {base.timing.median_us / 1000:.1f} ms"
+        else:
+            decode = "-"
+        used = int((res.batch.block_owner() >= 0).sum())
+        values = {
+            "method": res.method.key,
+            "bits_k": f"{k_lay.bits_per_element:.3f}",
+            "bits_v": f"{v_lay.bits_per_element:.3f}",
+            "kl_mean": f"{s['kl_mean']:.3g}",
+            "cosine_min": f"{s['cosine_min']:.5f}",
+            "rel_l2_mean": f"{s['rel_l2_mean']:.3g}",
+            "topk": f"{s.get(f'top{res.metrics.k}_overlap_mean', float('nan')):.3f}",
+            "decode": decode,
+            "blocks": f"{used} / {res.batch.num_blocks}",
+            "elapsed": f"{res.elapsed_s:.2f} s",
+        }
+        for k, v in values.items():
+            self.cards[k].value.setText(v)
+        self.cards["topk"].caption.setText(f"top-{res.metrics.k} overlap (mean)")
+        self.cards["method"].setToolTip(res.method.label)
+        cfg = res.config
+        self.headline.setText(
+            f"<b>{res.method.label}</b> on {res.source_note}: {res.batch.num_seqs} sequences "
+            f"({', '.join(str(int(x)) for x in res.batch.context_lens)} tokens), {cfg.num_heads} query / "
+            f"{cfg.num_kv_heads} KV heads x {res.key.shape[2]}, blocks of {res.batch.block_size} "
+            f"({res.batch.policy}), {cfg.frontend}")
+        self.summary = Table("overview", ["metric", "value"], [[CARDS[i][1], values[CARDS[i][0]]] for i in range(len(CARDS))],
+                             "Headline numbers")
+
+    def tables(self) -> list:
+        return [self.summary] if self.summary is not None else []

@@ -1,0 +1,146 @@
+"""Scales panel: per-token K and V scales vs position for one (sequence, KV head), and the per-channel
+|K| / |V| maxima of every (sequence, KV head) as heatmaps, where outlier channels show as bright columns.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QRectF
+from PySide6.QtWidgets import QComboBox, QSpinBox
+
+from kvviz.analysis.metrics import outlier_ratio
+from kvviz.report.tables import channel_amax_table, token_scales_table
+from kvviz.ui.panels.base import Panel
+from kvviz.ui.style import K_COLOR, V_COLOR, lut_viridis
+
+
+def to_uint8(a: np.ndarray, vmax: float) -> np.ndarray:
+    """Heatmap values -> uint8 with fixed levels (0, 255): 0 -> 0, vmax -> 255."""
+    a = np.asarray(a, np.float64)
+    if not vmax > 0:
+        return np.zeros(a.shape, np.uint8)
+    return np.clip(np.round(a / vmax * 255.0), 0, 255).astype(np.uint8)
+
+
+class ScalesPanel(Panel):
+    key = "scales"
+    title = "Scales"
+
+    def __init__(self, host=None, parent=None):
+        super().__init__(host, parent)
+        self.scale_table = self.k_amax = self.v_amax = None
+        self.seq = QComboBox()
+        self.seq.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        self.seq.setToolTip("Sequence")
+        self.kv_head = QSpinBox()
+        self.kv_head.setPrefix("KV head ")
+        self.tools.addWidget(self.seq)
+        self.tools.addWidget(self.kv_head)
+        self.seq.currentIndexChanged.connect(self._sel_changed)
+        self.kv_head.valueChanged.connect(self._sel_changed)
+
+        self.glw = pg.GraphicsLayoutWidget()
+        self.glw.setMinimumSize(150, 150)
+        # K scale on the left axis, V scale on a right axis of its own (they differ by ~10x)
+        self.s_plot = self.glw.addPlot(row=0, col=0)
+        self.s_plot.setLabel("bottom", "position")
+        self.s_plot.setLabel("left", "K scale", color="#1f77b4")
+        self.s_plot.showGrid(x=True, y=True, alpha=0.25)
+        self.k_curve = self.s_plot.plot(pen=pg.mkPen(K_COLOR, width=1.5), name="K")
+        self.v_view = pg.ViewBox()
+        self.s_plot.showAxis("right")
+        self.s_plot.scene().addItem(self.v_view)
+        self.s_plot.getAxis("right").linkToView(self.v_view)
+        self.s_plot.getAxis("right").setLabel("V scale", color="#d62728")
+        self.v_view.setXLink(self.s_plot)
+        self.v_curve = pg.PlotDataItem(pen=pg.mkPen(V_COLOR, width=1.5), name="V")
+        self.v_view.addItem(self.v_curve)
+        self.s_plot.vb.sigResized.connect(self._sync_views)
+        self.k_plot = self.v_plot = self.s_plot
+        self.k_heat_plot = self.glw.addPlot(row=1, col=0)
+        self.v_heat_plot = self.glw.addPlot(row=2, col=0)
+        self.v_heat_plot.setXLink(self.k_heat_plot)
+        lut = lut_viridis()
+        self.k_img = pg.ImageItem(axisOrder="row-major")
+        self.v_img = pg.ImageItem(axisOrder="row-major")
+        for p, img in ((self.k_heat_plot, self.k_img), (self.v_heat_plot, self.v_img)):
+            img.setLookupTable(lut)
+            p.addItem(img)
+            p.invertY(True)
+            p.setMouseEnabled(x=True, y=False)
+        self.k_sel = pg.InfiniteLine(angle=0, pen=pg.mkPen((255, 80, 80), width=1.5))
+        self.v_sel = pg.InfiniteLine(angle=0, pen=pg.mkPen((255, 80, 80), width=1.5))
+        self.k_heat_plot.addItem(self.k_sel)
+        self.v_heat_plot.addItem(self.v_sel)
+        self.v_heat_plot.setLabel("bottom", "channel")
+        for r in range(3):
+            self.glw.ci.layout.setRowStretchFactor(r, 1)
+        self.body.addWidget(self.glw, 1)
+
+    def _sync_views(self) -> None:
+        self.v_view.setGeometry(self.s_plot.vb.sceneBoundingRect())
+        self.v_view.linkedViewChanged(self.s_plot.vb, self.v_view.XAxis)
+
+    def refresh(self) -> None:
+        res = self.res
+        if res is None:
+            return
+        S, kvh = res.batch.num_seqs, res.key.shape[1]
+        cur = self.seq.currentIndex()
+        self.seq.blockSignals(True)
+        self.kv_head.blockSignals(True)
+        self.seq.clear()
+        self.seq.addItems([f"seq {s} ({int(res.batch.context_lens[s])} tok)" for s in range(S)])
+        self.seq.setCurrentIndex(cur if 0 <= cur < S else 0)
+        self.kv_head.setRange(0, kvh - 1)
+        self.seq.blockSignals(False)
+        self.kv_head.blockSignals(False)
+        self.k_amax = channel_amax_table(res, "K")
+        self.v_amax = channel_amax_table(res, "V")
+        step = max(1, -(-S // 8))
+        ticks = [[(s * kvh + kvh / 2, f"s{s}") for s in range(0, S, step)],
+                 [(float(r), "") for r in range(0, S * kvh + 1, kvh)]]
+        ratios = []
+        for which, plot, img, arr in (("K", self.k_heat_plot, self.k_img, res.k_channel_amax),
+                                      ("V", self.v_heat_plot, self.v_img, res.v_channel_amax)):
+            a = np.asarray(arr, np.float64).reshape(S * kvh, -1)
+            vmax = float(a.max()) if a.size else 0.0
+            img.setImage(to_uint8(a, vmax), levels=(0, 255), autoLevels=False)
+            img.setRect(QRectF(0, 0, a.shape[1], a.shape[0]))
+            plot.getAxis("left").setTicks(ticks)
+            ratio = outlier_ratio(arr) if a.size else float("nan")
+            plot.setTitle(f"max|{which}| per channel (0..{vmax:.3g})", size="8pt")
+            plot.getAxis("left").setToolTip("rows: sequence x KV head")
+            ratios.append(f"{which} max/median {ratio:.1f}")
+            plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0)
+        self._ratios = ", ".join(ratios)
+        self._draw_scales()
+
+    def _sel_changed(self, *args) -> None:
+        if self.res is not None:
+            self._draw_scales()
+            self.selection_changed.emit()
+
+    def selection(self) -> tuple:
+        return max(0, self.seq.currentIndex()), self.kv_head.value()
+
+    def _draw_scales(self) -> None:
+        res = self.res
+        s, h = self.selection()
+        self.scale_table = token_scales_table(res, s, h)
+        x = self.scale_table.column("position").astype(np.float64)
+        self.k_curve.setData(x, self.scale_table.column("k_scale").astype(np.float64))
+        self.v_curve.setData(x, self.scale_table.column("v_scale").astype(np.float64))
+        self.s_plot.setTitle(f"scale per token, seq {s} / KV head {h}", size="8pt")
+        self.s_plot.enableAutoRange()
+        self.v_view.enableAutoRange(axis=pg.ViewBox.YAxis)
+        self._sync_views()
+        kvh = res.key.shape[1]
+        row = s * kvh + h + 0.5
+        self.k_sel.setPos(row)
+        self.v_sel.setPos(row)
+        note = self.scale_table.title.split("(", 1)[1].rstrip(")") if "(" in self.scale_table.title else ""
+        self.info.setText(f"{len(self.scale_table)} tokens; {getattr(self, '_ratios', '')}" + (f"; {note}" if note else ""))
+
+    def tables(self) -> list:
+        return [t for t in (self.scale_table, self.k_amax, self.v_amax) if t is not None]

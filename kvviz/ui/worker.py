@@ -1,0 +1,154 @@
+"""One worker QThread that runs every GPU task of the window, one at a time.
+
+Modelled on Orange's ConcurrentWidgetMixin: the UI thread submits a `Task` (a function of
+`progress(frac, msg)` and `cancel() -> bool`); a new task cancels the one it supersedes (a new
+compute cancels a running compute, sweep or comparison; a new sweep a running sweep, ...) and
+replaces it in the queue. Tasks check the cancel flag between GPU calls (Session.compute raises
+`Cancelled`, Session.sweep returns the points it has). Results, errors and progress come back as
+queued signals, so slots run on the UI thread and the UI never waits on the GPU.
+
+All wgpu work happens on this single thread, so the GPU device is never used by two threads at once.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable
+
+from PySide6.QtCore import QObject, QThread, Signal
+
+_ids = itertools.count(1)
+
+# kind of the new task -> kinds it cancels and replaces
+SUPERSEDES = {
+    "compute": {"compute", "sweep", "compare"},
+    "sweep": {"sweep"},
+    "compare": {"compare"},
+    "inspect": {"inspect"},
+    "adapter": {"adapter"},
+}
+
+
+@dataclass(eq=False)
+class Task:
+    kind: str
+    fn: Callable  # fn(progress, cancel) -> result
+    label: str = ""
+    id: int = field(default_factory=lambda: next(_ids))
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    payload: object = None  # what the submitter wants back with the result (e.g. the config)
+    started_at: float = 0.0
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+
+class _Thread(QThread):
+    def __init__(self, runner: "TaskRunner"):
+        super().__init__()
+        self.runner = runner
+        self.setObjectName("kvviz-worker")
+
+    def run(self) -> None:  # worker thread
+        r = self.runner
+        while True:
+            with r._cond:
+                while not r._pending and not r._stopping:
+                    r._cond.wait()
+                if r._stopping:
+                    return
+                task = r._pending.pop(0)
+                r._current = task
+            task.started_at = time.perf_counter()
+            r.started.emit(task)
+
+            def progress(frac, msg, _t=task):
+                r.progress.emit(_t, float(frac), str(msg))
+
+            try:
+                result = task.fn(progress, task.cancel_event.is_set)
+            except BaseException as exc:  # noqa: BLE001 - every error goes to the window
+                exc.__kvviz_traceback__ = traceback.format_exc()
+                with r._cond:
+                    r._current = None
+                r.failed.emit(task, exc)
+            else:
+                with r._cond:
+                    r._current = None
+                r.finished.emit(task, result)
+            if not r._pending:
+                r.idle.emit()
+
+
+class TaskRunner(QObject):
+    """Owns the worker thread and the queue of pending tasks."""
+
+    started = Signal(object)  # Task
+    progress = Signal(object, float, str)  # Task, fraction, message
+    finished = Signal(object, object)  # Task, result
+    failed = Signal(object, object)  # Task, exception
+    idle = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._cond = threading.Condition()
+        self._pending: list[Task] = []
+        self._current: Task | None = None
+        self._stopping = False
+        self._thread = _Thread(self)
+        self._thread.start()
+        from PySide6.QtCore import QCoreApplication
+
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+
+    # --------------------------------------------------------------- UI thread API
+    def submit(self, kind: str, fn: Callable, label: str = "", payload=None) -> Task:
+        task = Task(kind, fn, label or kind, payload=payload)
+        replaces = SUPERSEDES.get(kind, {kind})
+        with self._cond:
+            self._pending = [t for t in self._pending if t.kind not in replaces]
+            if self._current is not None and self._current.kind in replaces:
+                self._current.cancel()
+            self._pending.append(task)
+            self._cond.notify()
+        return task
+
+    def cancel_all(self) -> bool:
+        """Cancel the running task and drop the pending ones. True if anything was cancelled."""
+        with self._cond:
+            had = bool(self._pending) or self._current is not None
+            self._pending.clear()
+            if self._current is not None:
+                self._current.cancel()
+        return had
+
+    @property
+    def current(self) -> Task | None:
+        return self._current
+
+    @property
+    def busy(self) -> bool:
+        with self._cond:
+            return self._current is not None or bool(self._pending)
+
+    def pending_kinds(self) -> list[str]:
+        with self._cond:
+            return [t.kind for t in self._pending]
+
+    def shutdown(self, timeout_ms: int = 15000) -> None:
+        with self._cond:
+            self._stopping = True
+            self._pending.clear()
+            if self._current is not None:
+                self._current.cancel()
+            self._cond.notify_all()
+        self._thread.wait(timeout_ms)

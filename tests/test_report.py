@@ -1,0 +1,178 @@
+"""kvviz/report: panel tables, Chrome trace, report.json / report.md (Qt-free) and `kvviz report`."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvviz.analysis.session import Session, SessionConfig
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def res():
+    cfg = SessionConfig(context_lens=(40, 17, 70), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3)
+    return Session().compute(cfg)
+
+
+def test_report_package_imports_no_qt():
+    code = ("import sys; import kvviz.report.headless, kvviz.report.writer, kvviz.report.trace, "
+            "kvviz.report.tables, kvviz.report.compare_run; "
+            "bad = [m for m in sys.modules if m.startswith(('PySide6', 'pyqtgraph', 'shiboken6'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_tables_are_the_results(res):
+    from kvviz.report import tables as T
+
+    b = res.batch
+    pool = T.block_pool_table(res)
+    assert len(pool) == b.num_blocks
+    assert pool.column("sequence").tolist() == b.block_owner().tolist()
+    assert pool.column("tokens_used").tolist() == b.block_fill().tolist()
+    bt = T.block_table_table(res)
+    assert len(bt) == sum(len(x) for x in b.seq_blocks)
+    assert sum(r[3] for r in bt.rows) == int(b.context_lens.sum())
+
+    sc = T.token_scales_table(res, 2, 1)
+    rows = b.token_rows(2)
+    assert sc.column("position").tolist() == list(range(int(b.context_lens[2])))
+    np.testing.assert_allclose(sc.column("k_scale"), np.asarray(res.qkv.k_scales)[rows, 1], rtol=1e-6)
+
+    am = T.channel_amax_table(res, "K")
+    assert len(am) == res.k_channel_amax.size
+    np.testing.assert_allclose(am.column("amax"), res.k_channel_amax.reshape(-1), rtol=1e-6)
+
+    h = T.code_hist_table(res)
+    assert int(h.column("k_count").sum()) == int(res.k_stats.counts.sum()) == res.k_stats.total
+    assert int(h.column("v_count").sum()) == res.v_stats.total
+
+    w = T.attention_weights_table(res, 1, 3)
+    n = int(b.context_lens[1])
+    assert len(w) == n
+    np.testing.assert_allclose(w.column("w_f32"), res.w_ref[1, 3, :n], rtol=1e-6)
+    hm = T.head_metrics_table(res)
+    assert len(hm) == res.metrics.kl.size
+
+    t = T.timings_table(res)
+    assert len(t) == len(res.timings)
+    assert t.column("median_us").tolist() == [r.timing.median_us for r in res.timings]
+    pinned = {T.timing_key(r): r.timing.median_us * 2 for r in res.timings}
+    d = T.timings_table(res, pinned).column("delta_vs_pin_pct")
+    np.testing.assert_allclose(d, -50.0)
+
+
+def test_csv_roundtrip(res, tmp_path):
+    from kvviz.report.tables import head_metrics_table
+
+    t = head_metrics_table(res)
+    p = t.write_csv(tmp_path / "h.csv")
+    with open(p) as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(t)
+    np.testing.assert_array_equal([float(r["kl"]) for r in rows], res.metrics.kl.reshape(-1))
+
+
+def test_chrome_trace(res, tmp_path):
+    from kvviz.report.trace import write_chrome_trace
+
+    p = write_chrome_trace(tmp_path / "t.json", res)
+    tr = json.load(open(p))
+    xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(res.timings)
+    ts = 0.0
+    for e, row in zip(xs, res.timings):
+        assert e["name"] == row.kernel and e["dur"] == row.timing.median_us and e["ts"] == ts
+        assert e["args"]["timing_method"] == row.timing.method
+        assert len(e["args"]["samples_us"]) == len(row.timing.samples_us)
+        assert {"pid", "tid", "cat"} <= set(e)
+        ts += e["dur"]
+
+
+def assert_same(a, b):
+    """Equal JSON trees, floats to 1e-12 relative."""
+    if isinstance(b, dict):
+        assert set(a) == set(b)
+        for k in b:
+            assert_same(a[k], b[k])
+    elif isinstance(b, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-12)
+    else:
+        assert a == b
+
+
+def test_write_report_qt_free(res, tmp_path):
+    from kvviz.report.writer import write_report
+
+    paths = write_report(str(tmp_path), res)
+    rep = json.load(open(paths["json"]))
+    summary = json.loads(json.dumps(res.summary_json()))
+    for k in ("config", "method", "layout", "batch", "attention", "codes", "timings", "copy_gbps"):
+        assert_same(rep[k], summary[k])
+    assert set(rep["panels"]) >= {"cache_layout", "scales", "codes", "attention", "timing"}
+    md = open(paths["md"]).read()
+    for s in (res.adapter.name, res.method.label, "bits per element", "kl_mean", "Timing method", "clip_rate"):
+        assert s in md
+    assert len(paths["csv"]) >= 10
+
+
+def test_kvviz_report_cli(tmp_path):
+    """`kvviz report --out DIR` headless: PNGs of every panel, report.json, report.md, no display."""
+    out = tmp_path / "rep"
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    env.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"context_lens": [33, 50], "num_heads": 4, "num_kv_heads": 2, "head_size": 64}))
+    r = subprocess.run(
+        [sys.executable, "-m", "kvviz", "report", "--out", str(out), "--config", str(cfg), "--set", "timing_runs=3",
+         "--set", "policy=contiguous"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(out / "report.json"))
+    assert rep["config"]["context_lens"] == [33, 50]
+    assert rep["config"]["policy"] == "contiguous" and rep["config"]["timing_runs"] == 3
+    assert rep["batch"]["num_tokens"] == 83
+    for key in ("overview", "cache_layout", "scales", "codes", "attention", "timing"):
+        png = out / rep["figures"][key]
+        assert png.exists() and png.stat().st_size > 5000, key
+        with open(png, "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    md = (out / "report.md").read_text()
+    assert "![Cache layout](cache_layout.png)" in md
+    assert (out / "trace.json").exists()
+    assert len([e for e in json.load(open(out / "trace.json"))["traceEvents"] if e["ph"] == "X"]) == len(rep["timings"])
+
+
+def test_kvviz_report_bad_setting(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "kvviz", "report", "--out", str(tmp_path), "--set", "num_heads=6",
+                        "--set", "num_kv_heads=4"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")})
+    assert r.returncode == 1
+    assert "not divisible" in r.stderr and "GQA" in r.stderr
+
+
+def test_headless_without_qt_writes_everything_but_figures(res, tmp_path, monkeypatch):
+    """On a machine without PySide6 (the GPU machine) the report still has every number."""
+    import importlib.util
+
+    from kvviz.report import headless
+    from kvviz.report.writer import write_report
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PySide6" else real(name, *a))
+    figures, why = headless.render_figures(res, str(tmp_path))
+    assert figures == {} and "PySide6" in why
+    paths = write_report(str(tmp_path), res, figures=figures)
+    assert json.load(open(paths["json"]))["attention"]["kl_mean"] == pytest.approx(float(res.metrics.kl.mean()))
+    assert "![" not in open(paths["md"]).read()
