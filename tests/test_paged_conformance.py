@@ -299,3 +299,20 @@ def test_naga_glsl_front_end_is_exact_on_a_software_adapter(rt):
     out = pk.decode(cache, q, batch, 0.088)
     ref = O.decode(q, O.dequantize_cache_int8(kc), O.dequantize_cache_int8(vc), batch.block_tables, batch.context_lens, 16, 0.088)
     assert np.abs(out - ref).max() < 2e-5
+
+
+def test_writer_inputs_over_binding_limit_are_chunked(rt, monkeypatch):
+    """Key/value inputs larger than one storage binding are split into token chunks that fit."""
+    limit = 64 * 1024
+    monkeypatch.setattr(type(rt), "max_binding", property(lambda self: limit))
+    pk = PagedKernels(rt, FRONTEND)
+    batch = make_batch([300, 200], 16)
+    rng = np.random.default_rng(4)
+    k, v = _kv(rng, batch.num_tokens, 2, 64)
+    assert k.nbytes > limit
+    cache = pk.allocate("q8", batch.num_blocks, 2, 16, 64)
+    d = pk.write_dispatches(cache, k, v, batch.slot_mapping)
+    assert len(d) > 1
+    rt.run(d)
+    _check_q8_cache(pk.read(cache, "k"), k, batch, rt)
+    _check_q8_cache(pk.read(cache, "v"), v, batch, rt)
