@@ -311,6 +311,7 @@ def test_writer_inputs_over_binding_limit_are_chunked(rt, monkeypatch):
     k, v = _kv(rng, batch.num_tokens, 2, 64)
     assert k.nbytes > limit
     cache = pk.allocate("q8", batch.num_blocks, 2, 16, 64)
+    _fill(pk, cache)
     d = pk.write_dispatches(cache, k, v, batch.slot_mapping)
     assert len(d) > 1
     rt.run(d)
