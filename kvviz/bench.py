@@ -176,9 +176,11 @@ def run_bench(
 
 
 def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log):
-    """Every registered method's own kernels (the int8 seed is already covered above)."""
+    """Every registered method's own kernels (the int8 seed is covered above), each method's decode
+    output checked end to end against its numpy oracle (kvviz.oracles.methods)."""
     from kvviz.methods import registry
     from kvviz.methods.context import GpuContext
+    from kvviz.oracles.methods import reference_attention
 
     ctx = GpuContext(rt)
     rows = []
@@ -188,9 +190,14 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
         m = cls()
         try:
             m.check(shape.num_heads, shape.num_kv_heads, shape.head_size, shape.block_size)
+            qkv = m.quantize(ctx, batch, key, value)
+            out = m.attend(ctx, qkv, batch, q, scale)
+            ref, tol = reference_attention(m, batch, key, value, q, scale)
+            err = float(np.abs(out - ref).max())
             for name, dispatches, nbytes in m.timed_kernels(ctx, batch, key, value, q, scale):
-                t = rt.time(dispatches, runs, warmup)
-                rows.append(_row(name, m.label, shape, t, nbytes, copy_gbps, None, None, adapter, "method kernel; conformance in tests"))
+                rows.append(_row(name, m.label, shape, rt.time(dispatches, runs, warmup), nbytes, copy_gbps, None, None, adapter))
+            rows.append(_row(f"{mkey} end to end", m.label, shape, None, 0, copy_gbps, err, tol, adapter,
+                             "correctness only: GPU quantise + attend vs the method's numpy oracle"))
         except KvvizError as exc:
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
     return rows

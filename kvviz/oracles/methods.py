@@ -1,0 +1,84 @@
+"""End-to-end numpy reference of every registered method: quantise with the method's oracle, then
+attend in float64 the way the method's GPU path does. `kvviz bench` holds each method's GPU output
+to it; the per-family conformance tests check the intermediate words and caches exactly.
+
+Tolerances (and why):
+  dequantise + f32 decode methods: |gpu - ref| <= 2e-5 * max(1, max|V^|): the f32 decode
+      accumulates in float32 against a float64 reference (the f32 kernels' conformance tolerance).
+  turboquant (seed flash kernel): |gpu - ref| <= 1e-5 + 1e-4 * max|ref|: online softmax in float32
+      over the estimator, against the float64 estimator (tests/test_turboquant.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.oracles import paged as op
+from kvviz.paging import PAD_SLOT
+
+
+def _scatter(batch, per_row: np.ndarray) -> np.ndarray:
+    """[tokens, kvh, D] values in token-row order -> paged [num_blocks, kvh, block_size, D] float64."""
+    T, kvh, D = per_row.shape
+    out = np.zeros((batch.num_blocks, kvh, batch.block_size, D), np.float64)
+    sm = batch.slot_mapping.astype(np.int64)
+    real = sm != PAD_SLOT
+    out[sm[real] // batch.block_size, :, sm[real] % batch.block_size] = per_row[real]
+    return out
+
+
+def dequantised_caches(method, batch, key, value):
+    """(K, V) paged caches [num_blocks, kvh, block_size, D] as the method's oracle reconstructs them."""
+    fam = method.family
+    if method.key == "int8_seed":
+        k = op.write_cache_int8(np.zeros((batch.num_blocks, key.shape[1], batch.block_size, key.shape[2] // 4 + 1), np.uint32),
+                                key, batch.slot_mapping, batch.block_size)
+        v = op.write_cache_int8(np.zeros_like(k), value, batch.slot_mapping, batch.block_size)
+        return op.dequantize_cache_int8(k), op.dequantize_cache_int8(v)
+    if fam == "kivi":
+        from kvviz.oracles import kivi as okv
+
+        ref = okv.write_buffers(batch, key, value, method.bits, method.recent)
+        fk, fv = okv.dequantize_cache(batch, key, value, method.bits, method.recent, ref["per_seq"])
+        return fk.astype(np.float64), fv.astype(np.float64)
+    out = []
+    for x in (key, value):
+        if fam == "int8":
+            from kvviz.oracles import int8 as o8
+
+            deq = o8.dequantize(*o8.quantize(x))
+        elif fam == "int4":
+            from kvviz.oracles import int4 as o4
+
+            codes, scales, zeros = o4.quantize_groups(x, method.group_size)
+            deq = o4.dequantize_groups(codes, scales, zeros, method.group_size)
+        elif fam == "fp8":
+            from kvviz.oracles import fp8 as of8
+
+            codes, scales = of8.quantize(x, method.fmt, method.scale_mode, batch.slot_mapping)
+            deq = of8.dequantize(codes, scales, method.fmt)
+        else:
+            raise ValueError(f"no dequantising oracle for method family {fam!r}")
+        out.append(_scatter(batch, np.asarray(deq, np.float64)))
+    return out[0], out[1]
+
+
+def reference_attention(method, batch, key, value, q, scale):
+    """(output [S, H, D], tolerance) of the method's attention, from its numpy oracle."""
+    if method.family == "turboquant":
+        from kvviz.oracles import turboquant as tqo
+
+        p = method.params(key.shape[2])
+        S, H, D = q.shape
+        out = np.zeros((S, H, D), np.float64)
+        for s in range(batch.num_seqs):
+            rows = batch.token_rows(s)
+            L = len(rows)
+            if L == 0:
+                continue
+            kc, vc = tqo.compress_cache(key[rows], value[rows], max(L, 1), p)
+            o = tqo.attention_oracle(q[s][None], kc, vc, key.shape[1], max(L, 1), L - 1, L, scale, p, method.qjl_scale)
+            out[s] = np.asarray(o).reshape(H, D)
+        return out, 1e-5 + 1e-4 * float(np.abs(out).max(initial=0))
+    fk, fv = dequantised_caches(method, batch, key, value)
+    ref = op.decode(q, fk, fv, batch.block_tables, batch.context_lens, batch.block_size, scale)
+    return ref, 2e-5 * max(1.0, float(np.abs(fv).max(initial=0)))

@@ -1,0 +1,47 @@
+"""`kvviz bench`: every kernel row carries the required fields and agrees with its oracle.
+
+Times are printed, never asserted; this checks the bench's structure and its correctness verdicts.
+"""
+import json
+
+import pytest
+
+from kvviz.bench import BenchShape, run_bench
+from kvviz.cli import main
+
+pytestmark = pytest.mark.gpu
+
+FIELDS = ("kernel", "variant", "shape", "gpu_us_min", "gpu_us_median", "gpu_us_p90", "bytes_moved", "gbps",
+          "pct_of_copy", "max_abs_err_vs_oracle", "adapter")
+
+
+def test_bench_rows_fields_and_oracle_checks(rt):
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=2, warmup=1, rt=rt, log=lambda *a: None)
+    rows = res["rows"]
+    for r in rows:
+        for f in FIELDS:
+            assert f in r, f
+    kernels = {r["kernel"] for r in rows}
+    for k in ("copy_buffer", "copy_shader", "reshape_and_cache_q8", "paged_attn_q8", "reshape_and_cache_f32",
+              "paged_attn_f32", "paged_attn_weights_q8", "paged_attn_weights_f32"):
+        assert k in kernels
+    checked = [r for r in rows if r["tolerance"] is not None]
+    # seed writer+decode+weights per front end, f32 writer+decode+weights, one end-to-end row per method
+    assert len(checked) >= 9 + 6
+    bad = [(r["kernel"], r["variant"], r["max_abs_err_vs_oracle"], r["tolerance"]) for r in checked if not r["within_tolerance"]]
+    assert not bad, bad
+    timed = [r for r in rows if r["gpu_us_median"] is not None]
+    assert all(r["gpu_us_min"] <= r["gpu_us_median"] <= r["gpu_us_p90"] for r in timed)
+    assert all(r["bytes_moved"] > 0 and r["gbps"] > 0 for r in timed)
+
+
+def test_bench_cli_writes_json(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--shape", "quick-d64-mha", "--runs", "2", "--warmup", "1", "--no-methods",
+                 "--frontends", "glslang", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["adapter"]["name"] and data["rows"]
+    text = capsys.readouterr().out
+    assert "paged_attn_q8" in text and "median us" in text
+    assert main(["bench", "--shape", "nope"]) == 2
