@@ -88,6 +88,7 @@ def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, n
         "gpu_us_median": timing.median_us if timing else None,
         "gpu_us_p90": timing.p90_us if timing else None,
         "timing_method": timing.method if timing else None,
+        "samples_us": list(timing.samples_us) if timing else None,
         "bytes_moved": int(nbytes),
         "gbps": gbps,
         "pct_of_copy": 100.0 * gbps / copy_gbps if copy_gbps else None,
@@ -192,7 +193,7 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
             m.check(shape.num_heads, shape.num_kv_heads, shape.head_size, shape.block_size)
             qkv = m.quantize(ctx, batch, key, value)
             out = m.attend(ctx, qkv, batch, q, scale)
-            ref, tol = reference_attention(m, batch, key, value, q, scale)
+            ref, tol = reference_attention(m, batch, key, value, q, scale, qkv)
             err = float(np.abs(out - ref).max())
             for name, dispatches, nbytes in m.timed_kernels(ctx, batch, key, value, q, scale):
                 rows.append(_row(name, m.label, shape, rt.time(dispatches, runs, warmup), nbytes, copy_gbps, None, None, adapter))
