@@ -388,7 +388,7 @@ class GpuRuntime:
         warmup: int = 3,
         record: Callable | None = None,
         isolate: bool = False,
-        warmup_ms: float = 200.0,
+        warmup_ms: float = 500.0,
     ) -> TimingResult:
         """GPU time of one compute pass holding `dispatches`, from timestamp queries.
 
