@@ -73,3 +73,16 @@ def check_finite(name: str, arr) -> None:
             f"{name} contains NaN or Inf (first at index {tuple(int(i) for i in bad)})",
             "Replace non-finite values before quantising: a NaN poisons the whole token's scale.",
         )
+
+
+def require_f32(name: str, a, shape_desc: str, ndim: int):
+    """A float32, finite, C-contiguous array of rank `ndim`, or InvalidInput saying what is expected."""
+    import numpy as np
+
+    arr = np.asarray(a)
+    if arr.dtype != np.float32:
+        raise InvalidInput(f"{name} must be float32, got {arr.dtype}", f"Convert with .astype(np.float32); expected {shape_desc}.")
+    if arr.ndim != ndim:
+        raise InvalidInput(f"{name} must be {shape_desc}, got shape {arr.shape}")
+    check_finite(name, arr)
+    return np.ascontiguousarray(arr)

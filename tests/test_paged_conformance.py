@@ -18,7 +18,7 @@ from kvviz.errors import DeviceLimitError, InvalidInput, ShaderCompileError, Uns
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec
 from kvviz.kernels.paged import PagedKernels
 from kvviz.oracles import paged as O
-from kvviz.paging import PAD_SLOT, batch_from_blocks, make_batch
+from kvviz.paging import batch_from_blocks, make_batch
 
 SENTINEL = 0xDEADBEEF
 # The product compiles GLSL with glslang. KVVIZ_GLSL_FRONTEND=naga-glsl runs the same grid through

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, check_finite
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS, ShaderSpec
 from kvviz.paging import PAD_SLOT, PagedBatch
@@ -45,16 +45,6 @@ def check_head_size(fmt: str, head_size: int) -> None:
             f"head_size {head_size} is not a multiple of 4: the int8 cache packs 4 codes per word.",
             "Use a head size that is a multiple of 4.",
         )
-
-
-def _f32(name: str, a, shape_desc: str, ndim: int) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.dtype != np.float32:
-        raise InvalidInput(f"{name} must be float32, got {arr.dtype}", f"Convert with .astype(np.float32); expected {shape_desc}.")
-    if arr.ndim != ndim:
-        raise InvalidInput(f"{name} must be {shape_desc}, got shape {arr.shape}")
-    check_finite(name, arr)
-    return np.ascontiguousarray(arr)
 
 
 @dataclass
@@ -173,8 +163,8 @@ class PagedKernels:
         """Validate, upload and return the writer dispatches (not yet run)."""
         T = np.asarray(key).shape[0] if np.asarray(key).ndim else 0
         desc = f"[num_tokens, {cache.num_kv_heads}, {cache.head_size}]"
-        key = _f32("key", key, desc, 3)
-        value = _f32("value", value, desc, 3)
+        key = require_f32("key", key, desc, 3)
+        value = require_f32("value", value, desc, 3)
         if key.shape[1:] != (cache.num_kv_heads, cache.head_size) or value.shape != key.shape:
             raise InvalidInput(f"key/value must both be {desc}; got {key.shape} and {value.shape}")
         sm = np.asarray(slot_mapping)
@@ -236,7 +226,7 @@ class PagedKernels:
     # -------------------------------------------------------------- decode
     def _check_decode(self, cache: PagedCache, q, batch: PagedBatch, scale: float):
         desc = f"[num_seqs, num_heads, {cache.head_size}]"
-        q = _f32("q", q, desc, 3)
+        q = require_f32("q", q, desc, 3)
         S, H, D = q.shape
         if D != cache.head_size:
             raise InvalidInput(f"q has head size {D}, the cache {cache.head_size}")

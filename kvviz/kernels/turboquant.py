@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, check_finite
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
 from kvviz.gpu.shaders import ShaderSpec
 from kvviz.oracles import turboquant as tqo
@@ -60,16 +60,6 @@ def resolve_qjl_scale(qjl_scale, d: int) -> float:
     if not math.isfinite(v):
         raise InvalidInput(f"qjl_scale must be finite, got {qjl_scale}")
     return v
-
-
-def _f32(name: str, a, shape_desc: str, ndim: int) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.dtype != np.float32:
-        raise InvalidInput(f"{name} must be float32, got {arr.dtype}", f"Convert with .astype(np.float32); expected {shape_desc}.")
-    if arr.ndim != ndim:
-        raise InvalidInput(f"{name} must be {shape_desc}, got shape {arr.shape}")
-    check_finite(name, arr)
-    return np.ascontiguousarray(arr)
 
 
 def _bits(x: float) -> int:
@@ -182,8 +172,8 @@ class TurboQuantKernels:
         ONE sequence at positions start_pos.. of `cache` (not yet run; the positions are marked written
         now, so run the dispatches before attending)."""
         desc = f"[tokens, {cache.n_kv_heads}, {cache.head_dim}]"
-        keys = _f32("keys", keys, desc, 3)
-        values = _f32("values", values, desc, 3)
+        keys = require_f32("keys", keys, desc, 3)
+        values = require_f32("values", values, desc, 3)
         if keys.shape[1:] != (cache.n_kv_heads, cache.head_dim) or values.shape != keys.shape:
             raise InvalidInput(f"keys/values must both be {desc}; got {keys.shape} and {values.shape}")
         T = keys.shape[0]
@@ -229,7 +219,7 @@ class TurboQuantKernels:
     def rotate_q_dispatches(self, q, params: tqo.TQParams, signs_buf=None, q_cap: int | None = None):
         """q [n_q, n_heads, d] f32 -> (dispatches, buffer [q_rot | q_jl | sums], q_cap)."""
         check_head_dim(params.d)
-        q = _f32("q", q, f"[n_queries, n_heads, {params.d}]", 3)
+        q = require_f32("q", q, f"[n_queries, n_heads, {params.d}]", 3)
         nq, H, d = q.shape
         if d != params.d:
             raise InvalidInput(f"q has head size {d}, the cache {params.d}")
@@ -260,7 +250,7 @@ class TurboQuantKernels:
 
     # ------------------------------------------------------------------ attention
     def _check_attention(self, cache: TQCache, q, start_pos: int, max_seq, scale: float, qjl_scale):
-        q = _f32("q", q, f"[n_queries, n_heads, {cache.head_dim}]", 3)
+        q = require_f32("q", q, f"[n_queries, n_heads, {cache.head_dim}]", 3)
         nq, H, d = q.shape
         if d != cache.head_dim:
             raise InvalidInput(f"q has head size {d}, the cache {cache.head_dim}")

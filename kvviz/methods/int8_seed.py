@@ -21,17 +21,7 @@ def read_token_records(ctx, cache, batch, which):
 
 def block_positions(batch, block: int) -> np.ndarray:
     """Position in its sequence of each slot of a physical block (-1 where unused)."""
-    pos = np.full(batch.block_size, -1, dtype=np.int64)
-    owner = batch.block_owner()[block]
-    if owner < 0:
-        return pos
-    logical = list(batch.seq_blocks[owner]).index(block)
-    n = int(batch.context_lens[owner])
-    for o in range(batch.block_size):
-        p = logical * batch.block_size + o
-        if p < n:
-            pos[o] = p
-    return pos
+    return batch.block_positions(block)[1]
 
 
 @register

@@ -16,21 +16,6 @@ from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, 
 from kvviz.oracles import turboquant as tqo
 
 
-def _block_positions(batch, block: int) -> tuple[int, np.ndarray]:
-    """(owning sequence or -1, position of each slot of a physical block, -1 where unused)."""
-    pos = np.full(batch.block_size, -1, dtype=np.int64)
-    owner = int(batch.block_owner()[block])
-    if owner < 0:
-        return owner, pos
-    logical = list(batch.seq_blocks[owner]).index(block)
-    n = int(batch.context_lens[owner])
-    for o in range(batch.block_size):
-        p = logical * batch.block_size + o
-        if p < n:
-            pos[o] = p
-    return owner, pos
-
-
 @register
 class TurboQuantMethod(KVMethod):
     key = "turboquant"
@@ -252,7 +237,7 @@ class TurboQuantMethod(KVMethod):
             raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
         d = qkv.head_size
         pw, jw = d // 16, d // 32
-        owner, pos = _block_positions(batch, int(block))
+        owner, pos = batch.block_positions(int(block))
         dec = None
         if owner >= 0:
             cache = qkv.device["caches"][owner]

@@ -147,6 +147,19 @@ class PagedBatch:
         rows = np.flatnonzero(self.token_seq == seq)
         return rows[np.argsort(self.token_pos[rows], kind="stable")]
 
+    def block_positions(self, block: int) -> tuple[int, np.ndarray]:
+        """(owning sequence or -1, position in that sequence of each slot of a physical block, -1
+        where the slot is unused)."""
+        pos = np.full(self.block_size, -1, dtype=np.int64)
+        owner = int(self.block_owner()[block])
+        if owner < 0:
+            return owner, pos
+        logical = list(self.seq_blocks[owner]).index(block)
+        p = logical * self.block_size + np.arange(self.block_size)
+        used = p < int(self.context_lens[owner])
+        pos[used] = p[used]
+        return owner, pos
+
     def slot(self, seq: int, pos: int) -> int:
         b = int(self.block_tables[seq, pos // self.block_size])
         return b * self.block_size + pos % self.block_size
