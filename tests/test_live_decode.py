@@ -18,67 +18,16 @@ from kvviz.sources.llama_numpy import LlamaRunner
 pytestmark = pytest.mark.gpu
 
 # ----------------------------------------------------------------------------------------------
-# A tiny random llama GGUF (random weights; the tokenizer only needs to load).
+# A tiny random llama GGUF (tests/tiny_llama.py); head_dim 32 so every method's shapes fit.
 
-N_LAYERS, N_HEADS, N_KV, HEAD_DIM, FFN = 2, 4, 2, 32, 96  # head_dim 32: every method's shapes fit
-HIDDEN = N_HEADS * HEAD_DIM
+from tiny_llama import N_HEADS, N_KV, N_LAYERS  # noqa: E402
+from tiny_llama import write_tiny_gguf as _write_tiny  # noqa: E402
 
-
-def _byte_chars() -> list[str]:
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
+HEAD_DIM = 32
 
 
 def write_tiny_gguf(path, seed=0):
-    import gguf
-
-    vocab = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _byte_chars() + ["Ġt", "he"]
-    rng = np.random.default_rng(seed)
-
-    def m(*shape, s=0.15):
-        return (rng.standard_normal(shape) * s).astype(np.float32)
-
-    wr = gguf.GGUFWriter(str(path), "llama")
-    wr.add_block_count(N_LAYERS)
-    wr.add_context_length(256)
-    wr.add_embedding_length(HIDDEN)
-    wr.add_feed_forward_length(FFN)
-    wr.add_head_count(N_HEADS)
-    wr.add_head_count_kv(N_KV)
-    wr.add_rope_freq_base(1000.0)
-    wr.add_layer_norm_rms_eps(1e-5)
-    wr.add_tokenizer_model("gpt2")
-    wr.add_tokenizer_pre("default")
-    wr.add_token_list(vocab)
-    wr.add_token_types([3] * 3 + [1] * (len(vocab) - 3))
-    wr.add_token_merges(["Ġ t", "h e"])
-    wr.add_bos_token_id(1)
-    wr.add_eos_token_id(2)
-    wr.add_tensor("token_embd.weight", m(len(vocab), HIDDEN, s=1.0))
-    wr.add_tensor("output_norm.weight", 1 + m(HIDDEN, s=0.1))
-    wr.add_tensor("output.weight", m(len(vocab), HIDDEN, s=0.2))
-    for i in range(N_LAYERS):
-        b = f"blk.{i}."
-        wr.add_tensor(b + "attn_norm.weight", 1 + m(HIDDEN, s=0.1))
-        wr.add_tensor(b + "attn_q.weight", m(N_HEADS * HEAD_DIM, HIDDEN, s=0.3))
-        wr.add_tensor(b + "attn_k.weight", m(N_KV * HEAD_DIM, HIDDEN, s=0.3))
-        wr.add_tensor(b + "attn_v.weight", m(N_KV * HEAD_DIM, HIDDEN))
-        wr.add_tensor(b + "attn_output.weight", m(HIDDEN, N_HEADS * HEAD_DIM))
-        wr.add_tensor(b + "ffn_norm.weight", 1 + m(HIDDEN, s=0.1))
-        wr.add_tensor(b + "ffn_gate.weight", m(FFN, HIDDEN))
-        wr.add_tensor(b + "ffn_up.weight", m(FFN, HIDDEN))
-        wr.add_tensor(b + "ffn_down.weight", m(HIDDEN, FFN))
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
+    return _write_tiny(path, head_dim=HEAD_DIM, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -18,90 +18,11 @@ from kvviz.sources.llama_numpy import Cancelled, LlamaRunner, capture_tokens, gq
 # ----------------------------------------------------------------------------------------------
 # A tiny random llama GGUF, written the way llama.cpp's converter writes one.
 
-N_LAYERS, N_HEADS, N_KV, HEAD_DIM, FFN = 2, 4, 2, 16, 96
+from tiny_llama import EPS, FFN, N_HEADS, N_KV, N_LAYERS, THETA, write_tiny_gguf  # noqa: E402
+from tiny_llama import vocab as _vocab  # noqa: E402
+
+HEAD_DIM = 16
 HIDDEN = N_HEADS * HEAD_DIM
-THETA, EPS = 1000.0, 1e-5
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
-
-
-def _byte_chars() -> list[str]:
-    # GPT-2's byte -> printable-unicode table.
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
-
-
-def _vocab() -> list[str]:
-    return SPECIALS + _byte_chars() + [m.replace(" ", "") for m in MERGES]
-
-
-def _hf_weights(seed: int, vocab: int) -> dict[str, np.ndarray]:
-    """Random weights in the Hugging Face (rotate-half) layout, the ground truth of the tests."""
-    rng = np.random.default_rng(seed)
-
-    def m(*shape, s=0.15):
-        return (rng.standard_normal(shape) * s).astype(np.float32)
-
-    w = {"token_embd.weight": m(vocab, HIDDEN, s=1.0), "output_norm.weight": 1 + m(HIDDEN, s=0.1),
-         "output.weight": m(vocab, HIDDEN, s=0.2)}
-    for i in range(N_LAYERS):
-        b = f"blk.{i}."
-        w[b + "attn_norm.weight"] = 1 + m(HIDDEN, s=0.1)
-        w[b + "attn_q.weight"] = m(N_HEADS * HEAD_DIM, HIDDEN, s=0.3)
-        w[b + "attn_k.weight"] = m(N_KV * HEAD_DIM, HIDDEN, s=0.3)
-        w[b + "attn_v.weight"] = m(N_KV * HEAD_DIM, HIDDEN)
-        w[b + "attn_output.weight"] = m(HIDDEN, N_HEADS * HEAD_DIM)
-        w[b + "ffn_norm.weight"] = 1 + m(HIDDEN, s=0.1)
-        w[b + "ffn_gate.weight"] = m(FFN, HIDDEN)
-        w[b + "ffn_up.weight"] = m(FFN, HIDDEN)
-        w[b + "ffn_down.weight"] = m(HIDDEN, FFN)
-    return w
-
-
-def write_tiny_gguf(path, *, tied=False, arch="llama", drop=(), merges=True, seed=0):
-    import gguf
-
-    vocab = _vocab()
-    hf = _hf_weights(seed, len(vocab))
-    wr = gguf.GGUFWriter(str(path), arch)
-    wr.add_block_count(N_LAYERS)
-    wr.add_context_length(256)
-    wr.add_embedding_length(HIDDEN)
-    wr.add_feed_forward_length(FFN)
-    wr.add_head_count(N_HEADS)
-    wr.add_head_count_kv(N_KV)
-    wr.add_rope_freq_base(THETA)
-    wr.add_layer_norm_rms_eps(EPS)
-    wr.add_tokenizer_model("gpt2")
-    wr.add_tokenizer_pre("default")
-    wr.add_token_list(vocab)
-    wr.add_token_types([3] * len(SPECIALS) + [1] * (len(vocab) - len(SPECIALS)))
-    if merges:
-        wr.add_token_merges(MERGES)
-    wr.add_bos_token_id(1)
-    wr.add_eos_token_id(2)
-    for name, a in hf.items():
-        if name in drop or (tied and name == "output.weight"):
-            continue
-        if name.endswith("attn_q.weight"):
-            a = permute_llamacpp(a, N_HEADS)
-        elif name.endswith("attn_k.weight"):
-            a = permute_llamacpp(a, N_KV)
-        wr.add_tensor(name, a)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
-    if tied:
-        hf["output.weight"] = hf["token_embd.weight"]
-    return hf
 
 
 @pytest.fixture

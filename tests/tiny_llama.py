@@ -1,0 +1,93 @@
+"""A tiny random llama GGUF written the way llama.cpp's converter writes one (Q/K rows permuted for
+interleaved RoPE), shared by the live-model and live-decode tests."""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.sources.gguf_llama import permute_llamacpp
+
+N_LAYERS, N_HEADS, N_KV, FFN = 2, 4, 2, 96
+THETA, EPS = 1000.0, 1e-5
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
+
+
+def _byte_chars() -> list[str]:
+    # GPT-2's byte -> printable-unicode table.
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def vocab() -> list[str]:
+    return SPECIALS + _byte_chars() + [m.replace(" ", "") for m in MERGES]
+
+
+def hf_weights(seed: int, n_vocab: int, head_dim: int) -> dict[str, np.ndarray]:
+    """Random weights in the Hugging Face (rotate-half) layout, the ground truth of the tests."""
+    rng = np.random.default_rng(seed)
+    hidden = N_HEADS * head_dim
+
+    def m(*shape, s=0.15):
+        return (rng.standard_normal(shape) * s).astype(np.float32)
+
+    w = {"token_embd.weight": m(n_vocab, hidden, s=1.0), "output_norm.weight": 1 + m(hidden, s=0.1),
+         "output.weight": m(n_vocab, hidden, s=0.2)}
+    for i in range(N_LAYERS):
+        b = f"blk.{i}."
+        w[b + "attn_norm.weight"] = 1 + m(hidden, s=0.1)
+        w[b + "attn_q.weight"] = m(N_HEADS * head_dim, hidden, s=0.3)
+        w[b + "attn_k.weight"] = m(N_KV * head_dim, hidden, s=0.3)
+        w[b + "attn_v.weight"] = m(N_KV * head_dim, hidden)
+        w[b + "attn_output.weight"] = m(hidden, N_HEADS * head_dim)
+        w[b + "ffn_norm.weight"] = 1 + m(hidden, s=0.1)
+        w[b + "ffn_gate.weight"] = m(FFN, hidden)
+        w[b + "ffn_up.weight"] = m(FFN, hidden)
+        w[b + "ffn_down.weight"] = m(hidden, FFN)
+    return w
+
+
+def write_tiny_gguf(path, *, head_dim=16, tied=False, arch="llama", drop=(), merges=True, seed=0):
+    """Write the model; returns its weights in the rotate-half layout."""
+    import gguf
+
+    voc = vocab()
+    hf = hf_weights(seed, len(voc), head_dim)
+    wr = gguf.GGUFWriter(str(path), arch)
+    wr.add_block_count(N_LAYERS)
+    wr.add_context_length(256)
+    wr.add_embedding_length(N_HEADS * head_dim)
+    wr.add_feed_forward_length(FFN)
+    wr.add_head_count(N_HEADS)
+    wr.add_head_count_kv(N_KV)
+    wr.add_rope_freq_base(THETA)
+    wr.add_layer_norm_rms_eps(EPS)
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("default")
+    wr.add_token_list(voc)
+    wr.add_token_types([3] * len(SPECIALS) + [1] * (len(voc) - len(SPECIALS)))
+    if merges:
+        wr.add_token_merges(MERGES)
+    wr.add_bos_token_id(1)
+    wr.add_eos_token_id(2)
+    for name, a in hf.items():
+        if name in drop or (tied and name == "output.weight"):
+            continue
+        if name.endswith("attn_q.weight"):
+            a = permute_llamacpp(a, N_HEADS)
+        elif name.endswith("attn_k.weight"):
+            a = permute_llamacpp(a, N_KV)
+        wr.add_tensor(name, a)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    if tied:
+        hf["output.weight"] = hf["token_embd.weight"]
+    return hf
