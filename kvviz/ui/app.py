@@ -3,7 +3,9 @@
 With `--screenshot PATH` the window computes the default (or --config) workload, waits for the
 results (and the block inspector's first read), grabs itself to PATH and quits: `make run` uses it
 when there is no display (under Xvfb). KVVIZ_SETTINGS=FILE.ini keeps the window's settings in that
-file instead of the user's QSettings (handy for screenshots and tests).
+file instead of the user's QSettings (handy for screenshots and tests). With KVVIZ_SCREENSHOT_LIVE=N (or
+N:METHOD) as well, the screenshot is taken after a live decode of N tokens (of the method, default
+int8_seed), with the Live decode and QJL bias panels raised and widened.
 """
 from __future__ import annotations
 
@@ -77,7 +79,31 @@ def main(args=None) -> int:
 
             poll()
 
-        win.results_ready.connect(lambda *_: when_idle(0))
+        live_spec = os.environ.get("KVVIZ_SCREENSHOT_LIVE", "").strip()
+        live_n = int(live_spec.split(":")[0] or 0) if live_spec else 0
+        live_method = live_spec.split(":", 1)[1] if ":" in live_spec else None
+        if live_n > 0:
+            def start_live(*_):
+                from PySide6.QtCore import Qt
+
+                if state.get("live"):
+                    return
+                state["live"] = True
+                win.live.set_config(max_new=live_n, method=live_method, block_size=8, policy="scattered")
+                d = win.docks
+                for key in ("qjl_bias", "live"):
+                    d[key].show()
+                    d[key].raise_()
+                win.resizeDocks([d["workload"], d["live"]], [275, int(win.width() * 0.46)], Qt.Horizontal)
+                win.resizeDocks([d["live"], d["qjl_bias"]], [int(win.height() * 0.55), int(win.height() * 0.4)],
+                                Qt.Vertical)
+                win.start_live()
+
+            win.results_ready.connect(start_live)
+            win.live_finished.connect(lambda *_: when_idle(0))
+            win.task_cancelled.connect(lambda kind: when_idle(1) if kind == "live" else None)
+        else:
+            win.results_ready.connect(lambda *_: when_idle(0))
         win.compute_failed.connect(lambda *_: when_idle(1))
         QTimer.singleShot(300_000, lambda: finish(2))
     win.show()

