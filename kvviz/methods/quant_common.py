@@ -7,6 +7,8 @@ made by the method's WGSL dequantise kernel, through the f32 baseline decode / w
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import numpy as np
 
 from kvviz.kernels import quant as qk
@@ -24,18 +26,21 @@ class PerTokenRecordMethod(KVMethod):
     code_range: tuple = (0, 0)
 
     # ------------------------------------------------------------------ per family
+    @abstractmethod
     def wpt(self, head_size: int) -> int:
-        raise NotImplementedError
+        """Per family."""
 
+    @abstractmethod
     def writer_spec(self):
-        raise NotImplementedError
+        """Per family."""
 
+    @abstractmethod
     def dequant_spec(self):
-        raise NotImplementedError
+        """Per family."""
 
+    @abstractmethod
     def unpack(self, records: np.ndarray, head_size: int) -> dict:
         """records [..., wpt] u32 -> {"codes": ..., "scale": ..., (more fields)}."""
-        raise NotImplementedError
 
     def check_values(self, key: np.ndarray, value: np.ndarray) -> None:
         """Extra value checks before dispatch (finite-ness is checked already)."""
