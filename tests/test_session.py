@@ -71,3 +71,19 @@ def test_bad_configs_raise_clear_errors(session):
         SessionConfig.from_json({"bogus": 1})
     with pytest.raises(InvalidInput, match="No KV file"):
         session.compute(SessionConfig(source="kvfile"))
+
+
+def test_hf_folder_needs_the_hf_extra(session, tmp_path):
+    """A Hugging Face model folder goes through torch + transformers; without them the error says
+    how to get them (torch is not a dependency of the default install)."""
+    import importlib.util
+
+    (tmp_path / "config.json").write_text("{}")
+    cfg = SessionConfig(source="model", model_path=str(tmp_path), prompt="hello")
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        with pytest.raises(InvalidInput, match="needs torch and transformers") as info:
+            session.compute(cfg)
+        assert "kvviz[hf]" in info.value.hint
+    else:
+        with pytest.raises(InvalidInput):  # an empty config.json is not a llama model
+            session.compute(cfg)

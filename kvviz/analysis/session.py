@@ -274,11 +274,27 @@ class Session:
         return self._models[path]
 
     def capture(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel=None):
-        """The model's per-layer Q/K/V for the config's prompt (cached per model and prompt)."""
+        """The model's per-layer Q/K/V for the config's prompt (cached per model and prompt).
+
+        model_path: a llama GGUF file (kvviz's numpy forward pass), a local Hugging Face model folder
+        (torch + transformers, the optional `hf` extra, offline), or "" for SmolLM2-135M.
+        """
+        from pathlib import Path
+
         from kvviz.sources.llama_numpy import capture_tokens
 
-        model = self.load_model(cfg.model_path, progress)
         key = (cfg.model_path, cfg.prompt)
+        if key not in self._captures and cfg.model_path and Path(cfg.model_path).is_dir():
+            from kvviz.sources.hf_llama import capture_hf
+
+            if not cfg.prompt.strip():
+                raise InvalidInput("The prompt is empty.", "Type a prompt for the model.")
+            cap, _ = capture_hf(cfg.model_path, cfg.prompt, cancel=cancel)
+            self._captures.clear()
+            self._captures[key] = cap
+        if key in self._captures:
+            return self._captures[key]
+        model = self.load_model(cfg.model_path, progress)
         if key not in self._captures:
             ids = model.tokenizer.encode(cfg.prompt)
             if not ids:
