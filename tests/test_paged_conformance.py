@@ -317,3 +317,22 @@ def test_writer_inputs_over_binding_limit_are_chunked(rt, monkeypatch):
     rt.run(d)
     _check_q8_cache(pk.read(cache, "k"), k, batch, rt)
     _check_q8_cache(pk.read(cache, "v"), v, batch, rt)
+
+
+def test_lost_device_is_reported_and_a_session_recovers():
+    """A lost device raises DeviceLostError (not a validation error); the session opens a new one."""
+    from kvviz.analysis.session import Session, SessionConfig
+    from kvviz.errors import DeviceLostError
+    from kvviz.gpu.runtime import GpuRuntime
+
+    own = GpuRuntime()  # not the shared fixture: this one is destroyed
+    buf = own.upload(np.arange(8, dtype=np.float32), "x")
+    own.device.destroy()
+    with pytest.raises(DeviceLostError):
+        own.read(buf, np.float32)
+    assert own.lost_reason
+    with pytest.raises(DeviceLostError):
+        own.empty(16, "y")
+    session = Session(own)
+    res = session.compute(SessionConfig(context_lens=(20,), num_heads=2, num_kv_heads=1, head_size=32, timing_runs=3))
+    assert session.rt is not own and np.isfinite(res.out_q).all()

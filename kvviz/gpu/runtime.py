@@ -5,6 +5,7 @@ except through the objects it hands out.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -73,6 +74,14 @@ class AdapterSummary:
             "features": list(self.features),
             "limits": {k: self.limits.get(k) for k in keys},
         }
+
+
+_LOST_MARKERS = ("device is lost", "device lost", "devicelost", "device_lost")
+
+
+def _is_loss(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return any(m in msg for m in _LOST_MARKERS)
 
 
 class _DeviceLossWatcher(logging.Handler):
@@ -213,6 +222,20 @@ class GpuRuntime:
         if self.lost_reason:
             raise DeviceLostError(f"GPU device lost: {self.lost_reason}")
 
+    @contextlib.contextmanager
+    def _guard(self, what: str):
+        """Turn wgpu's 'parent device is lost' errors into DeviceLostError and remember the loss."""
+        self.check_alive()
+        try:
+            yield
+        except DeviceLostError:
+            raise
+        except Exception as exc:
+            if _is_loss(exc) or (exc.__cause__ is not None and _is_loss(exc.__cause__)):
+                self.lost_reason = f"{what}: {str(exc).strip().splitlines()[-1]}"
+                raise DeviceLostError(f"GPU device lost during {what}.") from exc
+            raise
+
     def close(self) -> None:
         logging.getLogger("wgpu").removeHandler(self._watcher)
         try:
@@ -234,8 +257,7 @@ class GpuRuntime:
         nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
         self.check_size(nbytes, label, binding)
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-        with self._lock:
-            self.check_alive()
+        with self._lock, self._guard("a buffer allocation"):
             return self.device.create_buffer(size=nbytes, usage=usage, label=label)
 
     def upload(self, array: np.ndarray, label: str, binding: bool = True):
@@ -251,8 +273,7 @@ class GpuRuntime:
         if n == 0:
             return
         pad = (-n) % 4
-        with self._lock:
-            self.check_alive()
+        with self._lock, self._guard("an upload"):
             for start in range(0, n, STAGING_CHUNK):
                 chunk = raw[start : start + STAGING_CHUNK]
                 size = chunk.nbytes + (pad if start + STAGING_CHUNK >= n else 0)
@@ -270,8 +291,7 @@ class GpuRuntime:
         """Read `nbytes` of `buf` from `offset` through a reused MAP_READ staging buffer."""
         total = buf.size - offset if nbytes is None else int(nbytes)
         out = np.empty(total, np.uint8)
-        with self._lock:
-            self.check_alive()
+        with self._lock, self._guard("a read-back"):
             for start in range(0, total, STAGING_CHUNK):
                 size = min(STAGING_CHUNK, total - start)
                 size4 = (size + 3) // 4 * 4
@@ -295,10 +315,9 @@ class GpuRuntime:
         front end infers access itself and the layout must agree with it.
         """
         key = (spec.key(), tuple(bindings), immediate_size)
-        with self._lock:
+        with self._lock, self._guard(f"compiling {spec.name}"):
             if key in self._kernels:
                 return self._kernels[key]
-            self.check_alive()
             if immediate_size and "immediates" not in self.features:
                 raise ShaderCompileError(
                     f"{spec.name} needs push constants (immediates), which this adapter lacks."
@@ -360,8 +379,7 @@ class GpuRuntime:
     # ------------------------------------------------------------- dispatch
     def run(self, dispatches: Sequence[Dispatch]) -> None:
         """Record the dispatches in one compute pass, submit, and wait for completion."""
-        with self._lock:
-            self.check_alive()
+        with self._lock, self._guard("a dispatch"):
             for d in dispatches:
                 self._check_grid(d)
             try:
@@ -372,6 +390,8 @@ class GpuRuntime:
                 cpass.end()
                 self.queue.submit([enc.finish()])
             except wgpu.GPUValidationError as exc:
+                if _is_loss(exc):
+                    raise
                 raise ShaderCompileError(f"Dispatch failed validation: {exc}") from exc
             self._wait()
 
@@ -400,8 +420,7 @@ class GpuRuntime:
         of submit + wait per run and says so in `TimingResult.method`.
         """
         dispatches = list(dispatches or [])
-        with self._lock:
-            self.check_alive()
+        with self._lock, self._guard("a timed run"):
             for d in dispatches:
                 self._check_grid(d)
             groups = [self._bind_group(d) for d in dispatches]
