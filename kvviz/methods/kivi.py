@@ -21,6 +21,7 @@ from kvviz.kernels import quant as qk
 from kvviz.kernels.traffic import decode_bytes
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
 from kvviz.methods.int8_seed import block_positions
+from kvviz.methods.quant_common import DequantisedAttention
 from kvviz.oracles import kivi as oracle
 from kvviz.oracles.int4 import unpack_codes
 from kvviz.paging import PAD_SLOT
@@ -30,7 +31,7 @@ GROUP = oracle.GROUP
 
 
 @register
-class Kivi(KVMethod):
+class Kivi(DequantisedAttention, KVMethod):
     key = "kivi"
     label = "KIVI (K per channel, V per token)"
     family = "kivi"
@@ -283,15 +284,6 @@ class Kivi(KVMethod):
             words = kbuf[blocks[idx // WS], :, bs * KW + idx % WS] if ng else np.zeros((0, kvh), np.uint32)
             out.append(np.ascontiguousarray(words.T).view(np.float32).reshape(kvh, ng, D, 2))
         return out
-
-    def attend(self, ctx, qkv, batch, q, scale):
-        return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
-
-    def weights(self, ctx, qkv, batch, q, scale):
-        return ctx.paged.weights(qkv.device["f32"], q, batch, scale)
-
-    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
-        return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
 
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
         qc = qkv.device["cache"]

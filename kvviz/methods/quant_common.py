@@ -18,7 +18,22 @@ from kvviz.methods.int8_seed import block_positions
 from kvviz.paging import PAD_SLOT
 
 
-class PerTokenRecordMethod(KVMethod):
+class DequantisedAttention:
+    """Attention of a method whose quantise step also fills an f32 paged cache (qkv.device["f32"]) with
+    its dequantise kernel: the f32 baseline decode and weights kernels run over that cache."""
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
+
+    def weights(self, ctx, qkv, batch, q, scale):
+        return ctx.paged.weights(qkv.device["f32"], q, batch, scale)
+
+    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
+        """The dequantised f32 paged cache [num_blocks, kv_heads, block_size, head_size]."""
+        return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
+
+
+class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     """Subclasses define wpt(), the writer / dequantise specs and unpack()."""
 
     head_multiple: int = 4
@@ -105,16 +120,6 @@ class PerTokenRecordMethod(KVMethod):
             self, D, kvh, kf["codes"], vf["codes"], kf["scale"], vf["scale"], self.code_range,
             device={"cache": qc, "f32": f32c}, extra=extra,
         )
-
-    def attend(self, ctx, qkv, batch, q, scale):
-        return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
-
-    def weights(self, ctx, qkv, batch, q, scale):
-        return ctx.paged.weights(qkv.device["f32"], q, batch, scale)
-
-    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
-        """The dequantised f32 paged cache [num_blocks, kv_heads, block_size, head_size]."""
-        return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
 
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
         qc = qkv.device["cache"]
