@@ -121,6 +121,48 @@ def test_int8_small_nonzero_kl_and_blocks_grow(tiny, ctx):
         dec.step()
 
 
+@pytest.mark.parametrize("policy", ["contiguous", "scattered"])
+def test_cache_view_reads_the_selected_layer(tiny, ctx, policy):
+    """After every step the decoder reads one layer / KV head of the quantised cache (its watch): the
+    int8 scale words of the positions so far, read from the sequence's blocks only, and the last step's
+    attention weights of both caches; a new selection applies from the next step."""
+    dec = LiveDecoder(tiny, "int8_seed", ctx=ctx, block_size=4, policy=policy, seed=1)
+    dec.start(PROMPT, 4)
+    q = dec.caches["quant"]
+    assert dec.watch.selection == (N_LAYERS // 2, 0)
+    g = N_HEADS // N_KV
+
+    def check(st, layer, kvh):
+        v = st.view
+        assert (v["layer"], v["kv_head"], v["context_len"]) == (layer, kvh, st.context_len) and v["watch"] is dec.watch
+        for which, got in (("K", v["scales"].k), ("V", v["scales"].v)):
+            np.testing.assert_array_equal(got, unpack_int8_words(q.read_tokens(layer, which))[1][:, kvh])
+        assert v["q_heads"] == list(range(kvh * g, (kvh + 1) * g))
+        for key, cache in (("weights_quant", q), ("weights_base", dec.caches["baseline"])):
+            np.testing.assert_array_equal(v[key], cache.last_weights(layer)[v["q_heads"]])
+        assert v["seconds"] > 0 and st.seconds["view"] >= v["seconds"]
+
+    for li in range(N_LAYERS):  # read_positions = read_tokens (the whole pool), block by block
+        for which in "KV":
+            np.testing.assert_array_equal(q.read_positions(li, which), q.read_tokens(li, which))
+    st = dec.step()
+    check(st, N_LAYERS // 2, 0)
+    dec.watch.select(0, N_KV - 1)  # from another thread in the window: applies from the next step
+    st = dec.step()
+    check(st, 0, N_KV - 1)
+    assert dec.steps[0].view is None  # only the newest step keeps its view
+    assert "view" not in st.to_json()
+    # the view of any layer on demand (the window's worker, after the run)
+    v = dec.watch.read(1, 0)
+    assert (v["layer"], v["kv_head"]) == (1, 0)
+    np.testing.assert_array_equal(v["scales"].k, unpack_int8_words(q.read_tokens(1, "K"))[1][:, 0])
+    with pytest.raises(InvalidInput, match="layer"):
+        dec.cache_view(N_LAYERS, 0)
+    nov = LiveDecoder(tiny, "int8_seed", ctx=ctx, block_size=4, watch=False)
+    nov.start(PROMPT, 1)
+    assert nov.step().view is None and nov.watch is None
+
+
 def test_generic_requant_path_equals_native(tiny, ctx):
     """int8_seed through RequantCache (whole sequence re-quantised every step) = the native path."""
     a = LiveDecoder(tiny, "int8_seed", ctx=ctx, block_size=4, free_run=False)
@@ -177,9 +219,11 @@ def test_cancel(tiny, ctx):
         calls["n"] += 1
         return calls["n"] >= 4
 
+    last_q = list(dec.quant.cache.last_q)
     with pytest.raises(Cancelled):
         dec.step(cancel_on_4th)
     assert len(dec.steps) == 1 and dec.base.runner.pos == dec.quant.runner.pos == len(PROMPT)
+    assert all(a is b for a, b in zip(dec.quant.cache.last_q, last_q))  # last_weights: the last complete step
     dec.run()  # continues as if nothing happened
     for a, b in zip(dec.steps, ref.steps):
         assert a.base_token == b.base_token and a.blocks == b.blocks
@@ -232,6 +276,20 @@ def test_every_registered_method_runs_live(tiny, ctx, method):
     steps = dec.run()
     assert all(np.isfinite(s.kl) and s.kl >= 0 for s in steps)
     assert all(len(s.blocks) == math.ceil(s.context_len / 4) for s in steps)
+    # the cache view: what the method stores per position (a scale, or e.g. TurboQuant's norms), labelled
+    v = steps[-1].view
+    assert "error" not in v, v.get("error")
+    sc, n = v["scales"], steps[-1].context_len
+    assert sc.k.shape == sc.v.shape == (n,) and sc.k_label and sc.v_label and sc.note
+    for a in (sc.k, sc.v):
+        assert np.all(np.isnan(a) | (np.isfinite(a) & (a >= 0)))
+    qkv = dec.caches["quant"].qkv[v["layer"]]
+    if method != "kivi":  # KIVI: NaN where a token is still in the f32 recent window
+        assert np.isfinite(sc.v).all()
+    if np.ndim(qkv.v_scales) == 2 and method != "kivi":  # one value per token: shown as stored
+        np.testing.assert_array_equal(sc.v, qkv.v_scales[:n, 0])
+    assert v["weights_quant"].shape == v["weights_base"].shape == (N_HEADS // N_KV, n)
+    np.testing.assert_allclose(v["weights_quant"].sum(-1), 1, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -212,6 +212,8 @@ def test_bias_panel_explains_unsupported_head_size(qtbot, settings, session):
 
 # ---------------------------------------------------------------------------- live decode
 def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
+    from kvviz.oracles.paged import unpack_int8_words
+
     w = window
     lp = w.live
     _raise(qtbot, w, "live")
@@ -248,11 +250,50 @@ def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
     assert f"{sm['kl_mean']:.3g}" in lp.status.text() and "Done: 3 steps" in lp.info.text()
     assert lp.table.rowCount() == 3
     assert lp.start_button.isEnabled() and not lp.stop_button.isEnabled()
-    # exports: per-step CSV and JSON
+
+    # cache view: the quantised cache's per-position scales of one layer / KV head (default: a middle
+    # layer, KV head 0), read by the decoder after every step; compared with the GPU cache read here
+    qc = dec.quant.cache
+    n = len(dec.prompt_ids) + 2  # the prompt and generated tokens 0, 1 are cached (token 2 is never fed)
+    assert qc.length == n == dec.steps[-1].context_len
+    assert lp.selection() == (dec.cfg.n_layers // 2, 0) == (15, 0)
+    assert (lp.view["layer"], lp.view["kv_head"], lp.view["context_len"]) == (15, 0, n)
+
+    def check_view(layer, kvh, qsel=None):
+        for which, curve in (("K", lp.k_scale_curve), ("V", lp.v_scale_curve)):
+            want = unpack_int8_words(qc.read_tokens(layer, which))[1][:, kvh]  # the f32 scale word of each record
+            x, y = curve.getData()
+            assert len(x) == len(y) == n
+            np.testing.assert_array_equal(x, np.arange(n))
+            np.testing.assert_array_equal(y, want.astype(np.float64))
+        # the last step's attention weights through both caches, query heads of this KV head (3 per KV head)
+        heads = list(range(3 * kvh, 3 * kvh + 3))
+        for curve, cache in ((lp.w_quant_curve, qc), (lp.w_base_curve, dec.base.cache)):
+            w = cache.last_weights(layer).astype(np.float64)[heads]
+            _, y = curve.getData()
+            np.testing.assert_allclose(10 ** y, w.mean(0) if qsel is None else w[qsel], rtol=1e-9)  # log axis
+
+    check_view(15, 0)
+    assert "K scale" in lp.scale_plot.getAxis("left").labelText and "layer 15" in lp.scale_plot.titleLabel.text
+    # after the run a new selection is read by the worker
+    with qtbot.waitSignal(lp.view_ready, timeout=WAIT) as blocker:
+        lp.set_selection(3, 2)
+    assert (blocker.args[0]["layer"], blocker.args[0]["kv_head"]) == (3, 2)
+    lp.qhead.setCurrentIndex(lp.qhead.findData(1))  # one query head: the 2nd of KV head 2's group (q head 7)
+    assert lp.qhead.currentText() == "q head 7"
+    check_view(3, 2, qsel=1)
+    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
+
+    # exports: per-step CSV (and the cache view's CSV beside it) and JSON
     out = lp.export("csv", str(tmp_path / "live.csv"))
     with open(out[0]) as fh:
         rows = list(csv.DictReader(fh))
     assert [float(r["kl"]) for r in rows] == pytest.approx(kl)
+    with open(out[1]) as fh:
+        view_rows = list(csv.DictReader(fh))
+    assert out[1].endswith("live_cache_view.csv") and len(view_rows) == n
+    k3 = unpack_int8_words(qc.read_tokens(3, "K"))[1][:, 2]
+    np.testing.assert_allclose([float(r["k_scale"]) for r in view_rows], k3, rtol=1e-6)
     js = json.load(open(lp.export("json", str(tmp_path / "live.json"))[0]))
     assert len(js["steps"]) == 3 and js["summary"]["kl_mean"] == pytest.approx(sm["kl_mean"])
     assert js["config"]["method"] == "int8_seed"
@@ -268,6 +309,11 @@ def test_live_stop_and_compute_cancel_it(qtbot, window):
         with qtbot.waitSignal(w.live_step, timeout=WAIT):
             lp.start_button.click()
         assert lp.running and lp.stop_button.isEnabled()
+        # a cache-view selection made while the decode runs: the decoder reads it after its next step
+        with qtbot.waitSignal(lp.view_ready, timeout=WAIT,
+                              check_params_cb=lambda v: (v["layer"], v["kv_head"]) == (4, 1)):
+            lp.set_selection(4, 1)
+        assert lp.k_scale_curve.getData()[0].size == lp.view["context_len"] == lp.steps[-1].context_len
         lp.stop_button.click()
     assert lp.state == "stopped" and not lp.running
     assert 1 <= len(lp.steps) < 60

@@ -20,6 +20,7 @@ q [n_heads, D] and returns [n_heads, D] float32, like the runner's attention hoo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,11 +28,24 @@ from kvviz.errors import InvalidInput
 from kvviz.kernels.paged import check_head_size
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord, get_method
 from kvviz.methods.int8_seed import Int8PerTokenSeed
+from kvviz.oracles.paged import unpack_int8_words
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
 
 _F32 = np.float32
 
 NATIVE = ("f32", "int8_seed")  # cache keys with a native incremental path here
+
+
+@dataclass
+class TokenScales:
+    """What one layer and KV head of a live cache stores per position, for positions 0..T-1: the
+    per-token scale of K and V, or what the method stores in its place (labels say which)."""
+
+    k: np.ndarray  # [T] float64; NaN where the position has none (e.g. KIVI's recent tokens, kept in f32)
+    v: np.ndarray
+    k_label: str  # axis labels: what the values are
+    v_label: str
+    note: str = ""  # one line: where the values come from
 
 
 class BlockTable:
@@ -147,6 +161,12 @@ class LiveCache(ABC):
     def inspect_block(self, layer: int, block: int, kv_head: int, which: str = "K") -> list[TokenRecord]:
         raise InvalidInput(f"the {self.key} live cache cannot show its blocks")
 
+    def token_scales(self, layer: int, kv_head: int) -> TokenScales | None:
+        """Per-position K and V scales of one layer and KV head over positions 0..length-1 (None: this
+        cache cannot tell). Reads what the cache holds (GPU or the method's host copies), on the
+        calling thread: call it where the decoder runs."""
+        return None
+
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "blocks": list(self.table.blocks), "length": self.length,
                 "block_size": self.table.block_size, "num_blocks": self.table.num_blocks,
@@ -201,6 +221,25 @@ class PagedLiveCache(LiveCache):
     def bytes_per_token(self):
         return float(self.n_layers * self.layers[0].bytes_per_token())
 
+    def read_positions(self, layer: int, which: str = "K", stop: int | None = None) -> np.ndarray:
+        """Raw records of positions 0..stop-1 (default: length) [T, n_kv, words], like `read_tokens`, but
+        reading only the sequence's blocks (one read-back per run of consecutive block ids), not the pool."""
+        stop = self.length if stop is None else int(stop)
+        cache = self.layers[layer]
+        buf = cache.k if which == "K" else cache.v
+        bs = self.table.block_size
+        blocks = self.table.blocks[: -(-stop // bs)]
+        out = np.empty((len(blocks),) + cache.shape[1:], cache.dtype)  # [n, n_kv, bs, words]
+        i = 0
+        while i < len(blocks):
+            j = i + 1
+            while j < len(blocks) and blocks[j] == blocks[j - 1] + 1:
+                j += 1
+            out[i:j] = self.ctx.paged.rt.read(buf, cache.dtype, (j - i,) + cache.shape[1:],
+                                              offset=blocks[i] * cache.block_bytes, nbytes=(j - i) * cache.block_bytes)
+            i = j
+        return out.transpose(0, 2, 1, 3).reshape(len(blocks) * bs, cache.num_kv_heads, cache.wpt)[:stop]
+
     def read_tokens(self, layer: int, which: str = "K") -> np.ndarray:
         """Raw records of positions 0..length-1: [T, n_kv, words] (u32 for q8, f32 for f32)."""
         full = self.ctx.paged.read(self.layers[layer], "k" if which == "K" else "v")
@@ -222,6 +261,11 @@ class F32PagedCache(PagedLiveCache):
                             words=recs[o].view(np.uint32).copy(), fields={"values": recs[o].copy()})
                 for o in range(self.table.block_size)]
 
+    def token_scales(self, layer, kv_head):
+        amax = [np.abs(self.read_positions(layer, w)[:, kv_head]).max(-1).astype(np.float64) for w in "KV"]
+        return TokenScales(amax[0], amax[1], "max |K|", "max |V|",
+                           "the f32 cache stores no scale: max |x| of each stored vector")
+
 
 class Q8PagedCache(PagedLiveCache):
     key = "int8_seed"
@@ -236,6 +280,11 @@ class Q8PagedCache(PagedLiveCache):
         qkv = QuantizedKV(self.method, self.head_dim, self.n_kv_heads, np.zeros(0), np.zeros(0), np.zeros(0),
                           np.zeros(0), (-127, 127), device={"cache": self.layers[layer]})
         return self.method.inspect_block(self.ctx, qkv, self.table.batch(self.length), block, kv_head, which)
+
+    def token_scales(self, layer, kv_head):
+        k, v = (unpack_int8_words(self.read_positions(layer, w)[:, kv_head])[1].astype(np.float64) for w in "KV")
+        return TokenScales(k, v, "K scale", "V scale",
+                           "the f32 scale word of each int8 token record, read from the GPU cache")
 
 
 class RequantCache(LiveCache):
@@ -292,6 +341,53 @@ class RequantCache(LiveCache):
     def inspect_block(self, layer, block, kv_head, which="K"):
         qkv, batch = self._quantized(layer, self.length)
         return self.methods[layer].inspect_block(self.ctx, qkv, batch, block, kv_head, which)
+
+    def token_scales(self, layer, kv_head):
+        """From the method's QuantizedKV of the layer (k_scales / v_scales, host copies read back from the
+        GPU by its quantize): a per-group or per-channel scale is averaged over the token's groups or
+        channels, a method without scales shows what it stores (TurboQuant: the vector norms)."""
+        if self.length == 0:
+            return None
+        qkv, _ = self._quantized(layer, self.length)
+        if qkv.k_scales is None or qkv.v_scales is None:
+            return None
+        n = self.length
+        layouts = self.method.layouts(self.head_dim, self.table.block_size)
+        resid = qkv.extra.get("residual")  # KIVI: rows still in the f32 recent window (no scale yet)
+        out, labels = [], []
+        for arr, lay in zip((qkv.k_scales, qkv.v_scales), layouts):
+            a = np.asarray(arr, np.float64)[:n, kv_head].reshape(n, -1)
+            a = a.mean(-1) if a.shape[1] > 1 else a[:, 0]
+            if resid is not None:
+                a = np.where(np.asarray(resid, bool)[:n], np.nan, a)
+            out.append(a)
+            labels.append(_scale_label(lay))
+        note = (f"{self.method.key}: " + "; ".join(lab[1] for lab in labels)
+                + " (the method's cache, read back from the GPU)")
+        if resid is not None:
+            note += "; none yet for the recent tokens, kept in f32"
+        return TokenScales(out[0], out[1], labels[0][0], labels[1][0], note)
+
+
+def _scale_label(layout) -> tuple[str, str]:
+    """(short axis label, what it is) of what `RequantCache.token_scales` shows for one of K or V."""
+    w = layout.which
+    fields = {f.name: f for f in layout.fields}
+    f = fields.get("scale")
+    if f is not None:
+        if f.per == "token" or (f.per == "group" and f.count == 1):
+            return f"{w} scale", f"{w}: scale per token"
+        if f.per == "tensor":
+            return f"{w} tensor scale", f"{w}: one scale per tensor"
+        if f.per == "group":
+            return f"{w} scale (mean)", f"{w}: mean of each token's {f.count} group scales"
+        if f.per == "channel-group":
+            return f"{w} scale (mean)", f"{w}: mean of the {f.count} per-channel scales of each token's group"
+        return f"{w} scale", f"{w}: scale per {f.per}"
+    f = fields.get("norm")
+    if f is not None:
+        return f"|{w.lower()}| norm", f"{w}: no scale, the {f.dtype} norm of each vector"
+    return f"{w} scale", f"{w}: scale"
 
 
 def _per_layer(method: KVMethod, n_layers: int) -> list[KVMethod]:

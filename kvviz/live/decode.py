@@ -25,11 +25,17 @@ one batched write per layer. The last prompt token is then fed as decode step 0,
 token (including the first) comes from a distribution computed through the paged caches.
 Step i feeds one token at position len(prompt) - 1 + i and yields the distributions of generated
 token i. Greedy decoding throughout. Softmax scale 1/sqrt(head_dim).
+
+Cache view: after every step the decoder reads, for ONE layer and KV head (its `watch`, which another
+thread may re-select while it runs), the quantised cache's per-position K/V scales
+(`LiveCache.token_scales`) and the last step's attention weights of both caches (`last_weights`), into
+`LiveStep.view`. Only the newest step keeps its view (the older ones drop it: O(T) each).
 """
 from __future__ import annotations
 
 import copy
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -81,6 +87,7 @@ class LiveStep:
     seconds: dict = field(default_factory=dict)  # wall time of each path's step
     logp_base: np.ndarray | None = None  # [vocab] float32 log-probabilities (keep_distributions)
     logp_quant: np.ndarray | None = None
+    view: dict | None = field(default=None, repr=False)  # LiveDecoder.cache_view after this step (newest step only)
 
     def top(self, k: int = 10, tokenizer=None) -> list[dict]:
         """The k most likely tokens under the baseline with both paths' probabilities."""
@@ -92,7 +99,7 @@ class LiveStep:
                  "p_quant": float(np.exp(self.logp_quant[t]))} for t, s in zip(idx, strs)]
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("logp_base", "logp_quant")}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("logp_base", "logp_quant", "view")}
         return d
 
 
@@ -124,18 +131,20 @@ class LivePath:
     def save(self) -> None:
         r = self.runner
         self._saved = (r.pos, len(r.tokens), r.last_logits, len(self.generated),
-                       None if self.cache is None else self.cache.length)
+                       None if self.cache is None else self.cache.length,
+                       None if self.cache is None else list(self.cache.last_q))
 
     def restore(self) -> None:
         if self._saved is None:
             return
-        pos, n_tok, logits, n_gen, length = self._saved
+        pos, n_tok, logits, n_gen, length, last_q = self._saved
         r = self.runner
         r.pos, r.last_logits = pos, logits
         del r.tokens[n_tok:]
         del self.generated[n_gen:]
         if self.cache is not None:
             self.cache.length = length
+            self.cache.last_q[:] = last_q  # the queries of the last complete step (for last_weights)
 
     def fork(self, name: str, cache: LiveCache | None) -> "LivePath":
         """A copy of this sequence with its own runner state and `cache`, filled from the f32 K/V history."""
@@ -146,6 +155,40 @@ class LivePath:
         p = LivePath(name, runner, cache)
         p.generated = list(self.generated)
         return p
+
+
+class LiveWatch:
+    """Which layer and KV head a decoder's cache view reads after every step.
+
+    `select` may be called from any thread while the decoder runs (one tuple assignment; the decoder
+    reads `selection` once per step). `read` calls back into the decoder: it runs GPU read-backs and
+    kernels, so it belongs on the thread that runs the decoder. The watch holds the decoder weakly (no
+    reference cycle: the decoder and its GPU buffers go when their last user drops them, not at some
+    later garbage collection, which at interpreter exit can come after the GPU device is gone).
+    """
+
+    def __init__(self, decoder: "LiveDecoder", layer: int, kv_head: int = 0, weights: bool = True):
+        self._decoder = weakref.ref(decoder)
+        self.selection = (int(layer), int(kv_head))
+        self.weights = weights  # also read the last step's attention weights
+
+    @property
+    def decoder(self) -> "LiveDecoder | None":
+        return self._decoder()
+
+    def select(self, layer: int, kv_head: int) -> None:
+        self.selection = (int(layer), int(kv_head))
+
+    def read(self, layer: int | None = None, kv_head: int | None = None) -> dict:
+        """LiveDecoder.cache_view of the selection (or of layer / kv_head), with this watch in it."""
+        sel = self.selection
+        dec = self.decoder
+        if dec is None:
+            raise InvalidInput("the live decoder of this view is gone", "Start a new live decode.")
+        v = dec.cache_view(sel[0] if layer is None else layer, sel[1] if kv_head is None else kv_head,
+                           weights=self.weights)
+        v["watch"] = self
+        return v
 
 
 class LiveDecoder:
@@ -160,7 +203,8 @@ class LiveDecoder:
     def __init__(self, model, method: str | KVMethod = "int8_seed", *, ctx=None, block_size: int = 16,
                  policy: str = "contiguous", num_blocks: int | None = None, seed: int = 0,
                  baseline: str = "gpu", free_run: bool = True, method_options: dict | None = None,
-                 keep_distributions: bool = True, stop_at_eos: bool = False, incremental: bool = True):
+                 keep_distributions: bool = True, stop_at_eos: bool = False, incremental: bool = True,
+                 watch: bool = True):
         if baseline not in BASELINES:
             raise InvalidInput(f"Unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
         if policy not in POLICIES:
@@ -200,6 +244,8 @@ class LiveDecoder:
         self.num_blocks = 0
         self.finished = False
         self.timings: dict = {}
+        # the cache view read after every step (None: none); default: a middle layer, KV head 0
+        self.watch = LiveWatch(self, self.cfg.n_layers // 2, 0) if watch else None
 
     # -- building --------------------------------------------------------------------------------
 
@@ -306,6 +352,16 @@ class LiveDecoder:
             if not had_free:
                 self.free = None
             raise
+        view = None
+        if self.watch is not None:
+            t0 = time.perf_counter()
+            try:
+                view = self.watch.read()
+            except Exception as exc:  # noqa: BLE001 - the view is for drawing: it never breaks the decode
+                sel = self.watch.selection
+                view = {"error": f"{type(exc).__name__}: {exc}", "watch": self.watch,
+                        "layer": sel[0], "kv_head": sel[1]}
+            secs["view"] = time.perf_counter() - t0
         lpb, lpq = log_softmax(lb), log_softmax(lq)
         b, q = int(np.argmax(lb)), int(np.argmax(lq))
         kl = float(max(np.sum(np.exp(lpb) * (lpb - lpq)), 0.0))
@@ -326,6 +382,7 @@ class LiveDecoder:
             seconds=secs,
             logp_base=lpb.astype(np.float32) if self.keep_distributions else None,
             logp_quant=lpq.astype(np.float32) if self.keep_distributions else None,
+            view=view,
         )
         self.base.generated.append(b)
         self.quant.generated.append(q)
@@ -333,6 +390,8 @@ class LiveDecoder:
             self.free.generated.append(f)
         self._next_base = b
         self._next_free = f if f is not None else b
+        if self.steps:
+            self.steps[-1].view = None  # only the newest step keeps its view
         self.steps.append(st)
         self.timings["steps_s"].append(sum(secs.values()))
         if self.stop_at_eos and b == self.cfg.eos_id:
@@ -354,6 +413,41 @@ class LiveDecoder:
             if progress is not None:
                 progress(i + 1, n)
         return out
+
+    # -- cache view ------------------------------------------------------------------------------
+
+    def cache_view(self, layer: int, kv_head: int, weights: bool = True) -> dict:
+        """What the quantised (teacher-forced) cache holds now for one layer and KV head, for drawing:
+          scales          kvviz.live.cache.TokenScales of positions 0..context_len-1 (None: the cache
+                          cannot tell)
+          q_heads         the query heads that read this KV head
+          weights_quant   [len(q_heads), context_len] attention weights of the last step through the
+          weights_base    quantised / f32 cache (None: not read, or no f32 paged cache)
+          context_len, prompt_len, block_size, blocks, layer, kv_head, method, seconds
+        GPU read-backs and the weights kernel of one layer: call it on the decoder's thread."""
+        if not self.started:
+            raise InvalidInput("cache_view() before start()", "Call start(prompt, max_new) first.")
+        c = self.cfg
+        if not 0 <= int(layer) < c.n_layers:
+            raise InvalidInput(f"layer {layer} is out of range: the model has {c.n_layers} layers")
+        if not 0 <= int(kv_head) < c.n_kv_heads:
+            raise InvalidInput(f"KV head {kv_head} is out of range: the model has {c.n_kv_heads} KV heads")
+        layer, kv_head = int(layer), int(kv_head)
+        t0 = time.perf_counter()
+        qc = self.quant.cache
+        n = qc.length
+        g = c.n_heads // c.n_kv_heads
+        heads = list(range(kv_head * g, (kv_head + 1) * g))
+        view = {"layer": layer, "kv_head": kv_head, "q_heads": heads, "context_len": n,
+                "prompt_len": len(self.prompt_ids), "block_size": self.block_size, "blocks": list(qc.table.blocks),
+                "method": self.method, "scales": qc.token_scales(layer, kv_head),
+                "weights_quant": None, "weights_base": None}
+        if weights:
+            for key, cache in (("weights_quant", qc), ("weights_base", self.base.cache)):
+                w = None if cache is None or cache.length != n else cache.last_weights(layer)
+                view[key] = None if w is None else np.asarray(w, np.float64)[heads, :n]
+        view["seconds"] = time.perf_counter() - t0
+        return view
 
     # -- results ---------------------------------------------------------------------------------
 
@@ -415,7 +509,7 @@ def run_live(model_path=None, prompt: str | Sequence[int] = DEFAULT_PROMPT, n_ne
     load_s = time.perf_counter() - t0
     dec = LiveDecoder(model, method, ctx=ctx, block_size=block_size, policy=policy, num_blocks=num_blocks, seed=seed,
                       baseline=baseline, free_run=free_run, method_options=method_options, keep_distributions=False,
-                      incremental=incremental)
+                      incremental=incremental, watch=False)
     dec.start(prompt, n_new, cancel=cancel)
     t1 = time.perf_counter()
     dec.run(n_new, progress=progress, cancel=cancel, on_step=on_step)

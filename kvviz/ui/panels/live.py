@@ -8,7 +8,13 @@ The window runs the decoder in its worker thread (start, then one `step` at a ti
   - the two generated texts side by side: the f32 cache's and the quantised cache's own free-running
     continuation, with the point where the quantised text leaves the f32 one marked;
   - the block pools of the paged caches as grids, filling as the sequence grows (blocks allocated in
-    the last step outlined).
+    the last step outlined);
+  - the cache view of one layer and KV head (a middle layer and KV head 0 by default): the per-position
+    K and V scales the quantised cache holds (int8_seed: the f32 scale word of each token record, read
+    back from the GPU; other methods: what their cache stores per token, labelled) and the last step's
+    attention weights over positions through the f32 and the quantised cache. The decoder reads them
+    on the worker after every step (LiveDecoder.watch; only the selected layer, only the sequence's
+    blocks) and they arrive with the step; after the run a new selection is read by a small worker task.
 Summary numbers (mean / max KL, top-1 rate, free-run divergence) at the end; the per-step table is
 exported as CSV and, with the summary and configuration, as JSON.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 
 import numpy as np
 import pyqtgraph as pg
@@ -29,10 +36,10 @@ from PySide6.QtWidgets import (
 
 from kvviz.analysis.live_metrics import summarize_live
 from kvviz.report.tables import Table, clean
-from kvviz.ui.panels.base import Panel
+from kvviz.ui.panels.base import ElidedLabel, Panel
 from kvviz.ui.panels.cache_layout import CELL, pool_image
 from kvviz.ui.panels.workload import GGUF_FILTER, MODEL_PLACEHOLDER, default_options, describe_model, method_choices
-from kvviz.ui.style import REF_COLOR
+from kvviz.ui.style import K_COLOR, Q_COLOR, REF_COLOR, V_COLOR
 
 LIVE_FORMATS = ("png", "svg", "csv", "json")
 AGREE_COLOR = (44, 160, 44)
@@ -42,6 +49,8 @@ PATHS = (("f32", "f32", 0), ("quant", "quant", 1), ("free", "free run", 3))
 STEP_COLUMNS = ["step", "position", "fed_token", "fed_str", "f32_token", "f32_str", "quant_token", "quant_str",
                 "kl", "top1_agree", "nll_delta", "p_f32", "p_quant_of_f32", "free_token", "free_str", "free_forked",
                 "context_len", "blocks_quant", "new_blocks", "step_s"]
+W_BASE_COLOR = (150, 150, 150)  # f32 attention weights in the cache view
+MAX_BLOCK_LINES = 64  # block boundaries drawn in the scale plot (none past this many blocks)
 
 
 def _tok_html(s: str) -> str:
@@ -59,6 +68,22 @@ def text_html(prompt_tail: str, toks: list, diverge: int | None, mark: str) -> s
         else:
             parts.append(f"<span style='color:#102a43'>{_tok_html(t)}</span>")
     return "<div style='white-space: pre-wrap; font-size: 10pt'>" + "".join(parts) + "</div>"
+
+
+def _hex(rgb) -> str:
+    return "#%02x%02x%02x" % tuple(int(c) for c in rgb[:3])
+
+
+def _title(plot, text: str) -> None:
+    """A 9pt plot title. Keep it short: pyqtgraph makes a title's width its plot's minimum width, so a
+    long one pushes the plot beside it out of the view (and lowering that minimum makes the title resize
+    during Qt's teardown at exit, after its text item is gone: a crash in PySide6 6.11)."""
+    plot.setTitle(text, size="9pt")
+
+
+def _slug(label: str) -> str:
+    """A CSV column name from an axis label: 'K scale' -> 'k_scale', '|k| norm (f16)' -> 'k_norm_f16'."""
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_") or "value"
 
 
 class _Options(QWidget):
@@ -133,6 +158,8 @@ class LivePanel(Panel):
     title = "Live decode"
     start_requested = Signal()
     stop_requested = Signal()
+    view_read = Signal(object, object)  # LiveWatch, cache view: a worker read of a new selection (queued)
+    view_ready = Signal(object)  # a new cache view (after a step, or read for a new selection), drawn
 
     def __init__(self, host=None, parent=None):
         super().__init__(host, parent)
@@ -155,10 +182,17 @@ class LivePanel(Panel):
         self.step_table = None
         self.policy_used = ""
         self.grid_cells: dict = {}  # path -> allocated blocks drawn in the grid
+        self.view: dict | None = None  # LiveDecoder.cache_view drawn in the cache view
+        self.view_table = None
+        self._watch = None  # the LiveWatch of the decoder the steps come from
+        self._decoder = None  # that decoder (the watch holds it weakly), for reads after the run
+        self._reading = None  # (layer, KV head) a worker read is on its way for
+        self._heads = (9, 3)  # query heads, KV heads of the model (for the query-head choices)
         self.state = "idle"  # idle | running | done | stopped | failed
         menu = self.export_button.menu()
         menu.addAction("JSON...", lambda: self._export_clicked("json"))
-        self.export_button.setToolTip("Export the live run: PNG (2x), SVG, CSV of the per-step table, JSON (summary + steps)")
+        self.export_button.setToolTip("Export the live run: PNG (2x), SVG, CSV of the per-step table (and of the cache "
+                                      "view beside it), JSON (summary + steps)")
 
         # ---- controls
         controls = QVBoxLayout()
@@ -322,6 +356,9 @@ class LivePanel(Panel):
             v.addWidget(box, 1)
             texts.addWidget(w)
         self.tabs.addTab(texts, "Texts")
+        self.tabs.addTab(self._build_cache_view(), "Cache view")
+        self.tabs.setTabToolTip(1, "Per-position K / V scales of the quantised cache and the last step's attention "
+                                   "weights, for one layer and KV head, updated after every step")
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
@@ -330,8 +367,87 @@ class LivePanel(Panel):
         outer.addWidget(self.tabs)
         outer.setStretchFactor(0, 1)
         outer.setStretchFactor(1, 1)
+        self.view_read.connect(self._on_view_read)
         self.body.addWidget(outer, 1)
         self.info.setText("not started")
+
+    def _build_cache_view(self) -> QWidget:
+        """Layer / KV head / query head selectors over two plots: per-position scales, attention weights."""
+        box = QWidget()
+        v = QVBoxLayout(box)
+        v.setContentsMargins(0, 0, 0, 0)
+        v.setSpacing(1)
+        row = QHBoxLayout()
+        row.setSpacing(4)
+        self.layer_spin = QSpinBox()
+        self.layer_spin.setPrefix("layer ")
+        self.layer_spin.setRange(0, 0)
+        self.layer_spin.setToolTip("Layer whose quantised cache is shown (default: a middle layer). While the "
+                                   "decode runs, the decoder reads it after every step.")
+        self.kv_spin = QSpinBox()
+        self.kv_spin.setPrefix("KV head ")
+        self.kv_spin.setRange(0, 0)
+        self.kv_spin.setToolTip("KV head whose per-position scales are shown")
+        self.qhead = QComboBox()
+        self.qhead.setToolTip("Attention weights: the mean over the query heads that read this KV head, or one of them")
+        self.qhead.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        for w in (self.layer_spin, self.kv_spin, self.qhead):
+            row.addWidget(w)
+        self.view_note = ElidedLabel("")
+        self.view_note.setStyleSheet("font-size: 8pt; color: #44505c;")
+        row.addWidget(self.view_note, 1)
+        v.addLayout(row)
+        self.view_glw = pg.GraphicsLayoutWidget()
+        self.view_glw.setMinimumHeight(110)
+        sp = self.scale_plot = self.view_glw.addPlot(row=0, col=0)
+        sp.setLabel("bottom", "position")
+        sp.showGrid(x=False, y=True, alpha=0.25)
+        sp.getAxis("left").enableAutoSIPrefix(False)
+        self.k_scale_curve = sp.plot(pen=pg.mkPen(K_COLOR, width=1.4), connect="finite")
+        self.k_new = pg.ScatterPlotItem(size=7, brush=pg.mkBrush(K_COLOR), pen=None)
+        sp.addItem(self.k_new)
+        # V on a right axis of its own (V scales are often several times the K ones), as in the Scales panel
+        self.v_scale_vb = pg.ViewBox(enableMouse=False)
+        sp.showAxis("right")
+        sp.scene().addItem(self.v_scale_vb)
+        ra = sp.getAxis("right")
+        ra.linkToView(self.v_scale_vb)
+        ra.enableAutoSIPrefix(False)
+        self.v_scale_vb.setXLink(sp)
+        self.v_scale_curve = pg.PlotDataItem(pen=pg.mkPen(V_COLOR, width=1.4), connect="finite")
+        self.v_new = pg.ScatterPlotItem(size=7, brush=pg.mkBrush(V_COLOR), pen=None)
+        self.v_scale_vb.addItem(self.v_scale_curve)
+        self.v_scale_vb.addItem(self.v_new)
+        sp.vb.sigResized.connect(self._sync_scale_views)
+        self.prompt_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((120, 120, 120), width=1, style=Qt.DashLine))
+        self.prompt_line.setToolTip("positions right of the line were written by decode steps, left by the prefill")
+        self.prompt_line.setVisible(False)
+        sp.addItem(self.prompt_line, ignoreBounds=True)
+        self._block_lines: list = []
+        self.scale_empty = pg.TextItem("", color=(110, 110, 110), anchor=(0.5, 0.5))
+        self.scale_empty.setVisible(False)
+        sp.addItem(self.scale_empty, ignoreBounds=True)
+        sp.setToolTip("Per-position K (left axis) and V (right axis) scales of the quantised cache. Dotted: block "
+                      "boundaries; dashed: the first position written by a decode step (left of it: the prefill); "
+                      "dots: the position written by the last step.")
+        wp = self.weights_plot = self.view_glw.addPlot(row=0, col=1)
+        wp.setLabel("bottom", "position")
+        wp.setLabel("left", "attention weight")
+        wp.setLogMode(x=False, y=True)
+        wp.showGrid(x=False, y=True, alpha=0.25)
+        wp.getAxis("left").enableAutoSIPrefix(False)
+        # f32 as a wide grey band under the quantised line: where they agree the orange runs inside the band
+        self.w_base_curve = wp.plot(pen=pg.mkPen(W_BASE_COLOR, width=4))
+        self.w_quant_curve = wp.plot(pen=pg.mkPen(Q_COLOR, width=1.3))
+        self.view_glw.ci.layout.setColumnStretchFactor(0, 1)
+        self.view_glw.ci.layout.setColumnStretchFactor(1, 1)
+        v.addWidget(self.view_glw, 1)
+        self.layer_spin.valueChanged.connect(self._selection_changed)
+        self.kv_spin.valueChanged.connect(self._selection_changed)
+        self.qhead.currentIndexChanged.connect(lambda *_: self._draw_view())
+        self._fill_qheads(9, 3)
+        self._draw_view()
+        return box
 
     # ------------------------------------------------------------- controls
     def _method_changed(self, *args) -> None:
@@ -415,12 +531,15 @@ class LivePanel(Panel):
         self.table.setRowCount(0)
         self.base_text.clear()
         self.quant_text.clear()
+        self.view, self.view_table, self._watch, self._decoder, self._reading = None, None, None, None, None
+        self._draw_view()
         self.status.setText(f"Loading the model and prefilling the prompt ({args['method']}, "
                             f"{self.max_new} new tokens) ...")
         self.info.setText("starting ...")
 
     def set_model(self, cfg) -> None:
         self.model_cfg = cfg
+        self._set_view_shape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads)
         self.status.setText(f"{describe_model(cfg)} - prefilling the prompt ...")
 
     def set_prefilled(self, info: dict) -> None:
@@ -449,6 +568,9 @@ class LivePanel(Panel):
         self._draw_grid(highlight=True, quant_new=list(st.new_blocks))
         self._draw_texts()
         self._fill_table()
+        view = getattr(st, "view", None)  # read once: the worker drops it from this step at the next one
+        if view is not None:
+            self._take_view(view)
         self.summary = summarize_live(self.steps, self.texts())
         self._show_summary(final=False)
 
@@ -468,6 +590,240 @@ class LivePanel(Panel):
             return
         self.state = "stopped" if cancelled else "done"
         self._show_summary(final=True, why=why)
+
+    # ------------------------------------------------------------ cache view
+    def selection(self) -> tuple:
+        """(layer, KV head) the cache view asks for."""
+        return int(self.layer_spin.value()), int(self.kv_spin.value())
+
+    def set_selection(self, layer: int, kv_head: int) -> None:
+        """Select the cache view's layer and KV head (one read, not one per spin box)."""
+        for w, val in ((self.layer_spin, layer), (self.kv_spin, kv_head)):
+            w.blockSignals(True)
+            w.setValue(int(val))
+            w.blockSignals(False)
+        self._selection_changed()
+
+    def _set_view_shape(self, n_layers: int, n_heads: int, n_kv_heads: int) -> None:
+        """Selector ranges of a model; a model of another shape resets them to a middle layer, KV head 0."""
+        new = (n_layers, n_heads, n_kv_heads) != getattr(self, "_shape", None)
+        self._shape = (n_layers, n_heads, n_kv_heads)
+        for w in (self.layer_spin, self.kv_spin):
+            w.blockSignals(True)
+        self.layer_spin.setRange(0, max(n_layers - 1, 0))
+        self.kv_spin.setRange(0, max(n_kv_heads - 1, 0))
+        if new:
+            self.layer_spin.setValue(n_layers // 2)
+            self.kv_spin.setValue(0)
+        for w in (self.layer_spin, self.kv_spin):
+            w.blockSignals(False)
+        self._fill_qheads(n_heads, n_kv_heads)
+
+    def _fill_qheads(self, n_heads: int, n_kv_heads: int) -> None:
+        """Query-head choices of the selected KV head: their mean (data -1), or one of them (its index in the group)."""
+        self._heads = (n_heads, n_kv_heads)
+        g = max(n_heads // max(n_kv_heads, 1), 1)
+        h0 = self.kv_spin.value() * g
+        keep = self.qhead.currentData()
+        self.qhead.blockSignals(True)
+        self.qhead.clear()
+        self.qhead.addItem(f"mean of q heads {h0}-{h0 + g - 1}" if g > 1 else f"q head {h0}", -1)
+        if g > 1:
+            for i in range(g):
+                self.qhead.addItem(f"q head {h0 + i}", i)
+        i = self.qhead.findData(keep)
+        self.qhead.setCurrentIndex(max(i, 0))
+        self.qhead.blockSignals(False)
+
+    def _selection_changed(self, *args) -> None:
+        self._fill_qheads(*self._heads)
+        w = self._watch
+        if w is not None:
+            sel = self.selection()
+            if self.running:
+                w.select(*sel)  # the decoder reads it after its next step
+            elif self.view is None or (self.view.get("layer"), self.view.get("kv_head")) != sel:
+                self._read_view(w, sel)
+        self._draw_view()
+
+    def _read_view(self, watch, sel: tuple) -> None:
+        """Read the cache view of `sel` from the (finished or stopped) decoder in the window's worker: all
+        GPU work stays on that thread. The result comes back through `view_read`."""
+        self._reading = sel
+
+        def job(progress=None, cancel=None):
+            try:
+                v = watch.read(*sel)
+            except Exception as exc:  # noqa: BLE001 - shown in the view, not as a failed computation
+                v = {"error": f"{type(exc).__name__}: {exc}", "watch": watch, "layer": sel[0], "kv_head": sel[1]}
+            self.view_read.emit(watch, v)
+
+        runner = getattr(self.host, "runner", None)
+        if runner is None:  # a panel without a window: no worker, the decoder runs on this thread
+            job()
+            return
+        runner.submit("live_view", job, f"Live decode: reading the cache view of layer {sel[0]}, KV head {sel[1]}")
+
+    def _on_view_read(self, watch, v) -> None:
+        if watch is not self._watch:
+            return  # a read of an older run
+        if self._reading == (v.get("layer"), v.get("kv_head")):
+            self._reading = None
+        self.view = v
+        self._draw_view()
+        self.view_ready.emit(v)
+        status = getattr(self.host, "status_label", None)
+        if status is not None:
+            status.setText(f"Live decode: cache view of layer {v.get('layer')}, KV head {v.get('kv_head')}")
+
+    def _take_view(self, v: dict) -> None:
+        w = v.get("watch")
+        if w is not None:
+            self._watch = w
+            self._decoder = w.decoder  # keeps it (and its caches) for reads after a stopped run
+            if self.running and w.selection != self.selection():
+                w.select(*self.selection())  # a selection made before the decoder existed
+        self.view = v
+        self._draw_view()
+        self.view_ready.emit(v)
+
+    def _sync_scale_views(self, *args) -> None:
+        self.v_scale_vb.setGeometry(self.scale_plot.vb.sceneBoundingRect())
+        self.v_scale_vb.linkedViewChanged(self.scale_plot.vb, self.v_scale_vb.XAxis)
+
+    def _set_block_lines(self, n: int, bs: int) -> None:
+        """Dotted lines at the block boundaries of positions 0..n-1 (none past MAX_BLOCK_LINES blocks)."""
+        xs = [b * bs - 0.5 for b in range(1, -(-n // bs))] if bs > 0 and -(-n // bs) <= MAX_BLOCK_LINES else []
+        pen = pg.mkPen((175, 175, 175), width=1, style=Qt.DotLine)
+        while len(self._block_lines) < len(xs):
+            ln = pg.InfiniteLine(angle=90, pen=pen)
+            self.scale_plot.addItem(ln, ignoreBounds=True)
+            self._block_lines.append(ln)
+        for i, ln in enumerate(self._block_lines):
+            ln.setVisible(i < len(xs))
+            if i < len(xs):
+                ln.setPos(xs[i])
+
+    def _draw_view(self) -> None:
+        v = self.view
+        sp, wp = self.scale_plot, self.weights_plot
+        items = (self.k_scale_curve, self.v_scale_curve, self.k_new, self.v_new, self.w_base_curve, self.w_quant_curve)
+        pending = ""
+        sel = self.selection()
+        if self._reading is not None:
+            pending = f" \u00b7 reading layer {self._reading[0]}, KV head {self._reading[1]} \u2026"
+        elif v is not None and self._watch is not None and (v.get("layer"), v.get("kv_head")) != sel:
+            pending = f" \u00b7 layer {sel[0]}, KV head {sel[1]} from the next step" if self.running else ""
+        if v is None or "error" in v:
+            for it in items:
+                it.setData([], [])
+            self.prompt_line.setVisible(False)
+            self.scale_empty.setVisible(False)
+            self._set_block_lines(0, 1)
+            _title(sp, "per-position K / V scales")
+            sp.setLabel("left", "K scale", color=_hex(K_COLOR))
+            sp.getAxis("right").setLabel("V scale", color=_hex(V_COLOR))
+            _title(wp, "attention, last step")
+            self.view_table = None
+            if v is None:
+                self.view_note.setText("shown after the first step: the decoder reads the selected layer after "
+                                       "every step" + pending)
+            else:
+                self.view_note.setText(f"cannot show layer {v.get('layer')}, KV head {v.get('kv_head')}: {v['error']}")
+            return
+        layer, kvh, n, bs = int(v["layer"]), int(v["kv_head"]), int(v["context_len"]), int(v["block_size"])
+        x = np.arange(n, dtype=np.float64)
+        sc = v.get("scales")
+        method = v.get("method") or "quantised"
+        k = vv = None
+        empty = ""
+        if sc is None:
+            for it in items[:4]:
+                it.setData([], [])
+            sp.setLabel("left", "K scale", color=_hex(K_COLOR))
+            sp.getAxis("right").setLabel("V scale", color=_hex(V_COLOR))
+            what = "this cache cannot show its per-position scales"
+            empty = "no per-position scales from this cache"
+        else:
+            k, vv = np.asarray(sc.k, np.float64), np.asarray(sc.v, np.float64)
+            for curve, new, a in ((self.k_scale_curve, self.k_new, k), (self.v_scale_curve, self.v_new, vv)):
+                if np.isfinite(a).any():
+                    curve.setData(x, a)
+                else:
+                    curve.setData([], [])
+                if n and np.isfinite(a[-1]):
+                    new.setData(x[-1:], a[-1:])  # the newest position: written by this step
+                else:
+                    new.setData([], [])
+            sp.setLabel("left", sc.k_label, color=_hex(K_COLOR))
+            sp.getAxis("right").setLabel(sc.v_label, color=_hex(V_COLOR))
+            what = sc.note
+            if n and not np.isfinite(k).any() and not np.isfinite(vv).any():
+                empty = "no scales stored for these positions yet"
+        self.scale_empty.setText(empty)
+        self.scale_empty.setVisible(bool(empty))
+        if empty:
+            self.scale_empty.setPos((n - 1) / 2, 0.5)
+        _title(sp, f"scales \u00b7 layer {layer} \u00b7 KV head {kvh} \u00b7 {n} tokens")
+        pl = int(v.get("prompt_len", 0))
+        self.prompt_line.setVisible(pl >= 2)
+        self.prompt_line.setPos(pl - 1.5)
+        self._set_block_lines(n, bs)
+        self._sync_scale_views()
+        sp.setXRange(-0.5, max(n, 1) - 0.5, padding=0.02)
+        if empty:
+            sp.setYRange(0, 1, padding=0)
+        else:
+            sp.enableAutoRange(axis="y")
+        self.v_scale_vb.enableAutoRange(axis="y")
+
+        # attention weights of the last step over positions: the f32 cache's and the quantised cache's
+        heads = list(v.get("q_heads") or [])
+        i = self.qhead.currentData()
+        i = -1 if i is None or i >= len(heads) else int(i)
+        qlab = (f"mean of q heads {heads[0]}-{heads[-1]}" if len(heads) > 1 else f"q head {heads[0]}") if i < 0 \
+            else f"q head {heads[i]}"
+
+        def pick(w):
+            if w is None or not len(w):
+                return None
+            a = np.asarray(w, np.float64)
+            return a.mean(0) if i < 0 else a[i]
+
+        wb, wq = pick(v.get("weights_base")), pick(v.get("weights_quant"))
+        for curve, w in ((self.w_base_curve, wb), (self.w_quant_curve, wq)):
+            if w is not None:
+                curve.setData(x[: len(w)], np.maximum(w, 1e-12))  # log axis
+            else:
+                curve.setData([], [])
+        f32 = f"<span style='color:{_hex(W_BASE_COLOR)}'><b>f32</b></span>"
+        qn = f"<span style='color:{_hex(Q_COLOR)}'><b>{html.escape(str(method))}</b></span>"
+        if wb is not None and wq is not None and len(wb) == len(wq):
+            _title(wp, f"attention: {f32} vs {qn} \u00b7 \u03a3|\u0394w| {np.abs(wq - wb).sum():.2g}")
+        elif wq is not None:
+            _title(wp, f"attention: {qn} (no f32 paged cache)")
+        else:
+            _title(wp, "attention: not read")
+        wp.setToolTip(f"Attention weights of the last step over positions ({qlab}), layer {layer}, through the "
+                      f"f32 paged cache (grey band) and the {method} cache (orange)")
+        wp.setXRange(-0.5, max(n, 1) - 0.5, padding=0.02)
+        wp.enableAutoRange(axis="y")
+        secs = v.get("seconds")
+        self.view_note.setText(what + (f" \u00b7 read in {1e3 * secs:.0f} ms" if secs is not None else "") + pending)
+        self._fill_view_table(v, k, vv, wb, wq)
+
+    def _fill_view_table(self, v, k, vv, wb, wq) -> None:
+        n, bs = int(v["context_len"]), int(v["block_size"])
+        sc = v.get("scales")
+        kname = _slug(sc.k_label) if sc is not None else "k_scale"
+        vname = _slug(sc.v_label) if sc is not None else "v_scale"
+        tab = Table("cache_view", ["position", "block", kname, vname, "w_f32", "w_quant"],
+                    title=f"cache view: layer {v['layer']}, KV head {v['kv_head']}")
+        blocks = list(v.get("blocks") or [])
+        for p in range(n):
+            tab.rows.append([p, blocks[p // bs] if p // bs < len(blocks) else None,
+                             *(float(a[p]) if a is not None and p < len(a) else None for a in (k, vv, wb, wq))])
+        self.view_table = tab
 
     # ----------------------------------------------------------------- views
     def texts(self) -> dict:
@@ -638,7 +994,9 @@ class LivePanel(Panel):
 
     # ----------------------------------------------------------------- export
     def tables(self) -> list:
-        return [self.step_table] if self.step_table is not None else []
+        if self.step_table is None:
+            return []
+        return [self.step_table] + ([self.view_table] if self.view_table is not None else [])
 
     def to_json(self) -> dict:
         return clean({
