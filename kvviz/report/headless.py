@@ -11,6 +11,7 @@ import sys
 
 from kvviz.analysis.session import Session, SessionConfig
 from kvviz.errors import KvvizError
+from kvviz.checks import check_out_dir
 from kvviz.report.tables import default_panel_tables, history_entry
 from kvviz.report.writer import write_report
 
@@ -47,9 +48,9 @@ def render_figures(res, out_dir: str, compare_rows=None) -> tuple[dict, str]:
 
 
 def main(args) -> int:
+    # Every input is checked before the GPU is touched: a bad setting or --out is InvalidInput (exit 2).
     cfg = build_config(args)
-    out = args.out
-    os.makedirs(out, exist_ok=True)
+    out = check_out_dir(args.out, "--out")
     print(f"kvviz report: computing {cfg.method} on {cfg.source} '{cfg.preset}', context {list(cfg.context_lens)}",
           file=sys.stderr)
     session = Session()

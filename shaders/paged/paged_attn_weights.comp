@@ -1,9 +1,13 @@
 #version 450
-// Attention weights (softmax over positions) of the paged decode, for every (sequence, head):
-// the logits and normaliser are computed exactly as in paged_attn_q8.comp / paged_attn_f32.comp,
-// so the weights shown in the app are the ones the decode kernels apply.
+// Attention weights (softmax over positions) of the paged decode, for every (sequence, head): the
+// logits are computed exactly as in paged_attn_q8.comp / paged_attn_f32.comp.
+// Split like the decode: one workgroup per (head, seq, partition of PARTITION positions) writes its
+// positions' logits to `o` and its partition's max m_p and sum s_p = sum e^(l - m_p) to `stats`;
+// softmax_partitioned.wgsl then writes o = e^(l - M) * (1 / (sum_p s_p e^(m_p - M) + 1e-6)), the
+// decode's normaliser (with one partition, bit-identical to the unsplit kernel).
 // Build with -DKV_Q8=1 for the int8 cache (u32 words, per-token scale word), else the f32 cache.
-// out: [num_seqs, num_heads, max_context_len] f32; positions >= context_len are written 0.
+// o: [num_seqs, num_heads, max_context_len] f32; stats: [num_seqs, num_heads, num_partitions, 2].
+// Grid: (num_heads, num_seqs, num_partitions).
 layout(local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(set = 0, binding = 0) readonly buffer Q { float q[]; };
 #ifdef KV_Q8
@@ -14,6 +18,7 @@ layout(set = 0, binding = 1) readonly buffer KC { float kc[]; };
 layout(set = 0, binding = 2) readonly buffer BT { uint block_tables[]; };
 layout(set = 0, binding = 3) readonly buffer CL { uint context_lens[]; };
 layout(set = 0, binding = 4) buffer O { float o[]; };
+layout(set = 0, binding = 5) buffer ST { float stats[]; };
 layout(push_constant) uniform Pc {
   uint num_kv_heads;
   uint num_heads;
@@ -26,6 +31,7 @@ layout(push_constant) uniform Pc {
 };
 const uint MAX_HEAD_SIZE = 256u;
 const uint WG = 128u;
+const uint PARTITION = 512u;
 shared float s_q[MAX_HEAD_SIZE];
 shared float s_red[WG];
 
@@ -53,8 +59,17 @@ float logit(uint kbase, uint unused) {
 void main() {
   uint head_idx = gl_WorkGroupID.x;
   uint seq_idx = gl_WorkGroupID.y;
+  uint part = gl_WorkGroupID.z;
   uint tid = gl_LocalInvocationID.x;
   uint context_len = min(context_lens[seq_idx], max_context_len);
+  uint s_base = ((seq_idx * num_heads + head_idx) * gl_NumWorkGroups.z + part) * 2u;
+  uint t_begin = part * PARTITION;
+  // Workgroup-uniform: partitions past the end hold no logits (the softmax kernel zeroes them).
+  if (t_begin >= context_len) {
+    if (tid == 0u) { stats[s_base] = -3.402823466e38; stats[s_base + 1u] = 0.0; }
+    return;
+  }
+  uint t_end = min(t_begin + PARTITION, context_len);
   uint kv_head_idx = head_idx / (num_heads / num_kv_heads);
 #ifdef KV_Q8
   uint hs4 = head_size / 4u;
@@ -71,7 +86,7 @@ void main() {
   uint bt_base = seq_idx * max_num_blocks_per_seq;
   uint o_base = (seq_idx * num_heads + head_idx) * max_context_len;
   float local_max = -3.402823466e38;
-  for (uint t = tid; t < context_len; t += WG) {
+  for (uint t = t_begin + tid; t < t_end; t += WG) {
     uint kbase = block_tables[bt_base + t / block_size] * block_stride + kv_head_idx * head_stride
                + (t % block_size) * wpt;
     float l = logit(kbase, hs4);
@@ -87,19 +102,12 @@ void main() {
   float qk_max = s_red[0];
   barrier();
   float local_sum = 0.0;
-  for (uint t = tid; t < context_len; t += WG) {
-    float e = exp(o[o_base + t] - qk_max);
-    o[o_base + t] = e;
-    local_sum += e;
-  }
+  for (uint t = t_begin + tid; t < t_end; t += WG) { local_sum += exp(o[o_base + t] - qk_max); }
   s_red[tid] = local_sum;
   barrier();
   for (uint s = WG / 2u; s > 0u; s >>= 1) {
     if (tid < s) { s_red[tid] += s_red[tid + s]; }
     barrier();
   }
-  float inv_sum = 1.0 / (s_red[0] + 1e-6);
-  for (uint t = tid; t < max_context_len; t += WG) {
-    o[o_base + t] = t < context_len ? o[o_base + t] * inv_sum : 0.0;
-  }
+  if (tid == 0u) { stats[s_base] = qk_max; stats[s_base + 1u] = s_red[0]; }
 }

@@ -6,12 +6,13 @@
 //   pos_sum   = sum_w sum_k q_jl[32w+k] * f32(bit)
 //   score     = (polar_dot * norm + norm * rn * qjl_scale * (2 * pos_sum - sum q_jl)) * scale
 // Weights: softmax over t in [0, min(start_pos + q + 1, max_seq)); positions past the window get 0.
-// mode 0 writes the weights, mode 1 the scores (logits, already multiplied by `scale`).
+// This kernel writes the scores (logits, already multiplied by `scale`; 0 past the window) and, per
+// partition of PARTITION positions, (max, sum exp(score - max)) over the window to `stats`; for
+// weights, softmax_partitioned.wgsl (normaliser 1: exp(score - M) / L, the seed's) runs next.
 //
-// One workgroup of 256 threads per (head, query). Thread tid owns positions tid, tid+256, ...:
-// pass 1 writes its scores to `out` and keeps their max, a tree gives the row max; pass 2 rewrites
-// its own positions as exp(score - max) and sums them, a tree gives the row sum; pass 3 divides.
-// A thread only re-reads positions it wrote itself, so `out` needs no barrier between passes.
+// One workgroup of 256 threads per (head, query, partition), so no invocation's loops grow with
+// the context (software rasterisers bound them: kvviz/kernels/loop_budget.py). A thread only
+// re-reads positions it wrote itself, so `out` needs no barrier between passes.
 // Barriers at entry-point scope only.
 //
 // Bind group 0:
@@ -20,17 +21,21 @@
 //   @binding(2) out:     array<f32>  (read_write) [n_queries][n_heads][out_len]
 //   @binding(3) params:  array<u32, 16>
 //     (n_heads, n_kv_heads, head_dim, max_seq, start_pos, scale_bits, q_cap, out_len,
-//      qjl_scale_bits, mode, c0_bits, c1_bits, c2_bits, c3_bits, q_base, cache_cap)
-// Dispatch: (n_heads, n_queries, 1) workgroups of 256 threads; query = q_base + workgroup_id.y.
+//      qjl_scale_bits, unused, c0_bits, c1_bits, c2_bits, c3_bits, q_base, cache_cap)
+//   @binding(4) stats:   array<f32>  (read_write) [n_queries][n_heads][partitions][2]
+// Dispatch: (n_heads, n_queries, ceil(out_len / PARTITION)) workgroups of 256 threads;
+// query = q_base + workgroup_id.y.
 
 @group(0) @binding(0) var<storage, read> qrot: array<f32>;
 @group(0) @binding(1) var<storage, read> k_cache: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<storage, read> params: array<u32, 16>;
+@group(0) @binding(4) var<storage, read_write> stats: array<f32>;
 
 const WG: u32 = 256u;
 const NEG_INF: f32 = -3.402823e+38;
 const MAX_HEAD_DIM: u32 = 128u;
+const PARTITION: u32 = 512u;
 
 var<workgroup> q_rot_shared: array<f32, MAX_HEAD_DIM>;
 var<workgroup> q_jl_shared: array<f32, MAX_HEAD_DIM>;
@@ -40,6 +45,7 @@ var<workgroup> red: array<f32, WG>;
 fn tq_scores(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) num_wg: vec3<u32>,
 ) {
     let head = wid.x;
     let tid = lid.x;
@@ -52,7 +58,6 @@ fn tq_scores(
     let q_cap = params[6];
     let out_len = params[7];
     let qjl_scale = bitcast<f32>(params[8]);
-    let mode = params[9];
     var centroids: array<f32, 4> = array<f32, 4>(
         bitcast<f32>(params[10]),
         bitcast<f32>(params[11]),
@@ -82,9 +87,11 @@ fn tq_scores(
     }
     workgroupBarrier();
 
-    // ── pass 1: scores, per-thread max ──
+    // ── scores of this partition's positions, per-thread max over the causal window ──
+    let t_begin = wid.z * PARTITION;
+    let t_end = min(t_begin + PARTITION, out_len);
     var m = NEG_INF;
-    for (var t = tid; t < out_len; t += WG) {
+    for (var t = t_begin + tid; t < t_end; t += WG) {
         var score = 0.0;
         if t < seq_len {
             let slot = kv_slot_base + t;
@@ -134,17 +141,13 @@ fn tq_scores(
     workgroupBarrier();
     if tid < 1u { red[tid] = max(red[tid], red[tid + 1u]); }
     workgroupBarrier();
-    let row_max = red[0];
+    let part_max = red[0];
     workgroupBarrier();
 
-    // ── pass 2: exp(score - max) on this thread's own positions, per-thread sum ──
+    // ── this partition's sum of exp(score - max) over the causal window; (max, sum) to stats ──
     var s = 0.0;
-    for (var t = tid; t < seq_len; t += WG) {
-        let p = exp(out[row + t] - row_max);
-        s += p;
-        if mode == 0u {
-            out[row + t] = p;
-        }
+    for (var t = t_begin + tid; t < min(t_end, seq_len); t += WG) {
+        s += exp(out[row + t] - part_max);
     }
     red[tid] = s;
     workgroupBarrier();
@@ -164,12 +167,9 @@ fn tq_scores(
     workgroupBarrier();
     if tid < 1u { red[tid] += red[tid + 1u]; }
     workgroupBarrier();
-    let row_sum = red[0];
-
-    // ── pass 3: normalise ──
-    if mode == 0u {
-        for (var t = tid; t < seq_len; t += WG) {
-            out[row + t] = out[row + t] / row_sum;
-        }
+    if tid == 0u {
+        let sb = ((wid.y * n_heads + head) * num_wg.z + wid.z) * 2u;
+        stats[sb] = part_max;
+        stats[sb + 1u] = red[0];
     }
 }
