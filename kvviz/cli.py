@@ -37,6 +37,10 @@ def _cmd_info(args) -> int:
     for k, v in s.to_json()["limits"].items():
         print(f"  {k}: {v}")
     print(f"timestamp period: {rt.timestamp_period_ns} ns/tick")
+    lim = rt.loop_limit
+    print("loop limit: " + ("none found (2^20 iterations ran)" if lim is None else
+                            f"{lim} iterations per invocation, all loops together (software rasteriser); "
+                            "kernels that would pass it are refused (docs/loop-limits.md)"))
     print(f"glslangValidator: {find_glslang() or 'NOT FOUND'}")
     from kvviz.methods import registry
 

@@ -6,6 +6,7 @@ except through the objects it hands out.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ class AdapterSummary:
     is_software: bool
     features: tuple[str, ...]
     limits: dict
+    loop_limit: int | None = None  # loop iterations one invocation may run (None: no bound found)
 
     def line(self) -> str:
         sw = " [SOFTWARE RASTERISER: times are CPU times, not GPU times]" if self.is_software else ""
@@ -74,6 +76,7 @@ class AdapterSummary:
             "is_software": self.is_software,
             "features": list(self.features),
             "limits": {k: self.limits.get(k) for k in keys},
+            "loop_limit": self.loop_limit,
         }
 
 
@@ -193,6 +196,7 @@ class GpuRuntime:
         self._kernels: dict[tuple, Kernel] = {}
         self.timestamp_period_ns = self._timestamp_period()
         self.loop_limit = self._probe_loop_limit()
+        self.summary = dataclasses.replace(self.summary, loop_limit=self.loop_limit)
 
     # Iterations the probe asks for; an adapter that runs them all is taken to have no loop bound.
     LOOP_PROBE_ITERATIONS = 1 << 20

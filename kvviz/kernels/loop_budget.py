@@ -5,7 +5,7 @@ Mesa's llvmpipe (lavapipe, the software Vulkan driver CI and GPU-less users run)
 invocation one loop limiter, set to 65535 when the invocation starts and decremented at the back-edge
 of *every* loop, once per iteration and once more when the loop exits; when it reaches zero every
 loop exits at its next back-edge, and the kernel returns a wrong result without any error
-(gallivm's lp_exec_endloop; see docs/kernels.md). `GpuRuntime.loop_limit` measures the bound at
+(gallivm's lp_exec_endloop; see docs/loop-limits.md). `GpuRuntime.loop_limit` measures the bound at
 start-up with shaders/probe/loop_limit.wgsl; hardware adapters show none.
 
 Each function below is an upper bound of the limiter decrements of the costliest invocation

@@ -2,7 +2,7 @@
 // PagedAttention decode over the f32 cache: the baseline every quantised path is measured against.
 // The context is split into partitions of PARTITION tokens, one workgroup per (head, seq, partition),
 // so no invocation's loops grow with the context (software rasterisers such as lavapipe stop every
-// invocation's loops after a fixed total of iterations: docs/kernels.md). Inside a partition the
+// invocation's loops after a fixed total of iterations: docs/loop-limits.md). Inside a partition the
 // passes and arithmetic are the int8 seed's (paged_attn_q8.comp): pass 1 the max logit; passes 2+3
 // fused: exp(l - max), tile sums, V accumulation. Each workgroup writes its partition's
 //   partials[(seq, head, part)] = [max m_p, sum s_p, acc_p[0..head_size)]
