@@ -94,10 +94,22 @@ def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, n
         "pct_of_copy": 100.0 * gbps / copy_gbps if copy_gbps else None,
         "max_abs_err_vs_oracle": err,
         "tolerance": tol,
-        "within_tolerance": (err is not None and tol is not None and err <= tol),
+        "within_tolerance": bool(err is not None and tol is not None and np.isfinite(err) and err <= tol),
         "adapter": adapter,
         "note": note,
     }
+
+
+def _max_err(out, ref, kernel: str):
+    """(max |out - ref|, "") or, when the GPU output or the oracle holds NaN/Inf, (None, "FAILED: ...")
+    naming the kernel: a non-finite row is never within tolerance (NaN compares as no error at all)."""
+    out, ref = np.asarray(out), np.asarray(ref)
+    bad_out, bad_ref = int(np.count_nonzero(~np.isfinite(out))), int(np.count_nonzero(~np.isfinite(ref)))
+    if bad_out or bad_ref:
+        parts = ([f"{kernel} output has {bad_out} NaN/Inf values of {out.size}"] if bad_out else []) + (
+            [f"the oracle has {bad_ref} NaN/Inf values of {ref.size}"] if bad_ref else [])
+        return None, "FAILED: " + "; ".join(parts)
+    return float(np.abs(out - ref).max(initial=0.0)), ""
 
 
 def _writer_check(rt, fmt, cache_words, key, batch):
@@ -164,8 +176,10 @@ def run_bench(
                         refs[fmt] = (ref, refw, 2e-5 * max(1.0, float(np.abs(vf).max())))
                     ref, refw, tol = refs[fmt]
                     rows.append(_row(f"reshape_and_cache_{fmt}", variant, shape, wt, writer_bytes(cache, batch, key), copy_gbps, werr, wtol, adapter, wnote))
-                    rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, float(np.abs(out - ref).max()), tol, adapter))
-                    rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, float(np.abs(w - refw).max()), 2e-6, adapter, "correctness only"))
+                    derr, dnote = _max_err(out, ref, f"paged_attn_{fmt}")
+                    rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, derr, tol, adapter, dnote))
+                    werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
+                    rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr, 2e-6, adapter, wnote or "correctness only"))
                 except KvvizError as exc:
                     rows.append(_row(f"{fmt} kernels", variant, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
         if methods:
@@ -195,9 +209,9 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
             qkv = m.quantize(ctx, batch, key, value)
             out = m.attend(ctx, qkv, batch, q, scale)
             ref, tol = reference_attention(m, batch, key, value, q, scale, qkv)
-            err = float(np.abs(out - ref).max())
+            err, bad = _max_err(out, ref, m.attend_kernel or f"{mkey} attend")
             rows.append(_row(f"{mkey} end to end", m.label, shape, None, 0, copy_gbps, err, tol, adapter,
-                             "correctness only: GPU quantise + attend vs the method's numpy oracle"))
+                             bad or "correctness only: GPU quantise + attend vs the method's numpy oracle"))
         except KvvizError as exc:
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
     return rows

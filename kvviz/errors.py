@@ -55,6 +55,15 @@ class DeviceLostError(KvvizError):
     hint = "Restart the computation; kvviz will request a new device."
 
 
+class NonFiniteResult(KvvizError):
+    """A kernel or a metric produced NaN/Inf from finite inputs (an f32 overflow or an invalid operation):
+    the run is invalid and none of its numbers are shown."""
+
+    hint = ("The inputs were finite but an intermediate float32 result was not, so every number of this run "
+            "would be meaningless; nothing is shown. Scale the inputs down (check the dump's units) or pick "
+            "another method.")
+
+
 class Cancelled(KvvizError):
     """The user cancelled a long computation; what was there before is kept."""
 

@@ -9,6 +9,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvviz.errors import NonFiniteResult
+
+
+def require_finite(what: str, a: np.ndarray) -> None:
+    """NonFiniteResult when `a` has NaN/Inf: a metric of NaN weights is not a number to show (it once read
+    as KL 0, top-8 overlap 1.0: a perfect result)."""
+    bad = ~np.isfinite(a)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise NonFiniteResult(f"cannot measure: the {what} have {int(bad.sum())} NaN/Inf values of {a.size} "
+                              f"(first at index {first})")
+
 
 @dataclass
 class AttentionMetrics:
@@ -39,6 +51,8 @@ def kl_divergence(p: np.ndarray, q: np.ndarray, eps: float = 1e-30) -> np.ndarra
     q is floored at `eps` inside the log, so a weight flushed to 0 costs a large but finite amount."""
     p = np.asarray(p, np.float64)
     q = np.asarray(q, np.float64)
+    require_finite("reference weights p", p)
+    require_finite("compared weights q", q)
     p = p / np.maximum(p.sum(-1, keepdims=True), eps)
     q = q / np.maximum(q.sum(-1, keepdims=True), eps)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -51,6 +65,9 @@ def attention_metrics(w_ref, w_q, out_ref, out_q, context_lens, k: int = 8) -> A
     w_q = np.asarray(w_q, np.float64)
     o_r = np.asarray(out_ref, np.float64)
     o_q = np.asarray(out_q, np.float64)
+    for what, a in (("f32 attention weights", w_ref), ("quantised attention weights", w_q),
+                    ("f32 decode output", o_r), ("quantised decode output", o_q)):
+        require_finite(what, a)
     S, H, _ = w_ref.shape
     max_err = np.abs(w_ref - w_q).max(-1)
     kl = kl_divergence(w_ref, w_q)

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvviz.analysis import synthetic
 from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax, code_stats
+from kvviz.analysis.numeric import check_finite_result, check_logits
 from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled re-exported)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timing import TimingResult
@@ -333,6 +334,7 @@ class Results:
     copy_gbps: float
     elapsed_s: float = 0.0
     source_note: str = ""
+    warnings: list = field(default_factory=list)  # what the method could not represent (QuantizedKV.warnings)
 
     @property
     def real_rows(self) -> np.ndarray:
@@ -360,6 +362,7 @@ class Results:
             "copy_gbps": self.copy_gbps,
             "elapsed_s": self.elapsed_s,
             "source_note": self.source_note,
+            "warnings": list(self.warnings),
         }
 
 
@@ -528,18 +531,23 @@ class Session:
         ctx = self.ctx(cfg.frontend)
         rt = ctx.rt
         scale = cfg.scale if cfg.source == "synthetic" or cfg.softmax_scale else float(1 / np.sqrt(D))
+        check_logits(batch, key, q, scale)  # f32 logits that overflow: refused before any dispatch
 
         step(0.10, "f32 baseline: write + decode + weights")
         base = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
         ctx.paged.write(base, key, value, batch.slot_mapping)
         out_ref = ctx.paged.decode(base, q, batch, scale)
+        check_finite_result("f32 baseline decode output", "paged_attn_f32", out_ref)
         w_ref = ctx.paged.weights(base, q, batch, scale)
+        check_finite_result("f32 baseline attention weights", "paged_attn_weights", w_ref)
 
         step(0.30, f"{method.label}: quantise")
         qkv = method.quantize(ctx, batch, key, value)
         step(0.45, f"{method.label}: attention")
         out_q = method.attend(ctx, qkv, batch, q, scale)
+        check_finite_result(f"{method.key} decode output", method.attend_kernel or f"{method.key} attend", out_q)
         w_q = method.weights(ctx, qkv, batch, q, scale)
+        check_finite_result(f"{method.key} attention weights", method.weights_kernel or f"{method.key} weights", w_q)
 
         step(0.55, "metrics")
         metrics = attention_metrics(w_ref, w_q, out_ref, out_q, batch.context_lens)
@@ -568,7 +576,7 @@ class Session:
             layouts=method.layouts(D, batch.block_size), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
             w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
             v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps,
-            elapsed_s=time.perf_counter() - t0, source_note=note,
+            elapsed_s=time.perf_counter() - t0, source_note=note, warnings=list(getattr(qkv, "warnings", []) or []),
         )
 
     def inspect_block(self, res: Results, block: int, kv_head: int, which: str = "K"):

@@ -93,6 +93,9 @@ class QuantizedKV:
     code_range: tuple[float, float]  # smallest and largest representable code
     device: dict = field(default_factory=dict)  # method-specific device objects (caches, buffers)
     extra: dict = field(default_factory=dict)
+    # What the method could not represent, said where it happens (e.g. vectors quantised to all-zero
+    # codes under a scale floor); shown by the window, the report and `kvviz report`.
+    warnings: list = field(default_factory=list)
 
 
 class KVMethod(ABC):
@@ -102,6 +105,9 @@ class KVMethod(ABC):
     label: str = ""  # shown in the UI
     family: str = ""  # "int8", "int4", "fp8", "kivi", "turboquant", "f32"
     nominal_bits: float = 32.0
+    # The kernels whose output attend() / weights() return, named when that output is NaN/Inf.
+    attend_kernel: str = ""
+    weights_kernel: str = ""
 
     def options(self) -> dict:
         """User-settable options and their current values (group size, recent window, ...)."""

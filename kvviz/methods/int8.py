@@ -35,6 +35,31 @@ class Int8PerToken(PerTokenRecordMethod):
         codes, scales = oracle.unpack_records(records)
         return {"codes": codes.astype(np.int32), "scale": scales}
 
+    def range_warnings(self, key, value, real, fields):
+        """The 1e-8 scale floor (seed 002's, kept bit-exact with the WGSL writer and the oracle): a nonzero
+        vector with amax <= 0.5e-8 gets all-zero codes, one with amax/127 < 1e-8 fewer than 127 levels."""
+        zero, coarse = {}, {}
+        for which, x in (("K", key), ("V", value)):
+            amax = np.abs(np.asarray(x, np.float32)[real]).max(-1)  # [rows, kvh]
+            floored = (amax > 0) & ((amax / oracle.QMAX).astype(np.float32) < oracle.SCALE_FLOOR)
+            allzero = floored & ~np.asarray(fields[which]["codes"])[real].any(-1)
+            zero[which], coarse[which] = int(allzero.sum()), int((floored & ~allzero).sum())
+        total = 2 * int(np.count_nonzero(real)) * key.shape[1]
+        floor = f"{float(oracle.SCALE_FLOOR):.0e}".replace("e-0", "e-")  # "1e-8"
+        lim = f"{127 * float(oracle.SCALE_FLOOR):.3g}".replace("e-0", "e-")  # "1.27e-6"
+        out = []
+        if sum(zero.values()):
+            out.append(
+                f"int8_token: {sum(zero.values())} of {total} token vectors (K {zero['K']}, V {zero['V']}) are "
+                f"nonzero but quantise to all-zero codes: their amax is below half the scale floor {floor} "
+                f"(scale = max(amax/127, {floor})), so the cache holds zeros for them (int8_seed keeps such values)")
+        if sum(coarse.values()):
+            out.append(
+                f"int8_token: {sum(coarse.values())} of {total} token vectors (K {coarse['K']}, V {coarse['V']}) "
+                f"have amax/127 below the scale floor {floor} (amax < {lim}): "
+                f"they are quantised with fewer code levels (largest |code| = round(amax/{floor}) < 127)")
+        return out
+
     def layouts(self, head_size, block_size):
         nw = head_size // 4
 

@@ -30,6 +30,8 @@ class Int8PerTokenSeed(KVMethod):
     label = "int8 per token (seed GLSL)"
     family = "int8"
     nominal_bits = 8.0
+    attend_kernel = "paged_attn_q8"
+    weights_kernel = "paged_attn_weights (q8)"
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
         check_head_size("q8", head_size)

@@ -22,6 +22,9 @@ class DequantisedAttention:
     """Attention of a method whose quantise step also fills an f32 paged cache (qkv.device["f32"]) with
     its dequantise kernel: the f32 baseline decode and weights kernels run over that cache."""
 
+    attend_kernel = "paged_attn_f32 (over the method's dequantised cache)"
+    weights_kernel = "paged_attn_weights (over the method's dequantised cache)"
+
     def attend(self, ctx, qkv, batch, q, scale):
         return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
 
@@ -59,6 +62,11 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
 
     def check_values(self, key: np.ndarray, value: np.ndarray) -> None:
         """Extra value checks before dispatch (finite-ness is checked already)."""
+
+    def range_warnings(self, key: np.ndarray, value: np.ndarray, real: np.ndarray, fields: dict) -> list[str]:
+        """Warnings about values this method cannot represent (say, flushed to all-zero codes), from the
+        input rows `real` and the fields read back from the GPU cache ({"K": ..., "V": ...})."""
+        return []
 
     # ------------------------------------------------------------------ shared
     def check(self, num_heads, num_kv_heads, head_size, block_size):
@@ -116,9 +124,11 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
             fields[which] = (recs, self.unpack(recs, D))
         (kr, kf), (vr, vf) = fields["K"], fields["V"]
         extra = {"k_records": kr, "v_records": vr, "k_fields": kf, "v_fields": vf}
+        real = batch.slot_mapping != PAD_SLOT
         return QuantizedKV(
             self, D, kvh, kf["codes"], vf["codes"], kf["scale"], vf["scale"], self.code_range,
             device={"cache": qc, "f32": f32c}, extra=extra,
+            warnings=self.range_warnings(key, value, real, {"K": kf, "V": vf}),
         )
 
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):

@@ -15,6 +15,9 @@ from kvviz.kernels import turboquant as tqk
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
 from kvviz.oracles import turboquant as tqo
 
+F16_MIN_NORMAL = 2.0**-14  # 6.1e-5
+F16_MIN_SUBNORMAL = 2.0**-24  # 6.0e-8; a norm at or below half of it is stored as f16 0
+
 
 @register
 class TurboQuantMethod(KVMethod):
@@ -22,6 +25,8 @@ class TurboQuantMethod(KVMethod):
     label = "TurboQuant 2-bit polar + 1-bit QJL (seed WGSL)"
     family = "turboquant"
     nominal_bits = 2.75  # mean of K (3.25) and V (2.25) bits per element at head size 128, norms included
+    attend_kernel = "flash_attention_tq (seed)"
+    weights_kernel = "tq_scores"
 
     def __init__(self, qjl_scale: str = "reference", seed: int = tqo.DEFAULT_SEED, layer: int = 0):
         if qjl_scale not in tqo.QJL_SCALES:
@@ -153,6 +158,8 @@ class TurboQuantMethod(KVMethod):
             k_norm[rows] = dec.k_norm[:, :L].T
             k_rnorm[rows] = dec.k_rnorm[:, :L].T
             v_norm[rows] = dec.v_norm[:, :L].T
+        used = np.concatenate(rows_of) if rows_of else np.zeros(0, np.int64)
+        warnings = self.range_warnings(np.asarray(key)[used], np.asarray(value)[used], k_norm[used], v_norm[used])
         extra = {
             "k_jl_bits": k_bits,
             "k_residual_norms": k_rnorm,
@@ -167,8 +174,36 @@ class TurboQuantMethod(KVMethod):
         }
         return QuantizedKV(
             self, d, kvh, k_idx, v_idx, k_norm, v_norm, (0, 3),
-            device={"caches": caches, "kernels": kern}, extra=extra,
+            device={"caches": caches, "kernels": kern}, extra=extra, warnings=warnings,
         )
+
+    @staticmethod
+    def range_warnings(key, value, k_norm, v_norm) -> list[str]:
+        """What the compressor cannot keep, from the inputs [n, kvh, d] and the stored (f16) norms [n, kvh]:
+        vectors with a norm under 1e-12 (treated as zero), under the f16 range (the norm rounds to 0) and in
+        the f16 subnormal range (the norm keeps fewer bits)."""
+        counts = {"eps": {}, "f16zero": {}, "subnormal": {}}
+        for which, x, stored in (("K", key, k_norm), ("V", value, v_norm)):
+            n = np.sqrt((np.asarray(x, np.float64) ** 2).sum(-1))
+            stored = np.asarray(stored, np.float32)
+            zeroed = (n > 0) & (stored == 0)
+            counts["eps"][which] = int((zeroed & (n < float(tqo.EPS))).sum())
+            counts["f16zero"][which] = int((zeroed & (n >= float(tqo.EPS))).sum())
+            counts["subnormal"][which] = int(((stored > 0) & (stored < F16_MIN_NORMAL)).sum())
+        total = 2 * int(np.asarray(k_norm).size)
+        what = {
+            "eps": f"have a norm below {float(tqo.EPS):g} and are stored as zero (the compressor treats them as "
+                   "zero vectors)",
+            "f16zero": f"have a norm below the f16 range (at or under {F16_MIN_SUBNORMAL / 2:.3g} the f16 norm rounds "
+                       "to 0) and are stored as zero",
+            "subnormal": f"have a norm in the f16 subnormal range (< {F16_MIN_NORMAL:.3g}): the stored norm keeps "
+                         "fewer than 11 significant bits",
+        }
+        out = []
+        for kind, c in counts.items():
+            if sum(c.values()):
+                out.append(f"turboquant: {sum(c.values())} of {total} vectors (K {c['K']}, V {c['V']}) {what[kind]}")
+        return out
 
     # ------------------------------------------------------------------ attention
     def _check_q(self, qkv, batch, q):

@@ -72,5 +72,7 @@ def main(args) -> int:
     print(f"adapter: {res.adapter.line()}")
     for k, v in res.metrics.summary().items():
         print(f"  {k}: {v:.6g}")
+    for w in res.warnings:  # what the method could not represent: said, never silent
+        print(f"kvviz report: warning: {w}", file=sys.stderr)
     print(f"wrote {paths['md']}, {paths['json']}, {paths['trace']}, {len(paths['csv'])} CSV, {len(figures)} PNG")
     return 0

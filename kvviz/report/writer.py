@@ -69,6 +69,12 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
     L.append(f"- **Method:** {res.method.label} (`{res.method.key}`)"
              + (f", options {json.dumps(res.method.options())}" if res.method.options() else ""))
     L.append(f"- **Computed in:** {res.elapsed_s:.2f} s")
+    if getattr(res, "warnings", None):
+        L.append("")
+        L.append("## Warnings")
+        L.append("")
+        for w in res.warnings:
+            L.append(f"- **Warning:** {w}")
     L.append("")
     L.append("## Configuration")
     L.append("")

@@ -641,6 +641,7 @@ class MainWindow(QMainWindow):
 
             traceback.print_exc()
             self.show_error(f"{self.bias.title} panel", exc)
+        self._fit_central()  # the overview grows by its warning line (Results.warnings) when there is one
         self.workload.show_data_shapes(res.config)
         if res.config.source == "model" and res.config.model_path not in self.workload.model_infos:
             self.request_model_info(res.config.model_path)

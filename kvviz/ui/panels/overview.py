@@ -6,6 +6,7 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLay
 
 from kvviz.report.tables import Table
 from kvviz.ui.panels.base import Panel
+from kvviz.ui.style import WARN_BG, WARN_FG
 
 CARDS = [
     ("method", "method"),
@@ -55,6 +56,14 @@ class OverviewPanel(Panel):
         self.headline.setStyleSheet("font-size: 10pt;")
         self.info.hide()
         self.tools.addWidget(self.headline, 1)
+        # what the method could not represent (Results.warnings): a yellow line, hidden when there is none
+        self.warn = QLabel("")
+        self.warn.setWordWrap(True)
+        self.warn.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.warn.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.warn.setStyleSheet(f"background:{WARN_BG}; color:{WARN_FG}; padding:3px; border-radius:3px;")
+        self.warn.hide()
+        self.body.addWidget(self.warn)
         grid = QGridLayout()
         grid.setSpacing(6)
         self.cards = {}
@@ -102,8 +111,12 @@ class OverviewPanel(Panel):
             f"({', '.join(str(int(x)) for x in res.batch.context_lens)} tokens), {cfg.num_heads} query / "
             f"{cfg.num_kv_heads} KV heads x {res.key.shape[2]}, blocks of {res.batch.block_size} "
             f"({res.batch.policy}), {cfg.frontend}")
-        self.summary = Table("overview", ["metric", "value"], [[CARDS[i][1], values[CARDS[i][0]]] for i in range(len(CARDS))],
-                             "Headline numbers")
+        warnings = list(getattr(res, "warnings", None) or [])
+        self.warn.setText("\n".join(f"\u26a0 {w}" for w in warnings))
+        self.warn.setVisible(bool(warnings))
+        self.summary = Table("overview", ["metric", "value"],
+                             [[CARDS[i][1], values[CARDS[i][0]]] for i in range(len(CARDS))]
+                             + [["warning", w] for w in warnings], "Headline numbers")
 
     def tables(self) -> list:
         return [self.summary] if self.summary is not None else []
