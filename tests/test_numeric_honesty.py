@@ -53,6 +53,25 @@ def test_overflowing_logits_are_refused_before_dispatch(session, tmp_path):
     assert np.isfinite(res.w_ref).all() and np.isfinite(res.out_q).all()
 
 
+def test_logit_check_is_refined_by_the_exact_products():
+    """The cheap bound max|k| * sum|q| only triggers the per-position pass: orthogonal huge q and k
+    (q.k = 0) pass; one head of a GQA group overflowing is named."""
+    from kvviz.analysis.numeric import check_logits, quick_bound
+    from kvviz.errors import InvalidInput
+    from kvviz.paging import make_batch
+
+    batch = make_batch([5, 3], 4, None, "scattered", 0)
+    key = np.zeros((batch.num_tokens, 1, 8), np.float32)
+    key[:, 0, 0] = 1e20
+    q = np.zeros((2, 2, 8), np.float32)
+    q[:, :, 1] = 1e20
+    assert quick_bound(batch, key, q, 0.35) > 3.4e38
+    check_logits(batch, key, q, 0.35)  # every product q_i k_i is 0: nothing overflows
+    q[1, 1, 0] = 1e19  # sequence 1, head 1: 1e39
+    with pytest.raises(InvalidInput, match=r"sequence 1 head 1: \|logit\| bound 1e\+39 > 3.4e\+38 .*1 of 4"):
+        check_logits(batch, key, q, 0.35)
+
+
 def test_kvviz_report_refuses_overflow_with_nonzero_exit(tmp_path, capsys):
     from kvviz.cli import main
 
