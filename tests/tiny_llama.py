@@ -53,7 +53,7 @@ def hf_weights(seed: int, n_vocab: int, head_dim: int) -> dict[str, np.ndarray]:
     return w
 
 
-def write_tiny_gguf(path, *, head_dim=16, tied=False, arch="llama", drop=(), merges=True, seed=0):
+def write_tiny_gguf(path, *, head_dim=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256):
     """Write the model; returns its weights in the rotate-half layout."""
     import gguf
 
@@ -61,7 +61,7 @@ def write_tiny_gguf(path, *, head_dim=16, tied=False, arch="llama", drop=(), mer
     hf = hf_weights(seed, len(voc), head_dim)
     wr = gguf.GGUFWriter(str(path), arch)
     wr.add_block_count(N_LAYERS)
-    wr.add_context_length(256)
+    wr.add_context_length(context_length)
     wr.add_embedding_length(N_HEADS * head_dim)
     wr.add_feed_forward_length(FFN)
     wr.add_head_count(N_HEADS)

@@ -388,8 +388,9 @@ class Session:
             # A lost device cannot be used again: open a fresh one for the next run.
             from kvviz.gpu.runtime import GpuRuntime
 
-            self._rt = GpuRuntime()
+            lost, self._rt = self._rt, GpuRuntime()
             self._ctx.clear()
+            lost.close()  # free what the lost device still holds (the logger hook, its memory)
         return self._rt
 
     def ctx(self, frontend: str):

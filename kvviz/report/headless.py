@@ -13,7 +13,7 @@ from kvviz.analysis.session import Session, SessionConfig
 from kvviz.errors import KvvizError
 from kvviz.checks import check_out_dir
 from kvviz.report.tables import default_panel_tables, history_entry
-from kvviz.report.writer import write_report
+from kvviz.report.writer import relocate, staged_dir, write_report
 
 
 def build_config(args) -> SessionConfig:
@@ -63,12 +63,14 @@ def main(args) -> int:
             compare_rows = run_compare(session, res)
         except KvvizError as exc:
             print(f"kvviz report: comparison skipped: {exc.describe()}", file=sys.stderr)
-    figures, why = render_figures(res, out, compare_rows)
-    if why:
-        print(f"kvviz report: {why}", file=sys.stderr)
-    history = [history_entry(res, 1)]
-    tables = default_panel_tables(res, compare_rows=compare_rows, history=history)
-    paths = write_report(out, res, tables, figures, compare_rows=compare_rows, history=history)
+    with staged_dir(out) as stage:  # figures and files land together, or not at all (Ctrl+C, an error)
+        figures, why = render_figures(res, stage, compare_rows)
+        if why:
+            print(f"kvviz report: {why}", file=sys.stderr)
+        history = [history_entry(res, 1)]
+        tables = default_panel_tables(res, compare_rows=compare_rows, history=history)
+        paths = write_report(stage, res, tables, figures, compare_rows=compare_rows, history=history)
+    paths = relocate(paths, stage, out)
     print(f"adapter: {res.adapter.line()}")
     for k, v in res.metrics.summary().items():
         print(f"  {k}: {v:.6g}")

@@ -6,8 +6,12 @@ rendered from its panels, `kvviz report` the ones it rendered offscreen (or none
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
+import threading
 import time
 
 from kvviz.report.tables import Table, clean, default_panel_tables
@@ -163,14 +167,92 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
     return "\n".join(L)
 
 
+_ACTIVE_STAGES: set = set()
+_STAGES_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def staged_dir(out_dir):
+    """Write a folder all at once: yields a hidden staging folder next to `out_dir`; when the block
+    ends normally its files move into `out_dir`, when it raises (an error, Cancelled, Ctrl+C) the
+    staging folder is removed and `out_dir` is left exactly as it was.
+
+    A new or empty `out_dir` is replaced by one rename (atomic); into a folder that already holds
+    files, each file moves with os.replace, so every file there is either the old one or the complete
+    new one. Nested use on a staging folder yields it unchanged (the outer block commits).
+    """
+    out = os.path.abspath(str(out_dir))
+    with _STAGES_LOCK:
+        nested = out in _ACTIVE_STAGES
+    if nested:
+        yield out
+        return
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out) or 'report'}.partial-", dir=parent)
+    with _STAGES_LOCK:
+        _ACTIVE_STAGES.add(stage)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(stage, 0o777 & ~umask)  # mkdtemp makes it 0700; the report folder gets the usual mode
+        yield stage
+        _commit_stage(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    finally:
+        with _STAGES_LOCK:
+            _ACTIVE_STAGES.discard(stage)
+
+
+def _commit_stage(stage: str, out: str) -> None:
+    if not os.path.lexists(out) or (os.path.isdir(out) and not os.listdir(out)):
+        try:
+            os.rename(stage, out)  # POSIX: replaces an empty folder in one step
+            return
+        except OSError:
+            pass
+    for root, _dirs, files in os.walk(stage):
+        rel = os.path.relpath(root, stage)
+        dest = out if rel == "." else os.path.join(out, rel)
+        os.makedirs(dest, exist_ok=True)
+        for f in files:
+            os.replace(os.path.join(root, f), os.path.join(dest, f))
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def relocate(paths, stage: str, out_dir: str):
+    """The paths `write_report` returned inside a staging folder, as they are after the commit."""
+    stage, out = os.path.abspath(stage), os.path.abspath(str(out_dir))
+
+    def one(p):
+        if isinstance(p, (list, tuple)):
+            return type(p)(one(x) for x in p)
+        if isinstance(p, dict):
+            return {k: one(v) for k, v in p.items()}
+        if isinstance(p, str) and os.path.abspath(p).startswith(stage + os.sep):
+            return os.path.join(out, os.path.relpath(os.path.abspath(p), stage))
+        return p
+
+    return one(paths)
+
+
 def write_report(out_dir, res, tables: dict | None = None, figures: dict | None = None, compare_rows=None,
                  sweep_points=None, history=None) -> dict:
     """Write report.json, report.md, csv/<panel>_<table>.csv and trace.json into `out_dir`.
 
     tables: panel -> [Table] (default: every panel with default selections); figures: panel -> PNG
     path relative to out_dir. Returns {"json", "md", "trace", "csv": [...]} paths.
+
+    Written through `staged_dir`: an error or a cancel part-way leaves no half-written folder.
     """
-    os.makedirs(out_dir, exist_ok=True)
+    with staged_dir(out_dir) as stage:
+        paths = _write_report_files(stage, res, tables, compare_rows, sweep_points, history, figures)
+    return relocate(paths, stage, out_dir)
+
+
+def _write_report_files(out_dir, res, tables, compare_rows, sweep_points, history, figures) -> dict:
     if tables is None:
         tables = default_panel_tables(res, compare_rows, sweep_points, history)
     csv_dir = os.path.join(out_dir, "csv")

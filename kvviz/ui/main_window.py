@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from kvviz.analysis.session import Cancelled, Session, SessionConfig
 from kvviz.errors import InvalidInput, KvvizError
-from kvviz.report.writer import write_report
+from kvviz.report.writer import relocate, staged_dir, write_report
 from kvviz.ui.export import save_png
 from kvviz.ui.panels import (
     AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
@@ -532,6 +532,9 @@ class MainWindow(QMainWindow):
         if task.kind == "compute":
             if task is not self._compute_task:
                 return  # superseded by a newer request: its results are on the way
+            if task.cancelled:  # cancelled after its last step: a cancel leaves no results, no history entry
+                self._task_failed(task, Cancelled())
+                return
             self._show_results(result)
         elif task.kind == "sweep":
             self.timing.set_sweep(result, task.cancelled)
@@ -721,24 +724,26 @@ class MainWindow(QMainWindow):
         res = self.results
         if res is None:
             raise InvalidInput("No results yet.", "Wait for the first run to finish.")
-        os.makedirs(out_dir, exist_ok=True)
-        figures = {"window": "window.png"}
-        save_png(self, os.path.join(out_dir, "window.png"), 1.0)
-        tables = {}
-        for p in self.panels:
-            if p is self.inspector and not p.tables():
-                continue
-            if p is self.compare and not p.tables():
-                continue
-            name = f"{p.key}.png"
-            hidden = not p.isVisible()
-            if hidden:
-                p.resize(max(p.width(), 900), max(p.height(), 600))
-            p.export_png(os.path.join(out_dir, name))
-            figures[p.key] = name
-            tables[p.key] = p.tables()
-        paths = write_report(out_dir, res, tables, figures, compare_rows=self.compare.rows or None,
-                             sweep_points=self.timing.sweep_points or None, history=self.timing.history)
+        # Everything goes into a staging folder first: an error part-way leaves no half-written folder.
+        with staged_dir(out_dir) as stage:
+            figures = {"window": "window.png"}
+            save_png(self, os.path.join(stage, "window.png"), 1.0)
+            tables = {}
+            for p in self.panels:
+                if p is self.inspector and not p.tables():
+                    continue
+                if p is self.compare and not p.tables():
+                    continue
+                name = f"{p.key}.png"
+                hidden = not p.isVisible()
+                if hidden:
+                    p.resize(max(p.width(), 900), max(p.height(), 600))
+                p.export_png(os.path.join(stage, name))
+                figures[p.key] = name
+                tables[p.key] = p.tables()
+            paths = write_report(stage, res, tables, figures, compare_rows=self.compare.rows or None,
+                                 sweep_points=self.timing.sweep_points or None, history=list(self.timing.history))
+        paths = relocate(paths, stage, out_dir)
         self.status_label.setText(f"Report written to {out_dir}")
         return paths
 

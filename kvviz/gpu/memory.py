@@ -1,0 +1,80 @@
+"""What the process holds: resident memory and live wgpu objects (buffers and their bytes).
+
+Qt-free. The load tests use it to bound memory growth over many computes and long live decodes;
+`snapshot()` is cheap (a /proc read and two dict walks), so it can also be logged by a long run.
+
+Buffer counts come from two places: wgpu-py's own object tracker (`wgpu.diagnostics.object_counts`:
+Python-side GPUBuffer objects alive and the bytes they were created with) and wgpu-native's hub
+(`wgpu.diagnostics.wgpu_native_counts`: what the native library still holds, which includes
+buffers Python has dropped but the device has not yet freed).
+"""
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, in bytes (Linux /proc; ru_maxrss elsewhere, an upper bound)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    rss: int  # bytes
+    buffers: int  # GPUBuffer objects alive in Python (all devices)
+    buffer_bytes: int  # their sizes, summed
+    native_buffers: int  # buffers wgpu-native still holds
+    bind_groups: int  # bind groups wgpu-native still holds
+    devices: int  # devices wgpu-native still holds
+    objects: int  # every wgpu object alive in Python
+
+    @property
+    def rss_mb(self) -> float:
+        return self.rss / 2**20
+
+    @property
+    def buffer_mb(self) -> float:
+        return self.buffer_bytes / 2**20
+
+    def line(self) -> str:
+        return (f"RSS {self.rss_mb:.1f} MB, {self.buffers} GPU buffers ({self.buffer_mb:.1f} MB), "
+                f"native: {self.native_buffers} buffers, {self.bind_groups} bind groups, {self.devices} device(s); "
+                f"{self.objects} wgpu objects")
+
+
+def snapshot(collect: bool = True) -> MemorySnapshot:
+    """RSS and live wgpu objects now. collect=True runs the garbage collector first, so objects that
+    only a reference cycle keeps alive do not count as held."""
+    import wgpu
+
+    if collect:
+        gc.collect()
+    py = wgpu.diagnostics.object_counts.get_dict()
+    try:
+        native = wgpu.diagnostics.wgpu_native_counts.get_dict()
+    except Exception:  # pragma: no cover - another backend
+        native = {}
+
+    def count(d, key):
+        return int((d.get(key) or {}).get("count", 0))
+
+    buf = py.get("Buffer") or {}
+    return MemorySnapshot(
+        rss=rss_bytes(),
+        buffers=int(buf.get("count", 0)),
+        buffer_bytes=int(buf.get("resource_mem", 0)),
+        native_buffers=count(native, "Buffer"),
+        bind_groups=count(native, "BindGroup"),
+        devices=count(native, "Device"),
+        objects=int((py.get("total") or {}).get("count", 0)),
+    )
