@@ -336,3 +336,19 @@ def test_lost_device_is_reported_and_a_session_recovers():
     session = Session(own)
     res = session.compute(SessionConfig(context_lens=(20,), num_heads=2, num_kv_heads=1, head_size=32, timing_runs=3))
     assert session.rt is not own and np.isfinite(res.out_q).all()
+
+
+def test_another_runtimes_lost_device_does_not_mark_this_one_lost(rt):
+    """wgpu-py logs a loss without naming the device; every runtime hears it, and only the one whose
+    device no longer answers may call itself lost (a destroyed device once failed the shared runtime)."""
+    from kvviz.errors import DeviceLostError
+    from kvviz.gpu.runtime import GpuRuntime
+
+    other = GpuRuntime()
+    mine = other.upload(np.arange(8, dtype=np.float32), "x")
+    other.device.destroy()
+    with pytest.raises(DeviceLostError):
+        other.read(mine, np.float32)  # polls the destroyed device: wgpu-py logs the loss
+    buf = rt.upload(np.arange(4, dtype=np.float32), "x")
+    np.testing.assert_array_equal(rt.read(buf, np.float32), np.arange(4, dtype=np.float32))
+    assert rt.lost_reason is None

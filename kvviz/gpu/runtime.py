@@ -89,7 +89,10 @@ def _is_loss(exc: BaseException) -> bool:
 
 
 class _DeviceLossWatcher(logging.Handler):
-    """wgpu-py only logs device loss on the `wgpu` logger; this turns the log line into a flag."""
+    """wgpu-py only logs device loss on the `wgpu` logger, without saying which device: every
+    runtime's watcher hears it, so the line only makes each runtime *suspect* a loss, and the next
+    check_alive() asks its own device whether it still answers (another runtime's device being
+    destroyed must not mark this one lost)."""
 
     def __init__(self, runtime: "GpuRuntime"):
         super().__init__(level=logging.ERROR)
@@ -101,7 +104,7 @@ class _DeviceLossWatcher(logging.Handler):
         msg = record.getMessage()
         rt = self._runtime()
         if rt is not None and "lost" in msg.lower():
-            rt.lost_reason = msg
+            rt.loss_suspected = msg
 
 
 @dataclass
@@ -188,6 +191,7 @@ class GpuRuntime:
             limits=self.limits,
         )
         self.lost_reason: str | None = None
+        self.loss_suspected: str | None = None
         self._watcher = _DeviceLossWatcher(self)
         logging.getLogger("wgpu").addHandler(self._watcher)
         weakref.finalize(self, logging.getLogger("wgpu").removeHandler, self._watcher)
@@ -253,8 +257,25 @@ class GpuRuntime:
             return 1.0
 
     def check_alive(self) -> None:
+        if self.loss_suspected and not self.lost_reason:
+            msg, self.loss_suspected = self.loss_suspected, None
+            if not self._device_answers():
+                self.lost_reason = msg
         if self.lost_reason:
             raise DeviceLostError(f"GPU device lost: {self.lost_reason}")
+
+    def _device_answers(self) -> bool:
+        """A submit and a mapped read on this device: False if it is lost."""
+        try:
+            enc = self.device.create_command_encoder()
+            self.queue.submit([enc.finish()])
+            buf = self.device.create_buffer(size=4, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+            buf.map_sync(wgpu.MapMode.READ, 0, 4)
+            buf.unmap()
+            buf.destroy()
+            return True
+        except Exception:
+            return False
 
     @contextlib.contextmanager
     def _guard(self, what: str):
