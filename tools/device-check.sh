@@ -14,6 +14,9 @@ for t in "$@"; do
     conformance)
       python3 -m pytest tests/test_paged_conformance.py -q -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/conformance_glslang.txt"
       KVVIZ_GLSL_FRONTEND=naga-glsl python3 -m pytest tests/test_paged_conformance.py -q -p no:cacheprovider -x --tb=line 2>&1 | tail -8 | tee "$OUT/conformance_naga.txt" ;;
+    long)
+      python3 -m pytest tests/test_long_context.py -q -p no:cacheprovider -rs 2>&1 | tail -8 | tee "$OUT/long_context.txt"
+      python3 tools/long_context_sweep.py 2>&1 | tee "$OUT/long_context_sweep.txt" ;;
     methods)
       python3 -m pytest tests/test_quant_methods.py tests/test_turboquant.py -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/methods.txt" ;;
     live)
