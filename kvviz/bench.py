@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import KvvizError
+from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
 from kvviz.kernels.copy import measure_copy
@@ -212,8 +212,11 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
             err, bad = _max_err(out, ref, m.attend_kernel or f"{mkey} attend")
             rows.append(_row(f"{mkey} end to end", m.label, shape, None, 0, copy_gbps, err, tol, adapter,
                              bad or "correctness only: GPU quantise + attend vs the method's numpy oracle"))
-        except KvvizError as exc:
+        except (InvalidInput, DeviceLimitError) as exc:
+            # the method does not take this shape here (head size, context past a loop limit, ...)
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
+        except KvvizError as exc:  # a compile error, a lost device, a non-finite result: a failure
+            rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
     return rows
 
 

@@ -45,3 +45,22 @@ def test_bench_cli_writes_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "paged_attn_q8" in text and "median us" in text
     assert main(["bench", "--shape", "nope"]) == 2
+
+
+def test_a_method_that_breaks_is_failed_not_skipped(rt, monkeypatch):
+    """A method that cannot take a shape is skipped; one whose kernel breaks (here: its shader does not
+    compile) is a FAILED row, which makes `kvviz bench` exit 1."""
+    from kvviz.bench import failed_rows
+    from kvviz.errors import ShaderCompileError
+    from kvviz.methods.int8 import Int8PerToken
+
+    def broken(self, *a, **k):
+        raise ShaderCompileError("quant/int8_write.wgsl:3:1 error: expected a declaration")
+
+    monkeypatch.setattr(Int8PerToken, "quantize", broken)
+    shape = BenchShape("tiny", (20,), 2, 1, 48, 16, "contiguous")
+    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",))
+    rows = {r["kernel"]: r for r in res["rows"]}
+    assert rows["int8_token"]["note"].startswith("FAILED: quant/int8_write.wgsl:3:1")
+    assert rows["turboquant"]["note"].startswith("skipped")  # head 48 is not a TurboQuant head size
+    assert [r["kernel"] for r in failed_rows(res)] == ["int8_token"]
