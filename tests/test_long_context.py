@@ -95,7 +95,7 @@ def test_seed_int8_decode_right_up_to_its_limit_and_refused_past_it(rt, head_siz
     with pytest.raises(DeviceLimitError) as err:
         pk.decode(cache, q, batch, 0.1)
     msg = str(err.value)
-    assert f"after {rt.loop_limit} in total" in msg and f"longest context this kernel takes here is {longest}" in msg
+    assert f"after {rt.loop_limit} iterations" in msg and f"its longest context here is {longest} tokens" in msg
 
 
 def test_the_loop_limit_is_real_and_the_check_is_what_prevents_a_wrong_number(rt, monkeypatch):
@@ -148,7 +148,7 @@ def test_turboquant_seed_refused_past_its_limit_and_scores_right_at_long_context
     if _software(rt):
         longest = loop_budget.longest_context(lambda m: loop_budget.tq_seed_flash(m, d), rt.loop_limit)
         assert longest < n
-        with pytest.raises(DeviceLimitError, match=f"after {rt.loop_limit} in total"):
+        with pytest.raises(DeviceLimitError, match=f"after {rt.loop_limit} iterations"):
             tq.decode(cache, q[0], n - 1, 0.1)
         out = tq.attention(cache, q, longest - 1, 0.1, max_seq=longest)
         ref = tqo.attention_oracle(q, kw, vw, 1, n, longest - 1, longest, 0.1, cache.params)

@@ -28,7 +28,7 @@ def main():
                 w = pk.weights(cache, q, batch, 0.1)
                 res = f"decode err {np.abs(out - (n - 1) / 2).max():.3g}  weights sum-1 {abs(w.sum() - 1):.2g}"
             except DeviceLimitError as e:
-                res = "refused: " + str(e).split(": one invocation")[0]
+                res = "refused: " + str(e).split(" This adapter")[0]
             print(f"{fmt:4s} head {hs:3d}  {n:7d} tokens  {res}", flush=True)
             del cache
     for d in (64, 128):
@@ -44,7 +44,7 @@ def main():
                 out = tq.decode(cache, q[0], n - 1, 0.1)
                 res += f"  seed decode finite {np.isfinite(out).all()}"
             except DeviceLimitError as e:
-                res += "  seed refused: " + str(e).split(": one invocation")[0]
+                res += "  seed refused: " + str(e).split(" This adapter")[0]
             print(f"tq   head {d:3d}  {n:7d} tokens  {res}", flush=True)
 
 

@@ -119,10 +119,10 @@ def check(rt, kernel: str, cost: Callable[[int], int], context_len: int, what: s
         return
     longest = longest_context(cost, limit)
     raise DeviceLimitError(
-        f"{kernel} cannot run a {what} of {context_len} tokens on {rt.summary.name}: one invocation would "
-        f"run about {need} loop iterations, and this adapter stops every loop of an invocation after "
-        f"{limit} in total (measured at start-up), which would give a silently wrong result. The longest "
-        f"{what} this kernel takes here is {longest} tokens.",
+        f"{kernel} cannot take {context_len} tokens on {rt.summary.name}: its longest context here is "
+        f"{longest} tokens. This adapter ends every shader invocation's loops after {limit} iterations in "
+        f"total (measured at start-up); the kernel would need about {need}, and its result would be "
+        f"silently wrong.",
         "Use a hardware GPU adapter, a shorter context, or a method whose kernels are split over the "
         "context (f32, int8_token, fp8, int4_group, kivi).",
     )
