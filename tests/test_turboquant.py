@@ -359,8 +359,8 @@ def test_method_on_paged_batch(rt):
     from kvviz.paging import make_batch
 
     assert "turboquant" in registry()
-    m = get_method("turboquant", qjl_scale="unbiased", seed=7, layer=1)
-    assert m.options() == {"qjl_scale": "unbiased", "seed": 7, "layer": 1}
+    m = get_method("turboquant", qjl_scale="unbiased", seed=7).for_layer(1)  # the layer is the workload's
+    assert m.options() == {"qjl_scale": "unbiased", "seed": 7} and m.layer == 1
     k_l, v_l = m.layouts(128, 16)
     assert k_l.bytes_per_token_per_head == 52 and v_l.bytes_per_token_per_head == 36
     assert sum(f.total_bits for f in k_l.fields) == 52 * 8 and sum(f.total_bits for f in v_l.fields) == 36 * 8

@@ -71,10 +71,9 @@ class SessionConfig:
     def validate(self) -> None:
         for f in fields(self):  # declared types and ranges, also for configs built in code (the window)
             coerce_setting(f.name, getattr(self, f.name))
-        from kvviz.methods.base import check_options, get_method
+        from kvviz.methods.base import parse_options
 
-        check_options(self.method, self.method_options)
-        get_method(self.method, **self.method_options)  # the method's own range checks, before any GPU work
+        parse_options(self.method, self.method_options)  # the method's option schema, before any GPU work
         if self.source not in SOURCES:
             raise InvalidInput(f"Unknown source {self.source!r}; choose one of {', '.join(SOURCES)}")
         lens = list(self.context_lens)
@@ -112,9 +111,9 @@ class SessionConfig:
         if unknown:
             raise InvalidInput(f"Unknown setting(s): {', '.join(unknown)}", f"Known settings: {', '.join(sorted(known))}")
         cfg = cls(**{k: coerce_setting(k, v) for k, v in d.items()})
-        from kvviz.methods.base import check_options
+        from kvviz.methods.base import parse_options
 
-        cfg.method_options = check_options(cfg.method, cfg.method_options)
+        cfg.method_options = parse_options(cfg.method, cfg.method_options, defaults=False)
         return cfg
 
     @classmethod
@@ -527,7 +526,7 @@ class Session:
             # The data decides the shapes: record what actually ran.
             cfg = replace(cfg, context_lens=tuple(int(x) for x in batch.context_lens), num_heads=H,
                           num_kv_heads=kvh, head_size=D, num_blocks=batch.num_blocks)
-        method = get_method(cfg.method, **cfg.method_options)
+        method = get_method(cfg.method, **cfg.method_options).for_layer(cfg.layer)
         method.check(H, kvh, D, cfg.block_size)
         ctx = self.ctx(cfg.frontend)
         rt = ctx.rt
@@ -605,7 +604,7 @@ class Session:
         cancel = cancel or (lambda: False)
         cfg.validate()
         ctx = self.ctx(cfg.frontend)
-        method = get_method(cfg.method, **cfg.method_options)
+        method = get_method(cfg.method, **cfg.method_options).for_layer(cfg.layer)
         points = []
         for i, val in enumerate(values):
             if cancel():

@@ -10,6 +10,8 @@ list `registry()` and need no change.
 """
 from __future__ import annotations
 
+import numbers
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,6 +19,93 @@ from typing import Callable
 import numpy as np
 
 from kvviz.errors import InvalidInput
+
+
+_KIND_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One typed option of a method: the window builds its editor from it, the CLI and config files
+    parse through `parse`.
+
+    type: int, float, str or bool; choices: the allowed values when they are a closed set; minimum /
+    maximum: inclusive bounds of a number.
+    """
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def accepts(self) -> str:
+        """What the option takes, in words: "an integer, one of 2, 4", "an integer >= 0"."""
+        kind = _KIND_WORDS[self.type]
+        if self.choices:
+            return f"{kind}, one of " + ", ".join(repr(c) if isinstance(c, str) else str(c) for c in self.choices)
+        lo, hi = self.minimum, self.maximum
+        if lo is not None and hi is not None:
+            return f"{kind} in [{lo:g}, {hi:g}]"
+        if lo is not None:
+            return f"{kind} >= {lo:g}"
+        if hi is not None:
+            return f"{kind} <= {hi:g}"
+        return kind
+
+    def describe(self) -> str:
+        """One line for hints and tooltips: name, what it takes, default."""
+        return f"{self.name} ({self.accepts()}; default {self.default!r})"
+
+    def _bad(self, value, where: str) -> InvalidInput:
+        prefix = f"{where}: " if where else ""
+        return InvalidInput(f"{prefix}option {self.name!r} must be {self.accepts()}, got {value!r}",
+                            f"{self.name}: {self.help}")
+
+    def parse(self, value, *, text: bool = True, where: str = ""):
+        """`value` as the option's type, checked against its choices and range; InvalidInput naming
+        the option and what it accepts otherwise.
+
+        A value of the option's type is taken as is (an int for a float option too); with text=True a
+        string is also read as what a user typed ("4", "0.5", "true"); with text=False (JSON values of
+        a config) a string is only a string, so {"bits": "4"} is refused.
+        """
+        t = self.type
+        v = value
+        if isinstance(v, str) and t is not str and text:
+            s = v.strip()
+            if t is bool:
+                if s.lower() not in _TRUE + _FALSE:
+                    raise self._bad(value, where)
+                v = s.lower() in _TRUE
+            elif t is int:
+                if not re.fullmatch(r"[+-]?\d+", s):
+                    raise self._bad(value, where)
+                v = int(s)
+            else:
+                try:
+                    v = float(s)
+                except ValueError:
+                    raise self._bad(value, where) from None
+        if t is bool:
+            ok = isinstance(v, (bool, np.bool_))
+        elif t is int:
+            ok = isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+        elif t is float:
+            ok = isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and bool(np.isfinite(v))
+        else:
+            ok = isinstance(v, str)
+        if not ok:
+            raise self._bad(value, where)
+        v = t(v)
+        if self.choices and v not in self.choices:
+            raise self._bad(value, where)
+        if (self.minimum is not None and v < self.minimum) or (self.maximum is not None and v > self.maximum):
+            raise self._bad(value, where)
+        return v
 
 
 @dataclass(frozen=True)
@@ -109,9 +198,51 @@ class KVMethod(ABC):
     attend_kernel: str = ""
     weights_kernel: str = ""
 
+    # The method's typed options (what its constructor takes); each becomes an attribute of the instance.
+    OPTIONS: tuple[OptionSpec, ...] = ()
+    # Its end-to-end numpy reference, "module:function" (see `reference`); never imported by the product.
+    REFERENCE: str = ""
+
+    def __init__(self, **options):
+        self._options = self.parse_options(options)
+        for name, val in self._options.items():
+            setattr(self, name, val)
+        self.configure()
+
+    def configure(self) -> None:
+        """Derived state from the parsed options (a label, a format); called by __init__."""
+
+    @classmethod
+    def parse_options(cls, values, *, text: bool = False, where: str = "method_options", defaults: bool = True) -> dict:
+        """See kvviz.methods.base.parse_options."""
+        known = {o.name: o for o in cls.OPTIONS}
+        listing = ", ".join(o.describe() for o in cls.OPTIONS)
+        listing = f"Options of {cls.key}: {listing}." if listing else f"{cls.key} takes no options."
+        if not isinstance(values, dict):
+            raise InvalidInput(f"{where} must be a JSON object of option: value, got {values!r}", listing)
+        for name in values:
+            if name not in known:
+                raise InvalidInput(f"{where}: {cls.key} has no option {name!r}", listing)
+        out = {}
+        for name, spec in known.items():
+            if name not in values:
+                if defaults:
+                    out[name] = spec.default
+                continue
+            try:
+                out[name] = spec.parse(values[name], text=text, where=f"{where}: {cls.key}")
+            except InvalidInput as exc:
+                raise InvalidInput(str(exc), listing) from None
+        return out
+
     def options(self) -> dict:
         """User-settable options and their current values (group size, recent window, ...)."""
-        return {}
+        return dict(getattr(self, "_options", {}))
+
+    def for_layer(self, layer: int) -> "KVMethod":
+        """The method as it quantises model layer `layer` (the session's and live decode's layer). The
+        same instance for methods whose cache does not depend on the layer."""
+        return self
 
     @abstractmethod
     def check(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int) -> None:
@@ -142,74 +273,77 @@ class KVMethod(ABC):
         return []
 
 
-_REGISTRY: dict[str, Callable[[], KVMethod]] = {}
+_REGISTRY: dict[str, type] = {}
 
 
 def register(cls):
-    """Class decorator: make a method selectable everywhere by its `key`."""
+    """Class decorator: make a method selectable everywhere by its `key`.
+
+    A method declares its label, its options (`OPTIONS`) and its end-to-end numpy reference
+    (`REFERENCE`, "module:function", imported only by `kvviz bench` and the tests); one without a key, a
+    label or a reference, or with options its constructor does not set, is refused here.
+    """
     if not cls.key:
         raise ValueError(f"{cls.__name__} has no key")
+    if not cls.label:
+        raise ValueError(f"{cls.__name__} ({cls.key}) has no label")
+    if ":" not in (cls.REFERENCE or ""):
+        raise ValueError(f"{cls.__name__} ({cls.key}) names no numpy reference (REFERENCE = 'module:function')")
+    names = [o.name for o in cls.OPTIONS]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{cls.__name__} ({cls.key}) declares an option twice: {names}")
+    for o in cls.OPTIONS:
+        o.parse(o.default)  # the declared default is a value the option accepts
     _REGISTRY[cls.key] = cls
     return cls
 
 
-def registry() -> dict[str, Callable[[], KVMethod]]:
+def registry() -> dict[str, type]:
     import kvviz.methods  # noqa: F401  (imports every method module, which registers itself)
 
     return dict(_REGISTRY)
 
 
-def option_defaults(key: str) -> dict:
-    """A method's options as declared: its constructor's keyword parameters and their defaults.
-
-    The default's type is the option's type (int, float, str, bool); `check_options` holds values to it.
-    """
-    import inspect
-
+def method_class(method_id: str) -> type:
     reg = registry()
-    if key not in reg:
-        raise InvalidInput(f"Unknown method {key!r}; available: {', '.join(sorted(reg))}",
+    if method_id not in reg:
+        raise InvalidInput(f"Unknown method {method_id!r}; available: {', '.join(sorted(reg))}",
                            "Pick one of the registered methods (`kvviz info` lists them).")
-    params = inspect.signature(reg[key].__init__).parameters
-    return {n: p.default for n, p in params.items()
-            if n != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return reg[method_id]
 
 
-def check_options(key: str, options) -> dict:
-    """`options` checked against the method's declared options: a mapping whose keys the method
-    knows and whose values have each option's type. InvalidInput names the option otherwise."""
-    import numbers
-
-    known = option_defaults(key)
-    listing = ", ".join(f"{n} (default {d!r})" for n, d in known.items())
-    listing = f"Options of {key}: {listing}." if listing else f"{key} takes no options."
-    if not isinstance(options, dict):
-        raise InvalidInput(f"method_options must be a JSON object of option: value, got {options!r}",
-                           listing)
-    out = {}
-    for name, val in options.items():
-        if name not in known:
-            raise InvalidInput(f"method_options: {key} has no option {name!r}", listing)
-        default = known[name]
-        if isinstance(default, bool):
-            ok = isinstance(val, bool)
-        elif isinstance(default, int):
-            ok = isinstance(val, numbers.Integral) and not isinstance(val, bool)
-        elif isinstance(default, float):
-            ok = isinstance(val, numbers.Real) and not isinstance(val, bool) and np.isfinite(val)
-        elif isinstance(default, str):
-            ok = isinstance(val, str)
-        else:
-            ok = True
-        if not ok:
-            kind = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(type(default), type(default).__name__)
-            raise InvalidInput(f"method_options: {key} option {name!r} must be {kind}, got {val!r}", listing)
-        out[name] = int(val) if isinstance(default, int) and not isinstance(default, bool) else val
-    return out
+def option_schema(method_id: str) -> tuple[OptionSpec, ...]:
+    """The method's declared options (what the window's editors, the CLI and config files take)."""
+    return tuple(method_class(method_id).OPTIONS)
 
 
-def get_method(key: str, **options) -> KVMethod:
-    reg = registry()
-    if key not in reg:
-        raise InvalidInput(f"Unknown method {key!r}; available: {', '.join(sorted(reg))}")
-    return reg[key](**check_options(key, options))
+def option_defaults(method_id: str) -> dict:
+    """{option name: declared default} of a method."""
+    return {o.name: o.default for o in option_schema(method_id)}
+
+
+def parse_options(method_id: str, values, *, text: bool = False, where: str = "method_options",
+                  defaults: bool = True) -> dict:
+    """The method's options from `values` (a mapping of option name to value), each parsed by its
+    OptionSpec: {name: typed value} for every declared option (defaults=False: only those in `values`).
+
+    text=False: values are JSON values (a config file, `--set method_options=...`, code) and must have
+    the option's type already ("4" is not an integer). text=True: values may be text a user typed
+    (`kvviz live --methods kivi:bits=4`). InvalidInput names the option and lists the known ones.
+    """
+    return method_class(method_id).parse_options(values, text=text, where=where, defaults=defaults)
+
+
+def get_method(method_id: str, **options) -> KVMethod:
+    """A method instance with its options checked against its schema (InvalidInput otherwise)."""
+    return method_class(method_id)(**options)
+
+
+def reference(method_id: str) -> Callable:
+    """The method's end-to-end numpy reference, imported by name: f(method, batch, key, value, q, scale,
+    qkv=None) -> (output [S, H, D], tolerance). Only `kvviz bench` and the tests call it."""
+    import importlib
+
+    cls = method_class(method_id)
+    mod, _, fn = cls.REFERENCE.partition(":")
+    return getattr(importlib.import_module(mod), fn)

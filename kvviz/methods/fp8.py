@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.errors import InvalidInput
 from kvviz.kernels import quant as qk
-from kvviz.methods.base import CacheLayout, LayoutField, register
+from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.quant_common import PerTokenRecordMethod
 from kvviz.oracles import fp8 as oracle
 
@@ -26,21 +25,22 @@ class _Fp8Base(PerTokenRecordMethod):
     family = "fp8"
     nominal_bits = 8.0
     fmt_key = ""
+    OPTIONS = (
+        OptionSpec("scale_mode", str, "per_token",
+                   "per_token: one f32 scale per token and KV head, stored after its codes; per_tensor: one "
+                   "scale each for K and V over the whole batch (computed on the GPU)", choices=SCALE_MODES),
+    )
+    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    scale_mode: str
 
-    def __init__(self, scale_mode: str = "per_token"):
-        if scale_mode not in SCALE_MODES:
-            raise InvalidInput(f"{self.key}: scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
-        self.scale_mode = scale_mode
+    def configure(self):
         self.fmt = oracle.FORMATS[self.fmt_key]
         self.code_range = (-self.fmt.max, self.fmt.max)
-        self.label = f"{self.fmt.name} ({scale_mode.replace('_', '-')} scale)"
+        self.label = f"{self.fmt.name} ({self.scale_mode.replace('_', '-')} scale)"
 
     @property
     def per_tensor(self) -> bool:
         return self.scale_mode == "per_tensor"
-
-    def options(self):
-        return {"scale_mode": self.scale_mode}
 
     def wpt(self, head_size):
         return head_size // 4 + (0 if self.per_tensor else 1)

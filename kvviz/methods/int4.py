@@ -8,9 +8,9 @@ Shaders: quant/int4_write.wgsl, quant/int4_dequant.wgsl. Oracle: kvviz/oracles/i
 """
 from __future__ import annotations
 
-from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.errors import UnsupportedShape
 from kvviz.kernels import quant as qk
-from kvviz.methods.base import CacheLayout, LayoutField, register
+from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.quant_common import PerTokenRecordMethod
 from kvviz.oracles import int4 as oracle
 
@@ -26,15 +26,15 @@ class Int4Group(PerTokenRecordMethod):
     head_multiple = 8
     head_multiple_why = "8 codes are packed per 32-bit word"
     code_range = (0, 15)
+    OPTIONS = (
+        OptionSpec("group_size", int, 32, "consecutive elements of a token's head vector sharing one scale and "
+                   "zero; must divide the head size", choices=GROUP_SIZES),
+    )
+    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    group_size: int
 
-    def __init__(self, group_size: int = 32):
-        if int(group_size) not in GROUP_SIZES:
-            raise InvalidInput(f"int4_group: group_size must be one of {GROUP_SIZES}, got {group_size}")
-        self.group_size = int(group_size)
+    def configure(self):
         self.label = f"int4 per group G={self.group_size}"
-
-    def options(self):
-        return {"group_size": self.group_size}
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
         super().check(num_heads, num_kv_heads, head_size, block_size)

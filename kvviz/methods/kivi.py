@@ -19,7 +19,7 @@ from kvviz.errors import InvalidInput
 from kvviz.gpu.runtime import Dispatch
 from kvviz.kernels import quant as qk
 from kvviz.kernels.traffic import decode_bytes
-from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.methods.int8_seed import block_positions
 from kvviz.methods.quant_common import DequantisedAttention
 from kvviz.oracles import kivi as oracle
@@ -36,26 +36,26 @@ class Kivi(DequantisedAttention, KVMethod):
     label = "KIVI (K per channel, V per token)"
     family = "kivi"
     nominal_bits = 2.0
+    OPTIONS = (
+        OptionSpec("bits", int, 2, "bits of every quantised K and V code", choices=BITS),
+        OptionSpec("recent", int, 128, "the most recent tokens of each sequence kept in float32 (rounded up to "
+                   "whole 32-token key groups)", minimum=0),
+        OptionSpec("context_len", int, 4096, "the sequence length the layout's bytes and bits per element assume "
+                   "(residual rows amortised over it); a concrete batch is accounted exactly by "
+                   "layouts_for_batch", minimum=1),
+    )
+    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    bits: int
+    recent: int
+    context_len: int
 
-    def __init__(self, bits: int = 2, recent: int = 128, context_len: int = 4096):
-        if int(bits) not in BITS:
-            raise InvalidInput(f"kivi: bits must be one of {BITS}, got {bits}")
-        if int(recent) < 0:
-            raise InvalidInput(f"kivi: recent must be >= 0, got {recent}")
-        if int(context_len) <= 0:
-            raise InvalidInput(f"kivi: context_len must be positive, got {context_len}")
-        self.bits = int(bits)
-        self.recent = int(recent)
-        self.context_len = int(context_len)
+    def configure(self):
         self.nominal_bits = float(self.bits)
         self.label = f"KIVI {self.bits}-bit (K per channel/32 tok, V per token, recent {self.recent} f32)"
 
     @property
     def levels(self) -> int:
         return (1 << self.bits) - 1
-
-    def options(self):
-        return {"bits": self.bits, "recent": self.recent, "context_len": self.context_len}
 
     # ------------------------------------------------------------------ shapes and layout
     def check(self, num_heads, num_kv_heads, head_size, block_size):

@@ -12,7 +12,7 @@ import numpy as np
 
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.kernels import turboquant as tqk
-from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.oracles import turboquant as tqo
 
 F16_MIN_NORMAL = 2.0**-14  # 6.1e-5
@@ -28,17 +28,28 @@ class TurboQuantMethod(KVMethod):
     attend_kernel = "flash_attention_tq (seed)"
     weights_kernel = "tq_scores"
 
-    def __init__(self, qjl_scale: str = "reference", seed: int = tqo.DEFAULT_SEED, layer: int = 0):
-        if qjl_scale not in tqo.QJL_SCALES:
-            raise InvalidInput(f"qjl_scale must be one of {tqo.QJL_SCALES}, got {qjl_scale!r}")
-        if int(seed) < 0 or int(layer) < 0:
-            raise InvalidInput(f"seed and layer must be non-negative, got {seed} and {layer}")
-        self.qjl_scale = qjl_scale
-        self.seed = int(seed)
-        self.layer = int(layer)
+    OPTIONS = (
+        OptionSpec("qjl_scale", str, "reference", "scale of the QJL residual estimate: reference sqrt(pi/2)/d "
+                   "(the seed kernel's) or unbiased sqrt(pi/2)/sqrt(d)",
+                   choices=tuple(tqo.QJL_SCALES)),
+        OptionSpec("seed", int, tqo.DEFAULT_SEED, "seed of the rotation's random signs (combined with the layer)",
+                   minimum=0),
+    )
+    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    qjl_scale: str
+    seed: int
+    layer: int = 0  # the model layer quantised: its rotation signs are seeded with it (for_layer)
 
-    def options(self) -> dict:
-        return {"qjl_scale": self.qjl_scale, "seed": self.seed, "layer": self.layer}
+    def for_layer(self, layer: int) -> "TurboQuantMethod":
+        """This method for model layer `layer`: the rotation's signs are those of that layer."""
+        layer = int(layer)
+        if layer < 0:
+            raise InvalidInput(f"layer must be non-negative, got {layer}")
+        if layer == self.layer:
+            return self
+        m = type(self)(**self.options())
+        m.layer = layer
+        return m
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
         tqk.check_head_dim(head_size)

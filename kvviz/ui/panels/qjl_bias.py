@@ -44,7 +44,7 @@ def tq_params(res) -> tuple[int, int]:
         opts = dict(res.method.options()) if res.method.key == "turboquant" else {}
     except Exception:  # noqa: BLE001 - a method without options
         opts = {}
-    return int(opts.get("seed", DEFAULT_SEED)), int(opts.get("layer", 0))
+    return int(opts.get("seed", DEFAULT_SEED)), int(getattr(res.method, "layer", 0))
 
 
 def bias_inputs(res, seq: int, head: int):
