@@ -44,19 +44,13 @@ import numpy as np
 from kvviz.analysis.live_metrics import log_softmax, summarize_live
 from kvviz.errors import InvalidInput
 from kvviz.live.cache import BlockTable, LiveCache, make_live_cache
+from kvviz.live.config import BASELINES, DEFAULT_PROMPT, LiveConfig
 from kvviz.methods.base import KVMethod, get_method
 from kvviz.paging import POLICIES
 from kvviz.sources.llama_numpy import Cancelled, LlamaRunner
 
-BASELINES = ("gpu", "numpy")
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
-
-DEFAULT_PROMPT = (
-    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-    "combined movable metal type, oil-based ink and a wooden press adapted from wine making."
-)
-
 
 @dataclass
 class LiveStep:
@@ -216,6 +210,7 @@ class LiveDecoder:
         self.tokenizer = model.tokenizer
         self.method = method if isinstance(method, str) else method.key
         self.method_options = dict(method_options or {})
+        self.config: LiveConfig | None = None  # set by from_config
         if isinstance(method, str) and method != "f32":
             method = get_method(method, **self.method_options)  # fails early on an unknown key or option
         self._method_obj = method  # a KVMethod, or "f32"
@@ -246,6 +241,21 @@ class LiveDecoder:
         self.timings: dict = {}
         # the cache view read after every step (None: none); default: a middle layer, KV head 0
         self.watch = LiveWatch(self, self.cfg.n_layers // 2, 0) if watch else None
+
+    @classmethod
+    def from_config(cls, model, cfg: LiveConfig, *, ctx=None, keep_distributions: bool = True,
+                    stop_at_eos: bool = False, watch: bool = True) -> "LiveDecoder":
+        """A decoder for a LiveConfig (checked first); its cache view watches the config's layer and KV head."""
+        cfg = cfg.validate()
+        dec = cls(model, cfg.method, ctx=ctx, block_size=cfg.block_size, policy=cfg.policy,
+                  num_blocks=cfg.num_blocks or None, seed=cfg.seed, baseline=cfg.baseline, free_run=cfg.free_run,
+                  method_options=cfg.method_options, keep_distributions=keep_distributions,
+                  stop_at_eos=stop_at_eos, incremental=cfg.incremental, watch=watch)
+        if dec.watch is not None and (cfg.watch_layer >= 0 or cfg.watch_kv_head):
+            layer = cfg.watch_layer if cfg.watch_layer >= 0 else dec.watch.selection[0]
+            dec.watch.select(layer, cfg.watch_kv_head)
+        dec.config = cfg
+        return dec
 
     # -- building --------------------------------------------------------------------------------
 
