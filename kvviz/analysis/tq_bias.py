@@ -2,14 +2,15 @@
 
 - `inner_product_bias(q, K)`: true q.k against the seed kernel's estimate with the QJL scale of the
   reference code (sqrt(pi/2)/d), with the unbiased scale for an orthonormal RHT (sqrt(pi/2)/sqrt(d)),
-  and with the PolarQuant part alone. Keys go through the GPU compressor when a runtime is given (else
-  the bit-identical numpy oracle); the estimates are computed in float64 from the packed words, in
-  the seed kernel's formula (kvviz/oracles/turboquant.py `estimate_scores`).
+  and with the PolarQuant part alone. Keys go through the GPU compressor (the given runtime, or a new
+  one); the estimates are computed in float64 from the packed words, in the seed kernel's formula
+  (kvviz/formats/turboquant.py `estimate_scores`).
   Slopes: `slopes` are least squares THROUGH THE ORIGIN (est ~ a * true, a = sum(t e) / sum(t t));
   `fits` are least squares WITH AN INTERCEPT (est ~ a * true + b). On zero-mean random data the two agree
-  closely; kernels.md quotes 0.895 (/d), 1.001 (/sqrt(d)) and 0.884 (polar only) at d = 128.
+  closely; docs/kernels.md ("TurboQuant") quotes 0.895 (/d), 1.001 (/sqrt(d)) and 0.884 (polar only)
+  at d = 128.
 - `mse_unit_vectors(d, n, bits=2)`: E|x - x_hat|^2 of random unit vectors through the GPU compressor
-  (value path = PolarQuant) and the oracle's dequantisation x_hat = f16(|x|) * RHT^-1(c[idx]).
+  (value path = PolarQuant) and the format's dequantisation x_hat = f16(|x|) * RHT^-1(c[idx]).
   The TurboQuant paper gives about 0.117 at 2 bits.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvviz.errors import InvalidInput
-from kvviz.oracles import turboquant as tqo
+from kvviz.formats import turboquant as tqf
 
 ESTIMATORS = ("reference", "unbiased", "polar_only")
 
@@ -55,12 +56,18 @@ def _fit(t: np.ndarray, e: np.ndarray) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def _compress_keys(K: np.ndarray, p: tqo.TQParams, rt=None):
-    """Packed key words [n] for K [n, d] (one KV head): GPU compressor if rt, else the oracle."""
-    n, d = K.shape
+def _runtime(rt):
     if rt is None:
-        kw, vw = tqo.compress_cache(K[:, None, :], K[:, None, :], n, p)
-        return kw, vw
+        from kvviz.gpu.runtime import GpuRuntime
+
+        rt = GpuRuntime()
+    return rt
+
+
+def _compress_keys(K: np.ndarray, p: tqf.TQParams, rt=None):
+    """Packed (key, value) cache words for K [n, d] (one KV head) from the GPU compressor."""
+    n, d = K.shape
+    rt = _runtime(rt)
     from kvviz.kernels.turboquant import TurboQuantKernels
 
     kern = TurboQuantKernels(rt)
@@ -69,7 +76,7 @@ def _compress_keys(K: np.ndarray, p: tqo.TQParams, rt=None):
     return kern.read(cache)
 
 
-def inner_product_bias(q, K, seed: int = tqo.DEFAULT_SEED, layer: int = 0, rt=None) -> BiasResult:
+def inner_product_bias(q, K, seed: int = tqf.DEFAULT_SEED, layer: int = 0, rt=None) -> BiasResult:
     """q [m, d] (or [d]), K [n, d] f32 -> BiasResult over all m*n pairs."""
     q = np.atleast_2d(np.asarray(q, np.float32))
     K = np.asarray(K, np.float32)
@@ -78,21 +85,21 @@ def inner_product_bias(q, K, seed: int = tqo.DEFAULT_SEED, layer: int = 0, rt=No
     if not (np.isfinite(q).all() and np.isfinite(K).all()):
         raise InvalidInput("q and K must be finite")
     d = K.shape[1]
-    from kvviz.kernels.turboquant import check_head_dim
+    from kvviz.kernels.turboquant import check_head_size
 
-    check_head_dim(d)
-    p = tqo.TQParams(d, seed, layer)
+    check_head_size(d)
+    p = tqf.TQParams(d, seed, layer)
     kw, vw = _compress_keys(K, p, rt)
-    dec = tqo.decode_cache(kw, vw, 1, K.shape[0], d)
-    q_rot, q_jl, sums = tqo.rotate_q_parts(q[:, None, :], p)
-    scales = {name: tqo.qjl_scale_value(name, d) for name in ("reference", "unbiased")}
+    dec = tqf.decode_cache(kw, vw, 1, K.shape[0], d)
+    q_rot, q_jl, sums = tqf.rotate_q_parts(q[:, None, :], p)
+    scales = {name: tqf.qjl_scale_value(name, d) for name in ("reference", "unbiased")}
     true = (q.astype(np.float64) @ K.astype(np.float64).T).ravel()
     est = {name: [] for name in ESTIMATORS}
     for i in range(q.shape[0]):
         args = (q_rot[i, 0], q_jl[i, 0], sums[i, 0], dec.k_idx[0], dec.k_bits[0], dec.k_norm[0], dec.k_rnorm[0], p)
         for name in ("reference", "unbiased"):
-            est[name].append(tqo.estimate_scores(*args, float(np.float32(scales[name]))))
-        est["polar_only"].append(tqo.estimate_scores(*args, 0.0, polar_only=True))
+            est[name].append(tqf.estimate_scores(*args, float(np.float32(scales[name]))))
+        est["polar_only"].append(tqf.estimate_scores(*args, 0.0, polar_only=True))
     est = {k: np.concatenate(v) for k, v in est.items()}
     res = BiasResult(d, true, est, qjl_scales=scales)
     for name in ESTIMATORS:
@@ -102,7 +109,7 @@ def inner_product_bias(q, K, seed: int = tqo.DEFAULT_SEED, layer: int = 0, rt=No
 
 
 def random_bias(d: int = 128, n_keys: int = 4096, n_queries: int = 8, rng_seed: int = 0, rt=None,
-                seed: int = tqo.DEFAULT_SEED, layer: int = 0) -> BiasResult:
+                seed: int = tqf.DEFAULT_SEED, layer: int = 0) -> BiasResult:
     """inner_product_bias on Gaussian queries and keys."""
     rng = np.random.default_rng(rng_seed)
     q = rng.standard_normal((n_queries, d)).astype(np.float32)
@@ -111,29 +118,26 @@ def random_bias(d: int = 128, n_keys: int = 4096, n_queries: int = 8, rng_seed: 
 
 
 def mse_unit_vectors(d: int, n: int, bits: int = 2, rt=None, rng_seed: int = 0,
-                     seed: int = tqo.DEFAULT_SEED, layer: int = 0) -> float:
+                     seed: int = tqf.DEFAULT_SEED, layer: int = 0) -> float:
     """Mean |x - x_hat|^2 over n random unit vectors (uniform on the sphere) through the GPU compressor
-    and the oracle dequantisation. Only bits=2 exists on the GPU (the kernels are 2-bit)."""
+    and the format's dequantisation. Only bits=2 exists on the GPU (the kernels are 2-bit)."""
     if bits != 2:
         raise InvalidInput(f"the TurboQuant kernels are 2-bit; bits={bits} is not available",
                            "The paper's distortion at 1/2/3/4 bits is about 0.36/0.117/0.03/0.009.")
     if n <= 0:
         raise InvalidInput("n must be positive")
-    from kvviz.kernels.turboquant import TurboQuantKernels, check_head_dim
+    from kvviz.kernels.turboquant import TurboQuantKernels, check_head_size
 
-    check_head_dim(d)
-    if rt is None:
-        from kvviz.gpu.runtime import GpuRuntime
-
-        rt = GpuRuntime()
+    check_head_size(d)
+    rt = _runtime(rt)
     rng = np.random.default_rng(rng_seed)
     x = rng.standard_normal((n, d))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-    p = tqo.TQParams(d, seed, layer)
+    p = tqf.TQParams(d, seed, layer)
     kern = TurboQuantKernels(rt)
     cache = kern.allocate(1, d, n, seed, layer)
     kern.compress(cache, x[:, None, :], x[:, None, :])
     kw, vw = kern.read(cache)
-    dec = tqo.decode_cache(kw, vw, 1, n, d)
-    xhat = tqo.dequantize_polar(dec.v_idx[0], dec.v_norm[0], p)
+    dec = tqf.decode_cache(kw, vw, 1, n, d)
+    xhat = tqf.dequantize_polar(dec.v_idx[0], dec.v_norm[0], p)
     return float(np.mean(np.sum((x.astype(np.float64) - xhat) ** 2, axis=1)))

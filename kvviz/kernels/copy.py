@@ -9,13 +9,18 @@ Bytes moved = read + write = 2 x size.
 """
 from __future__ import annotations
 
-import struct
+import logging
 
 import numpy as np
 
-from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
-from kvviz.gpu.shaders import ShaderSpec
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
 from kvviz.gpu.timing import TimingResult
+
+log = logging.getLogger("kvviz.kernels.copy")
+
+COPY_VEC4 = KernelSpec("copy/copy_vec4.wgsl", bindings=ro("src") + rw("dst"), immediates=Struct("Params", "n_vec4 stride"))
+KERNELS = (COPY_VEC4,)
 
 
 def _buffers(rt: GpuRuntime, nbytes: int, binding: bool):
@@ -30,11 +35,11 @@ def _buffers(rt: GpuRuntime, nbytes: int, binding: bool):
 def copy_shader_dispatches(rt: GpuRuntime, nbytes: int) -> tuple[list[Dispatch], int]:
     nbytes = min(nbytes, rt.max_binding)
     src, dst, nbytes = _buffers(rt, nbytes, True)
-    kern = rt.kernel(ShaderSpec("copy/copy_vec4.wgsl"), [STORAGE_RO, STORAGE_RW], immediate_size=8)
+    kern = rt.compile(COPY_VEC4)
     n_vec4 = nbytes // 16
     groups = min(rt.max_grid, -(-n_vec4 // 256))
     stride = groups * 256
-    return [Dispatch(kern, [src, dst], (groups, 1, 1), struct.pack("<2I", n_vec4, stride))], nbytes
+    return [kern.dispatch((groups, 1, 1), [src, dst], n_vec4=n_vec4, stride=stride)], nbytes
 
 
 def time_copy_shader(rt: GpuRuntime, nbytes: int, runs: int = 20, warmup: int = 3):
@@ -58,6 +63,7 @@ def time_copy_buffer(rt: GpuRuntime, nbytes: int, runs: int = 20, warmup: int = 
             enc.copy_buffer_to_buffer(src, 0, dst, 0, n)
             write_timestamp(enc, qs, i1)
         else:
+            log.debug("copy_buffer_to_buffer timed between empty compute passes (no timestamps inside encoders)")
             enc.begin_compute_pass(timestamp_writes={"query_set": qs, "end_of_pass_write_index": i0}).end()
             enc.copy_buffer_to_buffer(src, 0, dst, 0, n)
             enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": i1}).end()

@@ -36,7 +36,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def seed_int8_decode(context_len: int, head_size: int) -> int:
-    """paged_attn_q8.comp (seed 001): 128 threads, every pass strides over the whole context."""
+    """paged_attn_q8.comp (the seed int8 decode): 128 threads, every pass strides over the whole context."""
     c = _cdiv(head_size, 128)
     tiles = _cdiv(context_len, 128)
     hs4 = head_size // 4
@@ -74,17 +74,17 @@ def softmax_partitioned(row_len: int) -> int:
     return 2 * _loop(chunks) + 2 * _loop(7) + _loop(PARTITION // 128)
 
 
-def tq_seed_flash(seq_len: int, head_dim: int) -> int:
-    """flash_attention_tq.wgsl (seed 003): 256 threads, 256-position tiles over the whole context."""
+def tq_seed_flash(seq_len: int, head_size: int) -> int:
+    """flash_attention_tq.wgsl (the seed TurboQuant kernel): 256 threads, 256-position tiles over the whole context."""
     tiles = _cdiv(seq_len, 256)
-    pw, jw = head_dim // 16, head_dim // 32
+    pw, jw = head_size // 16, head_size // 32
     per_tile = _loop(pw) + pw * _loop(16) + _loop(jw) + jw * _loop(32) + _loop(256)
-    return _loop(tiles) + tiles * per_tile + _loop(max(1, head_dim).bit_length())
+    return _loop(tiles) + tiles * per_tile + _loop(max(1, head_size).bit_length())
 
 
-def tq_scores_partition(head_dim: int) -> int:
+def tq_scores_partition(head_size: int) -> int:
     """tq_scores.wgsl: one partition of PARTITION positions."""
-    pw, jw = head_dim // 16, head_dim // 32
+    pw, jw = head_size // 16, head_size // 32
     per_pos = _loop(pw) + pw * _loop(16) + _loop(jw) + jw * _loop(32)
     steps = PARTITION // 256
     return 2 * _loop(steps) + steps * per_pos

@@ -1,7 +1,8 @@
-"""Host launchers of the paged-cache kernels: the int8 seeds (000 writer, 001 decode), the f32 baseline
+"""Host launchers of the paged-cache kernels: the seed int8 writer and decode, the f32 baseline
 writer and decode, and the attention-weights kernel for both formats.
 
-Shaders: shaders/paged/. Oracles: kvviz/oracles/paged.py. Tests: tests/test_paged_conformance.py.
+Family "paged" (kvviz/kernels/families.py): shaders in shaders/paged/, kernel specs below, numpy
+reference kvviz/oracles/paged.py, tests tests/test_paged_conformance.py.
 
 Everything is checked on the host before dispatch (shapes, dtypes, NaN/Inf, head sizes, block ids):
 out-of-bounds reads on a GPU return 0 silently. Device limits are handled rather than hit:
@@ -11,21 +12,43 @@ out-of-bounds reads on a GPU return 0 silently. Device limits are handled rather
 """
 from __future__ import annotations
 
+import logging
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
-from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
-from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS, ShaderSpec
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.kernels import loop_budget
 from kvviz.kernels.loop_budget import PARTITION
 from kvviz.paging import PAD_SLOT, PagedBatch
 
+log = logging.getLogger("kvviz.kernels.paged")
+
 FORMATS = ("q8", "f32")
 MAX_HEAD_SIZE = 256  # shared arrays in the decode kernels
+
+# ------------------------------------------------------------------------------ kernel specs
+_WRITER_IMM = Struct("Pc", "key_stride value_stride num_kv_heads head_size block_size")
+_ATTN_IMM = Struct("Pc", "num_kv_heads num_heads head_size block_size max_num_blocks_per_seq q_stride "
+                         "max_context_len scale:f32")
+_WRITER_BINDINGS = ro("key", "value") + rw("key_cache", "value_cache") + ro("slot_mapping")
+WRITER_Q8 = KernelSpec("paged/reshape_and_cache_q8.comp", bindings=_WRITER_BINDINGS, immediates=_WRITER_IMM)
+WRITER_F32 = KernelSpec("paged/reshape_and_cache_f32.comp", bindings=_WRITER_BINDINGS, immediates=_WRITER_IMM)
+DECODE_Q8 = KernelSpec("paged/paged_attn_q8.comp", bindings=ro("q", "kc", "vc", "block_tables", "context_lens") + rw("o"),
+                       immediates=_ATTN_IMM)
+DECODE_F32 = KernelSpec("paged/paged_attn_f32.comp",
+                        bindings=ro("q", "kc", "vc", "block_tables", "context_lens") + rw("partials"), immediates=_ATTN_IMM)
+WEIGHTS = KernelSpec("paged/paged_attn_weights.comp", bindings=ro("q", "kc", "block_tables", "context_lens") + rw("o", "stats"),
+                     immediates=_ATTN_IMM)  # define KV_Q8 for the int8 cache
+REDUCE = KernelSpec("paged/paged_attn_reduce.wgsl", bindings=ro("partials", "context_lens") + rw("out"),
+                    immediates=Struct("P", "num_heads head_size num_partitions max_context_len"))
+SOFTMAX = KernelSpec("paged/softmax_partitioned.wgsl", bindings=ro("stats", "row_lens") + rw("out"),
+                     immediates=Struct("P", "num_heads row_len num_partitions normaliser row_base"))
+KERNELS = (WRITER_Q8, WRITER_F32, DECODE_Q8, DECODE_F32, WEIGHTS, REDUCE, SOFTMAX)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -100,9 +123,8 @@ def softmax_dispatch(rt: GpuRuntime, stats, row_lens, out, num_heads: int, rows:
                      num_partitions: int, normaliser: int = 0, row_base: int = 0) -> Dispatch:
     """The second pass of a split attention-weights kernel (shaders/paged/softmax_partitioned.wgsl):
     normaliser 0 = the paged decodes' e * (1 / (sum + 1e-6)), 1 = the TurboQuant seed's e / sum."""
-    kern = rt.kernel(ShaderSpec("paged/softmax_partitioned.wgsl"), [STORAGE_RO, STORAGE_RO, STORAGE_RW], 20)
-    imm = struct.pack("<5I", num_heads, row_len, num_partitions, normaliser, row_base)
-    return Dispatch(kern, [stats, row_lens, out], (num_heads, rows, _cdiv(max(row_len, 1), PARTITION)), imm)
+    return rt.compile(SOFTMAX).dispatch((num_heads, rows, _cdiv(max(row_len, 1), PARTITION)), [stats, row_lens, out],
+                                        num_heads, row_len, num_partitions, normaliser, row_base)
 
 
 class PagedKernels:
@@ -115,37 +137,18 @@ class PagedKernels:
         self.frontend = frontend
 
     # ------------------------------------------------------------- kernels
-    def _spec(self, name: str, defines=()) -> ShaderSpec:
-        return ShaderSpec(f"paged/{name}.comp", frontend=self.frontend, defines=tuple(defines))
-
-    def _access(self, declared):
-        """Binding layout for the chosen front end.
-
-        naga's GLSL front end keeps the declared `readonly` access and the layout must match it.
-        naga's SPIR-V front end ignores glslang's NonWritable decorations and infers LOAD|STORE
-        (measured with wgpu 0.32), so through glslang every binding is read_write.
-        """
-        if self.frontend == FRONTEND_GLSLANG:
-            return [STORAGE_RW] * len(declared)
-        return list(declared)
-
     def _writer(self, fmt: str):
-        name = "reshape_and_cache_q8" if fmt == "q8" else "reshape_and_cache_f32"
-        access = self._access([STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RW, STORAGE_RO])
-        return self.rt.kernel(self._spec(name), access, immediate_size=20)
+        return self.rt.compile(WRITER_Q8 if fmt == "q8" else WRITER_F32, self.frontend)
 
     def _decode(self, fmt: str):
         """The seed int8 decode (one pass over the whole context), or the split f32 decode's first pass."""
-        name = "paged_attn_q8" if fmt == "q8" else "paged_attn_f32"
-        return self.rt.kernel(self._spec(name), self._access([STORAGE_RO] * 5 + [STORAGE_RW]), immediate_size=32)
+        return self.rt.compile(DECODE_Q8 if fmt == "q8" else DECODE_F32, self.frontend)
 
     def _reduce(self):
-        return self.rt.kernel(ShaderSpec("paged/paged_attn_reduce.wgsl"), [STORAGE_RO, STORAGE_RO, STORAGE_RW], 16)
+        return self.rt.compile(REDUCE)
 
     def _weights(self, fmt: str):
-        defines = (("KV_Q8", "1"),) if fmt == "q8" else ()
-        access = self._access([STORAGE_RO] * 4 + [STORAGE_RW, STORAGE_RW])
-        return self.rt.kernel(self._spec("paged_attn_weights", defines), access, immediate_size=32)
+        return self.rt.compile(WEIGHTS, self.frontend, **({"KV_Q8": 1} if fmt == "q8" else {}))
 
     # --------------------------------------------------------------- cache
     def allocate(self, fmt: str, num_blocks: int, num_kv_heads: int, block_size: int, head_size: int) -> PagedCache:
@@ -205,6 +208,9 @@ class PagedKernels:
         chunk = max(1, min(self.rt.max_grid, self.rt.max_binding // (cache.num_kv_heads * cache.head_size * 4)))
         out: list[Dispatch] = []
         windows = sorted(set(int(w) for w in np.unique(win_of) if w >= 0))
+        if len(windows) > 1 or T > chunk:
+            log.info("%s writer: %d tokens in chunks of at most %d, over %d binding windows of %d blocks",
+                     cache.fmt, T, chunk, len(windows), W)
         for w in windows:
             rows = np.flatnonzero(win_of == w)
             if len(windows) == 1 and len(rows) == T and (not (~real).any()):
@@ -219,9 +225,9 @@ class PagedKernels:
                 local = (ss - w * wslots).astype(np.uint32)
                 nb = min(W, cache.num_blocks - w * W)
                 win = _Window(w * W, nb)
-                imm = struct.pack(
-                    "<5I", cache.num_kv_heads * cache.head_size, cache.num_kv_heads * cache.head_size,
-                    cache.num_kv_heads, cache.head_size, cache.block_size,
+                imm = kern.pack(
+                    key_stride=cache.num_kv_heads * cache.head_size, value_stride=cache.num_kv_heads * cache.head_size,
+                    num_kv_heads=cache.num_kv_heads, head_size=cache.head_size, block_size=cache.block_size,
                 )
                 out.append(
                     Dispatch(
@@ -311,6 +317,8 @@ class PagedKernels:
         if cur:
             base0 = lo // step * step
             groups.append((cur, _Window(base0, min(per_binding, cache.num_blocks - base0))))
+        log.info("%d sequences in %d dispatch groups (binding windows of up to %d blocks, at most %d sequences each)",
+                 batch.num_seqs, len(groups), per_binding, max_seqs)
         return groups
 
     def _check_loops(self, kind: str, cache: PagedCache, mcl: int) -> None:
@@ -354,9 +362,7 @@ class PagedKernels:
             need = -(-batch.context_lens[idx].astype(np.int64) // batch.block_size)
             cols = np.arange(bt.shape[1])[None, :] < need[:, None]
             bt_local = np.where(cols, bt - win.first_block, 0).astype(np.uint32)
-            imm = struct.pack(
-                "<7If", cache.num_kv_heads, H, D, cache.block_size, bt.shape[1], H * D, mcl, float(scale)
-            )
+            imm = kern.pack(cache.num_kv_heads, H, D, cache.block_size, bt.shape[1], H * D, mcl, float(scale))
             o = self.rt.empty(len(seqs) * out_per_seq * 4, f"{kind}_out")
             self.rt.check_size(q[idx].nbytes, "q")
             lens = self.rt.upload(batch.context_lens[idx].astype(np.uint32), "context_lens")
@@ -369,8 +375,7 @@ class PagedKernels:
             elif kind == "decode":
                 partials = self.rt.empty(len(seqs) * part_per_seq * 4, "decode_partials")
                 dispatches.append(Dispatch(kern, bufs + [partials], (H, len(seqs), parts), imm))
-                dispatches.append(Dispatch(self._reduce(), [partials, lens, o], (H, len(seqs), 1),
-                                           struct.pack("<4I", H, D, parts, mcl)))
+                dispatches.append(self._reduce().dispatch((H, len(seqs), 1), [partials, lens, o], H, D, parts, mcl))
             else:
                 stats = self.rt.empty(len(seqs) * part_per_seq * 4, "weights_stats")
                 dispatches.append(Dispatch(kern, bufs + [o, stats], (H, len(seqs), parts), imm))

@@ -1,7 +1,8 @@
 """Shared host logic of the quantised paged caches (int8_token, int4_group, fp8_*, kivi).
 
-Shaders: shaders/quant/*.wgsl, each compiled with shaders/quant/common.wgsl prepended (QuantSpec).
-Oracles: kvviz/oracles/{int8,int4,fp8,kivi}.py. Tests: tests/test_quant_methods.py.
+Families "int8", "int4", "fp8", "kivi" (kvviz/kernels/families.py): shaders in shaders/quant/, each
+including shaders/quant/common.wgsl; kernel specs below; bit formats in kvviz/formats/; numpy
+references kvviz/oracles/{int8,int4,fp8,kivi}.py; tests tests/test_quant_methods.py.
 
 Every method here has
   - a WGSL writer that quantises token rows into a u32 paged cache, addressed through the batch's
@@ -18,30 +19,56 @@ one raises DeviceLimitError before anything is dispatched.
 """
 from __future__ import annotations
 
-import struct
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, check_finite
-from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
-from kvviz.gpu.shaders import SHADER_DIR, ShaderSpec
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
 from kvviz.kernels.paged import MAX_HEAD_SIZE, PagedCache
 from kvviz.paging import PAD_SLOT, PagedBatch
 
-COMMON = "quant/common.wgsl"
+log = logging.getLogger("kvviz.kernels.quant")
 
+# ------------------------------------------------------------------------------ kernel specs
+# Writers: grid (token rows, kv heads, K|V or 1); dequantisers: grid (work items, kv heads, K|V).
+_WRITE_IMM = Struct("P", "kvh hd bs wpt")
+_DEQUANT_IMM = Struct("P", "kvh hd bs wpt win0")
+_TOKENS = ro("key_in", "val_in", "slots")
+_DEQUANT_OUT = rw("k_out", "v_out")
 
-@dataclass(frozen=True)
-class QuantSpec(ShaderSpec):
-    """A quant/*.wgsl kernel: its source is common.wgsl followed by the kernel file."""
+INT8_WRITE = KernelSpec("quant/int8_write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_WRITE_IMM)
+INT8_DEQUANT = KernelSpec("quant/int8_dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + _DEQUANT_OUT,
+                          immediates=_DEQUANT_IMM)
+INT4_WRITE = KernelSpec("quant/int4_write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_WRITE_IMM)  # GROUP
+INT4_DEQUANT = KernelSpec("quant/int4_dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + _DEQUANT_OUT,
+                          immediates=_DEQUANT_IMM)  # GROUP
+# FP8 kernels take the format's defines (kvviz.formats.fp8.Fp8Format.defines), PER_TENSOR and NAME.
+FP8_AMAX = KernelSpec("quant/fp8_amax.wgsl", bindings=_TOKENS + rw("tensor"), immediates=_WRITE_IMM)
+FP8_WRITE = KernelSpec("quant/fp8_write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"), immediates=_WRITE_IMM)
+FP8_DEQUANT = KernelSpec("quant/fp8_dequant.wgsl", bindings=ro("k_cache", "v_cache", "tensor", "items") + _DEQUANT_OUT,
+                         immediates=_DEQUANT_IMM)
+# KIVI kernels take BITS.
+KIVI_WRITE_TOK = KernelSpec("quant/kivi_write_tok.wgsl", bindings=_TOKENS + ro("row_res") + rw("k_cache", "v_cache", "res"),
+                            immediates=Struct("P", "kvh hd bs kstride"))
+KIVI_WRITE_KGROUP = KernelSpec("quant/kivi_write_kgroup.wgsl", bindings=ro("key_g", "slots_g", "groups", "info") + rw("k_cache"),
+                               immediates=Struct("P", "kvh hd bs kstride bt_off mbs"))
+KIVI_DEQUANT = KernelSpec("quant/kivi_dequant.wgsl", bindings=ro("k_cache", "v_cache", "res", "info", "items") + _DEQUANT_OUT,
+                          immediates=Struct("P", "kvh hd bs kstride bt_off mbs win0"))
+# Self-tests of common.wgsl's helpers (take the FP8 defines).
+_SELFTEST = dict(bindings=ro("a_in", "b_in") + rw("out"), immediates=Struct("P", "n row"))
+SELFTEST_DIV = KernelSpec("quant/selftest.wgsl", "div_test", **_SELFTEST)
+SELFTEST_FP8 = KernelSpec("quant/selftest.wgsl", "fp8_test", **_SELFTEST)
 
-    def source(self) -> str:
-        return (SHADER_DIR / COMMON).read_text() + "\n" + super().source()
-
-
-def spec(path: str, entry: str = "main", **defines) -> QuantSpec:
-    return QuantSpec(f"quant/{path}", entry=entry, defines=tuple(sorted((k, str(v)) for k, v in defines.items())))
+KERNELS = {
+    "int8": (INT8_WRITE, INT8_DEQUANT),
+    "int4": (INT4_WRITE, INT4_DEQUANT),
+    "fp8": (FP8_AMAX, FP8_WRITE, FP8_DEQUANT),
+    "kivi": (KIVI_WRITE_TOK, KIVI_WRITE_KGROUP, KIVI_DEQUANT),
+    "selftest": (SELFTEST_DIV, SELFTEST_FP8),
+}
 
 
 # ----------------------------------------------------------------------------------- validation
@@ -186,11 +213,14 @@ def token_dispatches(rt, kernel, key, value, slots, cache_bufs, imm_fn, extra_ro
     """
     T, kvh, D = key.shape
     out = []
-    for a, b in row_chunks(rt, T, kvh * D * 4):
+    chunks = row_chunks(rt, T, kvh * D * 4)
+    if len(chunks) > 1:
+        log.info("%s: %d token rows in %d chunks (grid and storage-binding limits)", kernel.name, T, len(chunks))
+    for a, b in chunks:
         bufs = [rt.upload(key[a:b], "key"), rt.upload(value[a:b], "value"), rt.upload(slots[a:b].astype(np.uint32), "slots")]
         bufs += [rt.upload(np.ascontiguousarray(e[a:b]), "rows") for e in extra_rows]
         bufs += list(cache_bufs)
-        out.append(Dispatch(kernel, bufs, (b - a, kvh, z), imm_fn(b - a)))
+        out.append(kernel.dispatch((b - a, kvh, z), bufs, imm=imm_fn(b - a)))
     return out
 
 
@@ -229,29 +259,20 @@ def dequant_dispatches(ctx, kernel, in_bufs, f32c: PagedCache, batch: PagedBatch
     rt = ctx.rt
     items = dequant_items(batch) if items is None else items
     out = []
-    for w0, nb, kb, vb in f32_windows(ctx, f32c):
+    windows = f32_windows(ctx, f32c)
+    if len(windows) > 1:
+        log.info("%s: the f32 cache is bound in %d windows", kernel.name, len(windows))
+    for w0, nb, kb, vb in windows:
         sel = items[(items[:, 0] >= w0) & (items[:, 0] < w0 + nb)]
         for a, b in row_chunks(rt, len(sel), 16):
             chunk = np.ascontiguousarray(sel[a:b])
             bufs = list(in_bufs) + [rt.upload(chunk, "dequant_items"), kb, vb]
-            out.append(Dispatch(kernel, bufs, (b - a, f32c.num_kv_heads, 2), imm_fn(w0)))
+            out.append(kernel.dispatch((b - a, f32c.num_kv_heads, 2), bufs, imm=imm_fn(w0)))
     return out
 
 
 def alloc_f32(ctx, batch: PagedBatch, kvh: int, D: int) -> PagedCache:
     return ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
-
-
-def pack_u32(*vals) -> bytes:
-    return struct.pack(f"<{len(vals)}I", *[int(v) for v in vals])
-
-
-def ro(n: int) -> list[str]:
-    return [STORAGE_RO] * n
-
-
-def rw(n: int) -> list[str]:
-    return [STORAGE_RW] * n
 
 
 # ------------------------------------------------------------------------------- self tests
@@ -261,7 +282,7 @@ def _elementwise(rt: GpuRuntime, kern, a: np.ndarray, b: np.ndarray, out_words: 
     gx = min(groups, rt.max_grid)
     gy = -(-groups // gx)
     out = rt.empty(out_words * 4, "selftest_out")
-    rt.run([Dispatch(kern, [rt.upload(a, "a"), rt.upload(b, "b"), out], (gx, gy, 1), pack_u32(n, gx * 64))])
+    rt.run([kern.dispatch((gx, gy, 1), [rt.upload(a, "a"), rt.upload(b, "b"), out], n=n, row=gx * 64)])
     return rt.read(out, np.uint32, nbytes=out_words * 4)
 
 
@@ -269,13 +290,13 @@ def selftest_div(rt: GpuRuntime, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """div_rn_bits(a, b) on the GPU, element-wise: float32 results (compare bits with numpy a / b)."""
     a = np.ascontiguousarray(a, np.float32)
     b = np.ascontiguousarray(b, np.float32)
-    kern = rt.kernel(spec("selftest.wgsl", "div_test", MBITS=3, BIAS=7, MAX_BITS=0, MAX_CODE=0), ro(2) + rw(1), 8)
+    kern = rt.compile(SELFTEST_DIV, MBITS=3, BIAS=7, MAX_BITS=0, MAX_CODE=0)
     return _elementwise(rt, kern, a, b, len(a)).view(np.float32)
 
 
 def selftest_fp8(rt: GpuRuntime, x: np.ndarray, fmt) -> tuple[np.ndarray, np.ndarray]:
     """(codes uint8, decoded float32) of f32_to_fp8 / fp8_to_f32 on the GPU for an Fp8Format."""
     x = np.ascontiguousarray(x, np.float32)
-    kern = rt.kernel(spec("selftest.wgsl", "fp8_test", **{k: v for k, v in fmt.defines().items() if k != "FMAX"}), ro(2) + rw(1), 8)
+    kern = rt.compile(SELFTEST_FP8, **{k: v for k, v in fmt.defines().items() if k != "FMAX"})
     r = _elementwise(rt, kern, x, x, 2 * len(x))
     return r[: len(x)].astype(np.uint8), r[len(x):].view(np.float32)

@@ -2,12 +2,14 @@
 (tq_rotate_q.wgsl), the UNMODIFIED seed flash_attention_tq.wgsl for decode and causal prefill chunks,
 and tq_scores.wgsl (the same estimator's softmax weights or logits over positions).
 
-Shaders: shaders/turboquant/. Oracle: kvviz/oracles/turboquant.py. Tests: tests/test_turboquant.py.
+Family "turboquant" (kvviz/kernels/families.py): shaders in shaders/turboquant/, kernel specs below,
+bit format kvviz/formats/turboquant.py, numpy reference kvviz/oracles/turboquant.py, tests
+tests/test_turboquant.py.
 
 TurboQuant is not paged: one cache holds ONE sequence, `cache_cap` positions for every KV head, in
 regions (keys [polar | jl | norms], values [polar | norms]) with slot = kv_head * cache_cap + t.
 
-Everything is checked on the host before dispatch (kernels.md section 4 constraints): head_dim a
+Everything is checked on the host before dispatch (docs/kernels.md, "TurboQuant"): head_size a
 power of two, <= 128, a multiple of 32 (UnsupportedShape); max_seq <= cache_cap, start_pos + n_queries
 <= max_seq, positions [0, max_seq) written, finite inputs, an integral GQA ratio, norms that fit f16
 (InvalidInput). Grids larger than the device's per-dimension limit are split (rows / queries).
@@ -20,28 +22,46 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
-from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch, GpuRuntime
-from kvviz.gpu.shaders import ShaderSpec
+from kvviz.formats import turboquant as tqf
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
 from kvviz.kernels import loop_budget
 from kvviz.kernels.paged import softmax_dispatch
-from kvviz.oracles import turboquant as tqo
 
-MAX_HEAD_DIM = 128
+MAX_HEAD_SIZE = 128
 F16_MAX = 65504.0
 
-SEED_SHADER = "turboquant/flash_attention_tq.wgsl"
-COMPRESS_SHADER = "turboquant/tq_compress.wgsl"
-ROTATE_SHADER = "turboquant/tq_rotate_q.wgsl"
-SCORES_SHADER = "turboquant/tq_scores.wgsl"
+# ------------------------------------------------------------------------------ kernel specs
+# Parameters travel in a 16-word storage buffer `params: array<u32, 16>` (the seed kernel's convention).
+_CENTROIDS = " c0:f32 c1:f32 c2:f32 c3:f32"
+COMPRESS_PARAMS = Struct("tq_compress_params", "n_rows n_kv_heads head_size cache_cap dst_pos sign_off row_base "
+                         "inv_sqrt_d:f32" + _CENTROIDS + " b0:f32 b1:f32 b2:f32", words=16)
+ROTATE_PARAMS = Struct("tq_rotate_params", "n_rows n_heads head_size q_cap sign_off row_base inv_sqrt_d:f32", words=16)
+ATTENTION_PARAMS = Struct("tq_attention_params", "n_heads n_kv_heads head_size max_seq start_pos scale:f32 q_cap "
+                          "out_stride qjl_scale:f32 sign_off" + _CENTROIDS + " q_base cache_cap", words=16)
+SCORES_PARAMS = Struct("tq_scores_params", "n_heads n_kv_heads head_size max_seq start_pos scale:f32 q_cap out_len "
+                       "qjl_scale:f32 unused" + _CENTROIDS + " q_base cache_cap", words=16)
+
+_COMPRESS = dict(bindings=ro("src") + rw("cache") + ro("signs", "params"), buffers=(("params", COMPRESS_PARAMS),))
+COMPRESS_KEYS = KernelSpec("turboquant/tq_compress.wgsl", "tq_compress_keys", **_COMPRESS)
+COMPRESS_VALUES = KernelSpec("turboquant/tq_compress.wgsl", "tq_compress_values", **_COMPRESS)
+ROTATE_Q = KernelSpec("turboquant/tq_rotate_q.wgsl", "tq_rotate_q", bindings=ro("src") + rw("qrot") + ro("signs", "params"),
+                      buffers=(("params", ROTATE_PARAMS),))
+FLASH_SEED = KernelSpec("turboquant/flash_attention_tq.wgsl", "flash_attention_tq",
+                        bindings=ro("qrot", "k_cache", "v_cache") + rw("out_batch") + ro("params", "signs"),
+                        buffers=(("params", ATTENTION_PARAMS),))
+SCORES = KernelSpec("turboquant/tq_scores.wgsl", "tq_scores", bindings=ro("qrot", "k_cache") + rw("out") + ro("params") + rw("stats"),
+                    buffers=(("params", SCORES_PARAMS),))
+KERNELS = (COMPRESS_KEYS, COMPRESS_VALUES, ROTATE_Q, FLASH_SEED, SCORES)
 
 
-def check_head_dim(head_dim: int) -> None:
-    d = int(head_dim)
-    if d <= 0 or d & (d - 1) or d > MAX_HEAD_DIM or d % 32:
+def check_head_size(head_size: int) -> None:
+    d = int(head_size)
+    if d <= 0 or d & (d - 1) or d > MAX_HEAD_SIZE or d % 32:
         raise UnsupportedShape(
-            f"head_dim {head_dim} is not supported by TurboQuant: it must be a power of two (Walsh-Hadamard), "
-            f"<= {MAX_HEAD_DIM} (the kernels' shared arrays) and a multiple of 32 (whole JL sign words).",
-            "Use head_dim 32, 64 or 128.",
+            f"head_size {head_size} is not supported by TurboQuant: it must be a power of two (Walsh-Hadamard), "
+            f"<= {MAX_HEAD_SIZE} (the kernels' shared arrays) and a multiple of 32 (whole JL sign words).",
+            "Use head_size 32, 64 or 128.",
         )
 
 
@@ -55,23 +75,13 @@ def check_gqa(n_heads: int, n_kv_heads: int) -> None:
 
 def resolve_qjl_scale(qjl_scale, d: int) -> float:
     if isinstance(qjl_scale, str):
-        if qjl_scale not in tqo.QJL_SCALES:
-            raise InvalidInput(f"qjl_scale must be one of {tqo.QJL_SCALES} or a number, got {qjl_scale!r}")
-        return tqo.qjl_scale_value(qjl_scale, d)
+        if qjl_scale not in tqf.QJL_SCALES:
+            raise InvalidInput(f"qjl_scale must be one of {tqf.QJL_SCALES} or a number, got {qjl_scale!r}")
+        return tqf.qjl_scale_value(qjl_scale, d)
     v = float(qjl_scale)
     if not math.isfinite(v):
         raise InvalidInput(f"qjl_scale must be finite, got {qjl_scale}")
     return v
-
-
-def _bits(x: float) -> int:
-    return int(np.array([x], np.float32).view(np.uint32)[0])
-
-
-def _params(values) -> np.ndarray:
-    p = np.zeros(16, np.uint32)
-    p[: len(values)] = np.asarray(values, dtype=np.uint64).astype(np.uint32)
-    return p
 
 
 @dataclass
@@ -79,9 +89,9 @@ class TQCache:
     """One sequence's compressed K and V on the device, with its sign vectors and centroids."""
 
     n_kv_heads: int
-    head_dim: int
+    head_size: int
     cache_cap: int
-    params: tqo.TQParams
+    params: tqf.TQParams
     k: object
     v: object
     signs: object
@@ -97,11 +107,11 @@ class TQCache:
 
     @property
     def k_words(self) -> int:
-        return tqo.key_cache_words(self.n_kv_heads, self.cache_cap, self.head_dim)
+        return tqf.key_cache_words(self.n_kv_heads, self.cache_cap, self.head_size)
 
     @property
     def v_words(self) -> int:
-        return tqo.value_cache_words(self.n_kv_heads, self.cache_cap, self.head_dim)
+        return tqf.value_cache_words(self.n_kv_heads, self.cache_cap, self.head_size)
 
     @property
     def length(self) -> int:
@@ -112,13 +122,8 @@ class TQCache:
             return self.cache_cap
         return int(np.argmin(self.written))
 
-    @staticmethod
-    def key_bytes_per_vector(d: int) -> int:
-        return (d // 16 + d // 32 + 1) * 4
-
-    @staticmethod
-    def value_bytes_per_vector(d: int) -> int:
-        return (d // 16 + 1) * 4
+    key_bytes_per_vector = staticmethod(tqf.key_bytes_per_vector)
+    value_bytes_per_vector = staticmethod(tqf.value_bytes_per_vector)
 
     @property
     def nbytes(self) -> int:
@@ -133,36 +138,32 @@ class TurboQuantKernels:
 
     # ------------------------------------------------------------------ kernels
     def _compress_kernel(self, which: str):
-        entry = "tq_compress_keys" if which == "k" else "tq_compress_values"
-        return self.rt.kernel(ShaderSpec(COMPRESS_SHADER, entry=entry), [STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RO])
+        return self.rt.compile(COMPRESS_KEYS if which == "k" else COMPRESS_VALUES)
 
     def _rotate_kernel(self):
-        return self.rt.kernel(ShaderSpec(ROTATE_SHADER, entry="tq_rotate_q"), [STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RO])
+        return self.rt.compile(ROTATE_Q)
 
     def _seed_kernel(self):
-        return self.rt.kernel(
-            ShaderSpec(SEED_SHADER, entry="flash_attention_tq"),
-            [STORAGE_RO, STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RO],
-        )
+        return self.rt.compile(FLASH_SEED)
 
     def _scores_kernel(self):
-        return self.rt.kernel(ShaderSpec(SCORES_SHADER, entry="tq_scores"), [STORAGE_RO, STORAGE_RO, STORAGE_RW, STORAGE_RO, STORAGE_RW])
+        return self.rt.compile(SCORES)
 
     # ------------------------------------------------------------------ cache
-    def allocate(self, n_kv_heads: int, head_dim: int, cache_cap: int, seed: int = tqo.DEFAULT_SEED, layer: int = 0) -> TQCache:
-        check_head_dim(head_dim)
+    def allocate(self, n_kv_heads: int, head_size: int, cache_cap: int, seed: int = tqf.DEFAULT_SEED, layer: int = 0) -> TQCache:
+        check_head_size(head_size)
         if n_kv_heads <= 0 or cache_cap <= 0:
             raise InvalidInput(f"n_kv_heads and cache_cap must be positive, got {n_kv_heads} and {cache_cap}")
         if layer < 0 or seed < 0:
             raise InvalidInput(f"seed and layer must be non-negative, got {seed} and {layer}")
-        p = tqo.TQParams(int(head_dim), int(seed), int(layer))
-        kw = tqo.key_cache_words(n_kv_heads, cache_cap, head_dim)
-        vw = tqo.value_cache_words(n_kv_heads, cache_cap, head_dim)
+        p = tqf.TQParams(int(head_size), int(seed), int(layer))
+        kw = tqf.key_cache_words(n_kv_heads, cache_cap, head_size)
+        vw = tqf.value_cache_words(n_kv_heads, cache_cap, head_size)
         k = self.rt.empty(kw * 4, "tq_k_cache")
         v = self.rt.empty(vw * 4, "tq_v_cache")
         # wgpu zero-fills new buffers: unwritten slots read as zero words (a zero vector).
         signs = self.rt.upload(p.signs_buffer(), "tq_signs")
-        return TQCache(int(n_kv_heads), int(head_dim), int(cache_cap), p, k, v, signs, np.zeros(int(cache_cap), bool))
+        return TQCache(int(n_kv_heads), int(head_size), int(cache_cap), p, k, v, signs, np.zeros(int(cache_cap), bool))
 
     def read(self, cache: TQCache) -> tuple[np.ndarray, np.ndarray]:
         """Host copies of the (K, V) cache words."""
@@ -173,10 +174,10 @@ class TurboQuantKernels:
         """Validate, upload, and return the dispatches that write keys/values [tokens, kv_heads, d] of
         ONE sequence at positions start_pos.. of `cache` (not yet run; the positions are marked written
         now, so run the dispatches before attending)."""
-        desc = f"[tokens, {cache.n_kv_heads}, {cache.head_dim}]"
+        desc = f"[tokens, {cache.n_kv_heads}, {cache.head_size}]"
         keys = require_f32("keys", keys, desc, 3)
         values = require_f32("values", values, desc, 3)
-        if keys.shape[1:] != (cache.n_kv_heads, cache.head_dim) or values.shape != keys.shape:
+        if keys.shape[1:] != (cache.n_kv_heads, cache.head_size) or values.shape != keys.shape:
             raise InvalidInput(f"keys/values must both be {desc}; got {keys.shape} and {values.shape}")
         T = keys.shape[0]
         start_pos = int(start_pos)
@@ -203,14 +204,14 @@ class TurboQuantKernels:
         vb = self.rt.upload(values, "tq_values")
         for base in range(0, T, chunk):
             rows = min(chunk, T - base)
-            prm = _params(
-                [T, cache.n_kv_heads, cache.head_dim, cache.cache_cap, start_pos, p.sign_off, base,
-                 _bits(tqo.inv_sqrt_d(cache.head_dim)), *(_bits(x) for x in c), *(_bits(x) for x in b)]
+            prm = COMPRESS_PARAMS.array(
+                T, cache.n_kv_heads, cache.head_size, cache.cache_cap, start_pos, p.sign_off, base,
+                tqf.inv_sqrt_d(cache.head_size), *c, *b,
             )
             pb = self.rt.upload(prm, "tq_compress_params")
             grid = (rows, cache.n_kv_heads, 1)
-            out.append(Dispatch(self._compress_kernel("k"), [kb, cache.k, cache.signs, pb], grid))
-            out.append(Dispatch(self._compress_kernel("v"), [vb, cache.v, cache.signs, pb], grid))
+            out.append(self._compress_kernel("k").dispatch(grid, [kb, cache.k, cache.signs, pb]))
+            out.append(self._compress_kernel("v").dispatch(grid, [vb, cache.v, cache.signs, pb]))
         cache.written[start_pos : start_pos + T] = True
         return out
 
@@ -218,13 +219,13 @@ class TurboQuantKernels:
         self.rt.run(self.compress_dispatches(cache, keys, values, start_pos))
 
     # ------------------------------------------------------------------ rotate
-    def rotate_q_dispatches(self, q, params: tqo.TQParams, signs_buf=None, q_cap: int | None = None):
+    def rotate_q_dispatches(self, q, params: tqf.TQParams, signs_buf=None, q_cap: int | None = None):
         """q [n_q, n_heads, d] f32 -> (dispatches, buffer [q_rot | q_jl | sums], q_cap)."""
-        check_head_dim(params.d)
-        q = require_f32("q", q, f"[n_queries, n_heads, {params.d}]", 3)
+        check_head_size(params.head_size)
+        q = require_f32("q", q, f"[n_queries, n_heads, {params.head_size}]", 3)
         nq, H, d = q.shape
-        if d != params.d:
-            raise InvalidInput(f"q has head size {d}, the cache {params.d}")
+        if d != params.head_size:
+            raise InvalidInput(f"q has head size {d}, the cache {params.head_size}")
         if nq == 0:
             raise InvalidInput("q has no query rows")
         q_cap = nq if q_cap is None else int(q_cap)
@@ -239,11 +240,11 @@ class TurboQuantKernels:
         ds = []
         for base in range(0, nq, self.rt.max_grid):
             rows = min(self.rt.max_grid, nq - base)
-            prm = _params([nq, H, d, q_cap, params.sign_off, base, _bits(tqo.inv_sqrt_d(d))])
-            ds.append(Dispatch(self._rotate_kernel(), [qb, out, signs_buf, self.rt.upload(prm, "tq_rotate_params")], (rows, H, 1)))
+            prm = ROTATE_PARAMS.array(nq, H, d, q_cap, params.sign_off, base, tqf.inv_sqrt_d(d))
+            ds.append(self._rotate_kernel().dispatch((rows, H, 1), [qb, out, signs_buf, self.rt.upload(prm, "tq_rotate_params")]))
         return ds, out, q_cap
 
-    def rotate_q(self, q, params: tqo.TQParams, q_cap: int | None = None) -> np.ndarray:
+    def rotate_q(self, q, params: tqf.TQParams, q_cap: int | None = None) -> np.ndarray:
         """Run tq_rotate_q; returns the whole [q_rot | q_jl | sums] buffer as f32."""
         ds, buf, q_cap = self.rotate_q_dispatches(q, params, q_cap=q_cap)
         self.rt.run(ds)
@@ -252,10 +253,10 @@ class TurboQuantKernels:
 
     # ------------------------------------------------------------------ attention
     def _check_attention(self, cache: TQCache, q, start_pos: int, max_seq, scale: float, qjl_scale):
-        q = require_f32("q", q, f"[n_queries, n_heads, {cache.head_dim}]", 3)
+        q = require_f32("q", q, f"[n_queries, n_heads, {cache.head_size}]", 3)
         nq, H, d = q.shape
-        if d != cache.head_dim:
-            raise InvalidInput(f"q has head size {d}, the cache {cache.head_dim}")
+        if d != cache.head_size:
+            raise InvalidInput(f"q has head size {d}, the cache {cache.head_size}")
         check_gqa(H, cache.n_kv_heads)
         if nq == 0:
             raise InvalidInput("q has no query rows")
@@ -300,17 +301,12 @@ class TurboQuantKernels:
         c = cache.params.centroids
         for base in range(0, nq, self.rt.max_grid):
             rows = min(self.rt.max_grid, nq - base)
-            prm = _params(
-                [H, cache.n_kv_heads, d, max_seq, start_pos, _bits(scale), q_cap, H * d, _bits(qs),
-                 cache.params.sign_off, *(_bits(x) for x in c), base, cache.cache_cap]
+            prm = ATTENTION_PARAMS.array(
+                H, cache.n_kv_heads, d, max_seq, start_pos, scale, q_cap, H * d, qs, cache.params.sign_off, *c,
+                base, cache.cache_cap,
             )
-            ds.append(
-                Dispatch(
-                    self._seed_kernel(),
-                    [qrot, cache.k, cache.v, out, self.rt.upload(prm, "tq_attn_params"), cache.signs],
-                    (H, rows, 1),
-                )
-            )
+            ds.append(self._seed_kernel().dispatch(
+                (H, rows, 1), [qrot, cache.k, cache.v, out, self.rt.upload(prm, "tq_attn_params"), cache.signs]))
         return ds, out
 
     def attention(self, cache: TQCache, q, start_pos: int, scale: float, qjl_scale="reference", max_seq=None) -> np.ndarray:
@@ -349,13 +345,11 @@ class TurboQuantKernels:
         c = cache.params.centroids
         for base in range(0, nq, self.rt.max_grid):
             rows = min(self.rt.max_grid, nq - base)
-            prm = _params(
-                [H, cache.n_kv_heads, d, max_seq, start_pos, _bits(scale), q_cap, out_len, _bits(qs),
-                 0, *(_bits(x) for x in c), base, cache.cache_cap]
-            )
+            prm = SCORES_PARAMS.array(H, cache.n_kv_heads, d, max_seq, start_pos, scale, q_cap, out_len, qs, 0, *c,
+                                      base, cache.cache_cap)
             stats = self.rt.empty(rows * H * parts * 2 * 4, "tq_scores_stats")
-            ds.append(Dispatch(self._scores_kernel(), [qrot, cache.k, out, self.rt.upload(prm, "tq_scores_params"), stats],
-                               (H, rows, parts)))
+            ds.append(self._scores_kernel().dispatch(
+                (H, rows, parts), [qrot, cache.k, out, self.rt.upload(prm, "tq_scores_params"), stats]))
             if mode == "weights":
                 pos = start_pos + base + np.arange(rows, dtype=np.int64)
                 lens = np.minimum(np.minimum(pos + 1, max_seq), out_len).astype(np.uint32)
@@ -374,19 +368,19 @@ class TurboQuantKernels:
 # ---------------------------------------------------------------------- traffic
 def compress_bytes(cache: TQCache, tokens: int) -> int:
     """Unique bytes of compressing `tokens` positions: f32 K and V in, compressed K and V out."""
-    d, kvh = cache.head_dim, cache.n_kv_heads
+    d, kvh = cache.head_size, cache.n_kv_heads
     return int(tokens * kvh * (2 * d * 4 + TQCache.key_bytes_per_vector(d) + TQCache.value_bytes_per_vector(d)))
 
 
 def attention_bytes(cache: TQCache, n_queries: int, n_heads: int, max_seq: int) -> int:
     """Unique bytes of the seed kernel: rotated queries, the compressed K and V of max_seq positions, the output."""
-    d, kvh = cache.head_dim, cache.n_kv_heads
+    d, kvh = cache.head_size, cache.n_kv_heads
     q = n_queries * n_heads * (2 * d + 1) * 4
     kv = max_seq * kvh * (TQCache.key_bytes_per_vector(d) + TQCache.value_bytes_per_vector(d))
     return int(q + kv + n_queries * n_heads * d * 4 + 2 * d * 4)
 
 
 def scores_bytes(cache: TQCache, n_queries: int, n_heads: int, max_seq: int) -> int:
-    d, kvh = cache.head_dim, cache.n_kv_heads
+    d, kvh = cache.head_size, cache.n_kv_heads
     return int(n_queries * n_heads * (2 * d + 1) * 4 + max_seq * kvh * TQCache.key_bytes_per_vector(d)
                + n_queries * n_heads * max_seq * 4)

@@ -28,7 +28,7 @@ from kvviz.errors import InvalidInput
 from kvviz.kernels.paged import check_head_size
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord, get_method
 from kvviz.methods.int8_seed import Int8PerTokenSeed
-from kvviz.oracles.paged import unpack_int8_words
+from kvviz.formats.int8 import unpack_records as unpack_int8_words
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
 
 _F32 = np.float32

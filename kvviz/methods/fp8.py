@@ -16,7 +16,7 @@ import numpy as np
 from kvviz.kernels import quant as qk
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.quant_common import PerTokenRecordMethod
-from kvviz.oracles import fp8 as oracle
+from kvviz.formats import fp8 as fmt8
 
 SCALE_MODES = ("per_token", "per_tensor")
 
@@ -34,7 +34,7 @@ class _Fp8Base(PerTokenRecordMethod):
     scale_mode: str
 
     def configure(self):
-        self.fmt = oracle.FORMATS[self.fmt_key]
+        self.fmt = fmt8.FORMATS[self.fmt_key]
         self.code_range = (-self.fmt.max, self.fmt.max)
         self.label = f"{self.fmt.name} ({self.scale_mode.replace('_', '-')} scale)"
 
@@ -52,10 +52,10 @@ class _Fp8Base(PerTokenRecordMethod):
         return d
 
     def writer_spec(self):
-        return qk.spec("fp8_write.wgsl", **self._defines())
+        return qk.FP8_WRITE.define(**self._defines())
 
     def dequant_spec(self):
-        return qk.spec("fp8_dequant.wgsl", **self._defines())
+        return qk.FP8_DEQUANT.define(**self._defines())
 
     def _tensor_buffer(self, ctx):
         # [amax K, amax V, scale K, scale V] as u32 bits; zeroed (atomicMax starts from 0).
@@ -65,17 +65,17 @@ class _Fp8Base(PerTokenRecordMethod):
         rt = ctx.rt
         kvh, D = key.shape[1], key.shape[2]
         out = []
-        imm = qk.pack_u32(kvh, D, qc.block_size, self.wpt(D))
+        kern = rt.compile(self.writer_spec())
+        imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         if self.per_tensor:
-            amax = rt.kernel(qk.spec("fp8_amax.wgsl"), qk.ro(3) + qk.rw(1), 16)
+            amax = rt.compile(qk.FP8_AMAX)
             out += qk.token_dispatches(rt, amax, key, value, sm, [qc.extra["tensor"]], lambda n: imm)
-        kern = rt.kernel(self.writer_spec(), qk.ro(3) + qk.rw(3), 16)
         out += qk.token_dispatches(rt, kern, key, value, sm, [qc.k, qc.v, qc.extra["tensor"]], lambda n: imm)
         return out
 
     def unpack(self, records, head_size):
-        codes, scales = oracle.unpack_records(records, head_size, not self.per_tensor)
-        out = {"codes": oracle.decode(codes, self.fmt), "code_bits": codes}
+        codes, scales = fmt8.unpack_records(records, head_size, not self.per_tensor)
+        out = {"codes": fmt8.decode(codes, self.fmt), "code_bits": codes}
         out["scale"] = scales if scales is not None else np.zeros(records.shape[:-1], np.float32)
         return out
 

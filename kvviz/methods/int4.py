@@ -12,7 +12,7 @@ from kvviz.errors import UnsupportedShape
 from kvviz.kernels import quant as qk
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.quant_common import PerTokenRecordMethod
-from kvviz.oracles import int4 as oracle
+from kvviz.formats import asym
 
 GROUP_SIZES = (32, 64, 128)
 
@@ -52,13 +52,13 @@ class Int4Group(PerTokenRecordMethod):
         return head_size // 8 + 2 * (head_size // self.group_size)
 
     def writer_spec(self):
-        return qk.spec("int4_write.wgsl", GROUP=self.group_size)
+        return qk.INT4_WRITE.define(GROUP=self.group_size)
 
     def dequant_spec(self):
-        return qk.spec("int4_dequant.wgsl", GROUP=self.group_size)
+        return qk.INT4_DEQUANT.define(GROUP=self.group_size)
 
     def unpack(self, records, head_size):
-        codes, scales, zeros = oracle.unpack_records(records, head_size, self.group_size)
+        codes, scales, zeros = asym.unpack_records(records, head_size, self.group_size)
         return {"codes": codes.astype(int), "scale": scales, "zero": zeros}
 
     def quantize(self, ctx, batch, key, value):

@@ -11,7 +11,7 @@ import numpy as np
 from kvviz.kernels import quant as qk
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.quant_common import PerTokenRecordMethod
-from kvviz.oracles import int8 as oracle
+from kvviz.formats import int8 as fmt8
 
 
 @register
@@ -27,13 +27,13 @@ class Int8PerToken(PerTokenRecordMethod):
         return head_size // 4 + 1
 
     def writer_spec(self):
-        return qk.spec("int8_write.wgsl")
+        return qk.INT8_WRITE
 
     def dequant_spec(self):
-        return qk.spec("int8_dequant.wgsl")
+        return qk.INT8_DEQUANT
 
     def unpack(self, records, head_size):
-        codes, scales = oracle.unpack_records(records)
+        codes, scales = fmt8.unpack_records(records)
         return {"codes": codes.astype(np.int32), "scale": scales}
 
     def range_warnings(self, key, value, real, fields):
@@ -42,12 +42,12 @@ class Int8PerToken(PerTokenRecordMethod):
         zero, coarse = {}, {}
         for which, x in (("K", key), ("V", value)):
             amax = np.abs(np.asarray(x, np.float32)[real]).max(-1)  # [rows, kvh]
-            floored = (amax > 0) & ((amax / oracle.QMAX).astype(np.float32) < oracle.SCALE_FLOOR)
+            floored = (amax > 0) & ((amax / fmt8.QMAX).astype(np.float32) < fmt8.SCALE_FLOOR)
             allzero = floored & ~np.asarray(fields[which]["codes"])[real].any(-1)
             zero[which], coarse[which] = int(allzero.sum()), int((floored & ~allzero).sum())
         total = 2 * int(np.count_nonzero(real)) * key.shape[1]
-        floor = f"{float(oracle.SCALE_FLOOR):.0e}".replace("e-0", "e-")  # "1e-8"
-        lim = f"{127 * float(oracle.SCALE_FLOOR):.3g}".replace("e-0", "e-")  # "1.27e-6"
+        floor = f"{float(fmt8.SCALE_FLOOR):.0e}".replace("e-0", "e-")  # "1e-8"
+        lim = f"{127 * float(fmt8.SCALE_FLOOR):.3g}".replace("e-0", "e-")  # "1.27e-6"
         out = []
         if sum(zero.values()):
             out.append(

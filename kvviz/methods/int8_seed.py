@@ -5,7 +5,7 @@ import numpy as np
 
 from kvviz.kernels.paged import check_head_size
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
-from kvviz.oracles.paged import unpack_int8_words
+from kvviz.formats.int8 import unpack_records as unpack_int8_words
 from kvviz.paging import PAD_SLOT
 
 

@@ -3,7 +3,7 @@ values per token, asymmetric 2 or 4 bits, the most recent tokens of each sequenc
 
 Options: bits in {2, 4}; recent R >= 0 (default 128); context_len (default 4096): the sequence length
 the layout's bytes/bits accounting assumes (`layouts_for_batch` accounts a concrete batch exactly).
-Which tokens are quantised, the group -> block mapping and the buffers: kvviz/oracles/kivi.py.
+Which tokens are quantised, the group -> block mapping and the buffers: kvviz/formats/kivi.py.
 Shaders: quant/kivi_write_tok.wgsl (values + residual rows), quant/kivi_write_kgroup.wgsl (key groups),
 quant/kivi_dequant.wgsl (-> f32 PagedCache for the f32 decode / weights).
 
@@ -22,12 +22,12 @@ from kvviz.kernels.traffic import decode_bytes
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.methods.int8_seed import block_positions
 from kvviz.methods.quant_common import DequantisedAttention
-from kvviz.oracles import kivi as oracle
-from kvviz.oracles.int4 import unpack_codes
+from kvviz.formats import kivi as layout
+from kvviz.formats.asym import unpack_codes
 from kvviz.paging import PAD_SLOT
 
 BITS = (2, 4)
-GROUP = oracle.GROUP
+GROUP = layout.GROUP
 
 
 @register
@@ -64,7 +64,7 @@ class Kivi(DequantisedAttention, KVMethod):
 
     def _accounting(self, head_size: int, residual_fraction: float, note: str):
         D = head_size
-        KW = oracle.kw(D, self.bits)
+        KW = layout.kw(D, self.bits)
         res = residual_fraction * D * 4
         k_bpt = KW * 4 + D / 4 + res  # codes + side stream (2 f32 per channel per 32 tokens) + residual
         v_bpt = (KW + 2) * 4 + res
@@ -72,8 +72,8 @@ class Kivi(DequantisedAttention, KVMethod):
 
     def _layouts(self, head_size, block_size, residual_fraction, note):
         D = head_size
-        KW = oracle.kw(D, self.bits)
-        WS = oracle.ws(D, block_size)
+        KW = layout.kw(D, self.bits)
+        WS = layout.ws(D, block_size)
         k_bpt, v_bpt, note = self._accounting(D, residual_fraction, note)
         b = self.bits
         dt = f"uint{b}"
@@ -124,16 +124,16 @@ class Kivi(DequantisedAttention, KVMethod):
 
     def layouts(self, head_size, block_size):
         L = self.context_len
-        frac = (L - oracle.n_quantised(L, self.recent)) / L
+        frac = (L - layout.n_quantised(L, self.recent)) / L
         note = (
-            f"Bytes/token assume one sequence of context_len = {L} tokens (residual {L - oracle.n_quantised(L, self.recent)} "
+            f"Bytes/token assume one sequence of context_len = {L} tokens (residual {L - layout.n_quantised(L, self.recent)} "
             f"f32 rows amortised over {L}) and full blocks; residual tokens also keep their (zeroed) code slots."
         )
         return self._layouts(head_size, block_size, frac, note)
 
     def layouts_for_batch(self, batch, head_size):
         """Layouts whose bytes/token are exact for this batch: residual rows / tokens of the batch."""
-        p = oracle.plan(batch.context_lens, self.recent)
+        p = layout.plan(batch.context_lens, self.recent)
         n = max(1, int(np.asarray(batch.context_lens, np.int64).sum()))
         note = (
             f"Bytes/token for this batch: {p.total_res} residual f32 rows over {n} tokens, full blocks assumed; "
@@ -160,9 +160,9 @@ class Kivi(DequantisedAttention, KVMethod):
                     "Write whole sequences (prefill) with this method.",
                 )
         bs = batch.block_size
-        KW = oracle.kw(D, self.bits)
-        kstride = oracle.k_stride(D, bs, self.bits)
-        plan = oracle.plan(batch.context_lens, self.recent)
+        KW = layout.kw(D, self.bits)
+        kstride = layout.k_stride(D, bs, self.bits)
+        plan = layout.plan(batch.context_lens, self.recent)
         qc = qk.alloc_cache(rt, self.key, batch, kvh, D, kstride, bs * (KW + 2))
         res = qk.alloc_words(rt, max(1, plan.total_res) * 2 * kvh * D, f"{self.key}_residual")
         S = batch.num_seqs
@@ -185,8 +185,8 @@ class Kivi(DequantisedAttention, KVMethod):
         defines = {"BITS": self.bits}
         out: list[Dispatch] = []
         if T:
-            tok = rt.kernel(qk.spec("kivi_write_tok.wgsl", **defines), qk.ro(4) + qk.rw(3), 16)
-            imm = qk.pack_u32(kvh, D, bs, kstride)
+            tok = rt.compile(qk.KIVI_WRITE_TOK, **defines)
+            imm = tok.pack(kvh, D, bs, kstride)
             out += qk.token_dispatches(rt, tok, key, value, sm, [qc.k, qc.v, res], lambda n: imm, extra_rows=[row_res], z=1)
         # key groups: (seq, g) for every complete quantised group, rows gathered on the host
         groups, rows = [], []
@@ -199,23 +199,23 @@ class Kivi(DequantisedAttention, KVMethod):
                 groups.append((s, g, 0, 0))
                 rows.append(srows[g * GROUP : (g + 1) * GROUP])
         if groups:
-            gk = rt.kernel(qk.spec("kivi_write_kgroup.wgsl", **defines), qk.ro(4) + qk.rw(1), 24)
+            gk = rt.compile(qk.KIVI_WRITE_KGROUP, **defines)
             garr = np.asarray(groups, dtype=np.uint32)
             rarr = np.asarray(rows, dtype=np.int64)
-            imm = qk.pack_u32(kvh, D, bs, kstride, bt_off, mbs)
+            imm = gk.pack(kvh, D, bs, kstride, bt_off, mbs)
             for a, b in qk.row_chunks(rt, len(groups), GROUP * kvh * D * 4):
                 r = rarr[a:b].reshape(-1)
-                out.append(Dispatch(gk, [
+                out.append(gk.dispatch((b - a, kvh, 1), [
                     rt.upload(key[r], "kivi_key_groups"),
                     rt.upload(sm[r].astype(np.uint32), "kivi_group_slots"),
                     rt.upload(garr[a:b], "kivi_groups"),
                     info_buf, qc.k,
-                ], (b - a, kvh, 1), imm))
+                ], imm=imm))
         f32c = qk.alloc_f32(ctx, batch, kvh, D)
-        dk = rt.kernel(qk.spec("kivi_dequant.wgsl", **defines), qk.ro(5) + qk.rw(2), 28)
+        dk = rt.compile(qk.KIVI_DEQUANT, **defines)
         dd = qk.dequant_dispatches(
             ctx, dk, [qc.k, qc.v, res, info_buf], f32c, batch,
-            lambda w0: qk.pack_u32(kvh, D, bs, kstride, bt_off, mbs, w0),
+            lambda w0: dk.pack(kvh, D, bs, kstride, bt_off, mbs, w0),
         )
         return key, value, qc, f32c, out, dd, row_res
 
@@ -233,8 +233,8 @@ class Kivi(DequantisedAttention, KVMethod):
         ctx.rt.run(wd + dd)
         T, kvh, D = key.shape
         bs = batch.block_size
-        KW = oracle.kw(D, self.bits)
-        WS = oracle.ws(D, bs)
+        KW = layout.kw(D, self.bits)
+        WS = layout.ws(D, bs)
         qkv = QuantizedKV(self, D, kvh, None, None, None, None, (0, self.levels), device={"cache": qc, "f32": f32c})
         bufs = self.read_buffers(ctx, qkv)
         kbuf, vbuf = bufs["k"], bufs["v"]
@@ -274,8 +274,8 @@ class Kivi(DequantisedAttention, KVMethod):
     def side_streams(self, batch, kbuf, kvh, D) -> list:
         """Per sequence [kvh, groups, D, 2] (scale, zero) read from the side stream words of its blocks."""
         bs = batch.block_size
-        KW, WS = oracle.kw(D, self.bits), oracle.ws(D, bs)
-        p = oracle.plan(batch.context_lens, self.recent)
+        KW, WS = layout.kw(D, self.bits), layout.ws(D, bs)
+        p = layout.plan(batch.context_lens, self.recent)
         out = []
         for s in range(batch.num_seqs):
             ng = int(p.n_q[s]) // GROUP
@@ -288,7 +288,7 @@ class Kivi(DequantisedAttention, KVMethod):
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
         qc = qkv.device["cache"]
         D, bs = qc.head_size, batch.block_size
-        KW, WS = oracle.kw(D, self.bits), oracle.ws(D, bs)
+        KW, WS = layout.kw(D, self.bits), layout.ws(D, bs)
         bufs = self.read_buffers(ctx, qkv)
         plan = qc.extra["plan"]
         pos = block_positions(batch, block)

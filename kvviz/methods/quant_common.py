@@ -86,19 +86,19 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     def writer_dispatches(self, ctx, qc, key, value, sm):
         rt = ctx.rt
         kvh, D = key.shape[1], key.shape[2]
-        kern = rt.kernel(self.writer_spec(), qk.ro(3) + qk.rw(2 + (1 if qc.extra.get("tensor") else 0)), 16)
+        kern = rt.compile(self.writer_spec())
         bufs = [qc.k, qc.v] + ([qc.extra["tensor"]] if qc.extra.get("tensor") else [])
-        imm = qk.pack_u32(kvh, D, qc.block_size, self.wpt(D))
+        imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         return qk.token_dispatches(rt, kern, key, value, sm, bufs, lambda n: imm)
 
     def dequant_dispatches(self, ctx, qc, f32c, batch):
         rt = ctx.rt
         D = qc.head_size
         tensor = qc.extra.get("tensor")
-        kern = rt.kernel(self.dequant_spec(), qk.ro(3 + (1 if tensor else 0)) + qk.rw(2), 20)
+        kern = rt.compile(self.dequant_spec())
         ins = [qc.k, qc.v] + ([tensor] if tensor else [])
         return qk.dequant_dispatches(
-            ctx, kern, ins, f32c, batch, lambda w0: qk.pack_u32(qc.num_kv_heads, D, qc.block_size, self.wpt(D), w0)
+            ctx, kern, ins, f32c, batch, lambda w0: kern.pack(qc.num_kv_heads, D, qc.block_size, self.wpt(D), w0)
         )
 
     def _build(self, ctx, batch, key, value):

@@ -13,7 +13,7 @@ import numpy as np
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.kernels import turboquant as tqk
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
-from kvviz.oracles import turboquant as tqo
+from kvviz.formats import turboquant as tqf
 
 F16_MIN_NORMAL = 2.0**-14  # 6.1e-5
 F16_MIN_SUBNORMAL = 2.0**-24  # 6.0e-8; a norm at or below half of it is stored as f16 0
@@ -31,8 +31,8 @@ class TurboQuantMethod(KVMethod):
     OPTIONS = (
         OptionSpec("qjl_scale", str, "reference", "scale of the QJL residual estimate: reference sqrt(pi/2)/d "
                    "(the seed kernel's) or unbiased sqrt(pi/2)/sqrt(d)",
-                   choices=tuple(tqo.QJL_SCALES)),
-        OptionSpec("seed", int, tqo.DEFAULT_SEED, "seed of the rotation's random signs (combined with the layer)",
+                   choices=tuple(tqf.QJL_SCALES)),
+        OptionSpec("seed", int, tqf.DEFAULT_SEED, "seed of the rotation's random signs (combined with the layer)",
                    minimum=0),
     )
     REFERENCE = "kvviz.oracles.methods:reference_attention"
@@ -52,19 +52,19 @@ class TurboQuantMethod(KVMethod):
         return m
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
-        tqk.check_head_dim(head_size)
+        tqk.check_head_size(head_size)
         tqk.check_gqa(num_heads, num_kv_heads)
         if block_size <= 0:
             raise UnsupportedShape(f"block_size must be positive, got {block_size}")
 
-    def params(self, head_size: int) -> tqo.TQParams:
-        return tqo.TQParams(int(head_size), self.seed, self.layer)
+    def params(self, head_size: int) -> tqf.TQParams:
+        return tqf.TQParams(int(head_size), self.seed, self.layer)
 
     # ------------------------------------------------------------------ layout
     def layouts(self, head_size, block_size):
-        tqk.check_head_dim(head_size)
+        tqk.check_head_size(head_size)
         d = head_size
-        c, b = tqo.lloyd_max_2bit(d)
+        c, b = tqf.lloyd_max_2bit(d)
         cs = ", ".join(f"{x:+.6f}" for x in c)
         common = (
             "TurboQuant is not paged: each sequence is its own cache (capacity = its context length), split "
@@ -130,7 +130,7 @@ class TurboQuantMethod(KVMethod):
         if value.shape != key.shape or key.shape[0] != batch.num_tokens:
             raise InvalidInput(f"key/value must be [{batch.num_tokens}, kvh, D]; got {key.shape} and {value.shape}")
         T, kvh, d = key.shape
-        tqk.check_head_dim(d)
+        tqk.check_head_size(d)
         batch.validate()
         kern = tqk.TurboQuantKernels(ctx.rt)
         caches, dispatches, rows_of = [], [], []
@@ -162,7 +162,7 @@ class TurboQuantMethod(KVMethod):
             L = len(rows)
             if not L:
                 continue
-            dec = tqo.decode_cache(kw, vw, kvh, cache.cache_cap, d)
+            dec = tqf.decode_cache(kw, vw, kvh, cache.cache_cap, d)
             k_idx[rows] = dec.k_idx[:, :L].transpose(1, 0, 2)
             v_idx[rows] = dec.v_idx[:, :L].transpose(1, 0, 2)
             k_bits[rows] = dec.k_bits[:, :L].transpose(1, 0, 2)
@@ -174,12 +174,12 @@ class TurboQuantMethod(KVMethod):
         extra = {
             "k_jl_bits": k_bits,
             "k_residual_norms": k_rnorm,
-            "k_dequant_polar": tqo.dequantize_polar(k_idx, k_norm, p).astype(np.float32),
-            "v_dequant": tqo.dequantize_polar(v_idx, v_norm, p).astype(np.float32),
+            "k_dequant_polar": tqf.dequantize_polar(k_idx, k_norm, p).astype(np.float32),
+            "v_dequant": tqf.dequantize_polar(v_idx, v_norm, p).astype(np.float32),
             "centroids": p.centroids,
             "boundaries": p.boundaries,
             "qjl_scale": self.qjl_scale,
-            "qjl_scale_value": tqo.qjl_scale_value(self.qjl_scale, d),
+            "qjl_scale_value": tqf.qjl_scale_value(self.qjl_scale, d),
             "words": words,
             "note": "k_dequant_polar is the PolarQuant part only: QJL bits estimate inner products, they do not reconstruct k.",
         }
@@ -198,12 +198,12 @@ class TurboQuantMethod(KVMethod):
             n = np.sqrt((np.asarray(x, np.float64) ** 2).sum(-1))
             stored = np.asarray(stored, np.float32)
             zeroed = (n > 0) & (stored == 0)
-            counts["eps"][which] = int((zeroed & (n < float(tqo.EPS))).sum())
-            counts["f16zero"][which] = int((zeroed & (n >= float(tqo.EPS))).sum())
+            counts["eps"][which] = int((zeroed & (n < float(tqf.EPS))).sum())
+            counts["f16zero"][which] = int((zeroed & (n >= float(tqf.EPS))).sum())
             counts["subnormal"][which] = int(((stored > 0) & (stored < F16_MIN_NORMAL)).sum())
         total = 2 * int(np.asarray(k_norm).size)
         what = {
-            "eps": f"have a norm below {float(tqo.EPS):g} and are stored as zero (the compressor treats them as "
+            "eps": f"have a norm below {float(tqf.EPS):g} and are stored as zero (the compressor treats them as "
                    "zero vectors)",
             "f16zero": f"have a norm below the f16 range (at or under {F16_MIN_SUBNORMAL / 2:.3g} the f16 norm rounds "
                        "to 0) and are stored as zero",
@@ -288,7 +288,7 @@ class TurboQuantMethod(KVMethod):
         if owner >= 0:
             cache = qkv.device["caches"][owner]
             kw, vw = qkv.device["kernels"].read(cache)  # what sits in GPU memory now
-            dec = tqo.decode_cache(kw, vw, qkv.num_kv_heads, cache.cache_cap, d)
+            dec = tqf.decode_cache(kw, vw, qkv.num_kv_heads, cache.cache_cap, d)
         records = []
         for o in range(batch.block_size):
             p = int(pos[o])

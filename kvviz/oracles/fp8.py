@@ -1,7 +1,6 @@
 """numpy oracle of the FP8 paged caches (methods fp8_e4m3 / fp8_e5m2; shaders quant/fp8_*.wgsl).
 
-Formats are the OCP 8-bit floats: E4M3FN (bias 7, 3 mantissa bits, max 448, no inf, 0x7F/0xFF NaN)
-and E5M2 (bias 15, 2 mantissa bits, max 57344, IEEE-like inf/NaN). Reference conversion:
+Formats (kvviz/formats/fp8.py) are the OCP 8-bit floats E4M3FN and E5M2. Reference conversion:
 `ml_dtypes.float8_e4m3fn` / `float8_e5m2` applied to float32 `x / scale` AFTER clipping to +-max:
 the kernels saturate, while ml_dtypes turns overflow into NaN (e4m3fn) or inf (e5m2). ml_dtypes
 rounds to nearest, ties to even, keeps signed zeros and handles FP8 subnormals: the GPU encoder is
@@ -18,41 +17,12 @@ the divisor normal. Dequantised value = fp8_value * scale (one float32 multiply)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import ml_dtypes
 import numpy as np
 
+from kvviz.formats.fp8 import (  # noqa: F401 - the format, re-exported for the tests
+    FORMATS, SCALE_FLOOR, Fp8Format, decode, pack_records, unpack_records,
+)
 from kvviz.paging import PAD_SLOT
-
-SCALE_FLOOR = np.float32(2.0**-126)
-
-
-@dataclass(frozen=True)
-class Fp8Format:
-    name: str
-    dtype: object
-    mbits: int
-    bias: int
-    max: float
-
-    @property
-    def max_bits(self) -> int:
-        return int(np.array([self.max], np.float32).view(np.uint32)[0])
-
-    @property
-    def max_code(self) -> int:
-        return int(np.array([self.max], np.float32).astype(self.dtype).view(np.uint8)[0])
-
-    def defines(self) -> dict:
-        return {"MBITS": self.mbits, "BIAS": self.bias, "MAX_BITS": self.max_bits, "MAX_CODE": self.max_code,
-                "FMAX": f"{self.max:.1f}"}
-
-
-FORMATS = {
-    "e4m3": Fp8Format("fp8_e4m3fn", ml_dtypes.float8_e4m3fn, 3, 7, 448.0),
-    "e5m2": Fp8Format("fp8_e5m2", ml_dtypes.float8_e5m2, 2, 15, 57344.0),
-}
 
 
 def encode(v: np.ndarray, fmt: Fp8Format) -> np.ndarray:
@@ -60,10 +30,6 @@ def encode(v: np.ndarray, fmt: Fp8Format) -> np.ndarray:
     v = np.asarray(v, dtype=np.float32)
     m = np.float32(fmt.max)
     return np.clip(v, -m, m).astype(fmt.dtype).view(np.uint8)
-
-
-def decode(codes: np.ndarray, fmt: Fp8Format) -> np.ndarray:
-    return np.asarray(codes, dtype=np.uint8).view(fmt.dtype).astype(np.float32)
 
 
 def scale_of(amax, fmt: Fp8Format) -> np.ndarray:
@@ -98,21 +64,3 @@ def quantize(x: np.ndarray, fmt: Fp8Format, mode: str, slot_mapping=None):
 def dequantize(codes: np.ndarray, scales: np.ndarray, fmt: Fp8Format) -> np.ndarray:
     """Exactly what the dequantise kernel computes: float32(fp8) * scale in float32."""
     return (decode(codes, fmt) * np.asarray(scales, np.float32)[..., None]).astype(np.float32)
-
-
-def pack_records(codes: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
-    """codes [..., D] uint8 (+ scales [...]) -> records [..., D/4 (+1)] u32: lane l of a word is byte l (LE)."""
-    c = np.ascontiguousarray(codes, dtype=np.uint8)
-    words = c.reshape(*c.shape[:-1], c.shape[-1] // 4, 4).copy().view("<u4")[..., 0].astype(np.uint32)
-    if scales is None:
-        return words
-    sb = np.ascontiguousarray(scales, dtype=np.float32).view(np.uint32)[..., None]
-    return np.concatenate([words, sb], axis=-1)
-
-
-def unpack_records(records: np.ndarray, head_size: int, has_scale: bool):
-    r = np.ascontiguousarray(records, dtype=np.uint32)
-    nw = head_size // 4
-    codes = r[..., :nw].copy().view(np.uint8).reshape(*r.shape[:-1], head_size)
-    scales = r[..., nw].copy().view(np.float32) if has_scale else None
-    return codes, scales

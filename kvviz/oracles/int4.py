@@ -16,14 +16,15 @@ exact at code 0 and avoids a division. The GPU divides with a correctly rounded 
 threshold rather than range == 0 makes the result independent of denormal flushing on the GPU.
 
 int4_group: groups of G in {32, 64, 128} consecutive elements of one token's head vector, L = 15.
-Record (u32 words) of a token and head: D/8 code words (8 codes a word, element 8w+l in bits
-4l..4l+3), then for each group g: word D/8 + 2g = scale bits, word D/8 + 2g + 1 = zero (min) bits.
+Record and code packing: kvviz/formats/asym.py.
 """
 from __future__ import annotations
 
 import numpy as np
 
-MIN_RANGE = np.float32(2.0**-100)
+from kvviz.formats.asym import (  # noqa: F401 - the record format
+    MIN_RANGE, pack_codes, pack_records, unpack_codes, unpack_records,
+)
 
 
 def order_keys(x: np.ndarray) -> np.ndarray:
@@ -86,36 +87,3 @@ def dequantize_groups(codes, scales, zeros, group: int) -> np.ndarray:
     D = c.shape[-1]
     g = c.reshape(*c.shape[:-1], D // group, group)
     return asym_dequant(g, np.asarray(scales)[..., None], np.asarray(zeros)[..., None]).reshape(c.shape)
-
-
-def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """codes [..., D] (< 2^bits) -> words [..., D*bits/32] u32, element (32/bits)*w + l at bits l*bits."""
-    c = np.asarray(codes, dtype=np.uint32)
-    per = 32 // bits
-    c = c.reshape(*c.shape[:-1], c.shape[-1] // per, per)
-    shifts = (np.arange(per, dtype=np.uint32) * bits).astype(np.uint32)
-    return np.bitwise_or.reduce(c << shifts, axis=-1).astype(np.uint32)
-
-
-def unpack_codes(words: np.ndarray, bits: int) -> np.ndarray:
-    w = np.asarray(words, dtype=np.uint32)
-    per = 32 // bits
-    shifts = (np.arange(per, dtype=np.uint32) * bits).astype(np.uint32)
-    c = (w[..., None] >> shifts) & np.uint32((1 << bits) - 1)
-    return c.reshape(*w.shape[:-1], w.shape[-1] * per).astype(np.uint8)
-
-
-def pack_records(codes, scales, zeros) -> np.ndarray:
-    """int4_group record: [..., D/8 + 2*D/G] u32 (codes, then (scale, zero) per group)."""
-    cw = pack_codes(codes, 4)
-    sz = np.stack([np.asarray(scales, np.float32), np.asarray(zeros, np.float32)], axis=-1)
-    sz = np.ascontiguousarray(sz).view(np.uint32).reshape(*cw.shape[:-1], -1)
-    return np.concatenate([cw, sz], axis=-1)
-
-
-def unpack_records(records: np.ndarray, head_size: int, group: int):
-    r = np.ascontiguousarray(records, dtype=np.uint32)
-    nw = head_size // 8
-    codes = unpack_codes(r[..., :nw], 4)
-    sz = r[..., nw:].copy().view(np.float32).reshape(*r.shape[:-1], head_size // group, 2)
-    return codes, sz[..., 0].copy(), sz[..., 1].copy()

@@ -11,15 +11,13 @@ The clamp is seed 002's asymmetric [-128, 127]; it differs from the GLSL seed (0
 The GPU divides with a correctly rounded integer division (shaders/quant/common.wgsl), so codes and
 scales are bit-identical to this oracle; dequantised value = code * scale (one float32 multiply).
 
-Record (u32 words) of one token and head: head_size/4 code words (lane l = byte l, little-endian,
-two's complement), then the float32 bits of the scale. Same shape as the seed's q8 record.
+Record: kvviz/formats/int8.py (the seed's q8 record shape).
 """
 from __future__ import annotations
 
 import numpy as np
 
-SCALE_FLOOR = np.float32(1e-8)
-QMAX = np.float32(127.0)
+from kvviz.formats.int8 import QMAX, SCALE_FLOOR, pack_records, unpack_records  # noqa: F401 - the record format
 
 
 def quantize(x: np.ndarray):
@@ -34,19 +32,3 @@ def quantize(x: np.ndarray):
 
 def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return (np.asarray(codes, np.float32) * np.asarray(scales, np.float32)[..., None]).astype(np.float32)
-
-
-def pack_records(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """codes [..., D] int8 + scales [...] -> records [..., D/4 + 1] u32."""
-    c = np.ascontiguousarray(codes, dtype=np.int8)
-    d = c.shape[-1]
-    words = c.view(np.uint8).reshape(*c.shape[:-1], d // 4, 4).copy().view("<u4")[..., 0].astype(np.uint32)
-    sb = np.ascontiguousarray(scales, dtype=np.float32).view(np.uint32)[..., None]
-    return np.concatenate([words, sb], axis=-1)
-
-
-def unpack_records(records: np.ndarray):
-    """records [..., D/4 + 1] u32 -> (codes int8 [..., D], scales float32 [...])."""
-    r = np.ascontiguousarray(records, dtype=np.uint32)
-    codes = r[..., :-1].copy().view(np.int8).reshape(*r.shape[:-1], (r.shape[-1] - 1) * 4)
-    return codes, r[..., -1].copy().view(np.float32)

@@ -26,55 +26,11 @@ in place once a later group completes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from kvviz.oracles.int4 import asym_codes, asym_dequant, asym_params, pack_codes, tmax, tmin
-
-GROUP = 32
-
-
-def n_quantised(L: int, recent: int) -> int:
-    return max(0, int(L) - int(recent)) // GROUP * GROUP
-
-
-@dataclass
-class Plan:
-    context_lens: np.ndarray  # [S]
-    n_q: np.ndarray  # [S]
-    res_off: np.ndarray  # [S]
-    total_res: int
-
-    def seq_info(self) -> np.ndarray:
-        """[S, 4] u32: (context_len, n_q, res_off, 0), as the kernels read it."""
-        S = len(self.context_lens)
-        out = np.zeros((S, 4), np.uint32)
-        out[:, 0] = self.context_lens
-        out[:, 1] = self.n_q
-        out[:, 2] = self.res_off
-        return out
-
-
-def plan(context_lens, recent: int) -> Plan:
-    L = np.asarray(context_lens, dtype=np.int64)
-    nq = np.array([n_quantised(x, recent) for x in L], dtype=np.int64)
-    cnt = L - nq
-    off = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64) if len(L) else np.zeros(0, np.int64)
-    return Plan(L, nq, off, int(cnt.sum()))
-
-
-def kw(head_size: int, bits: int) -> int:
-    return head_size * bits // 32
-
-
-def ws(head_size: int, block_size: int) -> int:
-    return head_size * block_size // 16
-
-
-def k_stride(head_size: int, block_size: int, bits: int) -> int:
-    return block_size * kw(head_size, bits) + ws(head_size, block_size)
-
+from kvviz.formats.asym import pack_codes
+from kvviz.formats.kivi import GROUP, Plan, k_stride, kw, n_quantised, plan, ws  # noqa: F401 - the layout
+from kvviz.oracles.int4 import asym_codes, asym_dequant, asym_params, tmax, tmin
 
 def quantize_seq(k: np.ndarray, v: np.ndarray, bits: int, n_q: int) -> dict:
     """Dense sequence k, v [L, kvh, D] -> codes / scales / zeros of positions < n_q and residual rows."""

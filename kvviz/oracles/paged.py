@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.formats.int8 import pack_records as pack_int8_words
+from kvviz.formats.int8 import unpack_records as unpack_int8_words
 from kvviz.paging import PAD_SLOT
 
 QMAX = np.float32(127.0)
@@ -36,23 +38,6 @@ def tie_mask(pre: np.ndarray, rel: float = 4e-7) -> np.ndarray:
     return frac <= rel * np.maximum(np.abs(pre), 1.0)
 
 
-def pack_int8_words(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """codes [..., D] int8 + scales [...] -> token records [..., D/4 + 1] u32 (LE lanes, scale bits last)."""
-    d = codes.shape[-1]
-    words = np.ascontiguousarray(codes).view(np.uint8).reshape(*codes.shape[:-1], d // 4, 4)
-    words = np.ascontiguousarray(words).view("<u4").reshape(*codes.shape[:-1], d // 4)
-    scale_bits = np.ascontiguousarray(scales, dtype=np.float32).view(np.uint32)[..., None]
-    return np.concatenate([words, scale_bits], axis=-1).astype(np.uint32)
-
-
-def unpack_int8_words(records: np.ndarray):
-    """token records [..., D/4 + 1] u32 -> (codes int8 [..., D], scales f32 [...])."""
-    r = np.ascontiguousarray(records, dtype=np.uint32)
-    codes = r[..., :-1].copy().view(np.int8).reshape(*r.shape[:-1], (r.shape[-1] - 1) * 4)
-    scales = r[..., -1].copy().view(np.float32)
-    return codes, scales
-
-
 def write_cache_int8(cache: np.ndarray, key: np.ndarray, slot_mapping: np.ndarray, block_size: int) -> np.ndarray:
     """Oracle of reshape_and_cache_q8 for one of K or V.
 
@@ -61,7 +46,7 @@ def write_cache_int8(cache: np.ndarray, key: np.ndarray, slot_mapping: np.ndarra
     """
     out = cache.copy()
     codes, scales, _ = quantize_int8_per_token(key)
-    recs = pack_int8_words(codes, scales)
+    recs = pack_int8_words(codes, scales).astype(np.uint32)
     for t, slot in enumerate(np.asarray(slot_mapping, dtype=np.uint32)):
         if slot == PAD_SLOT:
             continue

@@ -1,5 +1,5 @@
-// ---- shaders/quant/common.wgsl: helpers prepended to every quant/*.wgsl kernel -----------------
-// (kvviz.kernels.quant.QuantSpec concatenates this file in front of the kernel's own source.)
+// ---- shaders/quant/common.wgsl: helpers every quant/*.wgsl kernel includes -----------------------
+// (first line of each kernel: `// #include "quant/common.wgsl"`, resolved by kvviz/gpu/shaders.py.)
 //
 // Exactness: every quantiser divides through `div_rn_bits`, a correctly rounded (round to nearest,
 // ties to even) float32 division done with integer arithmetic. Vulkan only promises 2.5 ulp for a

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // Per-tensor amax for the FP8 per_tensor mode: tensor[0] (K) / tensor[1] (V) = max |x| bits over every
 // real (non-padding) row and head, by atomicMax on the bits (unsigned order = float order for |x|).
 // tensor must be zeroed before the first chunk. Grid (rows, kv_heads, 2), 64 threads.

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // FP8 ({{NAME}}) dequantise into the f32 paged cache: value = fp8_to_f32(code) * scale, scale from the
 // record (per_token) or tensor[2|3] (per_tensor). Grid and items as in int8_dequant.wgsl.
 @group(0) @binding(0) var<storage, read> k_cache: array<u32>;

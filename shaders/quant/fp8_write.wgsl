@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // FP8 writer ({{NAME}}: {{MBITS}} mantissa bits, bias {{BIAS}}, max {{FMAX}}), OCP formats, saturating,
 // round to nearest even; the encoder (common.wgsl f32_to_fp8) works on the float bits.
 // PER_TENSOR = {{PER_TENSOR}}:

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // int4_group dequantise into the f32 paged cache (see int8_dequant.wgsl for the grid and items).
 @group(0) @binding(0) var<storage, read> k_cache: array<u32>;
 @group(0) @binding(1) var<storage, read> v_cache: array<u32>;

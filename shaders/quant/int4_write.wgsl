@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // int4_group writer: asymmetric 4-bit codes per group of G = {{GROUP}} consecutive elements of a
 // token's head vector (seed 002's INT4, made valid WGSL, packed 8 codes a word, paged).
 // One 64-thread workgroup per (token row, kv head, K|V): grid (rows, kv_heads, 2).

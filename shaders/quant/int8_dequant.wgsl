@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // int8_token dequantise: expands the used blocks of the int8 cache into the f32 paged cache
 // [num_blocks, kv_heads, block_size, head_size] (bound one window at a time: block - win0).
 // One 64-thread workgroup per (work item = used physical block, kv head, K|V).

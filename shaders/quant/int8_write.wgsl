@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // int8_token writer (seed 002's per-token int8, made valid WGSL and paged).
 // One 64-thread workgroup per (token row, kv head, K|V): grid (rows, kv_heads, 2).
 // Input key/value: [rows, kv_heads, head_size] f32. slots: [rows] u32 (PAD_SLOT = padding row, skipped).

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // KIVI ({{BITS}}-bit) dequantise into the f32 paged cache. Grid (items, kv_heads, 2 = K|V), 64 threads;
 // items[i] = (physical block, seq, logical block, 0). Position pos = logical*bs + offset:
 //   pos >= context_len       : not written;

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // KIVI key writer ({{BITS}}-bit): keys quantised PER CHANNEL over groups of 32 consecutive positions
 // [32g, 32g+32) of one sequence (only positions < n_q, so groups are always full).
 // One 128-thread workgroup per (group, kv head): grid (groups, kv_heads, 1).

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // KIVI token writer ({{BITS}}-bit): one 64-thread workgroup per (token row, kv head): grid (rows, kv_heads, 1).
 //  - residual row (row_res[t] != PAD_SLOT, position >= n_q of its sequence): K and V rows copied in f32 to
 //    res[row_res[t], 0|1, head, :]; the slot's K code words and V record are zeroed;

@@ -1,3 +1,4 @@
+// #include "quant/common.wgsl"
 // Self-test kernels of the common helpers (tests/test_quant_methods.py): element-wise
 // out[i] = div_rn_bits(a[i], b[i]), or FP8 encode/decode of a[i] for the format in the defines.
 @group(0) @binding(0) var<storage, read> a_in: array<f32>;

@@ -37,7 +37,7 @@ EST_COLORS = {"reference": SEQ_COLORS[0], "unbiased": SEQ_COLORS[2], "polar_only
 
 def tq_params(res) -> tuple[int, int]:
     """(seed, layer) of the TurboQuant rotation for these results: the method's own when it is TurboQuant."""
-    from kvviz.oracles.turboquant import DEFAULT_SEED
+    from kvviz.formats.turboquant import DEFAULT_SEED
 
     opts = {}
     try:
@@ -61,10 +61,10 @@ def bias_inputs(res, seq: int, head: int):
 
 def unsupported_reason(head_size: int) -> str:
     """'' when TurboQuant takes this head size, else why not (its own error text and hint)."""
-    from kvviz.kernels.turboquant import check_head_dim
+    from kvviz.kernels.turboquant import check_head_size
 
     try:
-        check_head_dim(int(head_size))
+        check_head_size(int(head_size))
     except KvvizError as exc:
         return f"{exc}\n{exc.hint}" if exc.hint else str(exc)
     return ""
