@@ -191,10 +191,9 @@ def run_bench(
 
 def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log):
     """Every registered method's own kernels (the int8 seed is covered above), each method's decode
-    output checked end to end against its numpy oracle (kvviz.oracles.methods)."""
-    from kvviz.methods import registry
+    output checked end to end against its numpy reference (the method's REFERENCE, found by name)."""
+    from kvviz.methods import reference, registry
     from kvviz.methods.context import GpuContext
-    from kvviz.oracles.methods import reference_attention
 
     ctx = GpuContext(rt)
     rows = []
@@ -208,6 +207,10 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
                 rows.append(_row(name, m.label, shape, rt.time(dispatches, runs, warmup), nbytes, copy_gbps, None, None, adapter))
             qkv = m.quantize(ctx, batch, key, value)
             out = m.attend(ctx, qkv, batch, q, scale)
+            try:
+                reference_attention = reference(mkey)
+            except (ImportError, AttributeError) as exc:
+                raise KvvizError(f"{mkey}: its numpy reference {cls.REFERENCE!r} cannot be loaded: {exc}") from None
             ref, tol = reference_attention(m, batch, key, value, q, scale, qkv)
             err, bad = _max_err(out, ref, m.attend_kernel or f"{mkey} attend")
             rows.append(_row(f"{mkey} end to end", m.label, shape, None, 0, copy_gbps, err, tol, adapter,

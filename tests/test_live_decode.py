@@ -293,6 +293,72 @@ def test_every_registered_method_runs_live(tiny, ctx, method):
 
 
 # ----------------------------------------------------------------------------------------------
+# Typed live settings and the method hooks live decode goes through
+
+
+def test_live_config_round_trip():
+    import json
+
+    from kvviz.live.config import LiveConfig
+
+    cfg = LiveConfig(prompt="hi", n_new=5, policy="scattered", block_size=8, watch_layer=1, watch_kv_head=0)
+    cfg = cfg.with_method_spec("kivi:bits=4;recent=64")
+    assert cfg.method == "kivi" and cfg.method_options == {"bits": 4, "recent": 64}
+    assert cfg.method_spec == "kivi:bits=4;recent=64"
+    back = LiveConfig.from_json(json.loads(json.dumps(cfg.to_json())))
+    assert back == cfg
+    assert LiveConfig().with_method_spec("f32").method == "f32"
+    for bad, name in [({"method": "nope"}, "nope"), ({"method": "kivi", "method_options": {"bits": 3}}, "bits"),
+                      ({"method": "f32", "method_options": {"bits": 4}}, "f32"), ({"n_new": 0}, "n_new"),
+                      ({"policy": "nope"}, "policy"), ({"baseline": "cpu"}, "baseline"), ({"block_size": 1.5}, "block_size"),
+                      ({"bogus": 1}, "bogus")]:
+        with pytest.raises(InvalidInput, match=name):
+            LiveConfig.from_json({**cfg.to_json(), **bad})
+    with pytest.raises(InvalidInput, match="bits"):
+        cfg.with_method_spec("kivi:bits=3")
+
+
+def test_decoder_from_config(tiny, ctx):
+    from kvviz.live.config import LiveConfig
+
+    cfg = LiveConfig(method="int4_group", method_options={"group_size": 32}, n_new=2, block_size=4,
+                     policy="scattered", seed=1, free_run=False, watch_layer=0, watch_kv_head=1)
+    dec = LiveDecoder.from_config(tiny, cfg, ctx=ctx)
+    assert dec.config == cfg and dec.method == "int4_group" and dec.method_options == {"group_size": 32}
+    assert dec.watch.selection == (0, 1) and dec.block_size == 4 and dec.policy == "scattered"
+    dec.start(PROMPT, cfg.n_new)
+    assert len(dec.run()) == 2
+
+
+def test_live_cache_through_method_hooks(ctx):
+    """int8_seed's own incremental cache comes from its `live_cache` hook; a subclass that changes
+    quantize re-quantises; TurboQuant quantises layer l with layer l's rotation."""
+    from kvviz.live.cache import MethodPagedCache, cache_kind
+    from kvviz.methods import get_method
+
+    args = (ctx, BlockTable(16, 4), N_LAYERS, N_HEADS, N_KV, HEAD_DIM, HEAD_DIM ** -0.5)
+    assert isinstance(make_live_cache("int8_seed", *args), MethodPagedCache) and cache_kind("int8_seed") == "native"
+    assert isinstance(make_live_cache(ZeroKeys(), *args), RequantCache) and cache_kind(ZeroKeys()) == "requant"
+    assert cache_kind("f32") == "native" and cache_kind("kivi") == "requant"
+    tq = make_live_cache(get_method("turboquant", seed=5), *args)
+    assert [m.layer for m in tq.methods] == list(range(N_LAYERS)) and {m.seed for m in tq.methods} == {5}
+
+
+def test_measure_arguments_become_live_configs():
+    import argparse
+
+    from kvviz.live.config import LiveConfig
+    from kvviz.live.measure import add_arguments, check_args
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    got = check_args(ap.parse_args(["--methods", "f32,kivi:bits=4;recent=0", "--n-new", "3", "--block-size", "8"]))
+    assert [s for s, _ in got] == ["f32", "kivi:bits=4;recent=0"]
+    assert all(isinstance(c, LiveConfig) and c.n_new == 3 and c.block_size == 8 for _, c in got)
+    assert got[1][1].method_options == {"bits": 4, "recent": 0}
+
+
+# ----------------------------------------------------------------------------------------------
 # The real model
 
 

@@ -47,19 +47,11 @@ def ctx(rt):
     return GpuContext(rt)
 
 
-METHODS = [
-    ("int8_token", {}),
-    ("int4_group", {"group_size": 32}),
-    ("int4_group", {"group_size": 64}),
-    ("int4_group", {"group_size": 128}),
-    ("fp8_e4m3", {"scale_mode": "per_token"}),
-    ("fp8_e4m3", {"scale_mode": "per_tensor"}),
-    ("fp8_e5m2", {"scale_mode": "per_token"}),
-    ("fp8_e5m2", {"scale_mode": "per_tensor"}),
-    ("kivi", {"bits": 2, "recent": 0}),
-    ("kivi", {"bits": 4, "recent": 16}),
-    ("kivi", {"bits": 2, "recent": 128}),
-]
+# Every registered method of the families these conformance tests have oracles for, with the option
+# sets it declares worth testing (KVMethod.examples); int8_seed and turboquant have their own files.
+FAMILIES = ("int8", "int4", "fp8", "kivi")
+METHODS = [(k, o) for k, cls in sorted(registry().items())
+           if cls.family in FAMILIES and k != "int8_seed" for o in cls.examples()]
 MIDS = [f"{k}-" + "-".join(f"{a}={b}" for a, b in o.items()) for k, o in METHODS]
 
 # (head_size, block_size, context lens, policy, pad_every, kv_heads, heads)
@@ -298,7 +290,7 @@ def test_huge_values(ctx, mk):
         assert (qkv.k_codes[ordinary] != 0).mean() > 0.9
 
 
-@pytest.mark.parametrize("key,opts", METHODS[::2] + [METHODS[5]], ids=MIDS[::2] + [MIDS[5]])
+@pytest.mark.parametrize("key,opts", METHODS, ids=MIDS)
 @pytest.mark.parametrize("bad", ["nan_k", "inf_v", "f64", "shape"])
 def test_invalid_input_rejected(ctx, key, opts, bad):
     m = get_method(key, **opts)

@@ -5,6 +5,7 @@ import pytest
 from kvviz.analysis.metrics import outlier_ratio
 from kvviz.analysis.session import Session, SessionConfig
 from kvviz.errors import InvalidInput
+from kvviz.methods import registry
 
 pytestmark = pytest.mark.gpu
 
@@ -87,3 +88,95 @@ def test_hf_folder_needs_the_hf_extra(session, tmp_path):
     else:
         with pytest.raises(InvalidInput):  # an empty config.json is not a llama model
             session.compute(cfg)
+
+
+# ------------------------------------------------------------------ one upload, typed results
+class _CountKV:
+    """Wraps rt.write: counts transfers of the exact bytes of K and of V (whole-array uploads)."""
+
+    def __init__(self, rt, monkeypatch):
+        self.rt, self.key, self.value, self.counts = rt, None, None, {"K": 0, "V": 0}
+        self._write = rt.write
+        monkeypatch.setattr(rt, "write", self.write)
+
+    def watch(self, key, value):
+        self.key, self.value = key, value
+        self.counts = {"K": 0, "V": 0}
+
+    def write(self, buf, array, offset=0):
+        a = np.asarray(array)
+        for name, x in (("K", self.key), ("V", self.value)):
+            if x is not None and a.nbytes == x.nbytes and a.nbytes and np.array_equal(a.view(np.uint8).reshape(-1),
+                                                                                     x.view(np.uint8).reshape(-1)):
+                self.counts[name] += 1
+        return self._write(buf, array, offset)
+
+
+@pytest.mark.parametrize("method", sorted(registry()))
+def test_kv_uploaded_once_per_compute(session, method, monkeypatch):
+    """K and V reach the GPU once per compute: the f32 baseline, the method's writer and the timing all
+    read that copy (before: four uploads each, two quantisations). One sequence, no padding rows, so
+    every kernel takes the whole K and V."""
+    from kvviz.methods import get_method
+
+    counter = _CountKV(session.rt, monkeypatch)
+    build = session.build_inputs
+
+    def build_and_watch(cfg, *a, **k):
+        out = build(cfg, *a, **k)
+        counter.watch(out[1], out[2])
+        return out
+
+    monkeypatch.setattr(session, "build_inputs", build_and_watch)
+    quantised = []
+    cfg = SessionConfig(method=method, context_lens=(45,), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3)
+    cls = type(get_method(method))
+    real_quantize = cls.quantize
+
+    def counting_quantize(self, *a, **k):
+        quantised.append(1)
+        return real_quantize(self, *a, **k)
+
+    monkeypatch.setattr(cls, "quantize", counting_quantize)
+    res = session.compute(cfg)
+    assert counter.counts == {"K": 1, "V": 1}, counter.counts
+    assert len(quantised) == 1
+    assert {t.variant for t in res.timings} >= {res.method.label}  # the method's kernels were still timed
+
+
+def test_results_carry_the_softmax_scale(session, tmp_path):
+    from kvviz.report.compare_run import results_scale
+    from kvviz.sources.kv_files import save_kv
+
+    res = session.compute(SessionConfig(context_lens=(20,), num_heads=2, num_kv_heads=1, head_size=64, timing_runs=3))
+    assert res.scale == pytest.approx(1 / 8) and res.summary_json()["softmax_scale"] == res.scale
+    res = session.compute(SessionConfig(context_lens=(20,), num_heads=2, num_kv_heads=1, head_size=64, timing_runs=3,
+                                        softmax_scale=0.05))
+    assert res.scale == 0.05 and results_scale(res) == 0.05
+    # a dump decides the head size: the scale is 1/sqrt(its head size), not the config's head_size
+    k = np.random.default_rng(0).standard_normal((1, 1, 30, 32)).astype(np.float32)
+    path = save_kv(tmp_path / "kv.npz", k, k.copy(), None)
+    res = session.compute(SessionConfig(source="kvfile", kv_file=str(path), head_size=128, timing_runs=3))
+    assert res.scale == pytest.approx(32 ** -0.5) and results_scale(res) == res.scale
+
+
+def test_turboquant_rotation_follows_the_layer(session, tmp_path):
+    """Layer 12 of a dump is quantised with layer 12's rotation signs (TQParams(d, seed, 12)), not layer 0's:
+    the GPU's key words are the oracle's compression with layer 12's parameters."""
+    from kvviz.oracles import turboquant as tqo
+    from kvviz.sources.kv_files import save_kv
+
+    rng = np.random.default_rng(3)
+    L, kvh, T, d = 13, 1, 24, 64
+    k = rng.standard_normal((L, kvh, T, d)).astype(np.float32)
+    v = rng.standard_normal((L, kvh, T, d)).astype(np.float32)
+    path = save_kv(tmp_path / "kv.npz", k, v, None)
+    res = session.compute(SessionConfig(source="kvfile", kv_file=str(path), layer=12, method="turboquant",
+                                        num_heads=2, timing_runs=3))
+    assert res.method.layer == 12
+    kw_gpu, _ = res.qkv.extra["words"][0]
+    kw12, _ = tqo.compress_cache(res.key, res.value, T, tqo.TQParams(d, tqo.DEFAULT_SEED, 12))
+    kw0, _ = tqo.compress_cache(res.key, res.value, T, tqo.TQParams(d, tqo.DEFAULT_SEED, 0))
+    polar = kvh * T * d // 16  # the polar-index words: where the rotation shows
+    assert np.mean(kw_gpu[:polar] == kw12[:polar]) > 0.99  # rounding at centroid boundaries may flip a few
+    assert np.mean(kw_gpu[:polar] == kw0[:polar]) < 0.5

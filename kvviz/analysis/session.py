@@ -7,6 +7,7 @@ and check a cancel flag between GPU calls.
 from __future__ import annotations
 
 import json
+import logging
 import numbers
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -21,6 +22,8 @@ from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled re-ex
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timing import TimingResult
 from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
+
+log = logging.getLogger("kvviz.session")
 
 SOURCES = ("synthetic", "kvfile", "model")
 DEFAULT_PROMPT = (
@@ -334,6 +337,7 @@ class Results:
     elapsed_s: float = 0.0
     source_note: str = ""
     warnings: list = field(default_factory=list)  # what the method could not represent (QuantizedKV.warnings)
+    scale: float = 0.0  # the softmax scale every attention kernel of this compute used
 
     @property
     def real_rows(self) -> np.ndarray:
@@ -362,6 +366,7 @@ class Results:
             "elapsed_s": self.elapsed_s,
             "source_note": self.source_note,
             "warnings": list(self.warnings),
+            "softmax_scale": self.scale,
         }
 
 
@@ -505,22 +510,28 @@ class Session:
 
     # ------------------------------------------------------------ compute
     def compute(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> Results:
-        from kvviz.kernels.copy import measure_copy
-        from kvviz.kernels.traffic import decode_bytes, writer_bytes
         from kvviz.methods import get_method
 
         t0 = time.perf_counter()
         progress = progress or (lambda f, msg: None)
         cancel = cancel or (lambda: False)
+        t_step = [t0, ""]
 
         def step(frac, msg):
             if cancel():
                 raise Cancelled("Cancelled.")
+            now = time.perf_counter()
+            if t_step[1]:
+                log.debug("%s: %.3f s", t_step[1], now - t_step[0])
+            t_step[:] = [now, msg]
             progress(frac, msg)
 
         cfg.validate()
         step(0.02, "building the workload")
         batch, key, value, q, note = self.build_inputs(cfg, progress, cancel)
+        log.info("compute: %s; %d sequences, %d tokens, %d/%d heads, head size %d, block %d; method %s %s",
+                 note, batch.num_seqs, batch.num_tokens, q.shape[1], key.shape[1], key.shape[2], batch.block_size,
+                 cfg.method, cfg.method_options or "")
         H, D, kvh = q.shape[1], key.shape[2], key.shape[1]
         if cfg.source != "synthetic":
             # The data decides the shapes: record what actually ran.
@@ -532,10 +543,21 @@ class Session:
         rt = ctx.rt
         scale = cfg.scale if cfg.source == "synthetic" or cfg.softmax_scale else float(1 / np.sqrt(D))
         check_logits(batch, key, q, scale)  # f32 logits that overflow: refused before any dispatch
+        # K and V go to the GPU once: every kernel below that takes them (or a run of their rows) reads
+        # that copy, and the timing reuses the dispatches that filled the caches.
+        with rt.shared_inputs(key, value):
+            return self._compute_on_device(cfg, ctx, method, batch, key, value, q, scale, note, step, t0)
 
+    def _compute_on_device(self, cfg, ctx, method, batch, key, value, q, scale, note, step, t0) -> Results:
+        from kvviz.kernels.copy import measure_copy
+        from kvviz.kernels.traffic import decode_bytes, writer_bytes
+
+        rt = ctx.rt
+        kvh, D = key.shape[1], key.shape[2]
         step(0.10, "f32 baseline: write + decode + weights")
         base = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
-        ctx.paged.write(base, key, value, batch.slot_mapping)
+        wd = ctx.paged.write_dispatches(base, key, value, batch.slot_mapping)
+        rt.run(wd)
         out_ref = ctx.paged.decode(base, q, batch, scale)
         check_finite_result("f32 baseline decode output", "paged_attn_f32", out_ref)
         w_ref = ctx.paged.weights(base, q, batch, scale)
@@ -562,21 +584,24 @@ class Session:
         copy_gbps, copies = measure_copy(rt, max(2 * key.nbytes, 16 << 20), runs=runs)
         timings = [TimingRow(name, variant, t, nb, copy_gbps) for name, variant, t, nb in copies]
         step(0.70, "timing: f32 baseline kernels")
-        wd = ctx.paged.write_dispatches(base, key, value, batch.slot_mapping)
         timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps))
         dd, _ = ctx.paged.decode_dispatches(base, q, batch, scale)
         timings.append(TimingRow("paged_attn_f32", "f32 baseline", rt.time(dd, runs), decode_bytes(base, batch, q), copy_gbps))
         step(0.82, f"timing: {method.label} kernels")
-        for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, scale):
+        for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, scale, qkv=qkv):
             step(0.85, f"timing {name}")
             timings.append(TimingRow(name, method.label, rt.time(dispatches, runs), nbytes, copy_gbps))
         step(1.0, "done")
+        for t in timings:
+            log.debug("timing %s (%s): median %.1f us", t.kernel, t.variant, t.timing.median_us)
+        log.info("compute done in %.2f s (%s)", time.perf_counter() - t0, method.label)
         return Results(
             config=cfg, adapter=rt.summary, batch=batch, key=key, value=value, q=q, method=method,
             layouts=method.layouts(D, batch.block_size), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
             w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
             v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps,
             elapsed_s=time.perf_counter() - t0, source_note=note, warnings=list(getattr(qkv, "warnings", []) or []),
+            scale=scale,
         )
 
     def inspect_block(self, res: Results, block: int, kv_head: int, which: str = "K"):
@@ -615,15 +640,18 @@ class Session:
             batch, key, value, q, _ = self.build_inputs(pcfg)
             D, kvh = key.shape[2], key.shape[1]
             method.check(q.shape[1], kvh, D, pcfg.block_size)
-            base = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
-            ctx.paged.write(base, key, value, batch.slot_mapping)
-            dd, _ = ctx.paged.decode_dispatches(base, q, batch, pcfg.scale)
-            tb = ctx.rt.time(dd, max(3, cfg.timing_runs))
-            row = {"param": param, "value": int(val), "tokens": int(sum(lens)),
-                   "baseline_us": tb.median_us, "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
-            for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, pcfg.scale):
-                t = ctx.rt.time(dispatches, max(3, cfg.timing_runs))
-                row["method_kernels"][name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us, "bytes": nbytes}
+            log.debug("sweep %s = %s: %d tokens", param, val, batch.num_tokens)
+            with ctx.rt.shared_inputs(key, value):  # one upload of K and V for the baseline and the method
+                base = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
+                ctx.paged.write(base, key, value, batch.slot_mapping)
+                dd, _ = ctx.paged.decode_dispatches(base, q, batch, pcfg.scale)
+                tb = ctx.rt.time(dd, max(3, cfg.timing_runs))
+                row = {"param": param, "value": int(val), "tokens": int(sum(lens)), "baseline_us": tb.median_us,
+                       "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
+                for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, pcfg.scale):
+                    t = ctx.rt.time(dispatches, max(3, cfg.timing_runs))
+                    row["method_kernels"][name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us,
+                                                   "bytes": nbytes}
             points.append(row)
         progress(1.0, "sweep done")
         return points

@@ -6,13 +6,15 @@ Blocks are taken from a `BlockAllocator` as the sequence grows, with its policy 
 scattered, fragmented), so the block table can be drawn as it fills.
 
 Implementations:
-  F32PagedCache     'f32'        the f32 baseline writer + f32 paged decode (the reference path)
-  Q8PagedCache      'int8_seed'  the seed int8 writer (000) + the native int8 paged decode (001)
+  F32PagedCache     'f32'  the f32 baseline writer + f32 paged decode (the reference path)
+  MethodPagedCache  a method whose cache is a format of the shared paged kernels (int8_seed: the seed
+                    int8 writer + its native paged decode), written and attended token by token
   RequantCache      any other registered method: its whole sequence is quantised again by
                     `method.quantize` every step, then `method.attend` runs. Slow (O(T) per step
                     and per layer) but uses nothing the method does not already expose.
-A method can offer a faster path by defining `live_cache(ctx, table, n_layers, n_heads, n_kv_heads,
-head_dim, scale) -> LiveCache` on its class; `make_live_cache` uses it when present.
+A method offers a faster path through its `live_cache(ctx, table, n_layers, n_heads, n_kv_heads,
+head_dim, scale)` hook (kvviz/methods/base.py); `make_live_cache` uses it when it returns a cache. What
+a method's cache holds (its QuantizedKV device/extra entries) is read only through the method's hooks.
 
 Layouts: `write` takes k, v [n_kv, T, D] (the layout of LlamaRunner's kv_sink), `attend` takes
 q [n_heads, D] and returns [n_heads, D] float32, like the runner's attention hook.
@@ -27,13 +29,9 @@ import numpy as np
 from kvviz.errors import InvalidInput
 from kvviz.kernels.paged import check_head_size
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord, get_method
-from kvviz.methods.int8_seed import Int8PerTokenSeed
-from kvviz.formats.int8 import unpack_records as unpack_int8_words
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
 
 _F32 = np.float32
-
-NATIVE = ("f32", "int8_seed")  # cache keys with a native incremental path here
 
 
 @dataclass
@@ -267,24 +265,28 @@ class F32PagedCache(PagedLiveCache):
                            "the f32 cache stores no scale: max |x| of each stored vector")
 
 
-class Q8PagedCache(PagedLiveCache):
-    key = "int8_seed"
-    label = "int8 per token (seed GLSL), native paged decode"
-    fmt = "q8"
+class MethodPagedCache(PagedLiveCache):
+    """A method whose cache is one format of the shared paged kernels (`fmt`, e.g. "q8"): their writer
+    and decode run token by token; blocks and per-token scales are read through the method's
+    `paged_qkv` / `record_scales` hooks (kvviz/methods/base.py)."""
 
-    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, method: KVMethod | None = None):
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, *, method: KVMethod, fmt: str,
+                 label: str, scales_note: str = ""):
+        self.fmt = fmt
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
-        self.method = method if method is not None else get_method("int8_seed")
+        self.method = method
+        self.key = method.key
+        self.label = label
+        self.scales_note = scales_note
 
     def inspect_block(self, layer, block, kv_head, which="K"):
-        qkv = QuantizedKV(self.method, self.head_dim, self.n_kv_heads, np.zeros(0), np.zeros(0), np.zeros(0),
-                          np.zeros(0), (-127, 127), device={"cache": self.layers[layer]})
+        qkv = self.method.paged_qkv(self.layers[layer])
         return self.method.inspect_block(self.ctx, qkv, self.table.batch(self.length), block, kv_head, which)
 
     def token_scales(self, layer, kv_head):
-        k, v = (unpack_int8_words(self.read_positions(layer, w)[:, kv_head])[1].astype(np.float64) for w in "KV")
-        return TokenScales(k, v, "K scale", "V scale",
-                           "the f32 scale word of each int8 token record, read from the GPU cache")
+        k, v = (np.asarray(self.method.record_scales(self.read_positions(layer, w)[:, kv_head]), np.float64)
+                for w in "KV")
+        return TokenScales(k, v, "K scale", "V scale", self.scales_note)
 
 
 class RequantCache(LiveCache):
@@ -293,13 +295,13 @@ class RequantCache(LiveCache):
     `method.attend` runs over the fresh cache. O(T) GPU work per token and layer: slow but exact
     for every method whose quantisation of a token does not depend on later tokens (KIVI's key groups
     of 32 and its recent window are defined by position, so re-quantising reproduces its streaming
-    cache). A method with a `layer` option (TurboQuant) gets one instance per layer."""
+    cache). Each layer quantises with `method.for_layer(layer)` (TurboQuant seeds its rotation per layer)."""
 
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, method: KVMethod):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
         method.check(n_heads, n_kv_heads, head_dim, table.block_size)
         self.method = method
-        self.methods = _per_layer(method, n_layers)
+        self.methods = [method.for_layer(li) for li in range(n_layers)]
         self.key = method.key
         self.label = f"{method.label} (re-quantised every step)"
         cap = table.num_blocks * table.block_size
@@ -343,30 +345,22 @@ class RequantCache(LiveCache):
         return self.methods[layer].inspect_block(self.ctx, qkv, batch, block, kv_head, which)
 
     def token_scales(self, layer, kv_head):
-        """From the method's QuantizedKV of the layer (k_scales / v_scales, host copies read back from the
-        GPU by its quantize): a per-group or per-channel scale is averaged over the token's groups or
-        channels, a method without scales shows what it stores (TurboQuant: the vector norms)."""
+        """From the method's QuantizedKV of the layer, through its `token_scales` hook (host copies read
+        back from the GPU by its quantize): a per-group or per-channel scale is averaged over the token's
+        groups or channels, a method without scales shows what it stores (TurboQuant: the vector norms)."""
         if self.length == 0:
             return None
         qkv, _ = self._quantized(layer, self.length)
-        if qkv.k_scales is None or qkv.v_scales is None:
+        got = self.methods[layer].token_scales(qkv, kv_head, self.length)
+        if got is None:
             return None
-        n = self.length
-        layouts = self.method.layouts(self.head_dim, self.table.block_size)
-        resid = qkv.extra.get("residual")  # KIVI: rows still in the f32 recent window (no scale yet)
-        out, labels = [], []
-        for arr, lay in zip((qkv.k_scales, qkv.v_scales), layouts):
-            a = np.asarray(arr, np.float64)[:n, kv_head].reshape(n, -1)
-            a = a.mean(-1) if a.shape[1] > 1 else a[:, 0]
-            if resid is not None:
-                a = np.where(np.asarray(resid, bool)[:n], np.nan, a)
-            out.append(a)
-            labels.append(_scale_label(lay))
+        k, v, missing = got
+        labels = [_scale_label(lay) for lay in self.method.layouts(self.head_dim, self.table.block_size)]
         note = (f"{self.method.key}: " + "; ".join(lab[1] for lab in labels)
                 + " (the method's cache, read back from the GPU)")
-        if resid is not None:
-            note += "; none yet for the recent tokens, kept in f32"
-        return TokenScales(out[0], out[1], labels[0][0], labels[1][0], note)
+        if missing:
+            note += f"; {missing}"
+        return TokenScales(k, v, labels[0][0], labels[1][0], note)
 
 
 def _scale_label(layout) -> tuple[str, str]:
@@ -390,18 +384,6 @@ def _scale_label(layout) -> tuple[str, str]:
     return f"{w} scale", f"{w}: scale"
 
 
-def _per_layer(method: KVMethod, n_layers: int) -> list[KVMethod]:
-    """One instance per layer for a method with a `layer` option (TurboQuant seeds its rotation with
-    seed ^ layer, as the reference does per layer); the same instance for every layer otherwise."""
-    opts = method.options()
-    if "layer" not in opts:
-        return [method] * n_layers
-    try:
-        return [type(method)(**{**opts, "layer": li}) for li in range(n_layers)]
-    except Exception:  # a constructor that does not take its own options back: share the instance
-        return [method] * n_layers
-
-
 def _block_positions(table: BlockTable, block: int, length: int) -> np.ndarray:
     pos = np.full(table.block_size, -1, dtype=np.int64)
     if block in table.blocks:
@@ -414,27 +396,24 @@ def _block_positions(table: BlockTable, block: int, length: int) -> np.ndarray:
 def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int,
                     head_dim: int, scale: float, method_options: dict | None = None,
                     incremental: bool = True) -> LiveCache:
-    """The live cache of a method key or instance: native for 'f32' / 'int8_seed', the method's own
-    `live_cache` when it defines one, else re-quantisation of the whole sequence every step.
+    """The live cache of 'f32' (the f32 paged baseline) or a method id or instance: the method's own
+    `live_cache` when it returns one, else re-quantisation of the whole sequence every step.
     incremental=False forces the re-quantising path for every method except 'f32' (a cross-check)."""
     args = (ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
-    key = method if isinstance(method, str) else method.key
-    if key == "f32" and isinstance(method, str):
+    if isinstance(method, str) and method == "f32":
         return F32PagedCache(*args)
     m = get_method(method, **(method_options or {})) if isinstance(method, str) else method
     if incremental:
-        if type(m) is Int8PerTokenSeed:  # a subclass may change quantize(): it takes the generic path
-            return Q8PagedCache(*args, method=m)
-        own = getattr(m, "live_cache", None)
-        if callable(own):
-            return own(*args)
+        own = m.live_cache(*args)
+        if own is not None:
+            return own
     return RequantCache(*args, method=m)
 
 
 def cache_kind(method: str | KVMethod) -> str:
-    """'native', 'method' (its own live_cache) or 'requant': the path `make_live_cache` takes."""
-    key = method if isinstance(method, str) else method.key
-    if key in NATIVE:
+    """'native' (the f32 baseline or the method's own incremental cache) or 'requant': the path
+    `make_live_cache` takes."""
+    if isinstance(method, str) and method == "f32":
         return "native"
     m = get_method(method) if isinstance(method, str) else method
-    return "method" if callable(getattr(m, "live_cache", None)) else "requant"
+    return "native" if m.has_live_cache else "requant"

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
+
+log = logging.getLogger("kvviz.live")
 
 LONG_PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg, a goldsmith "
@@ -76,11 +79,14 @@ def main(argv=None) -> int:
 
 
 def check_args(a) -> list:
-    """The run's [(spec, key, options)], every input checked before the model is loaded: a method
-    that does not exist or options it does not take, --n-new, --policy, an empty prompt, --out.
+    """The run's [(spec, LiveConfig)], one per method, every input checked before the model is loaded:
+    a method that does not exist or options it does not take, --n-new, --policy, an empty prompt, --out.
     Raises InvalidInput naming the argument (the CLI prints one line and exits 2)."""
+    from dataclasses import replace
+
     from kvviz.checks import check_out_file
     from kvviz.errors import InvalidInput
+    from kvviz.live.config import LiveConfig
     from kvviz.methods.base import registry
     from kvviz.paging import POLICIES
 
@@ -106,7 +112,9 @@ def check_args(a) -> list:
         raise InvalidInput("--prompt is empty", "Give the text the model continues.")
     if a.out:
         check_out_file(a.out, "--out")
-    return out
+    base = LiveConfig(model_path=a.model or "", prompt=a.prompt, n_new=a.n_new, block_size=a.block_size,
+                      policy=a.policy)
+    return [(spec, replace(base, method=key, method_options=opts).validate()) for spec, key, opts in out]
 
 
 def run(a) -> int:
@@ -136,12 +144,14 @@ def run(a) -> int:
     print("| method | mean KL | max KL | top-1 agree | free-run diverges at | cache path | s/step |", flush=True)
     print("|---|---|---|---|---|---|---|", flush=True)
     failed = []
-    for spec, key, opts in methods:
+    for spec, cfg in methods:
         t0 = time.perf_counter()
+        log.info("live %s: %d prompt tokens, %d new", spec, len(ids), cfg.n_new)
         try:
-            r = run_live(None, ids, a.n_new, key, a.policy, block_size=a.block_size, model=model, ctx=ctx,
-                         method_options=opts, include_steps=False)
+            r = run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model,
+                         ctx=ctx, method_options=cfg.method_options, include_steps=False)
         except Exception as e:  # report and go on with the next method
+            log.warning("live %s failed: %s: %s", spec, type(e).__name__, e)
             print(f"| {spec} | failed: {type(e).__name__}: {e} |", flush=True)
             failed.append(spec)
             continue

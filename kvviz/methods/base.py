@@ -202,6 +202,8 @@ class KVMethod(ABC):
     OPTIONS: tuple[OptionSpec, ...] = ()
     # Its end-to-end numpy reference, "module:function" (see `reference`); never imported by the product.
     REFERENCE: str = ""
+    # Option sets the conformance tests run (empty: every choice of each option with choices; see examples()).
+    EXAMPLES: tuple[dict, ...] = ()
 
     def __init__(self, **options):
         self._options = self.parse_options(options)
@@ -235,6 +237,15 @@ class KVMethod(ABC):
                 raise InvalidInput(str(exc), listing) from None
         return out
 
+    @classmethod
+    def examples(cls) -> list[dict]:
+        """Option sets worth testing: EXAMPLES when declared, else each choice of every option that has
+        choices ({} for a method without such options)."""
+        if cls.EXAMPLES:
+            return [dict(e) for e in cls.EXAMPLES]
+        out = [{o.name: c} for o in cls.OPTIONS for c in o.choices]
+        return out or [{}]
+
     def options(self) -> dict:
         """User-settable options and their current values (group size, recent window, ...)."""
         return dict(getattr(self, "_options", {}))
@@ -243,6 +254,30 @@ class KVMethod(ABC):
         """The method as it quantises model layer `layer` (the session's and live decode's layer). The
         same instance for methods whose cache does not depend on the layer."""
         return self
+
+    # ------------------------------------------------------------------ live decode (kvviz/live/cache.py)
+    @property
+    def has_live_cache(self) -> bool:
+        """Whether `live_cache` gives live decode an incremental cache for this method."""
+        return False
+
+    def live_cache(self, ctx, table, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, scale: float):
+        """The method's own live cache (a kvviz.live.cache.LiveCache written token by token), or None:
+        live decode then quantises the whole sequence again every step through `quantize`."""
+        return None
+
+    def token_scales(self, qkv: QuantizedKV, kv_head: int, n: int):
+        """(K [n], V [n], note) per-position scales of one KV head over the first n token rows of a
+        one-sequence batch in position order, from `quantize`'s host copies: a per-group or per-channel
+        scale averaged over the token's groups or channels, NaN where a position has none (the note then
+        says why); None when the method keeps no scales."""
+        if qkv.k_scales is None or qkv.v_scales is None:
+            return None
+        out = []
+        for arr in (qkv.k_scales, qkv.v_scales):
+            a = np.asarray(arr, np.float64)[:n, kv_head].reshape(n, -1)
+            out.append(a.mean(-1) if a.shape[1] > 1 else a[:, 0])
+        return out[0], out[1], ""
 
     @abstractmethod
     def check(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int) -> None:
@@ -268,8 +303,10 @@ class KVMethod(ABC):
     def inspect_block(self, ctx, qkv: QuantizedKV, batch, block: int, kv_head: int, which: str) -> list[TokenRecord]:
         """Decode one physical block of the cache for the block inspector."""
 
-    def timed_kernels(self, ctx, batch, key, value, q, scale) -> list:
-        """[(kernel name, dispatches, bytes moved)] for the timing panel and `kvviz bench`."""
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv: QuantizedKV | None = None) -> list:
+        """[(kernel name, dispatches, bytes moved)] for the timing panel and `kvviz bench`. With `qkv`
+        (what `quantize` returned for this batch, key and value) the dispatches that filled its caches are
+        reused: nothing is uploaded or quantised again."""
         return []
 
 
@@ -294,6 +331,8 @@ def register(cls):
         raise ValueError(f"{cls.__name__} ({cls.key}) declares an option twice: {names}")
     for o in cls.OPTIONS:
         o.parse(o.default)  # the declared default is a value the option accepts
+    for e in cls.EXAMPLES:
+        cls.parse_options(e)
     _REGISTRY[cls.key] = cls
     return cls
 

@@ -56,12 +56,14 @@ class Int8PerTokenSeed(KVMethod):
 
     def quantize(self, ctx, batch, key, value):
         cache = ctx.paged.allocate("q8", batch.num_blocks, key.shape[1], batch.block_size, key.shape[2])
-        ctx.paged.write(cache, key, value, batch.slot_mapping)
+        w = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
+        ctx.paged.rt.run(w)
         k_rec, _ = read_token_records(ctx, cache, batch, "K")
         v_rec, _ = read_token_records(ctx, cache, batch, "V")
         kc, ks = unpack_int8_words(k_rec)
         vc, vs = unpack_int8_words(v_rec)
-        return QuantizedKV(self, key.shape[2], key.shape[1], kc, vc, ks, vs, (-127, 127), device={"cache": cache})
+        return QuantizedKV(self, key.shape[2], key.shape[1], kc, vc, ks, vs, (-127, 127),
+                           device={"cache": cache, "writer": w})
 
     def attend(self, ctx, qkv, batch, q, scale):
         return ctx.paged.decode(qkv.device["cache"], q, batch, scale)
@@ -85,10 +87,38 @@ class Int8PerTokenSeed(KVMethod):
             for o in range(batch.block_size)
         ]
 
-    def timed_kernels(self, ctx, batch, key, value, q, scale):
-        cache = ctx.paged.allocate("q8", batch.num_blocks, key.shape[1], batch.block_size, key.shape[2])
-        w = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
-        ctx.paged.rt.run(w)
+    # ------------------------------------------------------------------ live decode
+    @property
+    def has_live_cache(self) -> bool:
+        # the live cache runs the seed writer itself: a subclass that changes quantize() re-quantises
+        return type(self).quantize is Int8PerTokenSeed.quantize
+
+    def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale):
+        """The seed int8 writer + native paged decode, token by token (kvviz/live/cache.py)."""
+        if not self.has_live_cache:
+            return None
+        from kvviz.live.cache import MethodPagedCache
+
+        return MethodPagedCache(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, method=self, fmt="q8",
+                                label="int8 per token (seed GLSL), native paged decode",
+                                scales_note="the f32 scale word of each int8 token record, read from the GPU cache")
+
+    def paged_qkv(self, cache) -> QuantizedKV:
+        """A QuantizedKV over one q8 PagedCache (what inspect_block reads), without host copies."""
+        e = np.zeros(0)
+        return QuantizedKV(self, cache.head_size, cache.num_kv_heads, e, e, e, e, (-127, 127), device={"cache": cache})
+
+    def record_scales(self, records: np.ndarray) -> np.ndarray:
+        """The f32 scale of each int8 token record [..., wpt] u32."""
+        return unpack_int8_words(records)[1]
+
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        if qkv is not None:  # the writer quantize ran, over its cache
+            cache, w = qkv.device["cache"], qkv.device["writer"]
+        else:
+            cache = ctx.paged.allocate("q8", batch.num_blocks, key.shape[1], batch.block_size, key.shape[2])
+            w = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
+            ctx.paged.rt.run(w)
         d, _ = ctx.paged.decode_dispatches(cache, q, batch, scale)
         from kvviz.kernels.traffic import decode_bytes, writer_bytes
 

@@ -45,6 +45,7 @@ class Kivi(DequantisedAttention, KVMethod):
                    "layouts_for_batch", minimum=1),
     )
     REFERENCE = "kvviz.oracles.methods:reference_attention"
+    EXAMPLES = ({"bits": 2, "recent": 0}, {"bits": 4, "recent": 16}, {"bits": 2, "recent": 128})
     bits: int
     recent: int
     context_len: int
@@ -235,7 +236,7 @@ class Kivi(DequantisedAttention, KVMethod):
         bs = batch.block_size
         KW = layout.kw(D, self.bits)
         WS = layout.ws(D, bs)
-        qkv = QuantizedKV(self, D, kvh, None, None, None, None, (0, self.levels), device={"cache": qc, "f32": f32c})
+        qkv = QuantizedKV(self, D, kvh, None, None, None, None, (0, self.levels), device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd})
         bufs = self.read_buffers(ctx, qkv)
         kbuf, vbuf = bufs["k"], bufs["v"]
         sm = batch.slot_mapping.astype(np.int64)
@@ -285,6 +286,13 @@ class Kivi(DequantisedAttention, KVMethod):
             out.append(np.ascontiguousarray(words.T).view(np.float32).reshape(kvh, ng, D, 2))
         return out
 
+    def token_scales(self, qkv, kv_head, n):
+        got = super().token_scales(qkv, kv_head, n)
+        resid = np.asarray(qkv.extra["residual"], bool)[:n]  # rows still in the f32 recent window
+        k, v, _ = got
+        return (np.where(resid, np.nan, k), np.where(resid, np.nan, v),
+                "none yet for the recent tokens, kept in f32")
+
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
         qc = qkv.device["cache"]
         D, bs = qc.head_size, batch.block_size
@@ -315,9 +323,12 @@ class Kivi(DequantisedAttention, KVMethod):
             recs[0].fields["block_side_words"] = bufs["k"][block, kv_head, bs * KW : bs * KW + WS].copy()
         return recs
 
-    def timed_kernels(self, ctx, batch, key, value, q, scale):
-        key, value, qc, f32c, wd, dd, _ = self._prepare(ctx, batch, key, value)
-        ctx.rt.run(wd + dd)
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        if qkv is not None:  # the writer and dequantise dispatches quantize ran, over its caches
+            f32c, wd, dd = qkv.device["f32"], qkv.device["writer"], qkv.device["dequant"]
+        else:
+            key, value, qc, f32c, wd, dd, _ = self._prepare(ctx, batch, key, value)
+            ctx.rt.run(wd + dd)
         T, kvh, D = key.shape
         k_lay, v_lay = self.layouts_for_batch(batch, D)
         real = int(np.count_nonzero(batch.slot_mapping != PAD_SLOT))

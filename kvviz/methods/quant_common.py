@@ -127,7 +127,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         real = batch.slot_mapping != PAD_SLOT
         return QuantizedKV(
             self, D, kvh, kf["codes"], vf["codes"], kf["scale"], vf["scale"], self.code_range,
-            device={"cache": qc, "f32": f32c}, extra=extra,
+            device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd}, extra=extra,
             warnings=self.range_warnings(key, value, real, {"K": kf, "V": vf}),
         )
 
@@ -158,9 +158,12 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         nblk = sum(len(b) for b in batch.seq_blocks)
         return int(2 * nblk * kvh * batch.block_size * (self.wpt(D) + D) * 4)
 
-    def timed_kernels(self, ctx, batch, key, value, q, scale):
-        key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
-        ctx.rt.run(wd + dd)
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        if qkv is not None:  # the writer and dequantise dispatches quantize ran, over its caches
+            f32c, wd, dd = qkv.device["f32"], qkv.device["writer"], qkv.device["dequant"]
+        else:
+            key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
+            ctx.rt.run(wd + dd)
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
         return [

@@ -139,7 +139,10 @@ class TurboQuantMethod(KVMethod):
             L = len(rows)
             cache = kern.allocate(kvh, d, max(L, 1), self.seed, self.layer)
             if L:
-                dispatches += kern.compress_dispatches(cache, key[rows], value[rows], 0)
+                # a run of consecutive rows is passed as a view (its upload can be shared, see
+                # GpuRuntime.shared_inputs); other rows are gathered
+                sel = slice(int(rows[0]), int(rows[0]) + L) if (np.diff(rows) == 1).all() else rows
+                dispatches += kern.compress_dispatches(cache, key[sel], value[sel], 0)
             caches.append(cache)
             rows_of.append(rows)
         return kern, caches, dispatches, rows_of
@@ -185,7 +188,7 @@ class TurboQuantMethod(KVMethod):
         }
         return QuantizedKV(
             self, d, kvh, k_idx, v_idx, k_norm, v_norm, (0, 3),
-            device={"caches": caches, "kernels": kern}, extra=extra, warnings=warnings,
+            device={"caches": caches, "kernels": kern, "compress": dispatches}, extra=extra, warnings=warnings,
         )
 
     @staticmethod
@@ -323,11 +326,14 @@ class TurboQuantMethod(KVMethod):
         return records
 
     # ------------------------------------------------------------------ timing
-    def timed_kernels(self, ctx, batch, key, value, q, scale):
-        kern, caches, comp, rows_of = self._caches(ctx, batch, key, value)
-        ctx.rt.run(comp)
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
         T, kvh, d = np.asarray(key).shape
-        qkv = QuantizedKV(self, d, kvh, None, None, None, None, (0, 3), device={"caches": caches, "kernels": kern})
+        if qkv is not None:  # the compress dispatches quantize ran, over its caches
+            kern, caches, comp = qkv.device["kernels"], qkv.device["caches"], qkv.device["compress"]
+        else:
+            kern, caches, comp, rows_of = self._caches(ctx, batch, key, value)
+            ctx.rt.run(comp)
+            qkv = QuantizedKV(self, d, kvh, None, None, None, None, (0, 3), device={"caches": caches, "kernels": kern})
         q = self._check_q(qkv, batch, q)
         H = q.shape[1]
         attn = [d_ for _, ds, _ in self.attend_dispatches(qkv, batch, q, scale) for d_ in ds]

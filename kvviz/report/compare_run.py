@@ -4,8 +4,6 @@ from __future__ import annotations
 import importlib
 import inspect
 
-import numpy as np
-
 from kvviz.errors import KvvizError
 
 
@@ -23,10 +21,7 @@ def compare_available() -> bool:
 
 def results_scale(res) -> float:
     """The softmax scale `Session.compute` used for these results."""
-    cfg = res.config
-    if cfg.source == "synthetic" or cfg.softmax_scale:
-        return float(cfg.scale)
-    return float(1.0 / np.sqrt(res.key.shape[2]))
+    return float(res.scale)
 
 
 def method_instances(res) -> list:
@@ -40,7 +35,7 @@ def method_instances(res) -> list:
             out.append(res.method)
             continue
         try:
-            out.append(cls())
+            out.append(cls().for_layer(res.config.layer))  # the workload's layer (TurboQuant's rotation)
         except Exception:  # noqa: BLE001 - a method that cannot be built with defaults is skipped
             continue
     return out
