@@ -21,6 +21,7 @@ q [n_heads, D] and returns [n_heads, D] float32, like the runner's attention hoo
 """
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord, get_method
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
 
 _F32 = np.float32
+log = logging.getLogger("kvviz.live")
 
 
 @dataclass
@@ -407,6 +409,8 @@ def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: in
         own = m.live_cache(*args)
         if own is not None:
             return own
+        log.info("live cache of %s: the method has no incremental cache; its whole sequence is quantised "
+                 "again every step", m.key)
     return RequantCache(*args, method=m)
 
 

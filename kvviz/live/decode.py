@@ -34,6 +34,7 @@ thread may re-select while it runs), the quantised cache's per-position K/V scal
 from __future__ import annotations
 
 import copy
+import logging
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from kvviz.live.config import BASELINES, DEFAULT_PROMPT, LiveConfig
 from kvviz.methods.base import KVMethod, get_method
 from kvviz.paging import POLICIES
 from kvviz.sources.llama_numpy import Cancelled, LlamaRunner
+
+log = logging.getLogger("kvviz.live")
 
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
@@ -315,10 +318,13 @@ class LiveDecoder:
         self.max_new = int(max_new)
         self._next_base = self._next_free = ids[-1]
         self.timings = {"prefill_s": time.perf_counter() - t0, "steps_s": []}
+        log.info("live %s: prompt of %d tokens prefilled in %.2f s into %s (%d blocks of %d, %s)", self.method, len(ids),
+                 self.timings["prefill_s"], quant_cache.label, self.num_blocks, self.block_size, self.policy)
 
     # -- decoding --------------------------------------------------------------------------------
 
     def _fork_free(self) -> None:
+        log.debug("live %s: free-running text left the baseline's at step %d", self.method, len(self.steps))
         cache = self._cache("method", self._table())
         self.free = self.quant.fork("free", cache)
 
