@@ -39,7 +39,9 @@ WANTED_FEATURES = (
 STORAGE_RW = "storage"
 STORAGE_RO = "read-only-storage"
 
+# The start-up self-check of the loop limit (family "probe").
 LOOP_PROBE = KernelSpec("probe/loop_limit.wgsl", bindings=ro("ones") + rw("counts"), immediates=Struct("P", "n_a n_b"))
+PROBES = (LOOP_PROBE,)
 
 # Staging buffers are reused and never larger than this; bigger transfers go in chunks.
 STAGING_CHUNK = 64 << 20

@@ -1,10 +1,11 @@
-"""numpy oracle of the `int8_token` paged cache (seed 002's "INT8"/"FP8" per-token quantiser, made real).
+"""numpy oracle of the `int8_token` paged cache (the seed WGSL quantiser's
+per-token int8, made valid; docs/kernels.md, "Seed WGSL quantiser").
 
 Per token and KV head, over the head vector x (float32):
     amax  = max |x|
     scale = max(amax / 127, 1e-8)                (float32 division, float32 constant 1e-8)
     code  = clamp(round(x / scale), -128, 127)   (round half to even; x / scale a float32 division)
-The clamp is seed 002's asymmetric [-128, 127]; it differs from the GLSL seed (000), which clamps to
+The clamp is the seed WGSL quantiser's asymmetric [-128, 127]; it differs from the seed int8 writer, which clamps to
 [-127, 127] and multiplies by the float32 reciprocal 127/amax. Because the scale is amax/127 (rounded),
 |x / scale| <= 127 * (1 + 2^-23) and rounds to at most 127: the code -128 is never produced unless the
 1e-8 floor applies, where |x / scale| < 127 as well. So codes lie in [-127, 127] in practice.

@@ -1,6 +1,7 @@
 // #include "quant/common.wgsl"
 // int4_group writer: asymmetric 4-bit codes per group of G = {{GROUP}} consecutive elements of a
-// token's head vector (seed 002's INT4, made valid WGSL, packed 8 codes a word, paged).
+// token's head vector (the seed WGSL quantiser's INT4, made valid, packed 8 codes a word, paged;
+// docs/kernels.md, "Seed WGSL quantiser").
 // One 64-thread workgroup per (token row, kv head, K|V): grid (rows, kv_heads, 2).
 // Record (wpt = hd/8 + 2*hd/G u32 words): words 0..hd/8-1 codes (element 8w+l in bits 4l..4l+3);
 // then per group g: word hd/8+2g = scale bits, word hd/8+2g+1 = zero bits (the group minimum).

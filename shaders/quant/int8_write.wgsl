@@ -1,5 +1,6 @@
 // #include "quant/common.wgsl"
-// int8_token writer (seed 002's per-token int8, made valid WGSL and paged).
+// int8_token writer (the seed WGSL quantiser's per-token int8, made valid and paged;
+// docs/kernels.md, "Seed WGSL quantiser").
 // One 64-thread workgroup per (token row, kv head, K|V): grid (rows, kv_heads, 2).
 // Input key/value: [rows, kv_heads, head_size] f32. slots: [rows] u32 (PAD_SLOT = padding row, skipped).
 // Cache (K and V): u32 [num_blocks, kv_heads, block_size, wpt], wpt = head_size/4 + 1:

@@ -21,8 +21,10 @@
 //   values [polar | norms]: norms at vecs*d/16 + slot.
 //
 // All barriers sit at entry-point scope and in uniform control flow (naga's SPIR-V output
-// miscompiles workgroupBarrier() reached through a function call inside a loop). Workgroup memory is
-// not zero-initialised: every lane writes its slot before any lane reads it.
+// miscompiles workgroupBarrier() reached through a function call inside a loop): the shared steps
+// with barriers (the tree sum, the Walsh-Hadamard transform, the load-normalise-rotate prologue) are
+// text pasted into each entry point by `// #include`; barrier-free helpers are functions. Workgroup
+// memory is not zero-initialised: every lane writes its slot before any lane reads it.
 //
 // Bind group 0:
 //   @binding(0) src:    array<f32>  rows x n_kv_heads x head_dim
@@ -68,74 +70,25 @@ fn quantize(v: f32) -> u32 {
     return 3u;
 }
 
+// Polar word w: indices qidx[16w .. 16w + 15], element e at bits 2e (LSB first).
+fn polar_word(w: u32) -> u32 {
+    var word = 0u;
+    for (var e = 0u; e < 16u; e += 1u) {
+        word = word | (qidx[w * 16u + e] << (2u * e));
+    }
+    return word;
+}
+
 @compute @workgroup_size(128, 1, 1)
 fn tq_compress_keys(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
 ) {
-    let tid = lid.x;
-    let n_rows = params[0];
-    let n_kv_heads = params[1];
-    let head_dim = params[2];
-    let cache_cap = params[3];
-    let dst_pos = params[4];
-    let sign_off = params[5];
-    let row = params[6] + wid.x;
-    let h = wid.y;
-    if row >= n_rows || h >= n_kv_heads {
-        return;
-    }
-    let inv_sqrt_d = bitcast<f32>(params[7]);
-    let polar_words = head_dim / 16u;
+    // #include "turboquant/compress_rotate.wgsl"
     let jl_words = head_dim / 32u;
     let vecs = n_kv_heads * cache_cap;
     let jl_off = vecs * polar_words;
     let norm_off = jl_off + vecs * jl_words;
-    let slot = h * cache_cap + dst_pos + row;
-    let live = tid < head_dim;
-
-    // ── 1. n = |k| ──
-    var x = 0.0;
-    if live {
-        x = src[(row * n_kv_heads + h) * head_dim + tid];
-    }
-    red[tid] = x * x;
-    workgroupBarrier();
-    if tid < 64u { red[tid] = red[tid] + red[tid + 64u]; }
-    workgroupBarrier();
-    if tid < 32u { red[tid] = red[tid] + red[tid + 32u]; }
-    workgroupBarrier();
-    if tid < 16u { red[tid] = red[tid] + red[tid + 16u]; }
-    workgroupBarrier();
-    if tid < 8u { red[tid] = red[tid] + red[tid + 8u]; }
-    workgroupBarrier();
-    if tid < 4u { red[tid] = red[tid] + red[tid + 4u]; }
-    workgroupBarrier();
-    if tid < 2u { red[tid] = red[tid] + red[tid + 2u]; }
-    workgroupBarrier();
-    if tid < 1u { red[tid] = red[tid] + red[tid + 1u]; }
-    workgroupBarrier();
-    let norm = sqrt(red[0]);
-    let is_zero = norm < EPS;
-    let k = inv_sqrt_d / select(norm, 1.0, is_zero);
-
-    // ── 2. RHT_polar(k / n) ──
-    if live {
-        rot[tid] = (x * k) * signs[sign_off + tid];
-    }
-    var stride = 1u;
-    while stride < head_dim {
-        workgroupBarrier();
-        if tid < head_dim / 2u {
-            let i = (tid / stride) * 2u * stride + (tid % stride);
-            let a = rot[i];
-            let b = rot[i + stride];
-            rot[i] = a + b;
-            rot[i + stride] = a - b;
-        }
-        stride = stride * 2u;
-    }
-    workgroupBarrier();
 
     // ── 3. index, residual, |r| (every lane read red[0] above, before the barriers) ──
     var r = 0.0;
@@ -147,50 +100,20 @@ fn tq_compress_keys(
         rot[tid] = r;
     }
     red[tid] = r * r;
-    workgroupBarrier();
-    if tid < 64u { red[tid] = red[tid] + red[tid + 64u]; }
-    workgroupBarrier();
-    if tid < 32u { red[tid] = red[tid] + red[tid + 32u]; }
-    workgroupBarrier();
-    if tid < 16u { red[tid] = red[tid] + red[tid + 16u]; }
-    workgroupBarrier();
-    if tid < 8u { red[tid] = red[tid] + red[tid + 8u]; }
-    workgroupBarrier();
-    if tid < 4u { red[tid] = red[tid] + red[tid + 4u]; }
-    workgroupBarrier();
-    if tid < 2u { red[tid] = red[tid] + red[tid + 2u]; }
-    workgroupBarrier();
-    if tid < 1u { red[tid] = red[tid] + red[tid + 1u]; }
-    workgroupBarrier();
+    // #include "turboquant/tree_sum.wgsl"
     let rnorm = sqrt(red[0]);
     let no_residual = rnorm < EPS;
     let safe_rn = select(rnorm, 1.0, no_residual);
 
     if tid < polar_words {
-        var w = 0u;
-        for (var e = 0u; e < 16u; e += 1u) {
-            w = w | (qidx[tid * 16u + e] << (2u * e));
-        }
-        cache[slot * polar_words + tid] = select(w, 0u, is_zero);
+        cache[slot * polar_words + tid] = select(polar_word(tid), 0u, is_zero);
     }
 
     // ── 4. QJL: signs of WHT((r / rn) * s_jl) ──
     if live {
         rot[tid] = (rot[tid] / safe_rn) * signs[sign_off + head_dim + tid];
     }
-    stride = 1u;
-    while stride < head_dim {
-        workgroupBarrier();
-        if tid < head_dim / 2u {
-            let i = (tid / stride) * 2u * stride + (tid % stride);
-            let a = rot[i];
-            let b = rot[i + stride];
-            rot[i] = a + b;
-            rot[i + stride] = a - b;
-        }
-        stride = stride * 2u;
-    }
-    workgroupBarrier();
+    // #include "turboquant/wht.wgsl"
     if tid < jl_words {
         var w = 0u;
         for (var e = 0u; e < 32u; e += 1u) {
@@ -210,74 +133,15 @@ fn tq_compress_values(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(workgroup_id) wid: vec3<u32>,
 ) {
-    let tid = lid.x;
-    let n_rows = params[0];
-    let n_kv_heads = params[1];
-    let head_dim = params[2];
-    let cache_cap = params[3];
-    let dst_pos = params[4];
-    let sign_off = params[5];
-    let row = params[6] + wid.x;
-    let h = wid.y;
-    if row >= n_rows || h >= n_kv_heads {
-        return;
-    }
-    let inv_sqrt_d = bitcast<f32>(params[7]);
-    let polar_words = head_dim / 16u;
+    // #include "turboquant/compress_rotate.wgsl"
     let norm_off = n_kv_heads * cache_cap * polar_words;
-    let slot = h * cache_cap + dst_pos + row;
-    let live = tid < head_dim;
 
-    var x = 0.0;
-    if live {
-        x = src[(row * n_kv_heads + h) * head_dim + tid];
-    }
-    red[tid] = x * x;
-    workgroupBarrier();
-    if tid < 64u { red[tid] = red[tid] + red[tid + 64u]; }
-    workgroupBarrier();
-    if tid < 32u { red[tid] = red[tid] + red[tid + 32u]; }
-    workgroupBarrier();
-    if tid < 16u { red[tid] = red[tid] + red[tid + 16u]; }
-    workgroupBarrier();
-    if tid < 8u { red[tid] = red[tid] + red[tid + 8u]; }
-    workgroupBarrier();
-    if tid < 4u { red[tid] = red[tid] + red[tid + 4u]; }
-    workgroupBarrier();
-    if tid < 2u { red[tid] = red[tid] + red[tid + 2u]; }
-    workgroupBarrier();
-    if tid < 1u { red[tid] = red[tid] + red[tid + 1u]; }
-    workgroupBarrier();
-    let norm = sqrt(red[0]);
-    let is_zero = norm < EPS;
-    let k = inv_sqrt_d / select(norm, 1.0, is_zero);
-
-    if live {
-        rot[tid] = (x * k) * signs[sign_off + tid];
-    }
-    var stride = 1u;
-    while stride < head_dim {
-        workgroupBarrier();
-        if tid < head_dim / 2u {
-            let i = (tid / stride) * 2u * stride + (tid % stride);
-            let a = rot[i];
-            let b = rot[i + stride];
-            rot[i] = a + b;
-            rot[i + stride] = a - b;
-        }
-        stride = stride * 2u;
-    }
-    workgroupBarrier();
     if live {
         qidx[tid] = quantize(rot[tid]);
     }
     workgroupBarrier();
     if tid < polar_words {
-        var w = 0u;
-        for (var e = 0u; e < 16u; e += 1u) {
-            w = w | (qidx[tid * 16u + e] << (2u * e));
-        }
-        cache[slot * polar_words + tid] = select(w, 0u, is_zero);
+        cache[slot * polar_words + tid] = select(polar_word(tid), 0u, is_zero);
     }
     if tid == 0u {
         cache[norm_off + slot] = select(pack2x16float(vec2<f32>(norm, 0.0)), 0u, is_zero);

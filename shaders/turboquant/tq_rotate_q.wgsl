@@ -9,7 +9,7 @@
 //   q_rot = WHT(q * s_polar) * inv_sqrt_d; q_jl = WHT(q_rot * s_jl) * inv_sqrt_d;
 //   sum = tree over 128 lanes (0 past head_dim), strides 64..1. inv_sqrt_d = f32(1/sqrt(d)) from the host.
 //
-// Barriers at entry-point scope only (see tq_compress.wgsl).
+// Barriers at entry-point scope only: the transform and the tree sum are included text (see tq_compress.wgsl).
 //
 // Bind group 0:
 //   @binding(0) src:    array<f32>  rows x n_heads x head_dim (unrotated queries)
@@ -51,58 +51,20 @@ fn tq_rotate_q(
     if live {
         rot[tid] = src[base + tid] * signs[sign_off + tid];
     }
-    var stride = 1u;
-    while stride < head_dim {
-        workgroupBarrier();
-        if tid < head_dim / 2u {
-            let i = (tid / stride) * 2u * stride + (tid % stride);
-            let a = rot[i];
-            let b = rot[i + stride];
-            rot[i] = a + b;
-            rot[i + stride] = a - b;
-        }
-        stride = stride * 2u;
-    }
-    workgroupBarrier();
+    // #include "turboquant/wht.wgsl"
     if live {
         let qr = rot[tid] * inv_sqrt_d;
         qrot[base + tid] = qr;
         rot[tid] = qr * signs[sign_off + head_dim + tid];
     }
-    stride = 1u;
-    while stride < head_dim {
-        workgroupBarrier();
-        if tid < head_dim / 2u {
-            let i = (tid / stride) * 2u * stride + (tid % stride);
-            let a = rot[i];
-            let b = rot[i + stride];
-            rot[i] = a + b;
-            rot[i + stride] = a - b;
-        }
-        stride = stride * 2u;
-    }
-    workgroupBarrier();
+    // #include "turboquant/wht.wgsl"
     var qj = 0.0;
     if live {
         qj = rot[tid] * inv_sqrt_d;
         qrot[region + base + tid] = qj;
     }
     red[tid] = qj;
-    workgroupBarrier();
-    if tid < 64u { red[tid] = red[tid] + red[tid + 64u]; }
-    workgroupBarrier();
-    if tid < 32u { red[tid] = red[tid] + red[tid + 32u]; }
-    workgroupBarrier();
-    if tid < 16u { red[tid] = red[tid] + red[tid + 16u]; }
-    workgroupBarrier();
-    if tid < 8u { red[tid] = red[tid] + red[tid + 8u]; }
-    workgroupBarrier();
-    if tid < 4u { red[tid] = red[tid] + red[tid + 4u]; }
-    workgroupBarrier();
-    if tid < 2u { red[tid] = red[tid] + red[tid + 2u]; }
-    workgroupBarrier();
-    if tid < 1u { red[tid] = red[tid] + red[tid + 1u]; }
-    workgroupBarrier();
+    // #include "turboquant/tree_sum.wgsl"
     if tid == 0u {
         qrot[2u * region + row * n_heads + h] = red[0];
     }
