@@ -60,7 +60,7 @@ SHAPES = {
     # Small enough for lavapipe in CI; ragged lengths on purpose.
     "quick-ragged": BenchShape("quick-ragged", (37, 100, 300, 129), 8, 2, 128, 16, "scattered"),
     "quick-d64-mha": BenchShape("quick-d64-mha", (64, 250), 4, 4, 64, 8),
-    # The performance anchor of docs/kernels.md: 15 x 4096 tokens, 32/8 heads, head 128, block 16.
+    # The performance anchor (docs/kernels.md, "Measured on the H200"): 15 x 4096 tokens, 32/8 heads, head 128, block 16.
     "decode-15x4096": BenchShape("decode-15x4096", (4096,) * 15, 32, 8, 128, 16),
     "decode-1x32768": BenchShape("decode-1x32768", (32768,), 32, 8, 128, 16),
 }
