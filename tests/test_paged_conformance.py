@@ -352,3 +352,13 @@ def test_another_runtimes_lost_device_does_not_mark_this_one_lost(rt):
     buf = rt.upload(np.arange(4, dtype=np.float32), "x")
     np.testing.assert_array_equal(rt.read(buf, np.float32), np.arange(4, dtype=np.float32))
     assert rt.lost_reason is None
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 1e39])
+def test_softmax_scale_must_be_a_finite_float32(small, scale):
+    """The kernels take the scale as f32: 1e39 would become inf on the GPU and every weight NaN."""
+    pk, batch, k, v, cache, q = small
+    with pytest.raises(InvalidInput, match="finite float32"):
+        pk.decode(cache, q, batch, scale)
+    with pytest.raises(InvalidInput, match="finite float32"):
+        pk.weights(cache, q, batch, scale)

@@ -267,8 +267,10 @@ class PagedKernels:
                 f"The batch was laid out for {batch.num_blocks} blocks of {batch.block_size}; the cache has "
                 f"{cache.num_blocks} of {cache.block_size}."
             )
-        if not np.isfinite(scale):
-            raise InvalidInput(f"softmax scale must be finite, got {scale}")
+        with np.errstate(over="ignore"):
+            scale32 = np.float32(scale)
+        if not np.isfinite(scale) or not np.isfinite(scale32):
+            raise InvalidInput(f"softmax scale must be a finite float32 (|scale| < 3.4e38), got {scale}")
         batch.validate()
         return q
 

@@ -280,8 +280,10 @@ class TurboQuantKernels:
                 f"position {missing} of the cache was never written, but max_seq is {max_seq}",
                 "Compress every position the queries attend to first.",
             )
-        if not math.isfinite(float(scale)):
-            raise InvalidInput(f"softmax scale must be finite, got {scale}")
+        with np.errstate(over="ignore"):
+            scale32 = np.float32(scale)
+        if not np.isfinite(scale) or not np.isfinite(scale32):
+            raise InvalidInput(f"softmax scale must be a finite float32 (|scale| < 3.4e38), got {scale}")
         if H > self.rt.max_grid:
             raise DeviceLimitError(f"{H} heads exceed the grid limit {self.rt.max_grid}.")
         return q, start_pos, max_seq, resolve_qjl_scale(qjl_scale, d)
