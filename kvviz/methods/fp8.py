@@ -30,7 +30,7 @@ class _Fp8Base(PerTokenRecordMethod):
                    "per_token: one f32 scale per token and KV head, stored after its codes; per_tensor: one "
                    "scale each for K and V over the whole batch (computed on the GPU)", choices=SCALE_MODES),
     )
-    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    REFERENCE = "kvviz.oracles.methods:fp8_attention"
     scale_mode: str
 
     def configure(self):

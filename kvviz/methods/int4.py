@@ -30,7 +30,7 @@ class Int4Group(PerTokenRecordMethod):
         OptionSpec("group_size", int, 32, "consecutive elements of a token's head vector sharing one scale and "
                    "zero; must divide the head size", choices=GROUP_SIZES),
     )
-    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    REFERENCE = "kvviz.oracles.methods:int4_group_attention"
     group_size: int
 
     def configure(self):

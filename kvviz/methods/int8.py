@@ -21,7 +21,7 @@ class Int8PerToken(PerTokenRecordMethod):
     family = "int8"
     nominal_bits = 8.0
     code_range = (-128, 127)
-    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    REFERENCE = "kvviz.oracles.methods:int8_token_attention"
 
     def wpt(self, head_size):
         return head_size // 4 + 1

@@ -32,7 +32,7 @@ class Int8PerTokenSeed(KVMethod):
     nominal_bits = 8.0
     attend_kernel = "paged_attn_q8"
     weights_kernel = "paged_attn_weights (q8)"
-    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    REFERENCE = "kvviz.oracles.methods:int8_seed_attention"
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
         check_head_size("q8", head_size)

@@ -44,7 +44,7 @@ class Kivi(DequantisedAttention, KVMethod):
                    "(residual rows amortised over it); a concrete batch is accounted exactly by "
                    "layouts_for_batch", minimum=1),
     )
-    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    REFERENCE = "kvviz.oracles.methods:kivi_attention"
     EXAMPLES = ({"bits": 2, "recent": 0}, {"bits": 4, "recent": 16}, {"bits": 2, "recent": 128})
     bits: int
     recent: int

@@ -35,7 +35,7 @@ class TurboQuantMethod(KVMethod):
         OptionSpec("seed", int, tqf.DEFAULT_SEED, "seed of the rotation's random signs (combined with the layer)",
                    minimum=0),
     )
-    REFERENCE = "kvviz.oracles.methods:reference_attention"
+    REFERENCE = "kvviz.oracles.methods:turboquant_attention"
     qjl_scale: str
     seed: int
     layer: int = 0  # the model layer quantised: its rotation signs are seeded with it (for_layer)
