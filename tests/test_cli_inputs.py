@@ -1,4 +1,4 @@
-"""Every bad command-line input of issue 9 (items 3 and 4) and issue 13: one line naming the argument,
+"""Every bad command-line input: one line naming the argument,
 exit 2, no traceback, nothing run; a run that fails or is wrong exits 1, never 0.
 
 Each case runs `kvviz.cli.main(argv)` in-process. Cases that would start GPU work on a broken build use
@@ -193,7 +193,7 @@ def _fake_result(notes_and_verdicts):
 @pytest.mark.parametrize("rows,rc", [
     ([("", 0.0, 1e-5)], 0),
     ([("", 0.0, 1e-5), ("FAILED: shader did not compile", None, None)], 1),
-    ([("", 1.0, 1e-5)], 1),  # outside tolerance (issue 9 item 1: a NO row exited 0)
+    ([("", 1.0, 1e-5)], 1),  # outside tolerance: a NO row must not exit 0
     ([("skipped: int4_group does not take head 16", None, None)], 0),
 ], ids=["ok", "FAILED row", "outside tolerance", "skipped method"])
 def test_bench_exit_code_follows_the_rows(rows, rc, capsys, monkeypatch):

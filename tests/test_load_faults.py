@@ -1,4 +1,4 @@
-"""Under load and faults (issue 9, item 6): many computes in one window and a long live decode stay
+"""Under load and faults: many computes in one window and a long live decode stay
 within a stated memory bound; a lost device, a broken shader and a cancel leave the window working
 and the files and history whole.
 

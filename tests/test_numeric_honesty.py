@@ -1,4 +1,4 @@
-"""Never a wrong number in silence (issue 9, items 2 and 5).
+"""Never a wrong number in silence: overflowing logits, non-finite results, silent degradation.
 
 Overflowing logits are refused before dispatch (Session.compute and `kvviz report` say why and exit
 non-zero, never a KL of 0); the metrics refuse NaN/Inf instead of turning them into a perfect score;

@@ -1,4 +1,4 @@
-"""Conformance of the issue-4 quantisation methods (int8_token, int4_group, fp8_e4m3/e5m2, kivi) on the
+"""Conformance of the quantisation methods (int8_token, int4_group, fp8_e4m3/e5m2, kivi) on the
 GPU (lavapipe in CI) against their numpy oracles (kvviz/oracles/{int8,int4,fp8,kivi}.py).
 
 What is exact and why:

@@ -158,7 +158,7 @@ def test_kvviz_report_bad_setting(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvviz", "report", "--out", str(tmp_path), "--set", "num_heads=6",
                         "--set", "num_kv_heads=4"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")})
-    assert r.returncode == 2  # bad input (InvalidInput): one line, exit 2 (issue 9)
+    assert r.returncode == 2  # bad input (InvalidInput): one line, exit 2
     assert "not divisible" in r.stderr and "GQA" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 

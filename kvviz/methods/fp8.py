@@ -1,4 +1,4 @@
-"""fp8_e4m3 and fp8_e5m2: real OCP FP8 KV caches (seed 002's "FP8" was int8 with an amax/127 scale).
+"""fp8_e4m3 and fp8_e5m2: real OCP FP8 KV caches (the seed WGSL quantiser's "FP8" was int8 with an amax/127 scale: docs/kernels.md).
 
 Saturating, round-to-nearest-even conversion written with integer bit manipulation in WGSL
 (shaders/quant/common.wgsl: f32_to_fp8), bit exact against ml_dtypes after clipping to +-max.

@@ -1,7 +1,7 @@
-"""int8_token: seed 002's per-token int8 quantiser made real (valid WGSL, 4 codes a word, paged).
+"""int8_token: the seed WGSL quantiser's per-token int8, made real (valid WGSL, 4 codes a word, paged).
 
 scale = max(amax/127, 1e-8), code = clamp(round(x/scale), -128, 127): the seed's asymmetric clamp,
-unlike the GLSL seed 000 (clamp [-127, 127], reciprocal multiply). -128 is never produced in
+unlike the seed GLSL writer (clamp [-127, 127], reciprocal multiply). -128 is never produced in
 practice (see kvviz/oracles/int8.py). Shaders: quant/int8_write.wgsl, quant/int8_dequant.wgsl.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kvviz.formats import int8 as fmt8
 @register
 class Int8PerToken(PerTokenRecordMethod):
     key = "int8_token"
-    label = "int8 per token (seed 002, WGSL)"
+    label = "int8 per token (WGSL)"
     family = "int8"
     nominal_bits = 8.0
     code_range = (-128, 127)
@@ -37,7 +37,7 @@ class Int8PerToken(PerTokenRecordMethod):
         return {"codes": codes.astype(np.int32), "scale": scales}
 
     def range_warnings(self, key, value, real, fields):
-        """The 1e-8 scale floor (seed 002's, kept bit-exact with the WGSL writer and the oracle): a nonzero
+        """The 1e-8 scale floor (the seed WGSL quantiser's, kept bit-exact with the WGSL writer and the oracle): a nonzero
         vector with amax <= 0.5e-8 gets all-zero codes, one with amax/127 < 1e-8 fewer than 127 levels."""
         zero, coarse = {}, {}
         for which, x in (("K", key), ("V", value)):
@@ -76,7 +76,7 @@ class Int8PerToken(PerTokenRecordMethod):
                 ),
                 bytes_per_token_per_head=float((nw + 1) * 4),
                 description=(
-                    "Per-token int8 (seed 002): scale = max(amax/127, 1e-8), code = clamp(round(x/scale), "
+                    "Per-token int8: scale = max(amax/127, 1e-8), code = clamp(round(x/scale), "
                     "-128, 127) with a correctly rounded division; dequantised = code*scale. Paged "
                     f"[num_blocks, kv_heads, {block_size}, {nw + 1}] u32."
                 ),

@@ -1,5 +1,5 @@
 """TurboQuant (arXiv:2504.19874) as a kvviz method: 2-bit PolarQuant + 1-bit QJL keys, 2-bit PolarQuant
-values, attention by the UNMODIFIED seed kernel flash_attention_tq.wgsl (seed 003).
+values, attention by the UNMODIFIED seed kernel flash_attention_tq.wgsl.
 
 TurboQuant here is not paged: the seed kernel reads one sequence's cache, laid out in regions with
 slot = kv_head * cache_cap + position. On a PagedBatch every sequence becomes its own TurboQuant cache
