@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
-import sys
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
@@ -33,7 +33,10 @@ from kvviz.ui.panels import (
 from kvviz.ui.panels.workload import model_label
 from kvviz.ui.panels.timing import SOFTWARE_FLAG
 from kvviz.ui.style import ERROR_BG, ERROR_FG, WARN_BG, WARN_FG, setup_pyqtgraph
+from kvviz.ui.tasks import TASKS
 from kvviz.ui.worker import TaskRunner
+
+log = logging.getLogger("kvviz.ui")
 
 ORG = "kvviz"
 APP = "kvviz"
@@ -508,17 +511,18 @@ class MainWindow(QMainWindow):
             self.live.set_prefilled(payload)
 
     # ------------------------------------------------------------ task events
+    # Every kind of worker task is an entry of kvviz.ui.tasks.TASKS: these handlers only dispatch.
     def _task_started(self, task) -> None:
         self.progress.setValue(0)
         self.progress.setFormat(f"{task.label}: %p%")
         self.progress.show()
         self.cancel_button.show()
         self.workload.set_busy(True)
-        if task.kind not in ("inspect", "bias"):
+        if not TASKS[task.kind].quiet:
             self.status_label.setText(f"{task.label} ...")
 
     def _task_progress(self, task, frac: float, msg: str) -> None:
-        if task is self.runner.current and task.kind not in ("inspect", "bias"):
+        if task is self.runner.current and not TASKS[task.kind].quiet:
             self.progress.setValue(int(frac * 1000))
             self.status_label.setText(f"{task.label}: {msg}")
 
@@ -529,91 +533,35 @@ class MainWindow(QMainWindow):
             self.workload.set_busy(False)
 
     def _task_finished(self, task, result) -> None:
-        if task.kind == "compute":
-            if task is not self._compute_task:
-                return  # superseded by a newer request: its results are on the way
-            if task.cancelled:  # cancelled after its last step: a cancel leaves no results, no history entry
-                self._task_failed(task, Cancelled())
-                return
-            self._show_results(result)
-        elif task.kind == "sweep":
-            self.timing.set_sweep(result, task.cancelled)
-            self.status_label.setText(f"Sweep: {len(result)} point(s)" + (" (cancelled)" if task.cancelled else ""))
-            self.sweep_ready.emit(result)
-        elif task.kind == "compare":
-            self.compare.set_rows(result, task.cancelled)
-            self.status_label.setText(f"Compared {len(result)} methods")
-            self.compare_ready.emit(result)
-        elif task.kind == "adapter":
-            self._set_adapter(result)
-        elif task.kind == "model":
-            self.workload.set_model_info(task.payload, result)
-            self.status_label.setText(f"Loaded {model_label(task.payload)}: {result.n_layers} layers, "
-                                      f"{result.n_heads} heads, {result.n_kv_heads} KV heads, head size {result.head_dim}")
-            self.model_info_ready.emit(task.payload, result)
-        elif task.kind == "bias":
-            res, seq, head = task.payload
-            if res is self.results and res is self.bias.res and (seq, head) == self.bias.selection():
-                self.bias.set_bias(result, seq, head)
-                self.bias_ready.emit(result)
-        elif task.kind == "live":
-            if task.payload != self._live_run:
-                return
-            self.live_decoder = result["decoder"]
-            self.live.finish(result)
-            self.status_label.setText(f"Live decode: {self.live.info.text()}")
-            self.live_finished.emit(result)
-        elif task.kind == "inspect":
-            res, block, kvh, which = task.payload
-            if res is self.results:
-                self.inspector.set_records(result, block, kvh, which)
-                self.inspect_ready.emit(result)
+        kind = TASKS[task.kind]
+        if kind.current(self, task):  # else superseded by a newer request: its results are on the way
+            kind.done(self, task, result)
 
     def _task_dropped(self, task) -> None:
         """A pending task was removed before it ran: a live decode that never started ends here."""
-        if task.kind == "live" and task.payload == self._live_run:
+        if task.kind == "live" and TASKS["live"].current(self, task):
             self._task_failed(task, Cancelled())
 
+    def default_cancelled(self, task) -> None:
+        self.status_label.setText(f"{task.label}: cancelled" + (" - showing the previous results" if self.results else ""))
+        self.task_cancelled.emit(task.kind)
+
     def _task_failed(self, task, exc) -> None:
-        if task.kind == "live" and task.payload != self._live_run:
-            return  # a live run replaced by a newer one
-        if task.kind == "bias" and isinstance(exc, Cancelled):
-            return
-        if task.kind == "live" and isinstance(exc, Cancelled):
-            why = self._live_why
-            self.live.finish(cancelled=True, why=why or "stopped")
-            self.status_label.setText("Live decode " + (why or "stopped") + f" after {len(self.live.steps)} step(s)")
-            self.task_cancelled.emit("live")
-            return
+        kind = TASKS[task.kind]
+        current = kind.current(self, task)
+        if not current and (kind.stale_is_silent or isinstance(exc, Cancelled)):
+            return  # replaced by a newer task, not cancelled by the user
         if isinstance(exc, Cancelled):
-            if task.kind == "compute" and task is not self._compute_task:
-                return  # superseded, not cancelled by the user
-            self.status_label.setText(f"{task.label}: cancelled" + (" - showing the previous results" if self.results else ""))
-            if task.kind == "sweep":
-                self.timing.sweep_status.setText("Sweep cancelled.")
-            self.task_cancelled.emit(task.kind)
+            if kind.cancelled is not None:
+                kind.cancelled(self, task)
+            else:
+                self.default_cancelled(task)
             return
         if not isinstance(exc, KvvizError):
-            tb = getattr(exc, "__kvviz_traceback__", "")
-            print(f"kvviz: unexpected error in {task.label}:\n{tb}", file=sys.stderr)
-        where = {"adapter": "No GPU adapter", "compute": "Compute failed", "sweep": "Sweep failed",
-                 "compare": "Comparison failed", "inspect": "Block inspector", "model": "Model",
-                 "bias": "QJL bias", "live": "Live decode failed"}.get(task.kind, task.kind)
-        self.show_error(where, exc)
-        if task.kind == "compute":
-            if task is self._compute_task:
-                self.status_label.setText("Compute failed" + (" - showing the previous results" if self.results else ""))
-                self.compute_failed.emit(exc)
-        elif task.kind == "sweep":
-            self.timing.sweep_status.setText(f"Sweep failed: {exc}")
-        elif task.kind == "compare":
-            self.compare.status.setText(f"Comparison failed: {exc}")
-        elif task.kind == "model":
-            self.workload.set_model_error(task.payload, str(exc))
-        elif task.kind == "bias":
-            self.bias.set_error(exc)
-        elif task.kind == "live":
-            self.live.finish(error=exc)
+            log.error("unexpected error in %s:\n%s", task.label, getattr(exc, "__kvviz_traceback__", ""))
+        self.show_error(kind.failure_title, exc)
+        if kind.failed is not None:
+            kind.failed(self, task, exc)
 
     def show_error(self, where: str, exc: BaseException) -> None:
         self.banner.show_error(where, exc)

@@ -1,0 +1,53 @@
+"""The window's task table: a new kind of worker task is one entry of kvviz.ui.tasks.TASKS."""
+import pytest
+from PySide6.QtCore import QSettings
+
+from kvviz.analysis.session import Session
+from kvviz.errors import InvalidInput
+
+
+@pytest.fixture
+def bare_window(qtbot, tmp_path):
+    from kvviz.ui.main_window import MainWindow
+
+    win = MainWindow(settings=QSettings(str(tmp_path / "t.ini"), QSettings.IniFormat), session=Session(),
+                     autostart=False)
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: not win.runner.busy, timeout=60_000)  # the adapter task
+    yield win
+    win.close()
+
+
+def test_a_new_task_kind_runs_through_its_table_entry(qtbot, bare_window):
+    from kvviz.ui.tasks import TASKS, TaskKind, register
+
+    shown, failed = [], []
+    register(TaskKind("echo", "Echo failed", lambda win, task, result: shown.append((task.payload, result)),
+                      lambda win, task, exc: failed.append(str(exc))))
+    try:
+        win = bare_window
+        win.runner.submit("echo", lambda progress, cancel: 42, "echo", payload="first")
+        qtbot.waitUntil(lambda: shown == [("first", 42)], timeout=10_000)
+
+        def boom(progress, cancel):
+            raise InvalidInput("no echo here")
+
+        win.runner.submit("echo", boom, "echo")
+        qtbot.waitUntil(lambda: failed == ["no echo here"], timeout=10_000)
+        assert win.banner.isVisible() and "Echo failed" in win.banner.title.text()
+    finally:
+        TASKS.pop("echo", None)
+
+
+def test_every_task_the_window_submits_has_an_entry():
+    import inspect
+
+    from kvviz.ui import main_window
+    from kvviz.ui.tasks import TASKS
+
+    src = inspect.getsource(main_window)
+    import re
+
+    kinds = set(re.findall(r'submit\(\s*"(\w+)"', src))
+    assert kinds and kinds <= set(TASKS), kinds - set(TASKS)
