@@ -101,7 +101,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from kvviz.report.headless import main as report_main
+    from kvviz.cli_report import main as report_main
 
     return report_main(args)
 

@@ -3,6 +3,7 @@ import csv
 import json
 import os
 import subprocess
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -21,11 +22,20 @@ def res():
 
 
 def test_report_package_imports_no_qt():
-    code = ("import sys; import kvviz.report.headless, kvviz.report.writer, kvviz.report.trace, "
+    code = ("import sys; import kvviz.cli_report, kvviz.report.writer, kvviz.report.trace, "
             "kvviz.report.tables, kvviz.report.compare_run; "
             "bad = [m for m in sys.modules if m.startswith(('PySide6', 'pyqtgraph', 'shiboken6'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_report_package_does_not_reach_into_the_window():
+    """The report writers are Qt-free data code; rendering the panels for `kvviz report` is the CLI
+    layer's job (kvviz/cli_report.py), which asks kvviz.ui for the figures."""
+    import re
+
+    for path in (Path(ROOT) / "kvviz" / "report").glob("*.py"):
+        assert not re.search(r"^\s*(from|import) kvviz\.ui", path.read_text(), re.M), path
 
 
 def test_tables_are_the_results(res):
@@ -167,7 +177,7 @@ def test_headless_without_qt_writes_everything_but_figures(res, tmp_path, monkey
     """On a machine without PySide6 (the GPU machine) the report still has every number."""
     import importlib.util
 
-    from kvviz.report import headless
+    from kvviz import cli_report as headless
     from kvviz.report.writer import write_report
 
     real = importlib.util.find_spec

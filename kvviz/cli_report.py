@@ -1,4 +1,4 @@
-"""`kvviz report --out DIR [--config FILE] [--set KEY=VALUE ...] [--compare]`: the window's report, headless.
+"""`kvviz report --out DIR [--config FILE] [--set KEY=VALUE ...] [--compare]`: the window's report, headless (the CLI layer).
 
 Builds the `SessionConfig`, runs `Session.compute`, and writes report.json, report.md, the panel
 CSVs, the Chrome trace and (when PySide6 is importable) every panel as PNG, rendered offscreen by
