@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from kvviz.checks import nonneg_int, positive_int
@@ -144,11 +145,37 @@ def _cmd_gui(args) -> int:
     return gui_main(args)
 
 
+VERBOSE_HELP = "log what kvviz does to stderr: -v info (adapter, compiles, fallbacks), -vv debug (timings)"
+
+
+def setup_logging(verbose: int) -> None:
+    """The `kvviz` loggers at WARNING by default, INFO with -v, DEBUG with -vv; records go to stderr."""
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    log = logging.getLogger("kvviz")
+    if log.level == logging.NOTSET or log.level > level:
+        log.setLevel(level)  # the window's log dock may ask for more, never for less
+    for h in [h for h in log.handlers if getattr(h, "_kvviz_cli", False)]:
+        log.removeHandler(h)
+    h = logging.StreamHandler(sys.stderr)
+    h.setLevel(level)
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    h._kvviz_cli = True
+    log.addHandler(h)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvviz", description="A lab for KV-cache quantisation kernels (wgpu).")
-    sub = p.add_subparsers(dest="cmd")
-    sub.add_parser("info", help="adapter, limits, compilers, methods")
-    b = sub.add_parser("bench", help="time kernels with GPU timestamps and check them against oracles")
+    p.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
+    # every subcommand takes -v too; SUPPRESS keeps a subcommand's default from overwriting the root's count
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=VERBOSE_HELP)
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    command("info", "adapter, limits, compilers, methods")
+    b = command("bench", "time kernels with GPU timestamps and check them against oracles")
     b.add_argument("--quick", action="store_true", help="small shapes (lavapipe-friendly)")
     b.add_argument("--shape", action="append", help="a named shape (repeatable)")
     b.add_argument("--seqs", type=positive_int, help="custom shape: number of sequences")
@@ -163,21 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
     b.add_argument("--json", help="write results as JSON to this path")
-    r = sub.add_parser("report", help="write the report folder headless")
+    r = command("report", "write the report folder headless")
     r.add_argument("--out", required=True, help="output folder")
     r.add_argument("--config", help="JSON config file (same keys as the window's settings)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting")
     r.add_argument("--compare", action="store_true", help="also compare every method on the same KV")
-    lv = sub.add_parser("live", help="decode a real model token by token through the quantised paged cache")
+    lv = command("live", "decode a real model token by token through the quantised paged cache")
     from kvviz.live.measure import add_arguments
 
     add_arguments(lv)
-    c = sub.add_parser("capture", help="capture a real model's Q/K/V for a prompt into a KV dump file")
+    c = command("capture", "capture a real model's Q/K/V for a prompt into a KV dump file")
     c.add_argument("--prompt", required=True)
     c.add_argument("--out", required=True, help=".safetensors or .npz")
     c.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M)")
     c.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    g = sub.add_parser("gui", help="open the desktop app")
+    g = command("gui", "open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")
     return p
@@ -185,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(getattr(args, "verbose", 0))
     from kvviz.errors import InvalidInput, KvvizError
 
     try:

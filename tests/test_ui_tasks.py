@@ -51,3 +51,27 @@ def test_every_task_the_window_submits_has_an_entry():
 
     kinds = set(re.findall(r'submit\(\s*"(\w+)"', src))
     assert kinds and kinds <= set(TASKS), kinds - set(TASKS)
+
+
+def test_log_dock_shows_kvviz_records_from_any_thread(qtbot, bare_window):
+    import logging
+    import threading
+
+    win = bare_window
+    assert "log" in win.docks
+    t = threading.Thread(target=lambda: logging.getLogger("kvviz.test").info("hello from a worker thread"))
+    t.start()
+    t.join()
+    qtbot.waitUntil(lambda: "hello from a worker thread" in win.log_panel.text(), timeout=5_000)
+    # the window logged its GPU adapter when it opened it
+    assert "kvviz.gpu" in win.log_panel.text()
+
+
+def test_verbose_flag_logs_at_info(capfd):
+    from kvviz.cli import main
+
+    assert main(["-v", "info"]) == 0
+    err = capfd.readouterr().err
+    assert "INFO kvviz.gpu" in err and "loop limit" in err
+    assert main(["info"]) == 0
+    assert "INFO kvviz" not in capfd.readouterr().err

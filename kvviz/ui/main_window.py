@@ -26,6 +26,7 @@ from kvviz.analysis.session import Cancelled, Session, SessionConfig
 from kvviz.errors import InvalidInput, KvvizError
 from kvviz.report.writer import relocate, staged_dir, write_report
 from kvviz.ui.export import save_png
+from kvviz.ui.log_dock import LogPanel
 from kvviz.ui.panels import (
     AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
     QjlBiasPanel, ScalesPanel, TimingPanel, WorkloadPanel,
@@ -40,7 +41,7 @@ log = logging.getLogger("kvviz.ui")
 
 ORG = "kvviz"
 APP = "kvviz"
-STATE_VERSION = 4  # 4: the QJL bias and live decode docks
+STATE_VERSION = 5  # 5: the log dock
 
 
 class ErrorBanner(QFrame):
@@ -160,10 +161,11 @@ class MainWindow(QMainWindow):
         self.compare = ComparePanel(self)
         self.bias = QjlBiasPanel(self)
         self.live = LivePanel(self)
+        self.log_panel = LogPanel(self)
         self.panels = [self.overview, self.cache_layout, self.scales, self.codes, self.attention, self.timing,
                        self.compare, self.inspector]
         self.docks = {}
-        for w in [self.workload] + self.panels[1:] + [self.bias, self.live]:
+        for w in [self.workload] + self.panels[1:] + [self.bias, self.live, self.log_panel]:
             d = QDockWidget(w.title, self)
             d.setObjectName(f"dock_{w.key}")
             d.setWidget(w)
@@ -218,6 +220,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.BottomDockWidgetArea, d["scales"])
         self.addDockWidget(Qt.BottomDockWidgetArea, d["codes"])
         self.splitDockWidget(d["scales"], d["codes"], Qt.Horizontal)
+        self.tabifyDockWidget(d["codes"], d["log"])
+        d["codes"].raise_()
         d["cache_layout"].raise_()
         d["timing"].raise_()
         d["attention"].raise_()
@@ -287,7 +291,7 @@ class MainWindow(QMainWindow):
         m_file.addSeparator()
         act(m_file, "&Quit", self.close, ("Ctrl+Q",))
         for key in ["workload", "cache_layout", "block_inspector", "scales", "codes", "attention", "timing", "compare",
-                    "qjl_bias", "live"]:
+                    "qjl_bias", "live", "log"]:
             m_view.addAction(self.docks[key].toggleViewAction())
         m_view.addSeparator()
         act(m_view, "Reset &layout", self.reset_layout)
@@ -334,6 +338,7 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def closeEvent(self, ev) -> None:
+        self.log_panel.detach()
         self.save_settings()
         self._debounce.stop()
         self.runner.shutdown()
