@@ -1,4 +1,4 @@
-"""The shared method-options editor (kvviz.ui.options_editor) built from the typed option schema."""
+"""The shared method-options editor (kvviz.ui.widgets.options_editor) built from the typed option schema."""
 import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
@@ -16,7 +16,7 @@ SCHEMA = (
 
 @pytest.fixture
 def schema(monkeypatch):
-    import kvviz.ui.options_editor as oe
+    import kvviz.ui.widgets.options_editor as oe
 
     monkeypatch.setattr(oe, "option_specs", lambda method_id: SCHEMA if method_id == "fake" else ())
     return SCHEMA
@@ -24,7 +24,7 @@ def schema(monkeypatch):
 
 @pytest.mark.parametrize("layout", ["form", "row"])
 def test_editors_follow_the_schema(qtbot, schema, monkeypatch, layout):
-    from kvviz.ui.options_editor import OptionsEditor
+    from kvviz.ui.widgets.options_editor import OptionsEditor
 
     ed = OptionsEditor(layout)
     qtbot.addWidget(ed)
@@ -64,7 +64,7 @@ def test_editors_follow_the_schema(qtbot, schema, monkeypatch, layout):
 
 def test_every_registered_method_gets_its_editors(qtbot):
     from kvviz.methods import registry
-    from kvviz.ui.options_editor import OptionsEditor
+    from kvviz.ui.widgets.options_editor import OptionsEditor
 
     ed = OptionsEditor()
     qtbot.addWidget(ed)
@@ -85,7 +85,7 @@ def test_every_registered_method_gets_its_editors(qtbot):
 
 
 def test_values_given_at_build_are_shown(qtbot, schema):
-    from kvviz.ui.options_editor import OptionsEditor
+    from kvviz.ui.widgets.options_editor import OptionsEditor
 
     ed = OptionsEditor("row")
     qtbot.addWidget(ed)
