@@ -19,10 +19,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvviz.errors import InvalidInput
+from kvviz.errors import InvalidInput, KvvizError
 from kvviz.formats import turboquant as tqf
 
 ESTIMATORS = ("reference", "unbiased", "polar_only")
+DEFAULT_SEED = tqf.DEFAULT_SEED  # the rotation's seed when the caller has no TurboQuant method to take it from
+
+
+def unsupported_reason(head_size: int) -> str:
+    """'' when the TurboQuant compressor takes this head size, else why not (its error and hint)."""
+    from kvviz.kernels.turboquant import check_head_size
+
+    try:
+        check_head_size(int(head_size))
+    except KvvizError as exc:
+        return f"{exc}\n{exc.hint}" if exc.hint else str(exc)
+    return ""
 
 
 @dataclass

@@ -21,12 +21,11 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QLabel, QSpinBox, QSplitter, QStackedWidget, QTableWidget, QTableWidgetItem,
 )
 
-from kvviz.errors import KvvizError
+from kvviz.analysis.tq_bias import DEFAULT_SEED, ESTIMATORS, unsupported_reason  # noqa: F401 (re-exported)
 from kvviz.report.tables import Table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import SEQ_COLORS
 
-ESTIMATORS = ("reference", "unbiased", "polar_only")
 EST_LABELS = {
     "reference": "reference  \u221a(\u03c0/2)/d",
     "unbiased": "unbiased  \u221a(\u03c0/2)/\u221ad",
@@ -37,8 +36,6 @@ EST_COLORS = {"reference": SEQ_COLORS[0], "unbiased": SEQ_COLORS[2], "polar_only
 
 def tq_params(res) -> tuple[int, int]:
     """(seed, layer) of the TurboQuant rotation for these results: the method's own when it is TurboQuant."""
-    from kvviz.formats.turboquant import DEFAULT_SEED
-
     opts = {}
     try:
         opts = dict(res.method.options()) if res.method.key == "turboquant" else {}
@@ -57,17 +54,6 @@ def bias_inputs(res, seq: int, head: int):
     K = np.ascontiguousarray(res.key[rows, kv_head], dtype=np.float32)
     pos = np.asarray(res.batch.token_pos[rows], dtype=np.int64)
     return q, K, pos, kv_head
-
-
-def unsupported_reason(head_size: int) -> str:
-    """'' when TurboQuant takes this head size, else why not (its own error text and hint)."""
-    from kvviz.kernels.turboquant import check_head_size
-
-    try:
-        check_head_size(int(head_size))
-    except KvvizError as exc:
-        return f"{exc}\n{exc.hint}" if exc.hint else str(exc)
-    return ""
 
 
 class QjlBiasPanel(Panel):
