@@ -75,3 +75,21 @@ def test_verbose_flag_logs_at_info(capfd):
     assert "INFO kvviz.gpu" in err and "loop limit" in err
     assert main(["info"]) == 0
     assert "INFO kvviz" not in capfd.readouterr().err
+
+
+def test_panels_ask_through_the_typed_app_state(qtbot):
+    """No panel holds the window: exports, inspections and the trace go out as AppState signals."""
+    from kvviz.ui.panels import BlockInspectorPanel, CodesPanel, TimingPanel
+    from kvviz.ui.state import AppState
+
+    state = AppState()
+    asked = []
+    state.export_requested.connect(lambda panel, fmt: asked.append(("export", panel.key, fmt)))
+    state.trace_export_requested.connect(lambda: asked.append(("trace",)))
+    codes, timing, inspector = CodesPanel(state), TimingPanel(state), BlockInspectorPanel(state)
+    for p in (codes, timing, inspector):
+        qtbot.addWidget(p)
+        assert not hasattr(p, "host")
+    codes._export_clicked("csv")
+    timing.trace_button.click()
+    assert asked == [("export", "codes", "csv"), ("trace",)]

@@ -27,6 +27,7 @@ from kvviz.errors import InvalidInput, KvvizError
 from kvviz.report.writer import relocate, staged_dir, write_report
 from kvviz.ui.export import save_png
 from kvviz.ui.log_dock import LogPanel
+from kvviz.ui.state import AppState
 from kvviz.ui.panels import (
     AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
     QjlBiasPanel, ScalesPanel, TimingPanel, WorkloadPanel,
@@ -136,6 +137,14 @@ class MainWindow(QMainWindow):
         self._debounce.setInterval(debounce_ms)
         self._debounce.timeout.connect(self.request_compute)
 
+        # ---- the typed app state the panels share; they ask for work through its signals
+        self.state = AppState(self)
+        self.state.export_requested.connect(self.export_panel)
+        self.state.inspect_requested.connect(self.request_inspect)
+        self.state.trace_export_requested.connect(self.export_trace)
+        self.state.status_message.connect(lambda text: self.status_label.setText(text))
+        self.state.error.connect(self.show_error)
+
         # ---- central: error banner + overview
         central = QWidget()
         cl = QVBoxLayout(central)
@@ -144,22 +153,22 @@ class MainWindow(QMainWindow):
         self.banner = ErrorBanner()
         self.banner.dismissed.connect(lambda: self._fit_central())
         cl.addWidget(self.banner)
-        self.overview = OverviewPanel(self)
+        self.overview = OverviewPanel(self.state)
         cl.addWidget(self.overview, 1)
         self.central = central
         self.setCentralWidget(central)
         self._fit_central()
 
         # ---- panels in docks
-        self.workload = WorkloadPanel(self)
-        self.cache_layout = CacheLayoutPanel(self)
-        self.inspector = BlockInspectorPanel(self)
-        self.scales = ScalesPanel(self)
-        self.codes = CodesPanel(self)
-        self.attention = AttentionPanel(self)
-        self.timing = TimingPanel(self)
-        self.compare = ComparePanel(self)
-        self.bias = QjlBiasPanel(self)
+        self.workload = WorkloadPanel(self.state)
+        self.cache_layout = CacheLayoutPanel(self.state)
+        self.inspector = BlockInspectorPanel(self.state)
+        self.scales = ScalesPanel(self.state)
+        self.codes = CodesPanel(self.state)
+        self.attention = AttentionPanel(self.state)
+        self.timing = TimingPanel(self.state)
+        self.compare = ComparePanel(self.state)
+        self.bias = QjlBiasPanel(self.state)
         self.live = LivePanel(self)
         self.log_panel = LogPanel(self)
         self.panels = [self.overview, self.cache_layout, self.scales, self.codes, self.attention, self.timing,
@@ -579,6 +588,7 @@ class MainWindow(QMainWindow):
 
     def _show_results(self, res) -> None:
         self.results = res
+        self.state.set_results(res)
         self.last_good_config = res.config
         self.clear_error()
         self._set_adapter(res.adapter)
@@ -607,8 +617,7 @@ class MainWindow(QMainWindow):
         if blk < 0 and res.batch.seq_blocks and res.batch.seq_blocks[0]:
             blk = int(res.batch.seq_blocks[0][0])
         if blk >= 0:
-            self.cache_layout.selected_block = blk
-            self.cache_layout._show_selection()
+            self.cache_layout.show_block(blk)
             self.inspector.show_block(blk)
         self.results_ready.emit(res)
 

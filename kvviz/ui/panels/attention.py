@@ -23,8 +23,8 @@ class AttentionPanel(Panel):
     key = "attention"
     title = "Attention error"
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.weights = self.heads = None
         self.seq = QComboBox()
         self.seq.setSizeAdjustPolicy(QComboBox.AdjustToContents)

@@ -45,9 +45,9 @@ class Panel(QWidget):
     title = ""
     selection_changed = Signal()
 
-    def __init__(self, host=None, parent=None):
+    def __init__(self, state=None, parent=None):
         super().__init__(parent)
-        self.host = host
+        self.state = state  # kvviz.ui.state.AppState (None: a panel on its own, e.g. rendering a report)
         self.res = None
         self.setObjectName(f"panel_{self.key}")
         self.setWindowTitle(self.title)
@@ -92,8 +92,8 @@ class Panel(QWidget):
 
     # -------------------------------------------------------------- export
     def _export_clicked(self, fmt: str) -> None:
-        if self.host is not None:
-            self.host.export_panel(self, fmt)
+        if self.state is not None:
+            self.state.export_requested.emit(self, fmt)
 
     def export(self, fmt: str, path: str) -> list:
         if fmt == "png":

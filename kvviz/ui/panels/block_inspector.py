@@ -51,8 +51,8 @@ class BlockInspectorPanel(Panel):
     key = "block_inspector"
     title = "Block inspector"
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.records = []
         self.shown = None  # (block, kv_head, which) of the records shown
         self.words_table = None
@@ -127,9 +127,9 @@ class BlockInspectorPanel(Panel):
         which = self.which.currentText()
         lay = self.res.layouts[0] if which == "K" else self.res.layouts[1]
         self.layout_view.setHtml(layout_html(lay))
-        if self.host is not None:
+        if self.state is not None:
             self.header.setText(f"Reading block {self.block.value()} ({which}, KV head {self.kv_head.value()}) ...")
-            self.host.request_inspect(self.block.value(), self.kv_head.value(), which)
+            self.state.inspect_requested.emit(self.block.value(), self.kv_head.value(), which)
 
     def selection(self) -> tuple:
         return self.block.value(), self.kv_head.value(), self.which.currentText()

@@ -49,8 +49,8 @@ class CacheLayoutPanel(Panel):
     title = "Cache layout"
     block_clicked = Signal(int)
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.cols = 16
         self.pool = None
         self.btab = None
@@ -221,9 +221,14 @@ class CacheLayoutPanel(Panel):
             self.select_block(int(it.data(Qt.UserRole)))
 
     def select_block(self, block: int) -> None:
+        """The user picked a block: mark it and ask for it to be inspected."""
+        self.show_block(block)
+        self.block_clicked.emit(block)
+
+    def show_block(self, block: int) -> None:
+        """Mark a block as the selected one without asking for anything."""
         self.selected_block = block
         self._show_selection()
-        self.block_clicked.emit(block)
 
     def _show_selection(self) -> None:
         b = self.selected_block

@@ -19,8 +19,8 @@ class CodesPanel(Panel):
     key = "codes"
     title = "Code histogram"
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.hist = self.stats = None
         self.log_y = QCheckBox("log counts")
         self.log_y.toggled.connect(lambda *_: self.refresh())

@@ -29,8 +29,8 @@ class ComparePanel(Panel):
     title = "Method comparison"
     compare_requested = Signal()
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.rows: list = []
         self.table_data = None
         self._texts = []

@@ -46,8 +46,8 @@ class OverviewPanel(Panel):
     key = "overview"
     title = "Overview"
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.summary = None
         self.headline = QLabel("Computing the default workload ...")
         self.headline.setWordWrap(True)

@@ -61,8 +61,8 @@ class QjlBiasPanel(Panel):
     title = "QJL bias"
     bias_requested = Signal()  # the window runs inner_product_bias in the worker, then calls set_bias
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.bias = None  # BiasResult shown
         self.shown = None  # (results, seq, head) of the BiasResult shown
         self.points = self.fits = None

@@ -26,8 +26,8 @@ class ScalesPanel(Panel):
     key = "scales"
     title = "Scales"
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.scale_table = self.k_amax = self.v_amax = None
         self.seq = QComboBox()
         self.seq.setSizeAdjustPolicy(QComboBox.AdjustToContents)

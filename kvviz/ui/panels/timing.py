@@ -51,8 +51,8 @@ class TimingPanel(Panel):
     title = "GPU timing"
     sweep_requested = Signal(str, object)  # param, values
 
-    def __init__(self, host=None, parent=None):
-        super().__init__(host, parent)
+    def __init__(self, state=None, parent=None):
+        super().__init__(state, parent)
         self.history: list = []
         self.pinned: dict | None = None
         self.pinned_run = 0
@@ -67,7 +67,7 @@ class TimingPanel(Panel):
         self.unpin_button.clicked.connect(self.unpin)
         self.trace_button = QPushButton("Chrome trace...")
         self.trace_button.setToolTip("Save the timings as a Chrome trace JSON (opens in Perfetto)")
-        self.trace_button.clicked.connect(lambda: self.host and self.host.export_trace())
+        self.trace_button.clicked.connect(lambda: self.state and self.state.trace_export_requested.emit())
         for w in (self.pin_button, self.unpin_button, self.trace_button):
             self.tools.addWidget(w)
 

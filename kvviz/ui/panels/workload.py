@@ -141,9 +141,9 @@ class WorkloadPanel(QWidget):
     cancel_requested = Signal()
     model_requested = Signal(str)  # source "model": load this model (path, "" = SmolLM2) and report its shapes
 
-    def __init__(self, host=None, parent=None):
+    def __init__(self, state=None, parent=None):
         super().__init__(parent)
-        self.host = host
+        self.state = state
         self.setObjectName("panel_workload")
         self._loading = False
         self._opt_editors: dict = {}
