@@ -94,7 +94,8 @@ def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, n
         "pct_of_copy": 100.0 * gbps / copy_gbps if copy_gbps else None,
         "max_abs_err_vs_oracle": err,
         "tolerance": tol,
-        "within_tolerance": bool(err is not None and tol is not None and np.isfinite(err) and err <= tol),
+        # None when nothing was checked: a row without a tolerance claims neither pass nor fail
+        "within_tolerance": None if tol is None else bool(err is not None and np.isfinite(err) and err <= tol),
         "adapter": adapter,
         "note": note,
     }
@@ -281,8 +282,11 @@ def format_table(result: dict) -> str:
 
 
 def save_json(result: dict, path: str) -> None:
+    """Strict JSON (RFC 8259): NaN/Inf become null, numpy values plain numbers; other tools parse it."""
+    from kvviz.report.tables import clean
+
     with open(path, "w") as fh:
-        json.dump(result, fh, indent=2, default=float)
+        json.dump(clean(result), fh, indent=2, allow_nan=False)
 
 
 def check_shape(shape: BenchShape) -> None:

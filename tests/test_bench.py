@@ -36,12 +36,19 @@ def test_bench_rows_fields_and_oracle_checks(rt):
     assert all(r["bytes_moved"] > 0 and r["gbps"] > 0 for r in timed)
 
 
+def _no_constants(name):
+    raise ValueError(f"not strict JSON: {name}")
+
+
 def test_bench_cli_writes_json(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert main(["bench", "--shape", "quick-d64-mha", "--runs", "2", "--warmup", "1", "--no-methods",
                  "--frontends", "glslang", "--json", str(out)]) == 0
-    data = json.loads(out.read_text())
+    data = json.loads(out.read_text(), parse_constant=_no_constants)  # strict: NaN/Infinity are not JSON
     assert data["adapter"]["name"] and data["rows"]
+    unchecked = [r for r in data["rows"] if r["tolerance"] is None]
+    assert unchecked and all(r["within_tolerance"] is None for r in unchecked)  # no false "fail" claims
+    assert any(r["gbps"] is None for r in data["rows"])  # untimed rows: null, not NaN
     text = capsys.readouterr().out
     assert "paged_attn_q8" in text and "median us" in text
     assert main(["bench", "--shape", "nope"]) == 2

@@ -187,3 +187,11 @@ def test_headless_without_qt_writes_everything_but_figures(res, tmp_path, monkey
     paths = write_report(str(tmp_path), res, figures=figures)
     assert json.load(open(paths["json"]))["attention"]["kl_mean"] == pytest.approx(float(res.metrics.kl.mean()))
     assert "![" not in open(paths["md"]).read()
+
+
+def test_csv_cells_of_missing_numbers_are_empty(tmp_path):
+    from kvviz.report.tables import Table
+
+    t = Table("t", ["a", "b", "c"], [[1.5, float("nan"), None], [float("inf"), 2, "x"]])
+    rows = list(csv.reader(open(t.write_csv(tmp_path / "t.csv"))))
+    assert rows == [["a", "b", "c"], ["1.5", "", ""], ["", "2", "x"]]

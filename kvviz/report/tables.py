@@ -59,8 +59,12 @@ def clean(v):
 
 
 def _csv_value(v):
+    """A CSV cell: a missing or non-finite number is an empty cell (spreadsheets and pandas read it as
+    missing; 'nan' is not a number there)."""
+    if v is None:
+        return ""
     if isinstance(v, (float, np.floating)):
-        return repr(float(v))
+        return repr(float(v)) if math.isfinite(float(v)) else ""
     if isinstance(v, np.integer):
         return int(v)
     return v
