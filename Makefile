@@ -23,7 +23,7 @@ system:
 	@bash tools/install-system.sh $(APT_PKGS)
 
 venv: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e '.[dev]'

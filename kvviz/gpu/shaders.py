@@ -37,7 +37,21 @@ from kvviz.errors import ShaderCompileError
 
 log = logging.getLogger("kvviz.gpu.shaders")
 
-SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
+def _shader_dir() -> Path:
+    """The shaders: the installed package's data (kvviz.shaders, mapped from the repository's top-level
+    shaders/ by setup.py), or the source tree's shaders/ when kvviz runs from a checkout uninstalled."""
+    from importlib.resources import files
+
+    try:
+        installed = Path(str(files("kvviz.shaders")))
+        if installed.is_dir():
+            return installed
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parents[2] / "shaders"
+
+
+SHADER_DIR = _shader_dir()
 
 FRONTEND_WGSL = "naga-wgsl"
 FRONTEND_GLSLANG = "glslang"
