@@ -10,7 +10,6 @@ unless one is passed in).
 """
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -120,7 +119,6 @@ class MainWindow(QMainWindow):
         self.last_good_config: SessionConfig | None = None
         self._compute_task = None
         self._adapter = None
-        self._live_ids = itertools.count(1)
         self._live_run = None  # id of the live decode whose steps the live panel shows
         self._live_why = ""  # why the live decode was cancelled ("" = the user stopped it)
         self.live_decoder = None  # the LiveDecoder of the last finished live run
@@ -169,7 +167,7 @@ class MainWindow(QMainWindow):
         self.timing = TimingPanel(self.state)
         self.compare = ComparePanel(self.state)
         self.bias = QjlBiasPanel(self.state)
-        self.live = LivePanel(self)
+        self.live = LivePanel(self.state)
         self.log_panel = LogPanel(self)
         self.panels = [self.overview, self.cache_layout, self.scales, self.codes, self.attention, self.timing,
                        self.compare, self.inspector]
@@ -192,6 +190,9 @@ class MainWindow(QMainWindow):
         self.bias.bias_requested.connect(self.request_bias)
         self.docks["qjl_bias"].visibilityChanged.connect(self.bias.set_on_screen)
         self.live.start_requested.connect(self.start_live)
+        self.live.view_read_requested.connect(lambda job, label: self.runner.submit("live_view", job, label))
+        self.live.workload_model_requested.connect(
+            lambda: self.live.model_path.setText(self.workload.model_path.text().strip()))
         self.live.stop_requested.connect(self.stop_live)
         self.live_step.connect(self._on_live_step)
         self.live_event.connect(self._on_live_event)
@@ -454,55 +455,23 @@ class MainWindow(QMainWindow):
 
     def start_live(self) -> None:
         """Decode the live panel's prompt through an f32 and a quantised paged cache, step by step, in the
-        worker. Cancels a running compute (and a compute cancels it)."""
+        worker (kvviz.live.run.decode_run). Cancels a running compute (and a compute cancels it)."""
         from kvviz.gpu.shaders import FRONTEND_GLSLANG
+        from kvviz.live.run import decode_run
 
-        args = self.live.request()
-        if not args["prompt"].strip():
+        cfg = self.live.config()
+        if not cfg.prompt.strip():
             self.show_error("Live decode", InvalidInput("The prompt is empty.", "Type a prompt for the model."))
             return
         self._debounce.stop()
-        run_id = next(self._live_ids)
-        self._live_run = run_id
         self._live_why = ""
         session = self.session
         frontend = self.workload.frontend.currentText() or FRONTEND_GLSLANG
         emit_step, emit_event = self.live_step.emit, self.live_event.emit
-
-        def job(progress, cancel):
-            from kvviz.live.decode import LiveDecoder
-
-            model = session.load_model(args["model_path"], progress)
-            emit_event(run_id, "model", (args["model_path"], model.config))
-            if cancel():
-                raise Cancelled()
-            dec = LiveDecoder(model, args["method"], ctx=session.ctx(frontend), block_size=args["block_size"],
-                              policy=args["policy"], method_options=args["method_options"], keep_distributions=False)
-            progress(0.05, "prefill")
-
-            def prefill(done, total):
-                progress(0.05 + 0.15 * done / max(total, 1), f"prefill: layer {done}/{total}")
-
-            dec.start(args["prompt"], args["max_new"], progress=prefill, cancel=cancel)
-            emit_event(run_id, "prefilled", {
-                "num_blocks": dec.num_blocks, "block_size": dec.block_size, "context_len": dec.quant.cache.length,
-                "prompt_strs": dec.tokenizer.token_strings(dec.prompt_ids), "describe": dec.describe(),
-                "prefill_s": dec.timings.get("prefill_s", 0.0),
-                "tables": {"f32": list(dec.base.cache.table.blocks) if dec.base.cache is not None else [],
-                           "quant": list(dec.quant.cache.table.blocks)},
-            })
-            n = dec.max_new
-            for i in range(n):
-                if dec.finished:
-                    break
-                st = dec.step(cancel)
-                emit_step(run_id, st)
-                progress(0.2 + 0.8 * (i + 1) / n, f"step {i + 1}/{n}: KL {st.kl:.3g}")
-            return {"decoder": dec, "summary": dec.summary(), "describe": dec.describe(),
-                    "timings": {k: v for k, v in dec.timings.items() if k != "steps_s"}}
-
-        self.live.begin(args)
-        self.runner.submit("live", job, f"live {args['method']}", run_id)
+        run_id = self._live_run = self.live.begin(cfg)
+        job = lambda progress, cancel: decode_run(session.load_model, cfg, session.ctx(frontend), run_id,  # noqa: E731
+                                                  emit_event, emit_step, progress, cancel)
+        self.runner.submit("live", job, f"live {cfg.method}", run_id)
 
     def stop_live(self) -> None:
         self._live_why = ""
@@ -637,9 +606,10 @@ class MainWindow(QMainWindow):
         return QFileDialog.getExistingDirectory(self, caption, os.getcwd())
 
     def export_panel(self, panel, fmt: str) -> list:
-        if fmt == "csv" and (panel.res is None or not panel.tables()):
+        if fmt in ("csv", "json") and not panel.tables():  # a panel without results has no tables
             return []
-        filt = {"png": "PNG image (*.png)", "svg": "SVG image (*.svg)", "csv": "CSV table (*.csv)"}[fmt]
+        filt = {"png": "PNG image (*.png)", "svg": "SVG image (*.svg)", "csv": "CSV table (*.csv)",
+                "json": "JSON (*.json)"}[fmt]
         path = self.ask_save_path(f"Export {panel.title} as {fmt.upper()}", f"kvviz-{panel.key}.{fmt}", filt)
         if not path:
             return []

@@ -132,3 +132,7 @@ def _live_cancelled(win, task) -> None:
 
 register(TaskKind("live", "Live decode failed", _live_done, lambda win, task, exc: win.live.finish(error=exc),
                   _live_cancelled, current=lambda win, task: task.payload == win._live_run, stale_is_silent=True))
+
+
+# the live panel's cache-view read after a run: the job hands the view to the panel itself
+register(TaskKind("live_view", "Live decode: cache view", lambda win, task, result: None, quiet=True))
