@@ -490,22 +490,30 @@ def test_shortcuts(qtbot, window):
 
 
 def test_method_options_are_editable(qtbot, window):
-    from kvviz.ui.panels.workload import default_options
+    from kvviz.methods import option_schema
+
+    def int_options(key):
+        return [s for s in option_schema(key) if s.type is int]
 
     w = window
     wl = w.workload
-    with_opts = [wl.method.itemData(i) for i in range(wl.method.count())
-                 if any(isinstance(v, int) and not isinstance(v, bool) for v in default_options(wl.method.itemData(i)).values())]
+    with_opts = [wl.method.itemData(i) for i in range(wl.method.count()) if int_options(wl.method.itemData(i))]
     assert with_opts, "int4_group (group_size) and kivi (bits, recent) have integer options"
     key = with_opts[0]
     wl.auto_run.setChecked(False)
     wl.method.setCurrentIndex(wl.method.findData(key))
-    name, val = next((k, v) for k, v in default_options(key).items() if isinstance(v, int) and not isinstance(v, bool))
-    ed = wl._opt_editors[name]
-    ed.setValue(val * 2 if val else 1)
+    spec = int_options(key)[0]
+    name, val = spec.name, spec.default
+    new = val * 2 if val else 1
+    ed = wl.options_editor.editors[name]
+    if spec.choices:  # a closed set: a combo box of the choices
+        assert ed.findData(new) >= 0
+        ed.setCurrentIndex(ed.findData(new))
+    else:
+        ed.setValue(new)
     cfg = wl.config()
     assert cfg.method == key
-    assert cfg.method_options == {name: val * 2 if val else 1}
+    assert cfg.method_options == {name: new}
 
 
 def test_hover_names_block(window):

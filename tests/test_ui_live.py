@@ -240,12 +240,12 @@ def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
     assert "France" in base and "France" in quant
     assert texts["quant_free"].strip() in quant.replace("\u21b5", "").replace("\u25b8", "")
     # block pools: blocks allocated as the sequence grew (block size 4: the pool has several)
-    assert lp.grid_img.image is not None and lp.grid_img.image.size > 0
-    assert lp.grid_cells["quant"] == len(dec.steps[-1].blocks) > 1
-    assert lp.grid_cells["f32"] == len(dec.steps[-1].base_blocks)
+    assert lp.pool_grid.image.image is not None and lp.pool_grid.image.image.size > 0
+    assert lp.pool_grid.cells["quant"] == len(dec.steps[-1].blocks) > 1
+    assert lp.pool_grid.cells["f32"] == len(dec.steps[-1].base_blocks)
     # summary numbers at the end
     sm = dec.summary()
-    assert lp.state == "done"
+    assert lp.run.state == "done"
     assert lp.summary["kl_mean"] == pytest.approx(sm["kl_mean"]) and lp.summary["kl_max"] == pytest.approx(sm["kl_max"])
     assert f"{sm['kl_mean']:.3g}" in lp.status.text() and "Done: 3 steps" in lp.info.text()
     assert lp.table.rowCount() == 3
@@ -260,7 +260,7 @@ def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
     assert (lp.view["layer"], lp.view["kv_head"], lp.view["context_len"]) == (15, 0, n)
 
     def check_view(layer, kvh, qsel=None):
-        for which, curve in (("K", lp.k_scale_curve), ("V", lp.v_scale_curve)):
+        for which, curve in (("K", lp.cache_view.k_scale_curve), ("V", lp.cache_view.v_scale_curve)):
             want = unpack_int8_words(qc.read_tokens(layer, which))[1][:, kvh]  # the f32 scale word of each record
             x, y = curve.getData()
             assert len(x) == len(y) == n
@@ -268,19 +268,21 @@ def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
             np.testing.assert_array_equal(y, want.astype(np.float64))
         # the last step's attention weights through both caches, query heads of this KV head (3 per KV head)
         heads = list(range(3 * kvh, 3 * kvh + 3))
-        for curve, cache in ((lp.w_quant_curve, qc), (lp.w_base_curve, dec.base.cache)):
+        for curve, cache in ((lp.cache_view.w_quant_curve, qc), (lp.cache_view.w_base_curve, dec.base.cache)):
             w = cache.last_weights(layer).astype(np.float64)[heads]
             _, y = curve.getData()
             np.testing.assert_allclose(10 ** y, w.mean(0) if qsel is None else w[qsel], rtol=1e-9)  # log axis
 
     check_view(15, 0)
-    assert "K scale" in lp.scale_plot.getAxis("left").labelText and "layer 15" in lp.scale_plot.titleLabel.text
+    sp = lp.cache_view.scale_plot
+    assert "K scale" in sp.getAxis("left").labelText and "layer 15" in sp.titleLabel.text
     # after the run a new selection is read by the worker
     with qtbot.waitSignal(lp.view_ready, timeout=WAIT) as blocker:
         lp.set_selection(3, 2)
     assert (blocker.args[0]["layer"], blocker.args[0]["kv_head"]) == (3, 2)
-    lp.qhead.setCurrentIndex(lp.qhead.findData(1))  # one query head: the 2nd of KV head 2's group (q head 7)
-    assert lp.qhead.currentText() == "q head 7"
+    qhead = lp.cache_view.qhead
+    qhead.setCurrentIndex(qhead.findData(1))  # one query head: the 2nd of KV head 2's group (q head 7)
+    assert qhead.currentText() == "q head 7"
     check_view(3, 2, qsel=1)
     qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
 
@@ -313,9 +315,9 @@ def test_live_stop_and_compute_cancel_it(qtbot, window):
         with qtbot.waitSignal(lp.view_ready, timeout=WAIT,
                               check_params_cb=lambda v: (v["layer"], v["kv_head"]) == (4, 1)):
             lp.set_selection(4, 1)
-        assert lp.k_scale_curve.getData()[0].size == lp.view["context_len"] == lp.steps[-1].context_len
+        assert lp.cache_view.k_scale_curve.getData()[0].size == lp.view["context_len"] == lp.steps[-1].context_len
         lp.stop_button.click()
-    assert lp.state == "stopped" and not lp.running
+    assert lp.run.state == "stopped" and not lp.running
     assert 1 <= len(lp.steps) < 60
     assert lp.start_button.isEnabled() and not lp.stop_button.isEnabled()
     assert "Stopped after" in lp.info.text()
@@ -329,7 +331,7 @@ def test_live_stop_and_compute_cancel_it(qtbot, window):
         with qtbot.waitSignal(w.live_step, timeout=WAIT):
             lp.start_button.click()
         w.request_compute()
-    assert lp.state == "stopped" and "new computation" in lp.status.text()
+    assert lp.run.state == "stopped" and "new computation" in lp.status.text()
     qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
 
 

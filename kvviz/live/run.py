@@ -11,6 +11,7 @@ ignored (`is_current`); `stop(why)` records why a cancel ends the run ("" = the 
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -73,6 +74,7 @@ class LiveRun:
         self.describe: dict = {}
         self.summary: dict = {}
         self.timings: dict = {}
+        self.view_state = CacheViewState()  # the cache view of the selected layer / KV head
 
     # ------------------------------------------------------------------ lifecycle
     def begin(self, cfg: LiveConfig) -> int:
@@ -184,6 +186,114 @@ class LiveRun:
             "summary": summarize_live(self.steps, self.texts()) if self.steps else {},
             "steps": [s.to_json() for s in self.steps],
         })
+
+
+def _slug(label: str) -> str:
+    """A CSV column name from an axis label: 'K scale' -> 'k_scale', '|k| norm (f16)' -> 'k_norm_f16'."""
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_") or "value"
+
+
+def pick_weights(w, q_index: int):
+    """The last step's attention weights [q heads of the group, positions] of one query head of the
+    group (q_index), or their mean (q_index -1); None when not read."""
+    if w is None or not len(w):
+        return None
+    a = np.asarray(w, np.float64)
+    return a.mean(0) if q_index < 0 else a[q_index]
+
+
+def view_scales(v: dict):
+    """(K, V) per-position scales of a cache view as float arrays, or (None, None) when the cache has none."""
+    sc = v.get("scales")
+    if sc is None:
+        return None, None
+    return np.asarray(sc.k, np.float64), np.asarray(sc.v, np.float64)
+
+
+class CacheViewState:
+    """The cache view of a live run: the LiveDecoder.cache_view dict shown, the decoder's LiveWatch it came
+    from (and the decoder, kept for reads after the run) and the (layer, KV head) a worker read is on its
+    way for. While the decode runs the decoder reads the selection after every step; after the run a new
+    selection needs one read (`read`, on the decoder's thread)."""
+
+    def __init__(self):
+        self.view: dict | None = None
+        self.watch = None  # the LiveWatch of the decoder the steps come from
+        self.decoder = None  # that decoder (the watch holds it weakly), for reads after the run
+        self.reading: tuple | None = None
+
+    def take(self, v: dict, selection: tuple, running: bool) -> None:
+        """A view that came with a step: remember its watch; a selection made before the decoder existed
+        is handed to the watch."""
+        w = v.get("watch")
+        if w is not None:
+            self.watch = w
+            self.decoder = w.decoder
+            if running and w.selection != tuple(selection):
+                w.select(*selection)
+        self.view = v
+
+    def select(self, selection: tuple, running: bool) -> bool:
+        """A new selection: while running the decoder reads it after its next step; after the run True
+        means a worker read (`read`) is needed, and `reading` is set to it."""
+        w = self.watch
+        if w is None:
+            return False
+        if running:
+            w.select(*selection)
+            return False
+        v = self.view
+        if v is None or (v.get("layer"), v.get("kv_head")) != tuple(selection):
+            self.reading = tuple(selection)
+            return True
+        return False
+
+    @staticmethod
+    def read(watch, sel: tuple) -> dict:
+        """The cache view of `sel` read through `watch` (GPU work: on the decoder's thread); a failure is
+        a view with an "error" (shown in the view, not as a failed computation)."""
+        try:
+            return watch.read(*sel)
+        except Exception as exc:  # noqa: BLE001
+            return {"error": f"{type(exc).__name__}: {exc}", "watch": watch, "layer": sel[0], "kv_head": sel[1]}
+
+    def accept(self, watch, v: dict) -> bool:
+        """A worker read came back: False when it belongs to an older run."""
+        if watch is not self.watch:
+            return False
+        if self.reading == (v.get("layer"), v.get("kv_head")):
+            self.reading = None
+        self.view = v
+        return True
+
+    def pending(self, selection: tuple, running: bool) -> str:
+        """What the view is waiting for, as a note: a worker read, or the next step's read."""
+        v, sel = self.view, tuple(selection)
+        if self.reading is not None:
+            return f" \u00b7 reading layer {self.reading[0]}, KV head {self.reading[1]} \u2026"
+        if v is not None and self.watch is not None and (v.get("layer"), v.get("kv_head")) != sel:
+            return f" \u00b7 layer {sel[0]}, KV head {sel[1]} from the next step" if running else ""
+        return ""
+
+    def table(self, q_index: int = -1) -> Table | None:
+        """The view as a table: one row per position (its block, K / V scale, attention weights through
+        the f32 and the quantised cache of query head `q_index` of the group, -1: their mean)."""
+        v = self.view
+        if v is None or "error" in v:
+            return None
+        n, bs = int(v["context_len"]), int(v["block_size"])
+        sc = v.get("scales")
+        k, vv = view_scales(v)
+        wb, wq = pick_weights(v.get("weights_base"), q_index), pick_weights(v.get("weights_quant"), q_index)
+        kname = _slug(sc.k_label) if sc is not None else "k_scale"
+        vname = _slug(sc.v_label) if sc is not None else "v_scale"
+        tab = Table("cache_view", ["position", "block", kname, vname, "w_f32", "w_quant"],
+                    title=f"cache view: layer {v['layer']}, KV head {v['kv_head']}")
+        blocks = list(v.get("blocks") or [])
+        for p in range(n):
+            tab.rows.append([p, blocks[p // bs] if p // bs < len(blocks) else None,
+                             *(float(a[p]) if a is not None and p < len(a) else None for a in (k, vv, wb, wq))])
+        return tab
 
 
 def decode_run(load_model: Callable, cfg: LiveConfig, ctx, run_id, on_event: Callable, on_step: Callable,

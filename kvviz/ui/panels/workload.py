@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
+    QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
     QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget,
 )
 
@@ -20,7 +20,9 @@ from kvviz.analysis import synthetic
 from kvviz.analysis.session import SOURCES, SessionConfig
 from kvviz.errors import InvalidInput
 from kvviz.gpu.shaders import GLSL_FRONTENDS
+from kvviz.live.run import describe_model
 from kvviz.paging import POLICIES
+from kvviz.ui.widgets.options_editor import OptionsEditor
 
 
 def parse_context_lens(text: str) -> tuple:
@@ -50,31 +52,12 @@ def method_choices() -> list:
     return out
 
 
-def default_options(key: str) -> dict:
-    from kvviz.methods import registry
-
-    cls = registry().get(key)
-    if cls is None:
-        return {}
-    try:
-        return dict(cls().options())
-    except Exception:  # noqa: BLE001 - a method that needs arguments simply has no editable defaults
-        return {}
-
-
 MODEL_PLACEHOLDER = "SmolLM2-135M (built in)"
 GGUF_FILTER = "llama GGUF (*.gguf);;All files (*)"
 
 
 def model_label(path: str) -> str:
     return path.replace("\\", "/").rsplit("/", 1)[-1] if path else "SmolLM2-135M"
-
-
-def describe_model(cfg) -> str:
-    """One line about a kvviz.sources.gguf_llama.LlamaConfig: name, layers, heads, KV heads, head size."""
-    name = getattr(cfg, "name", "") or "model"
-    return (f"{name}: {cfg.n_layers} layers, {cfg.n_heads} heads, {cfg.n_kv_heads} KV heads, "
-            f"head size {cfg.head_dim}")
 
 
 class PromptEdit(QPlainTextEdit):
@@ -146,8 +129,6 @@ class WorkloadPanel(QWidget):
         self.state = state
         self.setObjectName("panel_workload")
         self._loading = False
-        self._opt_editors: dict = {}
-        self._opt_defaults: dict = {}
         self.model_infos: dict = {}  # model path -> LlamaConfig of the models the window has loaded
         self._synthetic_shape = None  # (heads, kv heads, head size) while the fields show a data source's shapes
 
@@ -262,10 +243,9 @@ class WorkloadPanel(QWidget):
         self.method = QComboBox()
         self.method.setToolTip("Quantisation method (every method in the registry)")
         f.addRow("Method", self.method)
-        self.options_box = QWidget()
-        self.options_form = QFormLayout(self.options_box)
-        self.options_form.setContentsMargins(12, 0, 0, 0)
-        f.addRow(self.options_box)
+        self.options_editor = OptionsEditor("form")  # the method's options, from its typed schema
+        self.options_editor.changed.connect(self._emit)
+        f.addRow(self.options_editor)
         self.frontend = QComboBox()
         self.frontend.addItems(list(GLSL_FRONTENDS))
         self.frontend.setToolTip("How GLSL kernels reach wgpu: glslangValidator -> SPIR-V, or naga's GLSL front end")
@@ -330,48 +310,11 @@ class WorkloadPanel(QWidget):
         self.method.blockSignals(False)
 
     def _build_options(self, key: str, values: dict | None = None) -> None:
-        while self.options_form.rowCount():
-            self.options_form.removeRow(0)
-        self._opt_editors = {}
-        self._opt_defaults = default_options(key)
-        values = {**self._opt_defaults, **(values or {})}
-        for name, val in values.items():
-            if isinstance(val, bool):
-                ed = QCheckBox()
-                ed.setChecked(val)
-                ed.toggled.connect(self._emit)
-            elif isinstance(val, int):
-                ed = _spin(-2**31, 2**31 - 1, f"{key} option {name}")
-                ed.setValue(val)
-                ed.valueChanged.connect(self._emit)
-            elif isinstance(val, float):
-                ed = QDoubleSpinBox()
-                ed.setDecimals(6)
-                ed.setRange(-1e12, 1e12)
-                ed.setKeyboardTracking(False)
-                ed.setValue(val)
-                ed.valueChanged.connect(self._emit)
-            else:
-                ed = QLineEdit(str(val))
-                ed.editingFinished.connect(self._emit)
-            ed.setToolTip(f"{key} option '{name}' (default {self._opt_defaults.get(name)!r})")
-            self._opt_editors[name] = ed
-            self.options_form.addRow(name, ed)
-        self.options_box.setVisible(bool(self._opt_editors))
+        self.options_editor.build(key, values)
 
     def method_options(self) -> dict:
         """Options that differ from the method's defaults (what `get_method(key, **options)` takes)."""
-        out = {}
-        for name, ed in self._opt_editors.items():
-            if isinstance(ed, QCheckBox):
-                v = ed.isChecked()
-            elif isinstance(ed, (QSpinBox, QDoubleSpinBox)):
-                v = ed.value()
-            else:
-                v = ed.text()
-            if v != self._opt_defaults.get(name):
-                out[name] = v
-        return out
+        return self.options_editor.options()
 
     def _source_changed(self) -> None:
         src = self.source.currentText()
