@@ -258,23 +258,29 @@ def _torch_row(shape, runs, warmup, copy_gbps, adapter):
 
 
 def format_table(result: dict) -> str:
+    """The bench rows as a text table; the kernel and variant columns are as wide as their longest
+    entry, so no name is cut."""
+    rows = result["rows"]
+    kw = max([len("kernel")] + [len(r["kernel"]) for r in rows])
+    vw = max([len("variant")] + [len(r["variant"]) for r in rows])
     lines = []
-    hdr = f"{'kernel':<28} {'variant':<30} {'median us':>10} {'min':>9} {'p90':>9} {'GB/s':>8} {'%copy':>6} {'max err':>9} {'ok':>3}"
+    hdr = (f"{'kernel':<{kw}} {'variant':<{vw}} {'median us':>10} {'min':>9} {'p90':>9} {'GB/s':>8} {'%copy':>6} "
+           f"{'max err':>9} {'ok':>3}")
     shape_name = None
-    for r in result["rows"]:
+
+    def f(x, fmt):
+        return format(x, fmt) if isinstance(x, (int, float)) and x == x else "-"
+
+    for r in rows:
         if r["shape"]["name"] != shape_name:
             shape_name = r["shape"]["name"]
             s = r["shape"]
             lines.append("")
             lines.append(f"== {shape_name}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}")
             lines.append(hdr)
-
-        def f(x, fmt):
-            return format(x, fmt) if isinstance(x, (int, float)) and x == x else "-"
-
         ok = "-" if r["tolerance"] is None else ("yes" if r["within_tolerance"] else "NO")
         lines.append(
-            f"{r['kernel'][:28]:<28} {r['variant'][:30]:<30} {f(r['gpu_us_median'], '10.1f'):>10} {f(r['gpu_us_min'], '9.1f'):>9} "
+            f"{r['kernel']:<{kw}} {r['variant']:<{vw}} {f(r['gpu_us_median'], '10.1f'):>10} {f(r['gpu_us_min'], '9.1f'):>9} "
             f"{f(r['gpu_us_p90'], '9.1f'):>9} {f(r['gbps'], '8.1f'):>8} {f(r['pct_of_copy'], '6.1f'):>6} "
             f"{f(r['max_abs_err_vs_oracle'], '9.2e'):>9} {ok:>3}" + (f"  {r['note']}" if r["note"] else "")
         )

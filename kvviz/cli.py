@@ -19,8 +19,25 @@ EXIT_BAD_INPUT = 2  # a bad argument, setting, file or shape: one line `kvviz: .
 EXIT_FAILED = 1  # the run failed (device, compiler) or a result is wrong (bench: a row FAILED or out of tolerance)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help says its default (flags and options without a default excepted)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if (not action.option_strings or "default" in text or d is None or d is argparse.SUPPRESS
+                or isinstance(d, bool) or d == "" or d == []):
+            return text
+        return f"{text} (default: {d})".strip()
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with a one-line error (the argument and what is wrong with it), exit 2."""
+    """argparse with a one-line error (the argument and what is wrong with it), exit 2, and defaults
+    in every option's help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: {' '.join(message.split())} (see {self.prog} -h)\n")
@@ -185,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--head-size", type=positive_int, help="custom shape: head size (default 128)")
     b.add_argument("--block-size", type=positive_int, help="custom shape: tokens per block (default 16)")
     b.add_argument("--runs", type=positive_int, default=None, help="timed runs per kernel (default 10 quick, 30 full)")
-    b.add_argument("--warmup", type=nonneg_int, default=3)
+    b.add_argument("--warmup", type=nonneg_int, default=3, help="untimed runs before timing (hardware: also >= 500 ms)")
     b.add_argument("--frontends", default="glslang,naga-glsl", help="GLSL front ends for the seed kernels")
     b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
@@ -200,10 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(lv)
     c = command("capture", "capture a real model's Q/K/V for a prompt into a KV dump file")
-    c.add_argument("--prompt", required=True)
+    c.add_argument("--prompt", required=True, help="the text whose Q/K/V are captured")
     c.add_argument("--out", required=True, help=".safetensors or .npz")
     c.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M)")
-    c.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    c.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved arrays")
     g = command("gui", "open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")

@@ -71,3 +71,16 @@ def test_a_method_that_breaks_is_failed_not_skipped(rt, monkeypatch):
     assert rows["int8_token"]["note"].startswith("FAILED: quant/int8_write.wgsl:3:1")
     assert rows["turboquant"]["note"].startswith("skipped")  # head 48 is not a TurboQuant head size
     assert [r["kernel"] for r in failed_rows(res)] == ["int8_token"]
+
+
+def test_bench_table_never_cuts_a_kernel_name():
+    from kvviz.bench import format_table
+
+    shape = {"name": "s", "num_seqs": 1, "num_tokens": 1, "num_heads": 1, "num_kv_heads": 1, "head_size": 4,
+             "block_size": 1}
+    long = "paged_attn_f32 (over the dequantised cache)"
+    row = {"kernel": long, "variant": "int8 per token (WGSL) with a long variant name", "shape": shape,
+           "gpu_us_median": 1.0, "gpu_us_min": 1.0, "gpu_us_p90": 1.0, "gbps": 1.0, "pct_of_copy": 1.0,
+           "max_abs_err_vs_oracle": None, "tolerance": None, "within_tolerance": None, "note": ""}
+    text = format_table({"rows": [row]})
+    assert long in text and row["variant"] in text

@@ -323,3 +323,25 @@ def test_configs_built_in_code_are_checked_too(kw, name):
 
     with pytest.raises(InvalidInput, match=name):
         SessionConfig(**kw).validate()
+
+
+def test_help_of_every_command_lists_every_option_with_its_default(capsys):
+    """`kvviz CMD -h` describes every option, and says the default of each that has one."""
+    import argparse
+
+    from kvviz.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sp in sub.choices.items():
+        with pytest.raises(SystemExit):
+            main([name, "-h"])
+        text = " ".join(capsys.readouterr().out.split())
+        for a in sp._actions:
+            if not a.option_strings or a.dest == "help":
+                continue
+            assert a.help, (name, a.option_strings)
+            assert a.option_strings[-1] in text, (name, a.option_strings)
+            d = a.default
+            if d not in (None, "", [], argparse.SUPPRESS) and not isinstance(d, bool):
+                assert "default" in a.help or f"(default: {d})" in text, (name, a.option_strings, d)

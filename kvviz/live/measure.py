@@ -62,7 +62,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--n-new", type=positive_int, default=32, help="tokens to generate")
     ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4 (default: all)")
     ap.add_argument("--policy", default="contiguous", help="block allocation policy")
-    ap.add_argument("--block-size", type=positive_int, default=16)
+    ap.add_argument("--block-size", type=positive_int, default=16, help="tokens per paged-cache block")
     ap.add_argument("--out", default="", help="append each run's JSON to this .jsonl file")
 
 
