@@ -312,13 +312,6 @@ class LivePanel(Panel):
             policy=self.policy.currentText(),
         )
 
-    def request(self) -> dict:
-        """`config()` as the dict the window's live job reads (model_path, prompt, max_new, method,
-        method_options, policy, block_size)."""
-        c = self.config()
-        return {"model_path": c.model_path, "prompt": c.prompt, "max_new": c.n_new, "method": c.method,
-                "method_options": c.method_options, "policy": c.policy, "block_size": c.block_size}
-
     def set_config(self, method: str | None = None, max_new: int | None = None, prompt: str | None = None,
                    block_size: int | None = None, policy: str | None = None, model_path: str | None = None) -> None:
         if method is not None:
@@ -341,12 +334,8 @@ class LivePanel(Panel):
         self.stop_button.setEnabled(on)
 
     # ------------------------------------------------------------ run events
-    def begin(self, cfg: LiveConfig | dict) -> int:
-        """A new run of `cfg` (a LiveConfig, or `request()`'s dict): the panel is cleared. Returns the run's id."""
-        if isinstance(cfg, dict):
-            cfg = LiveConfig(model_path=cfg["model_path"], prompt=cfg["prompt"], method=cfg["method"],
-                             method_options=dict(cfg["method_options"]), n_new=int(cfg["max_new"]),
-                             block_size=int(cfg["block_size"]), policy=str(cfg.get("policy", "")))
+    def begin(self, cfg: LiveConfig) -> int:
+        """A new run of `cfg`: the panel is cleared. Returns the run's id (LiveRun.is_current)."""
         run_id = self.run.begin(cfg)
         self.set_running(True)
         self.kl_curve.setData([], [])
