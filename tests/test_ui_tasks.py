@@ -93,3 +93,15 @@ def test_panels_ask_through_the_typed_app_state(qtbot):
     codes._export_clicked("csv")
     timing.trace_button.click()
     assert asked == [("export", "codes", "csv"), ("trace",)]
+
+
+def test_help_menu_lists_shortcuts_and_names_the_adapter(qtbot, bare_window):
+    win = bare_window
+    lines = "\n".join(win.shortcut_lines())
+    for keys, what in (("Ctrl+R", "Run now"), ("Ctrl+P", "Pin timings"), ("Ctrl+Shift+W", "sweep"),
+                       ("Ctrl+M", "Compare"), ("Alt+1", "Show Workload"), ("F1", "Keyboard shortcuts")):
+        assert any(keys in ln and what in ln for ln in lines.splitlines()), (keys, what, lines)
+    about = win.about_text()
+    assert win.session.rt.summary.name in about and "wgpu 0.32.0" in about and "PySide6" in about
+    win._raise_dock("timing")
+    assert win.docks["timing"].isVisible()

@@ -17,8 +17,8 @@ import os
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QProgressBar, QPushButton,
-    QToolButton, QVBoxLayout, QWidget,
+    QApplication, QDockWidget, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMenu, QMessageBox,
+    QProgressBar, QPushButton, QToolButton, QVBoxLayout, QWidget,
 )
 
 from kvviz.analysis.session import Cancelled, Session, SessionConfig
@@ -304,7 +304,61 @@ class MainWindow(QMainWindow):
                     "qjl_bias", "live", "log"]:
             m_view.addAction(self.docks[key].toggleViewAction())
         m_view.addSeparator()
+        # Alt+1..Alt+9: bring a panel to the front
+        for i, key in enumerate(["workload", "cache_layout", "block_inspector", "scales", "codes", "attention",
+                                 "timing", "compare", "live"], start=1):
+            act(m_view, f"Show {self.docks[key].windowTitle()}", lambda k=key: self._raise_dock(k), (f"Alt+{i}",))
+        m_view.addSeparator()
         act(m_view, "Reset &layout", self.reset_layout)
+        self.act_pin = act(m_run, "&Pin timings as baseline", self.timing.pin_current, ("Ctrl+P",))
+        self.act_sweep = act(m_run, "Run the timing s&weep", self._sweep_shortcut, ("Ctrl+Shift+W",))
+        self.act_compare.setShortcuts([QKeySequence("Ctrl+M")])
+        m_help = self.menuBar().addMenu("&Help")
+        act(m_help, "&Keyboard shortcuts", self.show_shortcuts, ("F1",))
+        act(m_help, "&About kvviz", self.show_about)
+
+    def _raise_dock(self, key: str) -> None:
+        d = self.docks[key]
+        d.show()
+        d.raise_()
+
+    def _sweep_shortcut(self) -> None:
+        self._raise_dock("timing")
+        self.timing.sweep_button.click()
+
+    def shortcut_lines(self) -> list[str]:
+        """'keys  action' for every action of the menus that has a shortcut."""
+        lines = []
+        for menu in self.menuBar().findChildren(QMenu):
+            for a in menu.actions():
+                keys = ", ".join(k.toString() for k in a.shortcuts())
+                if keys:
+                    lines.append(f"{keys:<22} {a.text().replace('&', '')}")
+        return lines
+
+    def show_shortcuts(self) -> None:
+        QMessageBox.information(self, "kvviz keyboard shortcuts", "\n".join(self.shortcut_lines()))
+
+    def about_text(self) -> str:
+        import platform
+        from importlib.metadata import PackageNotFoundError, version
+
+        def ver(name):
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        adapter = self._adapter.line() if self._adapter is not None else "not opened yet"
+        return "\n".join([
+            "kvviz: a desktop lab for KV-cache quantisation kernels on wgpu.",
+            f"GPU adapter: {adapter}",
+            f"kvviz {ver('kvviz')}, Python {platform.python_version()}, wgpu {ver('wgpu')}, "
+            f"numpy {ver('numpy')}, PySide6 {ver('PySide6-Essentials')}, pyqtgraph {ver('pyqtgraph')}",
+        ])
+
+    def show_about(self) -> None:
+        QMessageBox.about(self, "About kvviz", self.about_text())
 
     # --------------------------------------------------------------- settings
     def _restore(self, config: SessionConfig | None) -> None:
