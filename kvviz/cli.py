@@ -152,7 +152,7 @@ def _cmd_capture(args) -> int:
     cap, _ = capture_tokens(model, ids)
     out = save_capture(cap, args.out, dtype=args.dtype)
     c = model.config
-    print(f"captured {len(ids)} tokens x {c.n_layers} layers ({c.n_kv_heads} KV heads, head {c.head_dim}) -> {out}")
+    print(f"captured {len(ids)} tokens x {c.n_layers} layers ({c.n_kv_heads} KV heads, head {c.head_size}) -> {out}")
     return 0
 
 

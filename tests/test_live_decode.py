@@ -18,7 +18,7 @@ from kvviz.sources.llama_numpy import LlamaRunner
 pytestmark = pytest.mark.gpu
 
 # ----------------------------------------------------------------------------------------------
-# A tiny random llama GGUF (tests/tiny_llama.py); head_dim 32 so every method's shapes fit.
+# A tiny random llama GGUF (tests/tiny_llama.py); head_size 32 so every method's shapes fit.
 
 from tiny_llama import N_HEADS, N_KV, N_LAYERS  # noqa: E402
 from tiny_llama import write_tiny_gguf as _write_tiny  # noqa: E402
@@ -27,7 +27,7 @@ HEAD_DIM = 32
 
 
 def write_tiny_gguf(path, seed=0):
-    return _write_tiny(path, head_dim=HEAD_DIM, seed=seed)
+    return _write_tiny(path, head_size=HEAD_DIM, seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +270,7 @@ def test_methods_are_registered():
 
 @pytest.mark.parametrize("method", OTHER_METHODS)
 def test_every_registered_method_runs_live(tiny, ctx, method):
-    # head_dim 32 fits every method's constraints, so an UnsupportedShape here is a failure.
+    # head_size 32 fits every method's constraints, so an UnsupportedShape here is a failure.
     dec = LiveDecoder(tiny, method, ctx=ctx, block_size=4, free_run=False)
     dec.start(PROMPT, 3)
     steps = dec.run()

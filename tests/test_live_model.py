@@ -92,7 +92,7 @@ IDS = [5, 40, 262, 100, 7, 263, 90, 33, 150, 12, 1, 77]
 def test_loader_config_and_unpermute(tiny):
     model, hf, _ = tiny
     cfg = model.config
-    assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (N_LAYERS, N_HEADS, N_KV, HEAD_DIM)
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_size) == (N_LAYERS, N_HEADS, N_KV, HEAD_DIM)
     assert (cfg.hidden, cfg.ffn, cfg.vocab, cfg.context_length) == (HIDDEN, FFN, len(_vocab()), 256)
     assert cfg.rope_theta == THETA and cfg.rms_eps == pytest.approx(EPS)
     assert (cfg.bos_id, cfg.eos_id) == (1, 2)
@@ -215,7 +215,7 @@ def test_custom_attend_identical(tiny):
     calls = []
 
     def attend(layer, q, k_new, v_new, pos):
-        assert q.shape == (cfg.n_heads, cfg.head_dim) and k_new.shape == (cfg.n_kv_heads, cfg.head_dim)
+        assert q.shape == (cfg.n_heads, cfg.head_size) and k_new.shape == (cfg.n_kv_heads, cfg.head_size)
         assert q.dtype == np.float32
         ks, vs = cache[layer]
         assert len(ks) == pos
@@ -317,7 +317,7 @@ def test_kv_round_trip(tmp_path, ext, dtype):
         np.testing.assert_array_equal(got, want.astype(cast).astype(np.float32))
     assert d.source_dtype == dtype
     assert d.tokens.tolist() == list(range(5)) and d.token_strings == list("abcdé")
-    assert (d.n_layers, d.n_kv_heads, d.n_tokens, d.head_dim) == (2, 3, 5, 8)
+    assert (d.n_layers, d.n_kv_heads, d.n_tokens, d.head_size) == (2, 3, 5, 8)
 
 
 def test_safetensors_plain_reader_writer(tmp_path):
@@ -340,7 +340,7 @@ def test_kv_rejections(tmp_path):
     k, v, q = _kv()
     with pytest.raises(InvalidInput, match="rank 3") as e:
         kv_files.save_kv(tmp_path / "a.npz", k[0], v[0])
-    assert "[layers, kv_heads, tokens, head_dim]" in e.value.hint
+    assert "[layers, kv_heads, tokens, head_size]" in e.value.hint
     np.savez(tmp_path / "only_k.npz", k=k)
     with pytest.raises(InvalidInput, match="missing 'v'"):
         kv_files.load_kv(tmp_path / "only_k.npz")
@@ -432,7 +432,7 @@ def smollm2():
 def test_smollm2_real_kv(smollm2):
     t0 = time.perf_counter()
     cfg = smollm2.config
-    assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim) == (30, 9, 3, 64)
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_size) == (30, 9, 3, 64)
     assert cfg.rope_theta == 1e5 and smollm2.weights.tied
 
     tok = smollm2.tokenizer

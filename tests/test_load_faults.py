@@ -132,7 +132,7 @@ def long_tiny(tmp_path_factory):
     from kvviz.sources.gguf_llama import load_gguf_llama
 
     path = tmp_path_factory.mktemp("load") / "tiny-long.gguf"
-    write_tiny_gguf(path, head_dim=32, context_length=LIVE_TOKENS + 64)
+    write_tiny_gguf(path, head_size=32, context_length=LIVE_TOKENS + 64)
     return load_gguf_llama(path)
 
 

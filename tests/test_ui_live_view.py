@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
     from kvviz.sources.gguf_llama import load_gguf_llama
 
     path = tmp_path_factory.mktemp("live_view") / "tiny.gguf"
-    write_tiny_gguf(path, head_dim=32, seed=1)
+    write_tiny_gguf(path, head_size=32, seed=1)
     return load_gguf_llama(path)
 
 

@@ -29,10 +29,10 @@ def vocab() -> list[str]:
     return SPECIALS + _byte_chars() + [m.replace(" ", "") for m in MERGES]
 
 
-def hf_weights(seed: int, n_vocab: int, head_dim: int) -> dict[str, np.ndarray]:
+def hf_weights(seed: int, n_vocab: int, head_size: int) -> dict[str, np.ndarray]:
     """Random weights in the Hugging Face (rotate-half) layout, the ground truth of the tests."""
     rng = np.random.default_rng(seed)
-    hidden = N_HEADS * head_dim
+    hidden = N_HEADS * head_size
 
     def m(*shape, s=0.15):
         return (rng.standard_normal(shape) * s).astype(np.float32)
@@ -42,10 +42,10 @@ def hf_weights(seed: int, n_vocab: int, head_dim: int) -> dict[str, np.ndarray]:
     for i in range(N_LAYERS):
         b = f"blk.{i}."
         w[b + "attn_norm.weight"] = 1 + m(hidden, s=0.1)
-        w[b + "attn_q.weight"] = m(N_HEADS * head_dim, hidden, s=0.3)
-        w[b + "attn_k.weight"] = m(N_KV * head_dim, hidden, s=0.3)
-        w[b + "attn_v.weight"] = m(N_KV * head_dim, hidden)
-        w[b + "attn_output.weight"] = m(hidden, N_HEADS * head_dim)
+        w[b + "attn_q.weight"] = m(N_HEADS * head_size, hidden, s=0.3)
+        w[b + "attn_k.weight"] = m(N_KV * head_size, hidden, s=0.3)
+        w[b + "attn_v.weight"] = m(N_KV * head_size, hidden)
+        w[b + "attn_output.weight"] = m(hidden, N_HEADS * head_size)
         w[b + "ffn_norm.weight"] = 1 + m(hidden, s=0.1)
         w[b + "ffn_gate.weight"] = m(FFN, hidden)
         w[b + "ffn_up.weight"] = m(FFN, hidden)
@@ -53,16 +53,16 @@ def hf_weights(seed: int, n_vocab: int, head_dim: int) -> dict[str, np.ndarray]:
     return w
 
 
-def write_tiny_gguf(path, *, head_dim=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256):
+def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256):
     """Write the model; returns its weights in the rotate-half layout."""
     import gguf
 
     voc = vocab()
-    hf = hf_weights(seed, len(voc), head_dim)
+    hf = hf_weights(seed, len(voc), head_size)
     wr = gguf.GGUFWriter(str(path), arch)
     wr.add_block_count(N_LAYERS)
     wr.add_context_length(context_length)
-    wr.add_embedding_length(N_HEADS * head_dim)
+    wr.add_embedding_length(N_HEADS * head_size)
     wr.add_feed_forward_length(FFN)
     wr.add_head_count(N_HEADS)
     wr.add_head_count_kv(N_KV)

@@ -13,7 +13,7 @@ Implementations:
                     `method.quantize` every step, then `method.attend` runs. Slow (O(T) per step
                     and per layer) but uses nothing the method does not already expose.
 A method offers a faster path through its `live_cache(ctx, table, n_layers, n_heads, n_kv_heads,
-head_dim, scale)` hook (kvviz/methods/base.py); `make_live_cache` uses it when it returns a cache. What
+head_size, scale)` hook (kvviz/methods/base.py); `make_live_cache` uses it when it returns a cache. What
 a method's cache holds (its QuantizedKV device/extra entries) is read only through the method's hooks.
 
 Layouts: `write` takes k, v [n_kv, T, D] (the layout of LlamaRunner's kv_sink), `attend` takes
@@ -99,11 +99,11 @@ class LiveCache(ABC):
     key: str = ""
     label: str = ""
 
-    def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
+    def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int,
                  scale: float):
         self.ctx = ctx
         self.table = table
-        self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
+        self.n_layers, self.n_heads, self.n_kv_heads, self.head_size = n_layers, n_heads, n_kv_heads, head_size
         self.scale = float(scale)
         self.length = 0  # positions written so far (in every layer, once a token has passed all layers)
         self.last_q: list[np.ndarray | None] = [None] * n_layers  # the query of each layer's last attend
@@ -183,12 +183,12 @@ class PagedLiveCache(LiveCache):
 
     fmt = "f32"
 
-    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale):
-        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
-        check_head_size(self.fmt, head_dim)
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
+        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
+        check_head_size(self.fmt, head_size)
         if n_heads % n_kv_heads:
             raise InvalidInput(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
-        self.layers = [ctx.paged.allocate(self.fmt, table.num_blocks, n_kv_heads, table.block_size, head_dim)
+        self.layers = [ctx.paged.allocate(self.fmt, table.num_blocks, n_kv_heads, table.block_size, head_size)
                        for _ in range(n_layers)]
 
     def write(self, layer, k, v, start):
@@ -212,11 +212,11 @@ class PagedLiveCache(LiveCache):
                                    self.table.slots(pos, pos + 1))
         d, outs = paged.decode_dispatches(cache, np.asarray(q, _F32)[None], self.table.batch(pos + 1), self.scale)
         paged.rt.run(w + d)
-        out = np.zeros((1, self.n_heads * self.head_dim), _F32)
+        out = np.zeros((1, self.n_heads * self.head_size), _F32)
         for idx, buf in outs:
-            out[idx] = paged.rt.read(buf, np.float32, (len(idx), self.n_heads * self.head_dim))
+            out[idx] = paged.rt.read(buf, np.float32, (len(idx), self.n_heads * self.head_size))
         self._wrote(layer, q, pos + 1)
-        return out.reshape(self.n_heads, self.head_dim)
+        return out.reshape(self.n_heads, self.head_size)
 
     def bytes_per_token(self):
         return float(self.n_layers * self.layers[0].bytes_per_token())
@@ -272,10 +272,10 @@ class MethodPagedCache(PagedLiveCache):
     and decode run token by token; blocks and per-token scales are read through the method's
     `paged_qkv` / `record_scales` hooks (kvviz/methods/base.py)."""
 
-    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, *, method: KVMethod, fmt: str,
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method: KVMethod, fmt: str,
                  label: str, scales_note: str = ""):
         self.fmt = fmt
-        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
+        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
         self.method = method
         self.key = method.key
         self.label = label
@@ -299,15 +299,15 @@ class RequantCache(LiveCache):
     of 32 and its recent window are defined by position, so re-quantising reproduces its streaming
     cache). Each layer quantises with `method.for_layer(layer)` (TurboQuant seeds its rotation per layer)."""
 
-    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, method: KVMethod):
-        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
-        method.check(n_heads, n_kv_heads, head_dim, table.block_size)
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method: KVMethod):
+        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
+        method.check(n_heads, n_kv_heads, head_size, table.block_size)
         self.method = method
         self.methods = [method.for_layer(li) for li in range(n_layers)]
         self.key = method.key
         self.label = f"{method.label} (re-quantised every step)"
         cap = table.num_blocks * table.block_size
-        self._k = np.zeros((n_layers, cap, n_kv_heads, head_dim), _F32)  # [L, pos, n_kv, D]
+        self._k = np.zeros((n_layers, cap, n_kv_heads, head_size), _F32)  # [L, pos, n_kv, D]
         self._v = np.zeros_like(self._k)
         self.qkv: list[QuantizedKV | None] = [None] * n_layers  # the method's cache of each layer's last attend
         self._qkv_len = [0] * n_layers
@@ -339,7 +339,7 @@ class RequantCache(LiveCache):
         return np.asarray(self.methods[layer].weights(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale))[0]
 
     def bytes_per_token(self):
-        k, v = self.method.layouts(self.head_dim, self.table.block_size)
+        k, v = self.method.layouts(self.head_size, self.table.block_size)
         return float(self.n_layers * self.n_kv_heads * (k.bytes_per_token_per_head + v.bytes_per_token_per_head))
 
     def inspect_block(self, layer, block, kv_head, which="K"):
@@ -357,7 +357,7 @@ class RequantCache(LiveCache):
         if got is None:
             return None
         k, v, missing = got
-        labels = [_scale_label(lay) for lay in self.method.layouts(self.head_dim, self.table.block_size)]
+        labels = [_scale_label(lay) for lay in self.method.layouts(self.head_size, self.table.block_size)]
         note = (f"{self.method.key}: " + "; ".join(lab[1] for lab in labels)
                 + " (the method's cache, read back from the GPU)")
         if missing:
@@ -396,12 +396,12 @@ def _block_positions(table: BlockTable, block: int, length: int) -> np.ndarray:
 
 
 def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int,
-                    head_dim: int, scale: float, method_options: dict | None = None,
+                    head_size: int, scale: float, method_options: dict | None = None,
                     incremental: bool = True) -> LiveCache:
     """The live cache of 'f32' (the f32 paged baseline) or a method id or instance: the method's own
     `live_cache` when it returns one, else re-quantisation of the whole sequence every step.
     incremental=False forces the re-quantising path for every method except 'f32' (a cross-check)."""
-    args = (ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale)
+    args = (ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
     if isinstance(method, str) and method == "f32":
         return F32PagedCache(*args)
     m = get_method(method, **(method_options or {})) if isinstance(method, str) else method

@@ -24,7 +24,7 @@ Prompt handling: the prompt minus its last token is prefilled once, batched, wit
 one batched write per layer. The last prompt token is then fed as decode step 0, so every generated
 token (including the first) comes from a distribution computed through the paged caches.
 Step i feeds one token at position len(prompt) - 1 + i and yields the distributions of generated
-token i. Greedy decoding throughout. Softmax scale 1/sqrt(head_dim).
+token i. Greedy decoding throughout. Softmax scale 1/sqrt(head_size).
 
 Cache view: after every step the decoder reads, for ONE layer and KV head (its `watch`, which another
 thread may re-select while it runs), the quantised cache's per-position K/V scales
@@ -226,7 +226,7 @@ class LiveDecoder:
         self.free_run = free_run
         self.keep_distributions = keep_distributions
         self.stop_at_eos = stop_at_eos
-        self.scale = float(1.0 / np.sqrt(self.cfg.head_dim))
+        self.scale = float(1.0 / np.sqrt(self.cfg.head_size))
         if ctx is None:
             from kvviz.gpu.runtime import GpuRuntime
             from kvviz.methods.context import GpuContext
@@ -266,7 +266,7 @@ class LiveDecoder:
         """which: 'baseline' (the f32 paged cache) or 'method'."""
         c = self.cfg
         m = "f32" if which == "baseline" else self._method_obj
-        return make_live_cache(m, self.ctx, table, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, self.scale,
+        return make_live_cache(m, self.ctx, table, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size, self.scale,
                                incremental=self.incremental)
 
     def _table(self) -> BlockTable:

@@ -33,7 +33,7 @@ def describe_model(cfg) -> str:
     """One line about a kvviz.sources.gguf_llama.LlamaConfig: name, layers, heads, KV heads, head size."""
     name = getattr(cfg, "name", "") or "model"
     return (f"{name}: {cfg.n_layers} layers, {cfg.n_heads} heads, {cfg.n_kv_heads} KV heads, "
-            f"head size {cfg.head_dim}")
+            f"head size {cfg.head_size}")
 
 
 @dataclass

@@ -261,7 +261,7 @@ class KVMethod(ABC):
         """Whether `live_cache` gives live decode an incremental cache for this method."""
         return False
 
-    def live_cache(self, ctx, table, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, scale: float):
+    def live_cache(self, ctx, table, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int, scale: float):
         """The method's own live cache (a kvviz.live.cache.LiveCache written token by token), or None:
         live decode then quantises the whole sequence again every step through `quantize`."""
         return None

@@ -93,13 +93,13 @@ class Int8PerTokenSeed(KVMethod):
         # the live cache runs the seed writer itself: a subclass that changes quantize() re-quantises
         return type(self).quantize is Int8PerTokenSeed.quantize
 
-    def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale):
+    def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
         """The seed int8 writer + native paged decode, token by token (kvviz/live/cache.py)."""
         if not self.has_live_cache:
             return None
         from kvviz.live.cache import MethodPagedCache
 
-        return MethodPagedCache(ctx, table, n_layers, n_heads, n_kv_heads, head_dim, scale, method=self, fmt="q8",
+        return MethodPagedCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self, fmt="q8",
                                 label="int8 per token (seed GLSL), native paged decode",
                                 scales_note="the f32 scale word of each int8 token record, read from the GPU cache")
 

@@ -101,7 +101,7 @@ class LlamaConfig:
     n_layers: int
     n_heads: int
     n_kv_heads: int
-    head_dim: int
+    head_size: int
     hidden: int
     ffn: int
     vocab: int
@@ -134,18 +134,18 @@ class LlamaConfig:
         hidden = int(meta.require(p + "embedding_length"))
         n_heads = _scalar_per_layer(meta.require(p + "attention.head_count"), meta.path, "head_count")
         n_kv = _scalar_per_layer(meta.get(p + "attention.head_count_kv", n_heads), meta.path, "head_count_kv")
-        head_dim = int(meta.get(p + "attention.key_length", hidden // n_heads))
-        v_dim = int(meta.get(p + "attention.value_length", head_dim))
-        if v_dim != head_dim or n_heads % n_kv != 0:
+        head_size = int(meta.get(p + "attention.key_length", hidden // n_heads))
+        v_dim = int(meta.get(p + "attention.value_length", head_size))
+        if v_dim != head_size or n_heads % n_kv != 0:
             raise InvalidInput(
                 f"{meta.path.name}: unsupported attention layout (heads {n_heads}, kv heads {n_kv}, "
-                f"key length {head_dim}, value length {v_dim})",
+                f"key length {head_size}, value length {v_dim})",
                 "The runner needs equal K/V head sizes and a query head count that is a multiple of the KV heads.",
             )
-        rope_dim = int(meta.get(p + "rope.dimension_count", head_dim))
-        if rope_dim != head_dim or head_dim % 2:
+        rope_dim = int(meta.get(p + "rope.dimension_count", head_size))
+        if rope_dim != head_size or head_size % 2:
             raise InvalidInput(
-                f"{meta.path.name}: partial or odd RoPE (rope dims {rope_dim}, head size {head_dim})",
+                f"{meta.path.name}: partial or odd RoPE (rope dims {rope_dim}, head size {head_size})",
                 "The runner rotates the whole head; partial rotary models are not supported.",
             )
         scaling = str(meta.get(p + "rope.scaling.type", "none"))
@@ -165,7 +165,7 @@ class LlamaConfig:
             n_layers=int(meta.require(p + "block_count")),
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            head_dim=head_dim,
+            head_size=head_size,
             hidden=hidden,
             ffn=_scalar_per_layer(meta.require(p + "feed_forward_length"), meta.path, "feed_forward_length"),
             vocab=vocab,
@@ -390,7 +390,7 @@ def load_gguf_llama(path: str | Path, progress: ProgressFn | None = None) -> Lla
             progress(done, total)
         return a
 
-    H, D, F = cfg.hidden, cfg.head_dim, cfg.ffn
+    H, D, F = cfg.hidden, cfg.head_size, cfg.ffn
     nq, nkv = cfg.n_heads * D, cfg.n_kv_heads * D
     embd = get("token_embd.weight", (cfg.vocab, H))
     layers = []

@@ -30,13 +30,13 @@ def _import_torch():
 
 def _config(hf) -> LlamaConfig:
     n_heads = hf.num_attention_heads
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // n_heads
+    head_size = getattr(hf, "head_dim", None) or hf.hidden_size // n_heads
     return LlamaConfig(
         n_layers=hf.num_hidden_layers, n_heads=n_heads,
-        n_kv_heads=getattr(hf, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
+        n_kv_heads=getattr(hf, "num_key_value_heads", None) or n_heads, head_size=head_size,
         hidden=hf.hidden_size, ffn=hf.intermediate_size, vocab=hf.vocab_size,
         rope_theta=float(getattr(hf, "rope_theta", 10000.0)), rms_eps=float(getattr(hf, "rms_norm_eps", 1e-6)),
-        context_length=int(getattr(hf, "max_position_embeddings", 2048)), rope_dim=head_dim,
+        context_length=int(getattr(hf, "max_position_embeddings", 2048)), rope_dim=head_size,
         bos_id=getattr(hf, "bos_token_id", None),
         eos_id=hf.eos_token_id if isinstance(hf.eos_token_id, int) else None,
         name=str(getattr(hf, "_name_or_path", "")),
@@ -64,7 +64,7 @@ def capture_hf(model_dir: str | Path, prompt: str | Sequence[int], *, progress: 
                            "Supported: decoders with self_attn.q_proj/k_proj/v_proj and rotate-half RoPE.")
     cfg = _config(model.config)
     ids = tok.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
-    T, D = len(ids), cfg.head_dim
+    T, D = len(ids), cfg.head_size
     got: dict[tuple[int, str], np.ndarray] = {}
     done = [0]
 

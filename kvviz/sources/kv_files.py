@@ -1,10 +1,10 @@
 """KV dump files: load and save a model's cached keys/values (and optionally its queries).
 
 Convention (every format):
-  k           [layers, kv_heads, tokens, head_dim]   required, keys after RoPE (what a KV cache holds)
-  v           [layers, kv_heads, tokens, head_dim]   required, same shape as k
-  q           [layers, heads,    tokens, head_dim]   optional, heads a multiple of kv_heads
-  k_pre_rope  [layers, kv_heads, tokens, head_dim]   optional, keys before RoPE
+  k           [layers, kv_heads, tokens, head_size]   required, keys after RoPE (what a KV cache holds)
+  v           [layers, kv_heads, tokens, head_size]   required, same shape as k
+  q           [layers, heads,    tokens, head_size]   optional, heads a multiple of kv_heads
+  k_pre_rope  [layers, kv_heads, tokens, head_size]   optional, keys before RoPE
   tokens      [tokens] integer ids                   optional
 Tensors are float32, float16 or bfloat16 (float64 is accepted and rounded to float32); every value must be
 finite. Loaded tensors are returned as float32 (exact for float16/bfloat16); the stored dtype is reported.
@@ -30,8 +30,8 @@ import numpy as np
 from kvviz.errors import InvalidInput, check_finite
 
 CONVENTION = (
-    "Expected arrays 'k' and 'v' of shape [layers, kv_heads, tokens, head_dim] (optional 'q' "
-    "[layers, heads, tokens, head_dim], 'k_pre_rope' like 'k', 'tokens' [tokens]) in float32, float16 or "
+    "Expected arrays 'k' and 'v' of shape [layers, kv_heads, tokens, head_size] (optional 'q' "
+    "[layers, heads, tokens, head_size], 'k_pre_rope' like 'k', 'tokens' [tokens]) in float32, float16 or "
     "bfloat16, stored as .safetensors, .npz or .pt."
 )
 _TENSOR_KEYS = ("k", "v", "q", "k_pre_rope")
@@ -63,7 +63,7 @@ class KVDump:
         return self.k.shape[2]
 
     @property
-    def head_dim(self) -> int:
+    def head_size(self) -> int:
         return self.k.shape[3]
 
 
@@ -102,7 +102,7 @@ def validate_kv(arrays: Mapping[str, np.ndarray], source: str = "KV data", *,
         dtypes.add(dt)
         if a.ndim != 4:
             raise _bad(source, f"'{name}' has rank {a.ndim} (shape {tuple(a.shape)}), expected 4 "
-                               "[layers, heads, tokens, head_dim]")
+                               "[layers, heads, tokens, head_size]")
         if 0 in a.shape:
             raise _bad(source, f"'{name}' is empty (shape {tuple(a.shape)})")
         check_finite(f"{source}: '{name}'", a)
@@ -117,7 +117,7 @@ def validate_kv(arrays: Mapping[str, np.ndarray], source: str = "KV data", *,
         ql, qh, qt, qd = out["q"].shape
         if (ql, qt, qd) != (L, T, D) or qh % nkv:
             raise _bad(source, f"'q' {tuple(out['q'].shape)} does not match 'k' {tuple(k.shape)} "
-                               "(same layers, tokens and head_dim; heads a multiple of kv_heads)")
+                               "(same layers, tokens and head_size; heads a multiple of kv_heads)")
     tokens = None
     if "tokens" in arrays:
         tokens = np.asarray(arrays["tokens"])
@@ -308,7 +308,7 @@ def save_kv(path: str | Path, k: np.ndarray, v: np.ndarray, q: np.ndarray | None
     path.parent.mkdir(parents=True, exist_ok=True)
     if ext == ".safetensors":
         meta = {str(a): str(b) for a, b in (metadata or {}).items()}
-        meta["layout"] = "k,v,k_pre_rope: [layers, kv_heads, tokens, head_dim]; q: [layers, heads, tokens, head_dim]"
+        meta["layout"] = "k,v,k_pre_rope: [layers, kv_heads, tokens, head_size]; q: [layers, heads, tokens, head_size]"
         if dump.token_strings is not None:
             meta["token_strings"] = json.dumps(dump.token_strings, ensure_ascii=False)
         from safetensors.numpy import save_file

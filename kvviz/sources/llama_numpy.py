@@ -2,10 +2,10 @@
 pluggable attention, and captures of every layer's tensors.
 
 Layout of everything this module hands out:
-  q           [layers, n_heads,    tokens, head_dim]  after RoPE
-  k_pre_rope  [layers, n_kv_heads, tokens, head_dim]  before RoPE
-  k           [layers, n_kv_heads, tokens, head_dim]  after RoPE (what a KV cache stores)
-  v           [layers, n_kv_heads, tokens, head_dim]
+  q           [layers, n_heads,    tokens, head_size]  after RoPE
+  k_pre_rope  [layers, n_kv_heads, tokens, head_size]  before RoPE
+  k           [layers, n_kv_heads, tokens, head_size]  after RoPE (what a KV cache stores)
+  v           [layers, n_kv_heads, tokens, head_size]
 RoPE is rotate-half (Hugging Face layout); query head h reads KV head h // (n_heads // n_kv_heads).
 
 The attention hook used by `LlamaRunner.step` (and token-by-token prefill) is
@@ -65,7 +65,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def rope_inv_freq(cfg: LlamaConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
     """Per-pair angular frequencies [D/2] in float64."""
-    d = cfg.head_dim
+    d = cfg.head_size
     inv = cfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     if freq_factors is not None:
         inv = inv / freq_factors.astype(np.float64)
@@ -138,7 +138,7 @@ class LlamaRunner:
             return
         cfg = self.cfg
         cap = max(n, 2 * self._cap, 64)
-        L, D = cfg.n_layers, cfg.head_dim
+        L, D = cfg.n_layers, cfg.head_size
 
         def grow(old, heads):
             new = np.zeros((L, heads, cap, D), dtype=_F32)
@@ -156,7 +156,7 @@ class LlamaRunner:
     def kv(self) -> tuple[np.ndarray, np.ndarray]:
         """Views of the float32 cache: k (after RoPE), v, each [L, n_kv, pos, D]."""
         if self._k is None:
-            shape = (self.cfg.n_layers, self.cfg.n_kv_heads, 0, self.cfg.head_dim)
+            shape = (self.cfg.n_layers, self.cfg.n_kv_heads, 0, self.cfg.head_size)
             return np.zeros(shape, _F32), np.zeros(shape, _F32)
         return self._k[:, :, : self.pos], self._v[:, :, : self.pos]
 
@@ -190,7 +190,7 @@ class LlamaRunner:
     def _qkv(self, lw, x: np.ndarray, positions: np.ndarray):
         """x [T, H] -> q [nh, T, D], k_pre, k, v [nkv, T, D] (q and k after RoPE)."""
         cfg = self.cfg
-        t, d = x.shape[0], cfg.head_dim
+        t, d = x.shape[0], cfg.head_size
         h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
         q = (h @ lw.wq.T).reshape(t, cfg.n_heads, d).transpose(1, 0, 2)
         k_pre = (h @ lw.wk.T).reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
@@ -290,7 +290,7 @@ class LlamaRunner:
         self._ensure(pos + 1)
         x = self.model.weights.tok_embd[token_id][None, :]
         positions = np.array([pos])
-        nh, d = self.cfg.n_heads, self.cfg.head_dim
+        nh, d = self.cfg.n_heads, self.cfg.head_size
         for li, lw in enumerate(self.model.weights.layers):
             q, k_pre, k, v = self._qkv(lw, x, positions)
             self._store(li, pos, q, k_pre, k, v)
@@ -301,7 +301,7 @@ class LlamaRunner:
                 o = np.asarray(attend(li, qh.copy(), kh.copy(), vh.copy(), pos))
                 if o.shape != (nh, d):
                     raise InvalidInput(f"attend() returned shape {o.shape} for layer {li}, expected {(nh, d)}",
-                                       "The attention hook must return [n_heads, head_dim].")
+                                       "The attention hook must return [n_heads, head_size].")
                 o = o.astype(_F32, copy=False)
             x = x + o.reshape(1, -1) @ lw.wo.T
             x = self._mlp(lw, x)

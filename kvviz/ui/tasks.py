@@ -85,7 +85,7 @@ register(TaskKind("adapter", "No GPU adapter", lambda win, task, result: win._se
 def _model_done(win, task, result) -> None:
     win.workload.set_model_info(task.payload, result)
     win.status_label.setText(f"Loaded {model_label(task.payload)}: {result.n_layers} layers, "
-                             f"{result.n_heads} heads, {result.n_kv_heads} KV heads, head size {result.head_dim}")
+                             f"{result.n_heads} heads, {result.n_kv_heads} KV heads, head size {result.head_size}")
     win.model_info_ready.emit(task.payload, result)
 
 
