@@ -7,21 +7,11 @@
 //   true : scale = max(amax_tensor / FMAX, 2^-126) with amax_tensor from fp8_amax.wgsl in tensor[0|1]
 //          (K|V); the writer stores the scale bits in tensor[2|3]; record wpt = hd/4 words (codes only).
 // code = f32_to_fp8(x / scale) with a correctly rounded division. Grid (rows, kv_heads, 2), 64 threads.
-@group(0) @binding(0) var<storage, read> key_in: array<f32>;
-@group(0) @binding(1) var<storage, read> val_in: array<f32>;
-@group(0) @binding(2) var<storage, read> slots: array<u32>;
-@group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+// #include "quant/writer_io.wgsl"
 @group(0) @binding(5) var<storage, read_write> tensor: array<u32>;
-struct P { kvh: u32, hd: u32, bs: u32, wpt: u32 }
-var<immediate> p: P;
-const WG: u32 = 64u;
 const PER_TENSOR: bool = {{PER_TENSOR}};
 const FMAX: f32 = {{FMAX}};
 var<workgroup> s_red: array<u32, 64>;
-
-fn load_x(which: u32, i: u32) -> f32 { if (which == 0u) { return key_in[i]; } return val_in[i]; }
-fn store_w(which: u32, i: u32, w: u32) { if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; } }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -7,20 +7,10 @@
 // then per group g: word hd/8+2g = scale bits, word hd/8+2g+1 = zero bits (the group minimum).
 // scale = (max-min)/15 (0 when max-min < 2^-100), code = clamp(round((x-min)/scale), 0, 15);
 // dequantised = code*scale + min (kvviz/oracles/int4.py).
-@group(0) @binding(0) var<storage, read> key_in: array<f32>;
-@group(0) @binding(1) var<storage, read> val_in: array<f32>;
-@group(0) @binding(2) var<storage, read> slots: array<u32>;
-@group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
-struct P { kvh: u32, hd: u32, bs: u32, wpt: u32 }
-var<immediate> p: P;
-const WG: u32 = 64u;
+// #include "quant/writer_io.wgsl"
 const G: u32 = {{GROUP}}u;
 var<workgroup> s_scale: array<f32, 8>;   // hd <= 256, G >= 32: at most 8 groups
 var<workgroup> s_zero: array<f32, 8>;
-
-fn load_x(which: u32, i: u32) -> f32 { if (which == 0u) { return key_in[i]; } return val_in[i]; }
-fn store_w(which: u32, i: u32, w: u32) { if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; } }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -6,18 +6,8 @@
 // Cache (K and V): u32 [num_blocks, kv_heads, block_size, wpt], wpt = head_size/4 + 1:
 //   words 0..hd/4-1: 4 int8 codes (element 4w+l in byte l), word hd/4: f32 bits of the scale.
 // scale = max(amax / 127, 1e-8); code = clamp(round(x / scale), -128, 127) (see kvviz/oracles/int8.py).
-@group(0) @binding(0) var<storage, read> key_in: array<f32>;
-@group(0) @binding(1) var<storage, read> val_in: array<f32>;
-@group(0) @binding(2) var<storage, read> slots: array<u32>;
-@group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
-struct P { kvh: u32, hd: u32, bs: u32, wpt: u32 }
-var<immediate> p: P;
-const WG: u32 = 64u;
+// #include "quant/writer_io.wgsl"
 var<workgroup> s_red: array<u32, 64>;
-
-fn load_x(which: u32, i: u32) -> f32 { if (which == 0u) { return key_in[i]; } return val_in[i]; }
-fn store_w(which: u32, i: u32, w: u32) { if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; } }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
