@@ -4,6 +4,8 @@ The window and the CLI show `str(err)` and `err.hint`; nothing here is Qt-specif
 """
 from __future__ import annotations
 
+import contextlib
+
 
 class KvvizError(Exception):
     """Base class: a problem the user can understand and fix."""
@@ -79,12 +81,43 @@ class GpuUnavailable(KvvizError):
     hint = "Install a Vulkan driver (on Debian: apt-get install mesa-vulkan-drivers libvulkan1)."
 
 
+_known_finite: list = []  # (start, end) address ranges checked finite by `validated_once`
+
+
+@contextlib.contextmanager
+def validated_once(**arrays):
+    """Check each named float array for NaN/Inf once; within the block, `check_finite` of that memory (or
+    a view into it) is free, so a computation's kernels do not re-scan the same K and V."""
+    import numpy as np
+
+    ranges = []
+    for name, arr in arrays.items():
+        a = np.asarray(arr)
+        check_finite(name, a)
+        if a.flags.c_contiguous and a.nbytes:
+            start = a.__array_interface__["data"][0]
+            ranges.append((start, start + a.nbytes))
+    _known_finite.extend(ranges)
+    try:
+        yield
+    finally:
+        for r in ranges:
+            _known_finite.remove(r)
+
+
+def _checked_already(a) -> bool:
+    if not _known_finite or not a.nbytes:
+        return False
+    start = a.__array_interface__["data"][0]
+    return any(lo <= start and start + a.nbytes <= hi for lo, hi in _known_finite)
+
+
 def check_finite(name: str, arr) -> None:
     """Reject NaN/Inf before dispatch: the kernels would silently propagate them."""
     import numpy as np
 
     a = np.asarray(arr)
-    if a.dtype.kind == "f" and not np.isfinite(a).all():
+    if a.dtype.kind == "f" and not _checked_already(a) and not np.isfinite(a).all():
         bad = np.argwhere(~np.isfinite(a))[0]
         raise InvalidInput(
             f"{name} contains NaN or Inf (first at index {tuple(int(i) for i in bad)})",

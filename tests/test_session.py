@@ -180,3 +180,25 @@ def test_turboquant_rotation_follows_the_layer(session, tmp_path):
     polar = kvh * T * d // 16  # the polar-index words: where the rotation shows
     assert np.mean(kw_gpu[:polar] == kw12[:polar]) > 0.99  # rounding at centroid boundaries may flip a few
     assert np.mean(kw_gpu[:polar] == kw0[:polar]) < 0.5
+
+
+@pytest.mark.parametrize("method", ["int8_seed", "int4_group", "turboquant"])
+def test_kv_checked_for_nan_once_per_compute(session, method, monkeypatch):
+    """K and V are scanned for NaN/Inf once per compute; the writers' own input checks (which stay, for
+    callers outside a session) find that memory already checked."""
+    import kvviz.errors as errors
+
+    scans = []
+    real = errors._checked_already
+
+    def spy(a):
+        done = real(a)
+        if not done and a.ndim == 3 and a.shape[1:] == (2, 64):  # a K/V-shaped array about to be scanned
+            scans.append(a.shape)
+        return done
+
+    monkeypatch.setattr(errors, "_checked_already", spy)
+    cfg = SessionConfig(method=method, context_lens=(45, 20), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3)
+    session.compute(cfg)
+    assert len(scans) == 2, scans  # K once, V once
+    assert not errors._known_finite  # the scope ends with the compute

@@ -18,7 +18,7 @@ import numpy as np
 from kvviz.analysis import synthetic
 from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax, code_stats
 from kvviz.analysis.numeric import check_finite_result, check_logits
-from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled re-exported)
+from kvviz.errors import Cancelled, InvalidInput, validated_once  # noqa: F401  (Cancelled re-exported)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timing import TimingResult
 from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
@@ -545,7 +545,7 @@ class Session:
         check_logits(batch, key, q, scale)  # f32 logits that overflow: refused before any dispatch
         # K and V go to the GPU once: every kernel below that takes them (or a run of their rows) reads
         # that copy, and the timing reuses the dispatches that filled the caches.
-        with rt.shared_inputs(key, value):
+        with validated_once(key=key, value=value), rt.shared_inputs(key, value):
             return self._compute_on_device(cfg, ctx, method, batch, key, value, q, scale, note, step, t0)
 
     def _compute_on_device(self, cfg, ctx, method, batch, key, value, q, scale, note, step, t0) -> Results:
