@@ -53,7 +53,7 @@ def _runner_logits(model, prompt, fed):
 class ZeroKeys(Int8PerTokenSeed):
     """A deliberately bad method (keys cached as zeros -> uniform attention), to force divergence."""
 
-    key = "test_zero_keys"
+    id = "test_zero_keys"
 
     def quantize(self, ctx, batch, key, value):
         return super().quantize(ctx, batch, np.zeros_like(key), value)

@@ -97,7 +97,7 @@ def test_200_computes_in_one_window(qtbot, settings):
     warm = None
     for i in range(1, N_COMPUTES):  # the window's first compute was #0
         res = compute(qtbot, win, tiny_config(methods[i % len(methods)]))
-        assert res.method.key == methods[i % len(methods)]
+        assert res.method.id == methods[i % len(methods)]
         if i == WARMUP - 1:
             del res
             warm, t_warm = snapshot(), time.perf_counter()
@@ -253,11 +253,11 @@ def test_shader_compile_error_in_one_kernel(qtbot, settings, monkeypatch):
     assert BROKEN in win.banner.title.text()
     for m in [k for k in registry() if k != "int4_group"]:
         res = compute(qtbot, win, tiny_config(m))
-        assert res.method.key == m and np.isfinite(res.out_q).all()
+        assert res.method.id == m and np.isfinite(res.out_q).all()
     # the broken kernel was not cached: fixed, it compiles in the same session
     monkeypatch.setattr(ShaderSpec, "source", real_source)
     res = compute(qtbot, win, tiny_config("int4_group"))
-    assert res.method.key == "int4_group"
+    assert res.method.id == "int4_group"
     win.close()
 
 

@@ -115,19 +115,19 @@ def test_every_reference_runs(method_id):
 
 def test_registration_needs_a_label_and_a_reference():
     class NoReference(KVMethod):
-        key, label, family = "test_no_reference", "no reference", "test"
+        id, label, family = "test_no_reference", "no reference", "test"
 
     with pytest.raises(ValueError, match="reference"):
         register(NoReference)
 
     class NoLabel(KVMethod):
-        key, family, REFERENCE = "test_no_label", "test", "kvviz.oracles.methods:reference_attention"
+        id, family, REFERENCE = "test_no_label", "test", "kvviz.oracles.methods:reference_attention"
 
     with pytest.raises(ValueError, match="label"):
         register(NoLabel)
 
     class BadDefault(KVMethod):
-        key, label, family, REFERENCE = "test_bad_default", "bad", "test", "x:y"
+        id, label, family, REFERENCE = "test_bad_default", "bad", "test", "x:y"
         OPTIONS = (OptionSpec("bits", int, 3, "code bits", choices=(2, 4)),)
 
     with pytest.raises(InvalidInput, match="bits"):

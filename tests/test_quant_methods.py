@@ -148,7 +148,7 @@ def check_method(ctx, m, batch, k, v, H, scale=None):
     if m.family == "kivi":
         bufs = m.read_buffers(ctx, qkv)
         for which, key in (("K", "k"), ("V", "v")):
-            np.testing.assert_array_equal(bufs[key], ref[which], err_msg=f"{m.key} {which} words")
+            np.testing.assert_array_equal(bufs[key], ref[which], err_msg=f"{m.id} {which} words")
         np.testing.assert_array_equal(bufs["res"].view(np.uint32), ref["res"].view(np.uint32), err_msg="residual rows")
         # per-row fields read back from the GPU agree with the per-sequence oracle
         p = ref["oracle"]["plan"]
@@ -167,7 +167,7 @@ def check_method(ctx, m, batch, k, v, H, scale=None):
     else:
         for which in ("K", "V"):
             got = qk.read_cache(rt, qkv.device["cache"], which)
-            np.testing.assert_array_equal(got, ref[which], err_msg=f"{m.key} {which} words")
+            np.testing.assert_array_equal(got, ref[which], err_msg=f"{m.id} {which} words")
         for which, codes, scales in (("K", qkv.k_codes, qkv.k_scales), ("V", qkv.v_codes, qkv.v_scales)):
             exp_codes = ref[which + "codes"][real]
             if m.family == "fp8":
@@ -183,7 +183,7 @@ def check_method(ctx, m, batch, k, v, H, scale=None):
         got = m.read_f32(ctx, qkv, which)
         err = np.abs(got.astype(np.float64) - ref["f" + which])
         tol = fused_tol(m, ref, which)
-        assert (err <= tol).all(), f"{m.key} dequantised {which}: max err {err.max()}, max err/tol {(err / np.maximum(tol, 1e-300)).max()}"
+        assert (err <= tol).all(), f"{m.id} dequantised {which}: max err {err.max()}, max err/tol {(err / np.maximum(tol, 1e-300)).max()}"
     # 3. attention through the f32 decode vs the float64 oracle over the oracle's dequantised caches
     q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
     fk, fv = ref["fK"].astype(np.float64), ref["fV"].astype(np.float64)
@@ -194,10 +194,10 @@ def check_method(ctx, m, batch, k, v, H, scale=None):
     out = m.attend(ctx, qkv, batch, q, scale)
     ref_out = op.decode(q, fk, fv, batch.block_tables, batch.context_lens, batch.block_size, scale)
     tol = 2e-5 * max(1.0, float(np.abs(fv).max()))
-    assert np.abs(out - ref_out).max() <= tol, f"{m.key} decode err {np.abs(out - ref_out).max()} > {tol}"
+    assert np.abs(out - ref_out).max() <= tol, f"{m.id} decode err {np.abs(out - ref_out).max()} > {tol}"
     w = m.weights(ctx, qkv, batch, q, scale)
     ref_w = op.decode_weights(q, fk, batch.block_tables, batch.context_lens, batch.block_size, scale)
-    assert np.abs(w - ref_w).max() <= 2e-6, f"{m.key} weights err {np.abs(w - ref_w).max()}"
+    assert np.abs(w - ref_w).max() <= 2e-6, f"{m.id} weights err {np.abs(w - ref_w).max()}"
     return qkv, ref
 
 
@@ -488,7 +488,7 @@ def test_llama_like_keys_per_channel_beats_per_token(ctx):
     rows = compare_methods(ctx, batch, k, v, q, float(1 / np.sqrt(D)), methods)
     print("\nllama-like keys (4 of 128 channels ~10x), 2 seqs (256, 192 tokens), 2 KV heads, 4 heads, block 16")
     print(format_table(rows, f32_bytes_per_token=2 * kvh * D * 4))
-    by = {(r["key"], tuple(sorted(r["options"].items()))): r for r in rows}
+    by = {(r["method"], tuple(sorted(r["options"].items()))): r for r in rows}
     kivi4 = by[("kivi", (("bits", 4), ("context_len", 4096), ("recent", 0)))]
     int4_32 = by[("int4_group", (("group_size", 32),))]
     # same group size (32), same 4 bits, nothing kept in f32 (recent 0, context multiple of 32)

@@ -416,7 +416,7 @@ def test_method_comparison(qtbot, window):
     assert finite
     assert w.compare.n_points() == len(finite)
     assert w.compare.table.rowCount() == len(rows)
-    mine = [r for r in rows if r["key"] == w.results.method.key]
+    mine = [r for r in rows if r["method"] == w.results.method.id]
     assert mine and mine[0]["kl_mean"] == pytest.approx(float(w.results.metrics.kl.mean()), rel=0.05, abs=1e-7)
 
 

@@ -81,7 +81,7 @@ def compare_methods(ctx, batch, key, value, q, scale, methods) -> list[dict]:
         dt = time.perf_counter() - t0
         kl, vl = _layouts(m, batch, D)
         row = {
-            "key": m.key,
+            "method": m.id,
             "label": m.label,
             "options": dict(m.options()),
             "bits_per_element": (kl.bits_per_element + vl.bits_per_element) / 2.0,
@@ -101,7 +101,7 @@ def format_table(rows: list[dict], f32_bytes_per_token: float | None = None) -> 
         lines.append(f"{'f32 baseline':<44} {32.0:>7.2f} {f32_bytes_per_token:>8.0f} {0.0:>10.2e} {0.0:>10.2e} {0.0:>9.2e} {0.0:>9.2e} {1.0:>8.5f} {1.0:>5.2f}")
     for r in rows:
         opts = ",".join(f"{k}={v}" for k, v in r["options"].items() if k != "context_len")
-        name = f"{r['key']}" + (f"({opts})" if opts else "")
+        name = f"{r['method']}" + (f"({opts})" if opts else "")
         lines.append(
             f"{name:<44} {r['bits_per_element']:>7.2f} {r['bytes_per_token']:>8.0f} {r['kl_mean']:>10.2e} "
             f"{r['kl_max']:>10.2e} {r['max_weight_err']:>9.2e} {r['out_rel_l2']:>9.2e} {r['out_cos_min']:>8.5f} "

@@ -348,7 +348,7 @@ class Results:
         return {
             "config": self.config.to_json(),
             "adapter": self.adapter.to_json(),
-            "method": {"key": self.method.key, "label": self.method.label, "options": self.method.options()},
+            "method": {"id": self.method.id, "label": self.method.label, "options": self.method.options()},
             "layout": {"K": k_lay.to_json(), "V": v_lay.to_json()},
             "batch": {
                 "num_seqs": self.batch.num_seqs,
@@ -567,9 +567,9 @@ class Session:
         qkv = method.quantize(ctx, batch, key, value)
         step(0.45, f"{method.label}: attention")
         out_q = method.attend(ctx, qkv, batch, q, scale)
-        check_finite_result(f"{method.key} decode output", method.attend_kernel or f"{method.key} attend", out_q)
+        check_finite_result(f"{method.id} decode output", method.attend_kernel or f"{method.id} attend", out_q)
         w_q = method.weights(ctx, qkv, batch, q, scale)
-        check_finite_result(f"{method.key} attention weights", method.weights_kernel or f"{method.key} weights", w_q)
+        check_finite_result(f"{method.id} attention weights", method.weights_kernel or f"{method.id} weights", w_q)
 
         step(0.55, "metrics")
         metrics = attention_metrics(w_ref, w_q, out_ref, out_q, batch.context_lens)

@@ -96,7 +96,7 @@ class BlockTable:
 class LiveCache(ABC):
     """K/V of all layers of one sequence in a paged GPU cache, written token by token."""
 
-    key: str = ""
+    method_id: str = ""
     label: str = ""
 
     def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int,
@@ -159,7 +159,7 @@ class LiveCache(ABC):
         return float("nan")
 
     def inspect_block(self, layer: int, block: int, kv_head: int, which: str = "K") -> list[TokenRecord]:
-        raise InvalidInput(f"the {self.key} live cache cannot show its blocks")
+        raise InvalidInput(f"the {self.method_id} live cache cannot show its blocks")
 
     def token_scales(self, layer: int, kv_head: int) -> TokenScales | None:
         """Per-position K and V scales of one layer and KV head over positions 0..length-1 (None: this
@@ -168,7 +168,7 @@ class LiveCache(ABC):
         return None
 
     def describe(self) -> dict:
-        return {"key": self.key, "label": self.label, "blocks": list(self.table.blocks), "length": self.length,
+        return {"method": self.method_id, "label": self.label, "blocks": list(self.table.blocks), "length": self.length,
                 "block_size": self.table.block_size, "num_blocks": self.table.num_blocks,
                 "policy": self.table.policy}
 
@@ -249,7 +249,7 @@ class PagedLiveCache(LiveCache):
 
 
 class F32PagedCache(PagedLiveCache):
-    key = "f32"
+    method_id = "f32"
     label = "f32 paged baseline (GPU)"
     fmt = "f32"
 
@@ -277,7 +277,7 @@ class MethodPagedCache(PagedLiveCache):
         self.fmt = fmt
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
         self.method = method
-        self.key = method.key
+        self.method_id = method.id
         self.label = label
         self.scales_note = scales_note
 
@@ -304,7 +304,7 @@ class RequantCache(LiveCache):
         method.check(n_heads, n_kv_heads, head_size, table.block_size)
         self.method = method
         self.methods = [method.for_layer(li) for li in range(n_layers)]
-        self.key = method.key
+        self.method_id = method.id
         self.label = f"{method.label} (re-quantised every step)"
         cap = table.num_blocks * table.block_size
         self._k = np.zeros((n_layers, cap, n_kv_heads, head_size), _F32)  # [L, pos, n_kv, D]
@@ -358,7 +358,7 @@ class RequantCache(LiveCache):
             return None
         k, v, missing = got
         labels = [_scale_label(lay) for lay in self.method.layouts(self.head_size, self.table.block_size)]
-        note = (f"{self.method.key}: " + "; ".join(lab[1] for lab in labels)
+        note = (f"{self.method.id}: " + "; ".join(lab[1] for lab in labels)
                 + " (the method's cache, read back from the GPU)")
         if missing:
             note += f"; {missing}"
@@ -410,7 +410,7 @@ def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: in
         if own is not None:
             return own
         log.info("live cache of %s: the method has no incremental cache; its whole sequence is quantised "
-                 "again every step", m.key)
+                 "again every step", m.id)
     return RequantCache(*args, method=m)
 
 

@@ -211,7 +211,7 @@ class LiveDecoder:
         self.model = model
         self.cfg = model.config
         self.tokenizer = model.tokenizer
-        self.method = method if isinstance(method, str) else method.key
+        self.method = method if isinstance(method, str) else method.id
         self.method_options = dict(method_options or {})
         self.config: LiveConfig | None = None  # set by from_config
         if isinstance(method, str) and method != "f32":

@@ -190,7 +190,7 @@ class QuantizedKV:
 class KVMethod(ABC):
     """Base class of a KV-cache quantisation method."""
 
-    key: str = ""  # registry id, e.g. "int8_token"
+    id: str = ""  # registry id, e.g. "int8_token"
     label: str = ""  # shown in the UI
     family: str = ""  # "int8", "int4", "fp8", "kivi", "turboquant", "f32"
     nominal_bits: float = 32.0
@@ -219,12 +219,12 @@ class KVMethod(ABC):
         """See kvviz.methods.base.parse_options."""
         known = {o.name: o for o in cls.OPTIONS}
         listing = ", ".join(o.describe() for o in cls.OPTIONS)
-        listing = f"Options of {cls.key}: {listing}." if listing else f"{cls.key} takes no options."
+        listing = f"Options of {cls.id}: {listing}." if listing else f"{cls.id} takes no options."
         if not isinstance(values, dict):
             raise InvalidInput(f"{where} must be a JSON object of option: value, got {values!r}", listing)
         for name in values:
             if name not in known:
-                raise InvalidInput(f"{where}: {cls.key} has no option {name!r}", listing)
+                raise InvalidInput(f"{where}: {cls.id} has no option {name!r}", listing)
         out = {}
         for name, spec in known.items():
             if name not in values:
@@ -232,7 +232,7 @@ class KVMethod(ABC):
                     out[name] = spec.default
                 continue
             try:
-                out[name] = spec.parse(values[name], text=text, where=f"{where}: {cls.key}")
+                out[name] = spec.parse(values[name], text=text, where=f"{where}: {cls.id}")
             except InvalidInput as exc:
                 raise InvalidInput(str(exc), listing) from None
         return out
@@ -320,20 +320,20 @@ def register(cls):
     (`REFERENCE`, "module:function", imported only by `kvviz bench` and the tests); one without a key, a
     label or a reference, or with options its constructor does not set, is refused here.
     """
-    if not cls.key:
+    if not cls.id:
         raise ValueError(f"{cls.__name__} has no key")
     if not cls.label:
-        raise ValueError(f"{cls.__name__} ({cls.key}) has no label")
+        raise ValueError(f"{cls.__name__} ({cls.id}) has no label")
     if ":" not in (cls.REFERENCE or ""):
-        raise ValueError(f"{cls.__name__} ({cls.key}) names no numpy reference (REFERENCE = 'module:function')")
+        raise ValueError(f"{cls.__name__} ({cls.id}) names no numpy reference (REFERENCE = 'module:function')")
     names = [o.name for o in cls.OPTIONS]
     if len(set(names)) != len(names):
-        raise ValueError(f"{cls.__name__} ({cls.key}) declares an option twice: {names}")
+        raise ValueError(f"{cls.__name__} ({cls.id}) declares an option twice: {names}")
     for o in cls.OPTIONS:
         o.parse(o.default)  # the declared default is a value the option accepts
     for e in cls.EXAMPLES:
         cls.parse_options(e)
-    _REGISTRY[cls.key] = cls
+    _REGISTRY[cls.id] = cls
     return cls
 
 

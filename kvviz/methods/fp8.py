@@ -59,7 +59,7 @@ class _Fp8Base(PerTokenRecordMethod):
 
     def _tensor_buffer(self, ctx):
         # [amax K, amax V, scale K, scale V] as u32 bits; zeroed (atomicMax starts from 0).
-        return ctx.rt.upload(np.zeros(4, np.uint32), f"{self.key}_tensor_scales")
+        return ctx.rt.upload(np.zeros(4, np.uint32), f"{self.id}_tensor_scales")
 
     def writer_dispatches(self, ctx, qc, key, value, sm):
         rt = ctx.rt
@@ -124,7 +124,7 @@ class _Fp8Base(PerTokenRecordMethod):
 
         def one(which):
             return CacheLayout(
-                method=self.key,
+                method=self.id,
                 which=which,
                 head_size=head_size,
                 fields=fields,
@@ -142,13 +142,13 @@ class _Fp8Base(PerTokenRecordMethod):
 
 @register
 class Fp8E4M3(_Fp8Base):
-    key = "fp8_e4m3"
+    id = "fp8_e4m3"
     label = "fp8 e4m3fn"
     fmt_key = "e4m3"
 
 
 @register
 class Fp8E5M2(_Fp8Base):
-    key = "fp8_e5m2"
+    id = "fp8_e5m2"
     label = "fp8 e5m2"
     fmt_key = "e5m2"

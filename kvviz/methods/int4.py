@@ -19,7 +19,7 @@ GROUP_SIZES = (32, 64, 128)
 
 @register
 class Int4Group(PerTokenRecordMethod):
-    key = "int4_group"
+    id = "int4_group"
     label = "int4 per group (asymmetric)"
     family = "int4"
     nominal_bits = 4.0
@@ -74,7 +74,7 @@ class Int4Group(PerTokenRecordMethod):
 
         def one(which):
             return CacheLayout(
-                method=self.key,
+                method=self.id,
                 which=which,
                 head_size=head_size,
                 fields=(

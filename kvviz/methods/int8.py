@@ -16,7 +16,7 @@ from kvviz.formats import int8 as fmt8
 
 @register
 class Int8PerToken(PerTokenRecordMethod):
-    key = "int8_token"
+    id = "int8_token"
     label = "int8 per token (WGSL)"
     family = "int8"
     nominal_bits = 8.0
@@ -66,7 +66,7 @@ class Int8PerToken(PerTokenRecordMethod):
 
         def one(which):
             return CacheLayout(
-                method=self.key,
+                method=self.id,
                 which=which,
                 head_size=head_size,
                 fields=(

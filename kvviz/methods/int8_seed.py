@@ -26,7 +26,7 @@ def block_positions(batch, block: int) -> np.ndarray:
 
 @register
 class Int8PerTokenSeed(KVMethod):
-    key = "int8_seed"
+    id = "int8_seed"
     label = "int8 per token (seed GLSL)"
     family = "int8"
     nominal_bits = 8.0
@@ -40,7 +40,7 @@ class Int8PerTokenSeed(KVMethod):
     def layouts(self, head_size, block_size):
         def one(which):
             return CacheLayout(
-                method=self.key,
+                method=self.id,
                 which=which,
                 head_size=head_size,
                 fields=(

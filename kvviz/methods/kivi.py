@@ -32,7 +32,7 @@ GROUP = layout.GROUP
 
 @register
 class Kivi(DequantisedAttention, KVMethod):
-    key = "kivi"
+    id = "kivi"
     label = "KIVI (K per channel, V per token)"
     family = "kivi"
     nominal_bits = 2.0
@@ -87,7 +87,7 @@ class Kivi(DequantisedAttention, KVMethod):
             f"[n_q, L) are float32 rows of the residual buffer [rows, 2 (K,V), kv_heads, {D}]. {note}"
         )
         k = CacheLayout(
-            method=self.key, which="K", head_size=D,
+            method=self.id, which="K", head_size=D,
             fields=(
                 LayoutField("codes", dt, b, D, "token", "per-channel asymmetric, groups of 32 tokens"),
                 LayoutField("scale", "f32", 32, D, "channel-group", "(max-min)/%d over the group's 32 tokens" % self.levels),
@@ -110,7 +110,7 @@ class Kivi(DequantisedAttention, KVMethod):
             ),
         )
         v = CacheLayout(
-            method=self.key, which="V", head_size=D,
+            method=self.id, which="V", head_size=D,
             fields=(
                 LayoutField("codes", dt, b, D, "token", "per-token asymmetric over the head vector"),
                 LayoutField("scale", "f32", 32, 1, "token", "(max-min)/%d" % self.levels),
@@ -164,8 +164,8 @@ class Kivi(DequantisedAttention, KVMethod):
         KW = layout.kw(D, self.bits)
         kstride = layout.k_stride(D, bs, self.bits)
         plan = layout.plan(batch.context_lens, self.recent)
-        qc = qk.alloc_cache(rt, self.key, batch, kvh, D, kstride, bs * (KW + 2))
-        res = qk.alloc_words(rt, max(1, plan.total_res) * 2 * kvh * D, f"{self.key}_residual")
+        qc = qk.alloc_cache(rt, self.id, batch, kvh, D, kstride, bs * (KW + 2))
+        res = qk.alloc_words(rt, max(1, plan.total_res) * 2 * kvh * D, f"{self.id}_residual")
         S = batch.num_seqs
         mbs = batch.block_tables.shape[1]
         info = np.concatenate([plan.seq_info().reshape(-1), batch.block_tables.astype(np.uint32).reshape(-1)])

@@ -105,7 +105,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         key, value, sm = self._validate(batch, key, value)
         T, kvh, D = key.shape
         w = self.wpt(D)
-        qc = qk.alloc_cache(ctx.rt, self.key, batch, kvh, D, batch.block_size * w, batch.block_size * w)
+        qc = qk.alloc_cache(ctx.rt, self.id, batch, kvh, D, batch.block_size * w, batch.block_size * w)
         tb = self._tensor_buffer(ctx)
         if tb is not None:
             qc.extra["tensor"] = tb
@@ -167,7 +167,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
         return [
-            (f"{self.key} writer", wd, self._writer_bytes(batch, key)),
-            (f"{self.key} dequantise", dd, self._dequant_bytes(batch, kvh, D)),
+            (f"{self.id} writer", wd, self._writer_bytes(batch, key)),
+            (f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D)),
             ("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q)),
         ]

@@ -21,7 +21,7 @@ F16_MIN_SUBNORMAL = 2.0**-24  # 6.0e-8; a norm at or below half of it is stored 
 
 @register
 class TurboQuantMethod(KVMethod):
-    key = "turboquant"
+    id = "turboquant"
     label = "TurboQuant 2-bit polar + 1-bit QJL (seed WGSL)"
     family = "turboquant"
     nominal_bits = 2.75  # mean of K (3.25) and V (2.25) bits per element at head size 128, norms included
@@ -74,7 +74,7 @@ class TurboQuantMethod(KVMethod):
             f"centroids for d={d}: {cs}."
         )
         k = CacheLayout(
-            method=self.key,
+            method=self.id,
             which="K",
             head_size=d,
             fields=(
@@ -92,7 +92,7 @@ class TurboQuantMethod(KVMethod):
             ),
         )
         v = CacheLayout(
-            method=self.key,
+            method=self.id,
             which="V",
             head_size=d,
             fields=(

@@ -113,4 +113,4 @@ def reference_attention(method, batch, key, value, q, scale, qkv=None):
     """(output [S, H, D], tolerance) of any registered method: the function its REFERENCE names."""
     from kvviz.methods import reference
 
-    return reference(method.key)(method, batch, key, value, q, scale, qkv)
+    return reference(method.id)(method, batch, key, value, q, scale, qkv)

@@ -31,7 +31,7 @@ def method_instances(res) -> list:
 
     out = []
     for key, cls in registry().items():
-        if key == res.method.key:
+        if key == res.method.id:
             out.append(res.method)
             continue
         try:
@@ -77,7 +77,7 @@ def run_compare(session, res, methods=None, progress=None, cancel=None) -> list[
     for i, m in enumerate(usable):
         if cancel():
             break
-        progress(i / max(1, len(usable)), f"comparing {m.key}")
+        progress(i / max(1, len(usable)), f"comparing {m.id}")
         try:
             done.extend(dict(r) for r in fn(ctx, res.batch, res.key, res.value, res.q, scale, [m]))
         except KvvizError as exc:
@@ -87,7 +87,7 @@ def run_compare(session, res, methods=None, progress=None, cancel=None) -> list[
 
 
 def _error_row(m, exc) -> dict:
-    return {"key": m.key, "label": getattr(m, "label", m.key), "bits_per_element": float("nan"),
+    return {"method": m.id, "label": getattr(m, "label", m.id), "bits_per_element": float("nan"),
             "kl_mean": float("nan"), "rel_l2": float("nan"), "error": str(exc)}
 
 

@@ -216,7 +216,7 @@ def history_entry(res, index: int) -> dict:
     """What the history of runs keeps of one compute."""
     return {
         "run": index,
-        "method": res.method.key,
+        "method": res.method.id,
         "context_lens": [int(x) for x in res.batch.context_lens],
         "heads": f"{res.config.num_heads}/{res.config.num_kv_heads}x{res.config.head_size}",
         "kl_mean": float(res.metrics.kl.mean()),
@@ -249,7 +249,7 @@ def sweep_table(points) -> Table:
 
 
 # ---------------------------------------------------------------------------------- compare
-COMPARE_COLUMNS = ("key", "label", "bits_per_element", "kl_mean", "rel_l2")
+COMPARE_COLUMNS = ("method", "label", "bits_per_element", "kl_mean", "rel_l2")
 
 
 def compare_table(rows) -> Table:
@@ -260,7 +260,7 @@ def compare_table(rows) -> Table:
         for k in r:
             if k not in cols and not isinstance(r[k], (dict, list, tuple, np.ndarray)):
                 cols.append(k)
-    return Table("compare", cols, [[r.get(c, float("nan")) if c not in ("key", "label") else r.get(c, "") for c in cols]
+    return Table("compare", cols, [[r.get(c, float("nan")) if c not in ("method", "label") else r.get(c, "") for c in cols]
                                    for r in rows], "Method comparison on the same K/V")
 
 

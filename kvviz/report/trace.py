@@ -49,7 +49,7 @@ def chrome_trace(res, gap_us: float = 0.0) -> dict:
         "otherData": clean({
             "adapter": adapter.line(),
             "software_rasteriser": bool(adapter.is_software),
-            "method": res.method.key,
+            "method": res.method.id,
             "config": res.config.to_json(),
             "copy_gbps": res.copy_gbps,
         }),

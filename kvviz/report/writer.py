@@ -70,7 +70,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
         L.append("- **Note:** this adapter is a software rasteriser (lavapipe/llvmpipe): the timings are CPU "
                  "times, not GPU times.")
     L.append(f"- **Source:** {res.source_note}")
-    L.append(f"- **Method:** {res.method.label} (`{res.method.key}`)"
+    L.append(f"- **Method:** {res.method.label} (`{res.method.id}`)"
              + (f", options {json.dumps(res.method.options())}" if res.method.options() else ""))
     L.append(f"- **Computed in:** {res.elapsed_s:.2f} s")
     if getattr(res, "warnings", None):
@@ -153,7 +153,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
         L.append("| method | bits/element | KL mean | rel L2 |")
         L.append("|---|---|---|---|")
         for r in compare_rows:
-            L.append(f"| {r.get('label', r.get('key'))} | {_fmt(r.get('bits_per_element'))} | {_fmt(r.get('kl_mean'))} "
+            L.append(f"| {r.get('label', r.get('method'))} | {_fmt(r.get('bits_per_element'))} | {_fmt(r.get('kl_mean'))} "
                      f"| {_fmt(r.get('rel_l2'))} |")
     if figures:
         L.append("")

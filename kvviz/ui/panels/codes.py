@@ -82,7 +82,7 @@ class CodesPanel(Panel):
             plot.getAxis("bottom").setTicks(ticks)
             plot.enableAutoRange()
         lo, hi = res.qkv.code_range
-        self.info.setText(f"{res.method.key}: codes {lo:g} .. {hi:g}, {len(self.hist)} distinct values")
+        self.info.setText(f"{res.method.id}: codes {lo:g} .. {hi:g}, {len(self.hist)} distinct values")
         self.v_plot.setLabel("bottom", "code" if integral else "code value (distinct values, in order)")
         t = self.table
         names = {"clip_rate": "clip rate", "zero_fraction": "zeros", "range_used": "range used", "total": "codes",

@@ -94,8 +94,8 @@ class ComparePanel(Panel):
         for i, r in enumerate(self.rows):
             if not ok[i]:
                 continue
-            spots.append({"pos": (bits[i], ly[i]), "brush": pg.mkBrush(*kernel_color(i)), "data": r.get("key")})
-            groups.setdefault((round(bits[i], 3), round(ly[i], 3)), []).append(str(r.get("key")))
+            spots.append({"pos": (bits[i], ly[i]), "brush": pg.mkBrush(*kernel_color(i)), "data": r.get("method")})
+            groups.setdefault((round(bits[i], 3), round(ly[i], 3)), []).append(str(r.get("method")))
         for (x, y), keys in groups.items():  # one label per spot: methods that coincide share it
             ti = pg.TextItem(" = ".join(keys), color=(30, 30, 30), anchor=(0, 1))
             ti.setPos(x, y)

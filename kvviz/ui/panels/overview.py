@@ -90,7 +90,7 @@ class OverviewPanel(Panel):
             decode = "-"
         used = int((res.batch.block_owner() >= 0).sum())
         values = {
-            "method": res.method.key,
+            "method": res.method.id,
             "bits_k": f"{k_lay.bits_per_element:.3f}",
             "bits_v": f"{v_lay.bits_per_element:.3f}",
             "kl_mean": f"{s['kl_mean']:.3g}",

@@ -38,7 +38,7 @@ def tq_params(res) -> tuple[int, int]:
     """(seed, layer) of the TurboQuant rotation for these results: the method's own when it is TurboQuant."""
     opts = {}
     try:
-        opts = dict(res.method.options()) if res.method.key == "turboquant" else {}
+        opts = dict(res.method.options()) if res.method.id == "turboquant" else {}
     except Exception:  # noqa: BLE001 - a method without options
         opts = {}
     return int(opts.get("seed", DEFAULT_SEED)), int(getattr(res.method, "layer", 0))
