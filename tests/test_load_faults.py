@@ -15,12 +15,12 @@ import time
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings
 
 from kvviz.analysis.session import Results, Session, SessionConfig
 from kvviz.errors import Cancelled, DeviceLostError, ShaderCompileError
 from kvviz.gpu.memory import snapshot
 from kvviz.methods import registry
+from ui_windows import settings  # noqa: F401  (fixture: a throw-away settings file)
 
 pytestmark = pytest.mark.gpu
 
@@ -34,12 +34,6 @@ def tiny_config(method: str = "int8_seed", **kw) -> SessionConfig:
     base.update(kw)
     return SessionConfig(**base)
 
-
-@pytest.fixture
-def settings(tmp_path):
-    s = QSettings(str(tmp_path / "kvviz-test.ini"), QSettings.IniFormat)
-    yield s
-    s.sync()
 
 
 def open_window(qtbot, settings, session=None, cfg=None):

@@ -397,7 +397,7 @@ class MainWindow(QMainWindow):
             except KvvizError:
                 cfg = None
         if cfg is not None:
-            s.setValue("config", json.dumps(cfg.to_json()))
+            s.setValue("config", json.dumps(cfg.to_json(), allow_nan=False))  # validated: finite
         s.setValue("autoRun", self.workload.auto_run.isChecked())
         s.sync()
 
@@ -761,6 +761,6 @@ class MainWindow(QMainWindow):
         try:
             cfg = self.workload.config()
             with open(path, "w") as fh:
-                json.dump(cfg.to_json(), fh, indent=1)
+                json.dump(cfg.to_json(), fh, indent=1, allow_nan=False)
         except (KvvizError, OSError) as exc:
             self.show_error("Save config", exc)

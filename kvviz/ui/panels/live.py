@@ -538,8 +538,10 @@ class LivePanel(Panel):
     def export_json(self, path: str) -> str:
         if not self.steps:
             raise ValueError(f"{self.title}: nothing to export yet")
+        from kvviz.report.tables import clean
+
         with open(path, "w") as fh:
-            json.dump(self.to_json(), fh, indent=1)
+            json.dump(clean(self.to_json()), fh, indent=1, allow_nan=False)  # strict JSON: NaN -> null
         return str(path)
 
     def export(self, fmt: str, path: str) -> list:
