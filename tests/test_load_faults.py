@@ -20,11 +20,11 @@ from kvviz.analysis.session import Results, Session, SessionConfig
 from kvviz.errors import Cancelled, DeviceLostError, ShaderCompileError
 from kvviz.gpu.memory import snapshot
 from kvviz.methods import registry
-from ui_windows import settings  # noqa: F401  (fixture: a throw-away settings file)
+import ui_windows  # noqa: E402
+from ui_windows import WAIT, settings  # noqa: F401  (fixture: a throw-away settings file)
 
 pytestmark = pytest.mark.gpu
 
-WAIT = 90_000  # ms: lavapipe on a busy 2-core machine
 MB = 2**20
 
 
@@ -37,15 +37,7 @@ def tiny_config(method: str = "int8_seed", **kw) -> SessionConfig:
 
 
 def open_window(qtbot, settings, session=None, cfg=None):
-    from kvviz.ui.main_window import MainWindow
-
-    win = MainWindow(settings=settings, config=cfg or tiny_config(), session=session or Session(), debounce_ms=50)
-    qtbot.addWidget(win)
-    with qtbot.waitSignal(win.results_ready, timeout=WAIT):
-        win.resize(1400, 900)
-        win.show()
-    qtbot.waitUntil(lambda: not win.runner.busy, timeout=WAIT)
-    return win
+    return ui_windows.open_window(qtbot, settings, session or Session(), cfg or tiny_config())
 
 
 def compute(qtbot, win, cfg: SessionConfig):

@@ -575,8 +575,9 @@ class MainWindow(QMainWindow):
             kind.done(self, task, result)
 
     def _task_dropped(self, task) -> None:
-        """A pending task was removed before it ran: a live decode that never started ends here."""
-        if task.kind == "live" and TASKS["live"].current(self, task):
+        """A pending task was removed before it ran: one whose panel waits for it (a live decode) ends here."""
+        kind = TASKS[task.kind]
+        if kind.dropped_is_cancel and kind.current(self, task):
             self._task_failed(task, Cancelled())
 
     def default_cancelled(self, task) -> None:

@@ -23,6 +23,7 @@ class TaskKind:
     current: Callable = lambda win, task: True  # False: a newer task replaced this one
     stale_is_silent: bool = False  # a replaced task's failure shows nothing at all
     quiet: bool = False  # no status-line text (quick background lookups)
+    dropped_is_cancel: bool = False  # removed before it ran (replaced while pending): report it as cancelled
 
 
 TASKS: dict[str, TaskKind] = {}
@@ -131,7 +132,8 @@ def _live_cancelled(win, task) -> None:
 
 
 register(TaskKind("live", "Live decode failed", _live_done, lambda win, task, exc: win.live.finish(error=exc),
-                  _live_cancelled, current=lambda win, task: task.payload == win._live_run, stale_is_silent=True))
+                  _live_cancelled, current=lambda win, task: task.payload == win._live_run, stale_is_silent=True,
+                  dropped_is_cancel=True))
 
 
 # the live panel's cache-view read after a run: the job hands the view to the panel itself
