@@ -18,6 +18,7 @@ from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
 from kvviz.kernels.copy import measure_copy
 from kvviz.kernels.paged import PagedKernels
+from kvviz.kernels.timed import checked
 from kvviz.kernels.traffic import decode_bytes, weights_bytes, writer_bytes
 from kvviz.oracles import paged as oracle
 from kvviz.paging import make_batch
@@ -78,11 +79,15 @@ def make_inputs(shape: BenchShape, seed: int = 0):
     return batch, key, value, q
 
 
-def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, note=""):
+def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, note="", method=None, role=None,
+         impl=None):
     gbps = timing.gbps(nbytes) if timing is not None else float("nan")
     return {
         "kernel": kernel,
         "variant": variant,
+        "method": method,  # registry id of the method the kernel belongs to (None: copy, baselines, torch)
+        "role": role,  # kvviz.kernels.timed.ROLES
+        "impl": impl,  # kvviz.kernels.timed.IMPLS: seed / first-wave / fast / baseline
         "shape": shape.to_json(),
         "gpu_us_min": timing.min_us if timing else None,
         "gpu_us_median": timing.median_us if timing else None,
@@ -204,8 +209,9 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
         m = cls()
         try:
             m.check(shape.num_heads, shape.num_kv_heads, shape.head_size, shape.block_size)
-            for name, dispatches, nbytes in m.timed_kernels(ctx, batch, key, value, q, scale):
-                rows.append(_row(name, m.label, shape, rt.time(dispatches, runs, warmup), nbytes, copy_gbps, None, None, adapter))
+            for tk in checked(m.timed_kernels(ctx, batch, key, value, q, scale), mkey):
+                rows.append(_row(tk.name, m.label, shape, rt.time(tk.dispatches, runs, warmup), tk.bytes, copy_gbps,
+                                 None, None, adapter, method=mkey, role=tk.role, impl=tk.impl))
             qkv = m.quantize(ctx, batch, key, value)
             out = m.attend(ctx, qkv, batch, q, scale)
             try:

@@ -363,10 +363,10 @@ def test_chunked_dispatches_and_windows(ctx):
         for key, opts in [("int8_token", {}), ("fp8_e5m2", {"scale_mode": "per_tensor"}), ("kivi", {"bits": 4, "recent": 16})]:
             m = get_method(key, **opts)
             timed = m.timed_kernels(ctx, batch, k, v, rng.standard_normal((3, 2, 64)).astype(np.float32), 0.125)
-            for name, ds, nbytes in timed:
-                assert all(max(d.grid) <= 8 for d in ds), name
-                assert nbytes > 0
-            assert len(timed[0][1]) > batch.num_tokens // 8 and len(timed[1][1]) > 2
+            for tk in timed:
+                assert all(max(d.grid) <= 8 for d in tk.dispatches), tk.name
+                assert tk.bytes > 0
+            assert len(timed[0].dispatches) > batch.num_tokens // 8 and len(timed[1].dispatches) > 2
             check_method(ctx, m, batch, k, v, 2)
         with pytest.raises(DeviceLimitError) as e:  # a quantised cache over one binding is refused up front
             get_method("int8_token").quantize(ctx, make_batch([2000], 16), *make_kv(rng, 2000, 1, 64))
@@ -446,10 +446,10 @@ def test_timed_kernels_replay(ctx):
     k, v = make_kv(rng, batch.num_tokens, 2, 64)
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
     for key, opts in [("fp8_e4m3", {"scale_mode": "per_tensor"}), ("kivi", {"bits": 2, "recent": 0})]:
-        for name, ds, nbytes in get_method(key, **opts).timed_kernels(ctx, batch, k, v, q, 0.125):
-            t = ctx.rt.time(ds, runs=2, warmup=1)
-            assert len(t.samples_us) == 2 and nbytes > 0
-            print(f"{key} {name}: {t.median_us:.0f} us ({t.method}), {nbytes} bytes")
+        for tk in get_method(key, **opts).timed_kernels(ctx, batch, k, v, q, 0.125):
+            t = ctx.rt.time(tk.dispatches, runs=2, warmup=1)
+            assert len(t.samples_us) == 2 and tk.bytes > 0
+            print(f"{key} {tk.name} ({tk.role}, {tk.impl}): {t.median_us:.0f} us ({t.method}), {tk.bytes} bytes")
 
 
 def test_registry():

@@ -413,7 +413,8 @@ def test_method_on_paged_batch(rt):
     vrec = m.inspect_block(ctx, qkv, batch, blk, 0, "V")
     assert vrec[0].words.size == d // 16 + 1 and vrec[-1].position == -1
     timed = m.timed_kernels(ctx, batch, key, value, q, scale)
-    assert [t[0] for t in timed][2] == "flash_attention_tq (decode)" and all(t[1] for t in timed)
+    assert [t.name for t in timed][2] == "flash_attention_tq (decode)" and all(t.dispatches for t in timed)
+    assert [(t.role, t.impl) for t in timed][2] == ("decode", "seed")
 
 
 # ----------------------------------------------------------------------------- bias / MSE

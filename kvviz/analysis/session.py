@@ -21,6 +21,7 @@ from kvviz.analysis.numeric import check_finite_result, check_logits
 from kvviz.errors import Cancelled, InvalidInput, validated_once  # noqa: F401  (Cancelled re-exported)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timing import TimingResult
+from kvviz.kernels.timed import checked
 from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
 
 log = logging.getLogger("kvviz.session")
@@ -291,6 +292,8 @@ class TimingRow:
     timing: TimingResult
     bytes_moved: int
     copy_gbps: float
+    role: str = "other"  # kvviz.kernels.timed.ROLES
+    impl: str = "baseline"  # kvviz.kernels.timed.IMPLS (copy and f32 rows: baseline)
 
     @property
     def gbps(self) -> float:
@@ -304,6 +307,8 @@ class TimingRow:
         return {
             "kernel": self.kernel,
             "variant": self.variant,
+            "role": self.role,
+            "impl": self.impl,
             **{f"gpu_us_{k}": getattr(self.timing, f"{k}_us") for k in ("min", "median", "p90")},
             "timing_method": self.timing.method,
             "bytes_moved": self.bytes_moved,
@@ -588,9 +593,10 @@ class Session:
         dd, _ = ctx.paged.decode_dispatches(base, q, batch, scale)
         timings.append(TimingRow("paged_attn_f32", "f32 baseline", rt.time(dd, runs), decode_bytes(base, batch, q), copy_gbps))
         step(0.82, f"timing: {method.label} kernels")
-        for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, scale, qkv=qkv):
-            step(0.85, f"timing {name}")
-            timings.append(TimingRow(name, method.label, rt.time(dispatches, runs), nbytes, copy_gbps))
+        for tk in checked(method.timed_kernels(ctx, batch, key, value, q, scale, qkv=qkv), method.id):
+            step(0.85, f"timing {tk.name}")
+            timings.append(TimingRow(tk.name, method.label, rt.time(tk.dispatches, runs), tk.bytes, copy_gbps,
+                                     role=tk.role, impl=tk.impl))
         step(1.0, "done")
         for t in timings:
             log.debug("timing %s (%s): median %.1f us", t.kernel, t.variant, t.timing.median_us)
@@ -648,10 +654,10 @@ class Session:
                 tb = ctx.rt.time(dd, max(3, cfg.timing_runs))
                 row = {"param": param, "value": int(val), "tokens": int(sum(lens)), "baseline_us": tb.median_us,
                        "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
-                for name, dispatches, nbytes in method.timed_kernels(ctx, batch, key, value, q, pcfg.scale):
-                    t = ctx.rt.time(dispatches, max(3, cfg.timing_runs))
-                    row["method_kernels"][name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us,
-                                                   "bytes": nbytes}
+                for tk in checked(method.timed_kernels(ctx, batch, key, value, q, pcfg.scale), method.id):
+                    t = ctx.rt.time(tk.dispatches, max(3, cfg.timing_runs))
+                    row["method_kernels"][tk.name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us,
+                                                      "bytes": tk.bytes, "role": tk.role, "impl": tk.impl}
             points.append(row)
         progress(1.0, "sweep done")
         return points

@@ -122,7 +122,9 @@ class Int8PerTokenSeed(KVMethod):
         d, _ = ctx.paged.decode_dispatches(cache, q, batch, scale)
         from kvviz.kernels.traffic import decode_bytes, writer_bytes
 
+        from kvviz.kernels.timed import TimedKernel
+
         return [
-            ("reshape_and_cache_q8", w, writer_bytes(cache, batch, key)),
-            ("paged_attn_q8", d, decode_bytes(cache, batch, q)),
+            TimedKernel("reshape_and_cache_q8", w, writer_bytes(cache, batch, key), "writer", "seed"),
+            TimedKernel("paged_attn_q8", d, decode_bytes(cache, batch, q), "decode", "seed"),
         ]

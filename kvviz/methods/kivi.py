@@ -18,6 +18,7 @@ import numpy as np
 from kvviz.errors import InvalidInput
 from kvviz.gpu.runtime import Dispatch
 from kvviz.kernels import quant as qk
+from kvviz.kernels.timed import TimedKernel
 from kvviz.kernels.traffic import decode_bytes
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.methods.int8_seed import block_positions
@@ -338,7 +339,7 @@ class Kivi(DequantisedAttention, KVMethod):
         d_bytes = stored + 2 * nblk * kvh * batch.block_size * D * 4
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         return [
-            ("kivi writer (tokens + key groups)", wd, int(w_bytes)),
-            ("kivi dequantise", dd, int(d_bytes)),
-            ("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q)),
+            TimedKernel("kivi writer (tokens + key groups)", wd, int(w_bytes), "writer"),
+            TimedKernel("kivi dequantise", dd, int(d_bytes), "dequantise"),
+            TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
         ]

@@ -12,6 +12,7 @@ from abc import abstractmethod
 import numpy as np
 
 from kvviz.kernels import quant as qk
+from kvviz.kernels.timed import TimedKernel
 from kvviz.kernels.traffic import decode_bytes
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.methods.int8_seed import block_positions
@@ -167,7 +168,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
         return [
-            (f"{self.id} writer", wd, self._writer_bytes(batch, key)),
-            (f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D)),
-            ("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q)),
+            TimedKernel(f"{self.id} writer", wd, self._writer_bytes(batch, key), "writer"),
+            TimedKernel(f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D), "dequantise"),
+            TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
         ]

@@ -12,6 +12,7 @@ import numpy as np
 
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.kernels import turboquant as tqk
+from kvviz.kernels.timed import TimedKernel
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.formats import turboquant as tqf
 
@@ -348,8 +349,8 @@ class TurboQuantMethod(KVMethod):
         sc_b = sum(tqk.scores_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
         rot_b = sum(1 for L in lens if L) * H * d * 4 * 4
         return [
-            ("tq_compress (keys + values)", comp, comp_b),
-            ("tq_rotate_q", rot, rot_b),
-            ("flash_attention_tq (decode)", seed, attn_b),
-            ("tq_scores (weights)", sc, sc_b),
+            TimedKernel("tq_compress (keys + values)", comp, comp_b, "writer"),
+            TimedKernel("tq_rotate_q", rot, rot_b, "rotate"),
+            TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed"),
+            TimedKernel("tq_scores (weights)", sc, sc_b, "weights"),
         ]
