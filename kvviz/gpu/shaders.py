@@ -112,7 +112,8 @@ class ShaderSpec:
 
     @property
     def name(self) -> str:
-        d = "".join(f" -D{k}={v}" for k, v in self.defines)
+        # a generated code block (a define spanning lines, kvviz/kernels/fast_decode.py) is named, not spelled out
+        d = "".join(f" -D{k}=<{v.count(chr(10)) + 1} lines>" if "\n" in v else f" -D{k}={v}" for k, v in self.defines)
         return f"{self.path}:{self.entry}[{self.resolved_frontend}{d}]"
 
     @property

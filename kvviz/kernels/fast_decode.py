@@ -1,0 +1,444 @@
+"""The fast paged decode: split-K ("flash-decoding") attention that reads each method's packed cache in
+place. Family "fast" (kvviz/kernels/families.py): shaders fast/decode_split.wgsl + fast/decode_reduce.wgsl,
+numpy reference: the method's own (kvviz/oracles/methods.py), tests tests/test_fast_decode.py.
+
+What makes it fast (docs/fast-kernels.md s.6, measured s.8):
+  - the context is split into partitions across workgroups (grid: partitions x KV heads x sequences),
+    sized so the grid fills the device; a reduce kernel combines the partitions;
+  - one workgroup serves the G query heads of a KV head: every K/V word is loaded once for G heads;
+  - K is read once, with an online softmax (base 2, the query pre-scaled by scale*log2(e));
+  - a token row is shared by L lanes that each own D/L dims; the row dot is summed by subgroup shuffles;
+  - codes go straight into the dot products (unpack4xI8, FP8 bit arithmetic, unpack2x16float), and the
+    per-token scales multiply the logit and the probability: no dequantise pass, no f32 copy of the cache;
+  - the per-head, per-token code is unrolled here (one variable per head and vec4), because naga clamps
+    dynamic indices of private arrays and those arrays then leave registers.
+
+Formats (CacheFormat): "f32" (the baseline paged cache), "f16", "int8" (the seed int8 layout, which
+int8_token shares: 4 codes a word + an f32 scale word), "fp8_e4m3"/"fp8_e5m2" (per-token scale word or
+per-tensor scales), "int4" (8 codes a word, an f32 (scale, zero) pair per group). A shape the generator
+cannot lay out (say head size 100 for int4) is refused by `unsupported()`; callers then keep the
+first-wave path. Adapters without subgroups get the L = 1 variant (a lane per token row, no shuffles).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.paging import PagedBatch
+
+log = logging.getLogger("kvviz.kernels.fast_decode")
+
+LOG2E = 1.4426950408889634
+
+SPLIT = KernelSpec(
+    "fast/decode_split.wgsl",
+    bindings=ro("q", "kc", "vc", "block_tables", "context_lens", "tensor") + rw("partials"),
+    immediates=Struct("P", "num_kv_heads num_heads block_size max_blocks partition_tokens num_partitions scale_log2:f32"),
+)
+REDUCE = KernelSpec("fast/decode_reduce.wgsl", bindings=ro("partials") + rw("out"),
+                    immediates=Struct("P", "num_heads head_size num_partitions"))
+KERNELS = (SPLIT, REDUCE)
+
+# A tensor-scale buffer for formats without per-tensor scales: words 2 and 3 (K, V scale) are 1.0
+# (the FP8 per-tensor writer's layout: [amax K, amax V, scale K, scale V]).
+_ONES = np.array([0.0, 0.0, 1.0, 1.0], np.float32).view(np.uint32)
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """How one token's record of one KV head sits in u32 words."""
+
+    name: str
+    elems_per_word: int  # 1 f32, 2 f16, 4 int8 / fp8, 8 int4
+    scale: str = "none"  # "none", "token" (an f32 word after the codes), "tensor" (tensor words 2 / 3)
+    group_size: int = 0  # int4: an f32 (scale, zero) pair per group, after the codes
+    fp8: str = ""  # "e4m3" / "e5m2"
+
+    def code_words(self, head_size: int) -> int:
+        return head_size // self.elems_per_word
+
+    def wpt(self, head_size: int) -> int:
+        n = self.code_words(head_size) + (1 if self.scale == "token" else 0)
+        return n + (2 * (head_size // self.group_size) if self.group_size else 0)
+
+
+F32 = CacheFormat("f32", 1)
+F16 = CacheFormat("f16", 2)
+INT8 = CacheFormat("int8", 4, "token")
+
+
+def fp8_format(kind: str, per_tensor: bool) -> CacheFormat:
+    return CacheFormat(f"fp8_{kind}", 4, "tensor" if per_tensor else "token", fp8=kind)
+
+
+def int4_format(group_size: int) -> CacheFormat:
+    return CacheFormat("int4", 8, group_size=group_size)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The generator's choices for one (format, head size, GQA group, adapter)."""
+
+    lanes: int  # L: lanes sharing one token row
+    row_groups: int  # RG: token rows in flight per workgroup step
+    unroll: int  # U: tokens per row group per step
+    dims_per_lane: int
+
+    @property
+    def workgroup(self) -> int:
+        return self.lanes * self.row_groups
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.row_groups * self.unroll
+
+
+def unsupported(fmt: CacheFormat, head_size: int, group: int) -> str:
+    """Why the fast decode cannot take this shape ("" when it can)."""
+    if head_size <= 0 or head_size % 4 or head_size % fmt.elems_per_word:
+        return f"head size {head_size} is not a multiple of 4 and of the {fmt.elems_per_word} codes a word of {fmt.name}"
+    if head_size > 256:
+        return f"head size {head_size} is over 256 (the unrolled per-lane state would spill registers)"
+    if group < 1 or group > 16:
+        return f"a GQA group of {group} query heads per KV head is outside 1..16"
+    if fmt.group_size:
+        gs = fmt.group_size
+        if gs % 4 or head_size % gs:
+            return f"group size {gs} is not a multiple of 4 dividing head size {head_size}"
+    if _lanes(fmt, head_size, 8) == 0:
+        return f"no lane split of head size {head_size} fits the {fmt.name} record"
+    return ""
+
+
+def _lanes(fmt: CacheFormat, head_size: int, most: int) -> int:
+    for L in (8, 4, 2, 1):
+        if L > most:
+            continue
+        dpl = head_size // L
+        if head_size % L or dpl % 4 or dpl % fmt.elems_per_word:
+            continue
+        if fmt.group_size and not (fmt.group_size % dpl == 0 or dpl % fmt.group_size == 0):
+            continue
+        return L
+    return 0
+
+
+def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: bool, shared_limit: int,
+                  unroll: int = 2) -> Layout:
+    L = _lanes(fmt, head_size, 8 if subgroups else 1)
+    if L == 0:
+        raise UnsupportedShape(f"fast decode: {unsupported(fmt, head_size, group) or 'no lane split without subgroups'}")
+    rg = max(1, 64 // L)
+    # the row-group merge keeps RG/2 states of G heads x (D + 2) floats in workgroup memory
+    while rg > 1 and (rg // 2) * group * (head_size + 2) * 4 > min(shared_limit, 16384):
+        rg //= 2
+    return Layout(L, rg, unroll, head_size // L)
+
+
+# ---------------------------------------------------------------------------------- code generation
+_FP8 = {
+    # (mantissa bits, exponent-field offset to f32 (127 - bias), subnormal step 2^(1 - bias - mbits))
+    "e4m3": (3, 120, 2.0 ** -9),
+    "e5m2": (2, 112, 2.0 ** -16),
+}
+
+
+def _helpers(fmt: CacheFormat) -> str:
+    if not fmt.fp8:
+        return ""
+    mb, off, step = _FP8[fmt.fp8]
+    return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: a normal code's exponent and mantissa
+// shift into f32 bit positions and the exponent is rebiased; a subnormal (exponent field 0) is m * 2^{round(math.log2(step))}.
+// The writer saturates, so the NaN / inf encodings never occur.
+fn fp8x4(w: u32) -> vec4<f32> {{
+  let b = vec4<u32>(w & 0xFFu, (w >> 8u) & 0xFFu, (w >> 16u) & 0xFFu, w >> 24u);
+  let mag = b & vec4<u32>(0x7Fu);
+  let neg = (b & vec4<u32>(0x80u)) != vec4<u32>(0u);
+  let normal = bitcast<vec4<f32>>((mag << vec4<u32>({23 - mb}u)) + vec4<u32>({off << 23}u));
+  let sub = vec4<f32>(mag) * {step!r};
+  let v = select(normal, sub, mag < vec4<u32>({1 << mb}u));
+  return select(v, -v, neg);
+}}"""
+
+
+def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None) -> str:
+    """Expression of the i-th vec4 of dequantised codes of one lane (without a per-token scale), from
+    its code words named {w}_0, {w}_1, ..."""
+    e = fmt.elems_per_word
+    if fmt.name == "f32":
+        return f"bitcast<vec4<f32>>(vec4<u32>({w}_{4 * i}, {w}_{4 * i + 1}, {w}_{4 * i + 2}, {w}_{4 * i + 3}))"
+    if fmt.name == "f16":
+        return f"vec4<f32>(unpack2x16float({w}_{2 * i}), unpack2x16float({w}_{2 * i + 1}))"
+    if fmt.fp8:
+        return f"fp8x4({w}_{i})"
+    if e == 4:  # int8, two's complement bytes
+        return f"vec4<f32>(unpack4xI8({w}_{i}))"
+    if e == 8:  # uint4 nibbles: element 8w+l in bits 4l..4l+3
+        word, sh = i // 2, 16 * (i % 2)
+        c = (f"vec4<f32>((vec4<u32>({w}_{word}) >> vec4<u32>({sh}u, {sh + 4}u, {sh + 8}u, {sh + 12}u)) "
+             f"& vec4<u32>(15u))")
+        s, z = grp
+        return f"fma({c}, vec4<f32>({s}), vec4<f32>({z}))"
+    raise ValueError(fmt)
+
+
+def _join(parts, sep=" + "):
+    return sep.join(parts) if parts else "0.0"
+
+
+def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
+    """The {{...}} values of fast/decode_split.wgsl for one format and shape."""
+    D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    dpl = lay.dims_per_lane
+    nv = dpl // 4
+    wpl = dpl // fmt.elems_per_word
+    cw = fmt.code_words(D)
+    stride = D + 2
+    gs = fmt.group_size
+    pro, step, merge, write = [], [], [], []
+    I = "  "
+    # ---- prologue: the G query slices (pre-scaled), the online-softmax states
+    for g in range(G):
+        for i in range(nv):
+            o = g * D + 4 * i
+            pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
+        pro.append(f"{I}var m{g} = EMPTY;")
+        pro.append(f"{I}var l{g} = 0.0;")
+        for i in range(nv):
+            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
+    if fmt.scale == "tensor":
+        pro.append(f"{I}let ks_t = bitcast<f32>(tensor[2u]);")
+        pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
+    groups_per_lane = max(1, dpl // gs) if gs else 0
+    if gs:
+        pro.append(f"{I}let gi = (lane * DPL) / {gs}u;  // this lane's first (scale, zero) group")
+    # ---- one step: U tokens per row group
+    J = "    "
+    for u in range(U):
+        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
+        step.append(f"{J}let tc{u} = min(tt{u}, t1 - 1u);")
+        step.append(f"{J}let row{u} = ((block_tables[bt + tc{u} / p.block_size] * p.num_kv_heads + kvh) * p.block_size + tc{u} % p.block_size) * WPT;")
+    for u in range(U):  # every load of the step is issued before any arithmetic
+        for wname, buf in (("kw", "kc"), ("vw", "vc")):
+            for w in range(wpl):
+                step.append(f"{J}let {wname}{u}_{w} = {buf}[row{u} + lw + {w}u];")
+        if fmt.scale == "token":
+            step.append(f"{J}let ks{u} = bitcast<f32>(kc[row{u} + {cw}u]);")
+            step.append(f"{J}let vs{u} = bitcast<f32>(vc[row{u} + {cw}u]);")
+        for k in range(groups_per_lane):
+            for wname, buf in (("k", "kc"), ("v", "vc")):
+                step.append(f"{J}let {wname}gs{u}_{k} = bitcast<f32>({buf}[row{u} + {cw}u + 2u * (gi + {k}u)]);")
+                step.append(f"{J}let {wname}gz{u}_{k} = bitcast<f32>({buf}[row{u} + {cw}u + 2u * (gi + {k}u) + 1u]);")
+
+    def grp(which, u, i):
+        if not gs:
+            return None
+        k = (4 * i) // gs if dpl > gs else 0
+        return (f"{which}gs{u}_{k}", f"{which}gz{u}_{k}")
+
+    for u in range(U):
+        for i in range(nv):
+            step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i))};")
+    ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
+    vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
+    for g in range(G):
+        for u in range(U):
+            s = f"s{g}_{u}"
+            step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
+            x = 1
+            while x < L:
+                step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
+                x *= 2
+            scaled = f"{s} * {ks.format(u=u)}" if ks else s
+            step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
+    for u in range(U):
+        for i in range(nv):
+            step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i))};")
+    for g in range(G):
+        mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+        step.append(f"{J}let mn{g} = max(m{g}, {mx});")
+        step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
+        for u in range(U):
+            step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
+        step.append(f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
+        step.append(f"{J}m{g} = mn{g};")
+        for u in range(U):
+            wv = f"p{g}_{u} * {vs.format(u=u)}" if vs else f"p{g}_{u}"
+            step.append(f"{J}let w{g}_{u} = {wv};")
+        for i in range(nv):
+            acc = f"a{g}_{i} * al{g}"
+            for u in range(U):
+                acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
+            step.append(f"{J}a{g}_{i} = {acc};")
+    # ---- merge of the row groups, a tree over workgroup memory
+    st = RG // 2
+    while st >= 1:
+        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
+        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
+            for i in range(nv):
+                for c in range(4):
+                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        merge.append(f"{I}if (rg < {st}u) {{")
+        merge.append(f"{I}  let o = rg * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
+            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
+            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
+            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
+            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
+            merge.append(f"{I}  m{g} = mm{g};")
+            for i in range(nv):
+                b = g * stride + 2 + 4 * i
+                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
+                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        st //= 2
+    # ---- row group 0 writes the partition's state
+    for g in range(G):
+        write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
+        for i in range(nv):
+            for c in range(4):
+                write.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    return {
+        "FORMAT": f"{fmt.name}" + (f", {fmt.scale} scale" if fmt.scale != "none" else "") + (f", group {gs}" if gs else ""),
+        "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
+        "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
+        "SHARED": str(max(1, RG // 2) * G * stride),
+        "HELPERS": _helpers(fmt),
+        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+    }
+
+
+# ---------------------------------------------------------------------------------- launcher
+@dataclass
+class FastDecodePlan:
+    """What one fast decode runs: its dispatches, where the output lands and how it was split."""
+
+    dispatches: list
+    out: object  # [S, H, D] f32 buffer
+    shape: tuple[int, int, int]
+    partition_tokens: int
+    num_partitions: int
+    layout: Layout
+
+    def describe(self) -> str:
+        L = self.layout
+        return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
+                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step)")
+
+
+def plan_partitions(num_seqs: int, num_kv_heads: int, max_len: int, tokens_per_step: int,
+                    target_workgroups: int = 1024, min_tokens: int = 256, max_tokens: int = 4096) -> int:
+    """Tokens per partition: enough partitions that the grid has about `target_workgroups` workgroups
+    (a few per compute unit of a large GPU), each partition at least `min_tokens` long (a shorter one
+    spends more on its merge and its partial than on its tokens) and at most `max_tokens` (a software
+    rasteriser's loop budget and the reduce's loop stay short). A multiple of the workgroup's step."""
+    pairs = max(1, num_seqs * num_kv_heads)
+    parts = max(1, math.ceil(target_workgroups / pairs))
+    pt = math.ceil(max(1, max_len) / parts)
+    pt = min(max(pt, min_tokens), max_tokens)
+    return int(math.ceil(pt / tokens_per_step) * tokens_per_step)
+
+
+class FastDecode:
+    """Compiles and dispatches the fast decode on one runtime."""
+
+    def __init__(self, rt: GpuRuntime):
+        self.rt = rt
+        self._ones = None
+
+    @property
+    def subgroups(self) -> bool:
+        return "subgroup" in self.rt.features
+
+    def layout(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None) -> Layout:
+        sub = self.subgroups if subgroups is None else (subgroups and self.subgroups)
+        limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+        return choose_layout(fmt, head_size, group, sub, limit)
+
+    def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None):
+        lay = self.layout(fmt, head_size, group, subgroups)
+        return self.rt.compile(SPLIT, **render(fmt, head_size, group, lay)), lay
+
+    def _tensor(self, tensor):
+        if tensor is not None:
+            return tensor
+        if self._ones is None:
+            self._ones = self.rt.upload(_ONES, "fast_decode_unit_scales")
+        return self._ones
+
+    def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
+             tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None) -> FastDecodePlan:
+        """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
+        block_size, wpt] u32 words, or f32 for the f32 format)."""
+        q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+        S, H, D = q.shape
+        if S != batch.num_seqs:
+            raise InvalidInput(f"q has {S} sequences, the batch {batch.num_seqs}")
+        if num_kv_heads <= 0 or H % num_kv_heads:
+            raise InvalidInput(f"{H} query heads do not divide into {num_kv_heads} KV heads")
+        if not np.isfinite(scale) or scale <= 0:
+            raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
+        G = H // num_kv_heads
+        why = unsupported(fmt, D, G)
+        if why:
+            raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
+        kern, lay = self.kernel(fmt, D, G, subgroups)
+        mcl = int(batch.max_context_len)
+        pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
+        if pt <= 0:
+            raise InvalidInput(f"partition_tokens must be positive, got {pt}")
+        pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)
+        P = max(1, math.ceil(max(mcl, 1) / pt))
+        for what, n in (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)):
+            if n > self.rt.max_grid:
+                raise DeviceLimitError(f"fast decode: {n} {what} exceed the adapter's {self.rt.max_grid} workgroups "
+                                       f"per grid dimension", "Use longer partitions or fewer sequences per batch.")
+        self._check_loops(pt, lay, P)
+        wpt = fmt.wpt(D)
+        need = batch.num_blocks * num_kv_heads * batch.block_size * wpt * 4
+        for name, buf in (("K", k), ("V", v)):
+            if buf.size < need:
+                raise InvalidInput(f"fast decode: the {name} cache holds {buf.size} bytes, the batch's "
+                                   f"{batch.num_blocks} blocks of {fmt.name} need {need}")
+        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
+        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_partials")
+        out = self.rt.empty(S * H * D * 4, "fast_decode_out")
+        bufs = [self.rt.upload(q, "q"), k, v, self.rt.upload(bt, "block_tables"),
+                self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), self._tensor(tensor), partials]
+        imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
+        d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
+             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
+        return FastDecodePlan(d, out, (S, H, D), pt, P, lay)
+
+    def _check_loops(self, pt: int, lay: Layout, P: int) -> None:
+        """The split kernel loops pt / (RG*U) times, the reduce 3 loops of P: both must fit a software
+        rasteriser's per-invocation loop budget (kvviz/kernels/loop_budget.py)."""
+        limit = self.rt.loop_limit
+        if limit is None:
+            return
+        need = max(math.ceil(pt / lay.tokens_per_step) + 2, 3 * (P + 2) + math.ceil(256 / 64) * (P + 2))
+        if need > limit:
+            raise DeviceLimitError(f"fast decode: {need} loop iterations per invocation exceed this adapter's "
+                                   f"loop limit of {limit}", "Use more partitions (shorter partition_tokens).")
+
+    def read(self, plan: FastDecodePlan) -> np.ndarray:
+        return self.rt.read(plan.out, np.float32, plan.shape)
+
+    def decode(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
+        """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
+        plan = self.plan(fmt, k, v, num_kv_heads, q, batch, scale, **kw)
+        self.rt.run(plan.dispatches)
+        return self.read(plan)

@@ -1,0 +1,64 @@
+// Split-K paged decode ("flash-decoding") reading a packed KV cache in place: kvviz's fast decode.
+// kvviz/kernels/fast_decode.py renders it for one cache format and shape; the {{...}} blocks are
+// generated there, unrolled per query head and per token, because naga clamps every dynamic index of
+// a private array and the arrays then leave registers (2x slower on an H200, docs/fast-kernels.md s.8).
+//
+// Grid (num_partitions, num_kv_heads, num_seqs). One workgroup = one partition of one sequence for
+// one KV head and all G query heads of its GQA group, so every K/V word is loaded once for G heads.
+// Workgroup = RG row groups x L lanes. A row group takes U tokens per step; lane l owns DPL = D/L
+// consecutive dims of every row. Per token: each lane dots its codes with its slice of the G queries,
+// the L lanes sum by subgroupShuffleXor (L <= 8 divides every subgroup size we know), the per-token
+// scales multiply the logit and the probability (codes never become an f32 copy of the cache), and
+// an online softmax in base 2 (the query is pre-scaled by scale*log2(e)) keeps (m, l, acc).
+// The RG row groups merge through workgroup memory; row group 0 writes the partition's unnormalised
+// [m, l, acc[0..D)] to `partials`, and fast/decode_reduce.wgsl combines the partitions.
+// Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<u32>;
+@group(0) @binding(2) var<storage, read> vc: array<u32>;
+@group(0) @binding(3) var<storage, read> block_tables: array<u32>;
+@group(0) @binding(4) var<storage, read> context_lens: array<u32>;
+@group(0) @binding(5) var<storage, read> tensor: array<u32>;
+@group(0) @binding(6) var<storage, read_write> partials: array<f32>;
+struct P { num_kv_heads: u32, num_heads: u32, block_size: u32, max_blocks: u32, partition_tokens: u32, num_partitions: u32, scale_log2: f32 }
+var<immediate> p: P;
+
+const D: u32 = {{D}}u;
+const L: u32 = {{L}}u;
+const RG: u32 = {{RG}}u;
+const U: u32 = {{U}}u;
+const WPT: u32 = {{WPT}}u;   // u32 words of one token's record
+const DPL: u32 = {{DPL}}u;   // dims per lane
+const WPL: u32 = {{WPL}}u;   // code words per lane
+const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory: m, l, acc[D]
+const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
+const MASKED: f32 = -3.0e38;  // logit of a step's token past the partition's end
+var<workgroup> sh: array<f32, {{SHARED}}>;
+
+{{HELPERS}}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let part = wid.x;
+  let kvh = wid.y;
+  let seq = wid.z;
+  let lane = li % L;
+  let rg = li / L;
+  let t0 = part * p.partition_tokens;
+  let t1 = min(context_lens[seq], t0 + p.partition_tokens);
+  let qb = (seq * p.num_heads + kvh * {{G}}u) * D + lane * DPL;
+  let lw = lane * WPL;
+  let bt = seq * p.max_blocks;
+  let kstride = p.num_kv_heads * p.block_size;
+{{PROLOGUE}}
+  // Every row group runs the same number of steps (uniform control flow for the shuffles);
+  // tokens past t1 are clamped for the loads and masked in the logit.
+  for (var tb = t0; tb < t1; tb = tb + RG * U) {
+{{STEP}}
+  }
+  // Merge the row groups: a tree over workgroup memory, all heads at once.
+{{MERGE}}
+  if (rg == 0u) {
+{{WRITE}}
+  }
+}
