@@ -29,6 +29,18 @@ class Fp8Format:
         return int(np.array([self.max], np.float32).view(np.uint32)[0])
 
     @property
+    def sat_bits(self) -> int:
+        """float32 bits of the largest magnitude this format takes without saturating: a value whose |x|
+        bits are above it has no finite RNE code (ml_dtypes turns it into NaN for E4M3FN, inf for E5M2;
+        the kernels clip it to +-max). E4M3FN: 464 (the tie between 448 and 480 rounds to even 448);
+        E5M2: the float below 61440 (that tie rounds to 65536, beyond max)."""
+        mx = np.float32(self.max)
+        nxt = np.float32(self.max) + np.float32(2.0 ** (np.floor(np.log2(self.max)) - self.mbits))
+        mid = np.float32((mx + nxt) / 2)
+        bits = int(np.array([mid], np.float32).view(np.uint32)[0])
+        return bits if np.isfinite(np.array([mid], np.float32).astype(self.dtype).astype(np.float32)[0]) else bits - 1
+
+    @property
     def max_code(self) -> int:
         return int(np.array([self.max], np.float32).astype(self.dtype).view(np.uint8)[0])
 

@@ -32,6 +32,7 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
     KernelFamily("int8", "quant", "kvviz.kernels.quant", "kvviz.oracles.int8", "kvviz.formats.int8", key="int8"),
     KernelFamily("int4", "quant", "kvviz.kernels.quant", "kvviz.oracles.int4", "kvviz.formats.asym", key="int4"),
     KernelFamily("fp8", "quant", "kvviz.kernels.quant", "kvviz.oracles.fp8", "kvviz.formats.fp8", key="fp8"),
+    KernelFamily("fp8_vllm", "quant", "kvviz.kernels.fp8_vllm", "kvviz.oracles.fp8", "kvviz.formats.fp8"),
     KernelFamily("kivi", "quant", "kvviz.kernels.quant", "kvviz.oracles.kivi", "kvviz.formats.kivi", key="kivi"),
     KernelFamily("quant_selftest", "quant", "kvviz.kernels.quant", None, key="selftest"),
     KernelFamily("turboquant", "turboquant", "kvviz.kernels.turboquant", "kvviz.oracles.turboquant",

@@ -64,3 +64,74 @@ def quantize(x: np.ndarray, fmt: Fp8Format, mode: str, slot_mapping=None):
 def dequantize(codes: np.ndarray, scales: np.ndarray, fmt: Fp8Format) -> np.ndarray:
     """Exactly what the dequantise kernel computes: float32(fp8) * scale in float32."""
     return (decode(codes, fmt) * np.asarray(scales, np.float32)[..., None]).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------ vLLM-style scales
+# Methods vllm_fp8_e4m3 / vllm_fp8_e5m2 (kvviz/methods/fp8_vllm.py, shaders quant/fp8_vllm_*.wgsl): codes
+# only in the record, the scale from a side buffer: one per tensor (K and V each) or one per KV head,
+#   calibrated: scale = max(amax / fp8_max, 2^-126), amax over the calibration rows (real rows at a position
+#               < calib_tokens; calib_tokens 0: every real row), computed on the GPU, then frozen;
+#   given     : the user's k_scale / v_scale (float32).
+# code = saturating RNE of float32 x / scale (ml_dtypes after clipping, as `encode`). An element is
+# SATURATED when x / scale has no finite code: ml_dtypes' cast of the unclipped value is NaN (E4M3FN) or
+# inf (E5M2): |x / scale| > 464 for E4M3FN, >= 61440 for E5M2 (Fp8Format.sat_bits).
+
+
+def vllm_calibration_rows(slot_mapping, token_pos, calib_tokens: int) -> np.ndarray:
+    """Boolean [tokens]: the rows calibration reads (real rows; with calib_tokens > 0 only positions below it)."""
+    rows = np.asarray(slot_mapping, np.int64) != PAD_SLOT
+    if calib_tokens > 0:
+        rows &= np.asarray(token_pos, np.int64) < calib_tokens
+    return rows
+
+
+def vllm_scales(x: np.ndarray, rows: np.ndarray, fmt: Fp8Format, per_head: bool) -> np.ndarray:
+    """[kv_heads] float32 calibrated scales of x [tokens, kvh, D] over the boolean `rows` (the per-tensor
+    scale repeated for every head)."""
+    x = np.asarray(x, np.float32)
+    kvh = x.shape[1]
+    sel = np.abs(x[np.asarray(rows, bool)])  # [n, kvh, D]
+    if per_head:
+        amax = sel.max(axis=(0, 2)) if sel.size else np.zeros(kvh, np.float32)
+    else:
+        amax = np.full(kvh, sel.max() if sel.size else 0.0, np.float32)
+    return scale_of(amax.astype(np.float32), fmt)
+
+
+def vllm_quantize(x: np.ndarray, head_scales: np.ndarray, fmt: Fp8Format):
+    """x [tokens, kvh, D] f32 with one scale per KV head -> (codes uint8 [tokens, kvh, D],
+    saturated bool [tokens, kvh, D]): the elements whose x / scale has no finite FP8 code."""
+    x = np.asarray(x, np.float32)
+    s = np.asarray(head_scales, np.float32)[None, :, None]
+    with np.errstate(over="ignore"):
+        v = (x / s).astype(np.float32)
+        sat = ~np.isfinite(v.astype(fmt.dtype).astype(np.float32))
+    return encode(v, fmt), sat
+
+
+def vllm_dequantize(codes: np.ndarray, head_scales: np.ndarray, fmt: Fp8Format) -> np.ndarray:
+    """float32(fp8) * scale of the KV head, one float32 multiply (the dequantise kernel)."""
+    return (decode(codes, fmt) * np.asarray(head_scales, np.float32)[None, :, None]).astype(np.float32)
+
+
+def vllm_method_scales(method, batch, key, value) -> tuple[np.ndarray, np.ndarray]:
+    """(K [kvh], V [kvh]) scales a vllm_fp8_* method uses on this batch."""
+    kvh = np.asarray(key).shape[1]
+    if method.scales == "given":
+        return np.full(kvh, method.k_scale, np.float32), np.full(kvh, method.v_scale, np.float32)
+    rows = vllm_calibration_rows(batch.slot_mapping, batch.token_pos, method.calib_tokens)
+    per_head = method.scale_granularity == "per_head"
+    return vllm_scales(key, rows, method.fmt, per_head), vllm_scales(value, rows, method.fmt, per_head)
+
+
+def vllm_attention(method, batch, key, value, q, scale, qkv=None):
+    """End-to-end reference of vllm_fp8_*: the oracle's dequantised caches through the f32 paged decode's
+    arithmetic (kvviz.oracles.methods), tolerance 2e-5 * max(1, max|V^|)."""
+    from kvviz.oracles.methods import _scatter, _through_f32_decode
+
+    ks, vs = vllm_method_scales(method, batch, key, value)
+    caches = []
+    for x, s in ((key, ks), (value, vs)):
+        codes, _ = vllm_quantize(x, s, method.fmt)
+        caches.append(_scatter(batch, vllm_dequantize(codes, s, method.fmt).astype(np.float64)))
+    return _through_f32_decode(batch, q, scale, caches[0], caches[1])
