@@ -442,3 +442,34 @@ class FastDecode:
         plan = self.plan(fmt, k, v, num_kv_heads, q, batch, scale, **kw)
         self.rt.run(plan.dispatches)
         return self.read(plan)
+
+
+def decode_traffic(fmt: CacheFormat, batch: PagedBatch, num_heads: int, num_kv_heads: int, head_size: int,
+                   num_partitions: int) -> tuple[int, float]:
+    """(unique bytes, flops) of one fast decode: every context token's K and V record of each KV head
+    read once, the block-table entries, q read, the partials written and read back, the output written;
+    flops = 2 (multiply-add) x head_size x (QK + PV) for every (token, query head)."""
+    tokens = int(np.sum(batch.context_lens))
+    S = batch.num_seqs
+    rec = fmt.wpt(head_size) * 4
+    kv = 2 * tokens * num_kv_heads * rec
+    tables = sum(-(-int(n) // batch.block_size) for n in batch.context_lens) * 4 * num_kv_heads
+    qo = 2 * S * num_heads * head_size * 4
+    partials = 2 * S * num_heads * num_partitions * (head_size + 2) * 4
+    return int(kv + tables + qo + partials), float(4 * head_size * num_heads * tokens)
+
+
+def fast_decode_rows(ctx, method, k, v, num_kv_heads: int, batch: PagedBatch, q, scale: float, tensor=None) -> list:
+    """The fast decode of `method` over its caches as a timed row ([] when the method has no fast
+    format or the shape does not fit it)."""
+    from kvviz.kernels.timed import TimedKernel
+
+    q = np.asarray(q)
+    S, H, D = q.shape
+    fmt = method.fast_cache_format(D)
+    if fmt is None or H % num_kv_heads or unsupported(fmt, D, H // num_kv_heads):
+        return []
+    plan = ctx.fast.plan(fmt, k, v, num_kv_heads, q, batch, scale, tensor=tensor)
+    nbytes, flops = decode_traffic(fmt, batch, H, num_kv_heads, D, plan.num_partitions)
+    return [TimedKernel(f"fast_decode_{fmt.name} ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
+                        "decode", "fast", flops)]

@@ -303,6 +303,11 @@ class KVMethod(ABC):
     def inspect_block(self, ctx, qkv: QuantizedKV, batch, block: int, kv_head: int, which: str) -> list[TokenRecord]:
         """Decode one physical block of the cache for the block inspector."""
 
+    def fast_cache_format(self, head_size: int):
+        """The kvviz.kernels.fast_decode.CacheFormat of this method's paged cache when the fast split-K
+        decode reads it in place, else None (the method keeps its own decode)."""
+        return None
+
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv: QuantizedKV | None = None) -> list:
         """[(kernel name, dispatches, bytes moved)] for the timing panel and `kvviz bench`. With `qkv`
         (what `quantize` returned for this batch, key and value) the dispatches that filled its caches are

@@ -57,6 +57,11 @@ class _Fp8Base(PerTokenRecordMethod):
     def dequant_spec(self):
         return qk.FP8_DEQUANT.define(**self._defines())
 
+    def fast_cache_format(self, head_size):
+        from kvviz.kernels.fast_decode import fp8_format
+
+        return fp8_format(self.fmt_key, self.per_tensor)
+
     def _tensor_buffer(self, ctx):
         # [amax K, amax V, scale K, scale V] as u32 bits; zeroed (atomicMax starts from 0).
         return ctx.rt.upload(np.zeros(4, np.uint32), f"{self.id}_tensor_scales")

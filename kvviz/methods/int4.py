@@ -51,6 +51,11 @@ class Int4Group(PerTokenRecordMethod):
     def wpt(self, head_size):
         return head_size // 8 + 2 * (head_size // self.group_size)
 
+    def fast_cache_format(self, head_size):
+        from kvviz.kernels.fast_decode import int4_format
+
+        return int4_format(self.group_size)
+
     def writer_spec(self):
         return qk.INT4_WRITE.define(GROUP=self.group_size)
 

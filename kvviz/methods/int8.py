@@ -32,6 +32,11 @@ class Int8PerToken(PerTokenRecordMethod):
     def dequant_spec(self):
         return qk.INT8_DEQUANT
 
+    def fast_cache_format(self, head_size):
+        from kvviz.kernels.fast_decode import INT8
+
+        return INT8  # the seed int8 record layout: 4 codes a word, then the f32 scale
+
     def unpack(self, records, head_size):
         codes, scales = fmt8.unpack_records(records)
         return {"codes": codes.astype(np.int32), "scale": scales}

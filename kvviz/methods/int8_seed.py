@@ -108,11 +108,18 @@ class Int8PerTokenSeed(KVMethod):
         e = np.zeros(0)
         return QuantizedKV(self, cache.head_size, cache.num_kv_heads, e, e, e, e, (-127, 127), device={"cache": cache})
 
+    def fast_cache_format(self, head_size):
+        from kvviz.kernels.fast_decode import INT8
+
+        return INT8  # the fast decode reads the seed writer's cache as is: a drop-in for paged_attn_q8
+
     def record_scales(self, records: np.ndarray) -> np.ndarray:
         """The f32 scale of each int8 token record [..., wpt] u32."""
         return unpack_int8_words(records)[1]
 
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        from kvviz.kernels.fast_decode import fast_decode_rows
+
         if qkv is not None:  # the writer quantize ran, over its cache
             cache, w = qkv.device["cache"], qkv.device["writer"]
         else:
@@ -124,7 +131,8 @@ class Int8PerTokenSeed(KVMethod):
 
         from kvviz.kernels.timed import TimedKernel
 
-        return [
+        out = [
             TimedKernel("reshape_and_cache_q8", w, writer_bytes(cache, batch, key), "writer", "seed"),
             TimedKernel("paged_attn_q8", d, decode_bytes(cache, batch, q), "decode", "seed"),
         ]
+        return out + fast_decode_rows(ctx, self, cache.k, cache.v, cache.num_kv_heads, batch, q, scale)

@@ -12,6 +12,7 @@ from abc import abstractmethod
 import numpy as np
 
 from kvviz.kernels import quant as qk
+from kvviz.kernels.fast_decode import fast_decode_rows
 from kvviz.kernels.timed import TimedKernel
 from kvviz.kernels.traffic import decode_bytes
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
@@ -38,7 +39,14 @@ class DequantisedAttention:
 
 
 class PerTokenRecordMethod(DequantisedAttention, KVMethod):
-    """Subclasses define wpt(), the writer / dequantise specs and unpack()."""
+    """Subclasses define wpt(), the writer / dequantise specs and unpack().
+
+    attend() runs the fast split-K decode over the packed cache when the method names its
+    fast_cache_format() and the shape fits it; otherwise the first-wave path (the dequantise kernel into
+    an f32 cache, then the f32 paged decode). weights() always runs over the dequantised cache.
+    """
+
+    attend_kernel = "fast/decode_split + decode_reduce over the packed cache (or paged_attn_f32 over the dequantised cache)"
 
     head_multiple: int = 4
     head_multiple_why: str = "4 codes are packed per 32-bit word"
@@ -70,6 +78,23 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         return []
 
     # ------------------------------------------------------------------ shared
+    def _fast_format(self, qkv, q):
+        """The fast decode's cache format for this batch, or None when it cannot take the shape."""
+        from kvviz.kernels.fast_decode import unsupported
+
+        fmt = self.fast_cache_format(qkv.head_size)
+        H = np.asarray(q).shape[1] if np.ndim(q) == 3 else 0
+        if fmt is None or not H or H % qkv.num_kv_heads or unsupported(fmt, qkv.head_size, H // qkv.num_kv_heads):
+            return None
+        return fmt
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        fmt = self._fast_format(qkv, q)
+        if fmt is None:
+            return DequantisedAttention.attend(self, ctx, qkv, batch, q, scale)
+        qc = qkv.device["cache"]
+        return ctx.fast.decode(fmt, qc.k, qc.v, qc.num_kv_heads, q, batch, scale, tensor=qc.extra.get("tensor"))
+
     def check(self, num_heads, num_kv_heads, head_size, block_size):
         qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, self.head_multiple, self.head_multiple_why)
 
@@ -165,10 +190,12 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         else:
             key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
             ctx.rt.run(wd + dd)
+            qkv = QuantizedKV(self, key.shape[2], key.shape[1], None, None, None, None, self.code_range, device={"cache": qc})
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
+        qc = qkv.device["cache"]
         return [
             TimedKernel(f"{self.id} writer", wd, self._writer_bytes(batch, key), "writer"),
             TimedKernel(f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D), "dequantise"),
             TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
-        ]
+        ] + fast_decode_rows(ctx, self, qc.k, qc.v, kvh, batch, q, scale, tensor=qc.extra.get("tensor"))
