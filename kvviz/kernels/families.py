@@ -37,6 +37,8 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
     KernelFamily("quant_selftest", "quant", "kvviz.kernels.quant", None, key="selftest"),
     KernelFamily("turboquant", "turboquant", "kvviz.kernels.turboquant", "kvviz.oracles.turboquant",
                  "kvviz.formats.turboquant"),
+    KernelFamily("ggml", "ggml", "kvviz.kernels.ggml", "kvviz.oracles.ggml", "kvviz.formats.ggml", key="ggml"),
+    KernelFamily("fp4", "fp4", "kvviz.kernels.ggml", "kvviz.oracles.fp4", "kvviz.formats.fp4", key="fp4"),
 )}
 
 

@@ -1,0 +1,459 @@
+"""llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) and MXFP4 as KV caches: bit identity with
+the gguf package and conformance of the GPU writer / dequantiser / decode on lavapipe.
+
+What is exact and why (kvviz/oracles/ggml.py, shaders/ggml/ggml_write.wgsl):
+  * The GPU's cache bytes EQUAL gguf.quants.quantize's bytes (q8_0..q5_1, mxfp4) over random, outlier
+    and tie-heavy inputs: divisions are correctly rounded, products are never fused into the add after
+    them, f16 conversion is integer round-to-nearest-even. Documented exceptions (blocks with max|x| <
+    2^-100; the sign of a q4_1/q5_1 zero minimum) are tested as such. iq4_nl is held to the oracle's
+    transcription of llama.cpp's reference, which is itself checked against a scalar transcription.
+  * The dequantised f32 cache EQUALS gguf.quants.dequantize bit for bit (every d*q is exact in f32).
+  * Attention runs through the f32 paged decode: |out - ref| <= 2e-5 * max(1, max|V^|) and weights within
+    2e-6 against the float64 oracle over gguf's dequantised caches (tests/test_quant_methods.py's bounds).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import gguf
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.formats import ggml as fg
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.kernels import quant as qk
+from kvviz.methods import get_method, reference, registry
+from kvviz.methods.context import GpuContext
+from kvviz.oracles import ggml as og
+from kvviz.oracles import paged as op
+from kvviz.paging import PAD_SLOT, make_batch
+
+TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
+GGUF_QUANTIZES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4")
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return GpuContext(GpuRuntime())
+
+
+def gguf_rows(x, name):
+    """gguf.quants.quantize of [..., D] rows -> [..., D/32 * block_bytes] u8."""
+    t = fg.TYPES[name]
+    x = np.ascontiguousarray(x, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # gguf's MXFP4 errors overflow near float32 max (harmless)
+        return np.asarray(gguf.quants.quantize(x.reshape(-1, x.shape[-1]), og.qtype(t))).reshape(*x.shape[:-1], -1)
+
+
+# ------------------------------------------------------------------------------------- inputs
+def random_blocks(rng, n):
+    return (rng.standard_normal((n, 32)) * 10.0 ** rng.uniform(-4, 4, (n, 1))).astype(np.float32)
+
+
+def outlier_blocks(rng, n):
+    """Gaussian blocks with one to three elements 30x-3000x larger (llama-like outlier channels)."""
+    b = rng.standard_normal((n, 32)).astype(np.float32)
+    for i in range(n):
+        idx = rng.choice(32, rng.integers(1, 4), replace=False)
+        b[i, idx] *= np.float32(10.0 ** rng.uniform(1.5, 3.5)) * rng.choice([-1, 1])
+    return b
+
+
+def tie_blocks(name):
+    """Blocks whose scale is a power of two and whose other elements sit exactly halfway between two
+    codes (and on codes), at several binades: every rounding rule's tie case is exercised."""
+    halves = np.arange(-40, 41, dtype=np.float32) / np.float32(2)  # k/2
+    rows = []
+    for p in (-6, 0, 5):
+        s = np.float32(2.0**p)
+        if name == "q8_0":  # d = 1, id = 1: x = k + 1/2, roundf away from zero
+            anchor, vals = 127.0, np.clip(halves * 3, -126.5, 126.5)
+        elif name in ("q4_0", "q5_0"):  # max = -8 (-16): d = 1; x*id + 8.5 (16.5) lands on integers + 1/2 + 1/2
+            lim = 8 if name == "q4_0" else 16
+            anchor, vals = -float(lim), np.clip(halves, -lim + 0.5, lim - 0.5)
+        elif name in ("q4_1", "q5_1"):  # min 0, max 15 (31): d = 1; (x - m)*id + 0.5
+            top = 15 if name == "q4_1" else 31
+            anchor, vals = float(top), np.clip(np.abs(halves), 0, top)
+        elif name == "mxfp4":  # amax 4: e = 127, d = 1/2, values 0..6: midpoints 0.25 .. 5 and their negatives
+            anchor = 4.0
+            mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.5, 3.0], np.float32)
+            vals = np.concatenate([mids, -mids, [6.0, -6.0, 0.0, -0.0]])
+        else:
+            anchor, vals = 113.0, halves * 5
+        for start in range(0, len(vals), 31):
+            chunk = vals[start:start + 31]
+            blk = np.zeros(32, np.float32)
+            blk[0] = anchor
+            blk[1:1 + len(chunk)] = chunk
+            if name in ("q4_1", "q5_1"):
+                blk[31] = 0.0  # min 0 exactly
+            rows.append(blk * s)
+    return np.asarray(rows, np.float32)
+
+
+def log2_edge_blocks():
+    """MXFP4: amax just below / at a power of two over many binades (float32 log2 rounds some up)."""
+    rows = []
+    for k in list(range(-90, 120, 7)) + [2, 3, 126, 127]:
+        p = np.float32(2.0**k)
+        for a in (p, np.nextafter(p, np.float32(0)), np.nextafter(np.nextafter(p, np.float32(0)), np.float32(0)),
+                  np.float32(p * np.float32(1 - 2.0**-20))):
+            blk = np.linspace(-1, 1, 32).astype(np.float32) * a
+            blk[7] = a
+            rows.append(blk)
+    return np.asarray(rows, np.float32)
+
+
+# --------------------------------------------------------------------- CPU: oracle vs gguf itself
+@pytest.mark.parametrize("name", GGUF_QUANTIZES)
+def test_oracle_is_gguf(name):
+    """The oracle's bytes are gguf's, apart from the two documented exceptions, which are exercised."""
+    rng = np.random.default_rng(1)
+    t = fg.TYPES[name]
+    x = np.concatenate([random_blocks(rng, 300), outlier_blocks(rng, 100), tie_blocks(name), np.zeros((2, 32), np.float32)])
+    np.testing.assert_array_equal(og.quantize_blocks(x, t), gguf_rows(x, name).reshape(len(x), -1))
+    # blocks below 2^-100: zero-scale codes, scale bits as gguf's (f16 zero) and a zero dequantisation
+    tiny = (rng.standard_normal((20, 32)) * 2.0**-110).astype(np.float32)  # max |x| < 2^-100
+    ours, theirs = og.quantize_blocks(tiny, t), gguf_rows(tiny, name).reshape(len(tiny), -1)
+    if name != "mxfp4":
+        np.testing.assert_array_equal(ours[:, :t.header], theirs[:, :t.header])
+    assert (og.dequantize_rows(ours, 32, t) == 0).all()
+    assert (np.asarray(gguf.quants.dequantize(theirs, og.qtype(t))) == 0).all() or name == "mxfp4"
+    if t.has_min:  # a block whose minimum is a zero of both signs: the f16 min is -0
+        z = np.zeros((1, 32), np.float32)
+        z[0, 3] = -0.0
+        z[0, 9] = 2.0
+        b = og.quantize_blocks(z, t)
+        assert b[0, 2:4].view(np.uint16)[0] == 0x8000
+        np.testing.assert_array_equal(b[:, 4:], gguf_rows(z, name).reshape(1, -1)[:, 4:])
+
+
+def test_log2_table_matches_numpy():
+    """The MXFP4 exponent table reproduces floor(np.log2(float32)) (what gguf computes) near powers of two."""
+    x = log2_edge_blocks().max(-1)
+    bits = x.view(np.uint32)
+    be = bits >> 23
+    e_tab = be.astype(np.int64) - 127 + ((bits & 0x7FFFFF) >= fg.log2_up_table()[be])
+    np.testing.assert_array_equal(e_tab, np.floor(np.log2(x)).astype(np.int64))
+    assert (fg.log2_up_table()[[129, 200, 254]] < (1 << 23)).all()  # k = 2 .. 127 do round up near 2^k
+
+
+def _iq4_scalar(x):
+    """A scalar transcription of llama.cpp quantize_row_iq4_nl_impl (one block, ntry 7, weight x^2),
+    float32 numpy scalars, unfused: an independent check of the vectorised oracle."""
+    f = np.float32
+    v = [f(a) for a in fg.IQ4_NL_VALUES]
+
+    def best(a):
+        if a <= v[0]:
+            return 0
+        if a >= v[15]:
+            return 15
+        ml, mu = 0, 15
+        while mu - ml > 1:
+            mav = (ml + mu) // 2
+            if a < v[mav]:
+                mu = mav
+            else:
+                ml = mav
+        return mu - 1 if f(a - v[mu - 1]) < f(v[mu] - a) else mu
+
+    amax, mx = f(0), f(0)
+    for a in x:
+        if abs(a) > amax:
+            amax, mx = abs(a), a
+    if amax < f(1e-15):
+        d = f(0)
+    else:
+        def sums(id_):
+            sqx = sq2 = f(0)
+            for a in x:
+                q = v[best(f(id_ * a))]
+                wq = f(f(a * a) * q)
+                sqx = f(sqx + f(wq * a))
+                sq2 = f(sq2 + f(wq * q))
+            return sqx, sq2
+
+        d = f(f(-mx) / f(-127))
+        sqx, sq2 = sums(f(f(1) / d))
+        d = f(sqx / sq2)
+        bst = f(d * sqx)
+        for itry in range(-7, 8):
+            sqx, sq2 = sums(f(f(itry - 127) / mx))
+            if sq2 > 0 and f(sqx * sqx) > f(bst * sq2):
+                d = f(sqx / sq2)
+                bst = f(d * sqx)
+    id_ = f(f(1) / d) if d != 0 else f(0)
+    L = [best(f(id_ * a)) for a in x]
+    return np.float16(d).view(np.uint16), L
+
+
+def test_iq4_nl_oracle_is_llama_cpp_reference():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([random_blocks(rng, 12), outlier_blocks(rng, 6), tie_blocks("iq4_nl")[:2], np.zeros((1, 32), np.float32)])
+    got = og.quantize_iq4_nl(x)
+    for i, blk in enumerate(x):
+        dh, L = _iq4_scalar(blk)
+        assert got[i, :2].view(np.uint16)[0] == dh, i
+        codes = np.concatenate([got[i, 2:] & 15, got[i, 2:] >> 4])
+        np.testing.assert_array_equal(codes, L, err_msg=str(i))
+    # ties of best_index pick the upper value; NaN the last, as the C binary search does
+    V = np.array(fg.IQ4_NL_VALUES, np.float32)
+    mids = (V[:-1] + V[1:]) / 2
+    np.testing.assert_array_equal(og.best_index(mids), np.arange(1, 16))
+    # its error is the least-squares one llama.cpp aims at: no worse than the plain amax/127 scale
+    deq = og.dequantize_rows(got, 32, fg.TYPES["iq4_nl"])
+    plain = (x.max(-1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
+    assert ((deq - x) ** 2).sum() <= ((V[og.best_index(x / np.where(plain == 0, 1, plain))] * plain - x) ** 2).sum()
+
+
+def test_mxfp4_dequantisation_is_ocp():
+    """gguf's MXFP4 dequantisation = E2M1 value * E8M0 scale as ml_dtypes decodes them."""
+    rng = np.random.default_rng(4)
+    x = np.concatenate([random_blocks(rng, 50), log2_edge_blocks()])
+    t = fg.TYPES["mxfp4"]
+    raw = og.quantize_blocks(x, t)
+    f = fg.unpack_rows(raw, 32, t)
+    e8 = f["scale_bits"].astype(np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    e2 = np.asarray(fg.MXFP4_VALUES, np.float32)[f["codes"]] / 2
+    np.testing.assert_array_equal(e2 * e8[:, :1], og.dequantize_rows(raw, 32, t))
+    np.testing.assert_array_equal(f["scale"], e8)
+
+
+# -------------------------------------------------------------------------- GPU: writer bit identity
+def _run(ctx, name, x):
+    """Blocks [n, 32] through the GPU writer as rows of one KV head (D = 128) -> (cache bytes [n, bpb], f32 rows)."""
+    m = get_method(name)
+    n = len(x)
+    pad = (-n) % 4
+    rows = np.concatenate([x, np.zeros((pad, 32), np.float32)]).reshape(-1, 1, 128)
+    batch = make_batch([len(rows)], 16)
+    qkv = m.quantize(ctx, batch, rows, rows)
+    raw = fg.records_to_rows(qkv.extra["k_records"], 128, m.fmt).reshape(-1, m.fmt.block_bytes)[:n]
+    f = m.read_f32(ctx, qkv, "K")
+    sm = batch.slot_mapping.astype(np.int64)
+    deq = f[sm // 16, 0, sm % 16].reshape(-1, 32)[:n]
+    return raw, deq
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_gpu_writer_is_bit_identical(ctx, name):
+    """GPU bytes == gguf.quants.quantize (iq4_nl: the llama.cpp reference) over random, outlier, tie, log2-edge
+    and zero blocks; the GPU's dequantised values == gguf.quants.dequantize, bit for bit."""
+    rng = np.random.default_rng(5)
+    parts = [random_blocks(rng, 24), outlier_blocks(rng, 16), tie_blocks(name), np.zeros((1, 32), np.float32)]
+    if name == "mxfp4":
+        parts.append(log2_edge_blocks())
+    x = np.concatenate(parts)
+    raw, deq = _run(ctx, name, x)
+    t = fg.TYPES[name]
+    want = gguf_rows(x, name).reshape(len(x), -1) if name in GGUF_QUANTIZES else og.quantize_blocks(x, t)
+    bad = np.flatnonzero((raw != want).any(-1))
+    assert bad.size == 0, [(i, raw[i].tobytes().hex(), want[i].tobytes().hex()) for i in bad[:3]]
+    ref = np.asarray(gguf.quants.dequantize(want, og.qtype(t)), np.float32)
+    np.testing.assert_array_equal(deq.view(np.uint32), ref.view(np.uint32))
+
+
+def test_gpu_tiny_blocks_and_signed_zeros(ctx):
+    """The documented exceptions on the GPU: blocks below 2^-100 and a q4_1 minimum of -0 and +0."""
+    rng = np.random.default_rng(6)
+    tiny = (rng.standard_normal((8, 32)) * 2.0**-110).astype(np.float32)
+    z = np.zeros((2, 32), np.float32)
+    z[0, 5] = -0.0
+    z[0, 9] = 3.0
+    z[1, ::2] = -0.0
+    x = np.concatenate([tiny, z])
+    for name in ("q8_0", "q4_0", "q4_1", "mxfp4"):
+        raw, deq = _run(ctx, name, x)
+        np.testing.assert_array_equal(raw, og.quantize_blocks(x, fg.TYPES[name]), err_msg=name)
+        assert (deq[:8] == 0).all()
+
+
+# ------------------------------------------------------------------------- GPU: conformance grid
+# (head_size, block_size, context lens, policy, pad_every, kv_heads, heads)
+SHAPES = [
+    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
+    (128, 16, [40, 5, 33], "scattered", 5, 1, 4),
+    (256, 32, [50, 1], "fragmented", 3, 1, 2),
+]
+SIDS = [f"D{d}-bs{b}-{p}" for d, b, _, p, _, _, _ in SHAPES]
+
+
+def make_kv(rng, T, kvh, D):
+    """Per-token magnitudes over 6 decades, a zero vector, a constant vector, signed zeros, exact ties,
+    outlier channels."""
+    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
+    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
+    k[:, :, 3::37] *= np.float32(8)  # outlier channels; |x| stays below f16 max (q4_1 / q5_1 store the min as f16)
+    if T > 4:
+        k[1] = v[1] = 0.0
+        k[2] = np.float32(0.75)
+        v[2, :, ::2] = -0.0
+        v[2, :, 1::2] = 0.0
+        k[3] = (np.arange(D) % 32 - 16).astype(np.float32) * np.float32(0.5)
+        v[4] = (np.float32(0.25) * (np.arange(D) % 31) - np.float32(2.0)).astype(np.float32)
+    return k, v
+
+
+def check_method(ctx, m, batch, k, v, H):
+    D = k.shape[2]
+    qkv = m.quantize(ctx, batch, k, v)
+    t = m.fmt
+    nb, bs = batch.num_blocks, batch.block_size
+    sm = batch.slot_mapping.astype(np.int64)
+    real = sm != PAD_SLOT
+    fl = {}
+    for which, x in (("K", k), ("V", v)):
+        recs = og.quantize(x, t)
+        w = recs.shape[-1]
+        full = np.zeros((nb, k.shape[1], bs, w), np.uint32)
+        full[sm[real] // bs, :, sm[real] % bs] = recs[real]
+        got = qk.read_cache(ctx.rt, qkv.device["cache"], which)
+        np.testing.assert_array_equal(got, full.reshape(nb, k.shape[1], bs * w), err_msg=f"{m.id} {which} words")
+        deq = og.dequantize(recs, D, t)
+        f = np.zeros((nb, k.shape[1], bs, D), np.float32)
+        f[sm[real] // bs, :, sm[real] % bs] = deq[real]
+        gf = m.read_f32(ctx, qkv, which)
+        # the slots tokens were written to (a used block's empty slots hold gguf's value of zero bytes, e.g. -0)
+        np.testing.assert_array_equal(gf[sm[real] // bs, :, sm[real] % bs].view(np.uint32), deq[real].view(np.uint32),
+                                      err_msg=f"{m.id} dequantised {which}")
+        fl[which] = f.astype(np.float64)
+        fields = qkv.extra["k_fields" if which == "K" else "v_fields"]
+        exp = fg.unpack_rows(og.quantize_rows(x[real], t), D, t)
+        np.testing.assert_array_equal(fields["scale"][real].view(np.uint32), exp["scale"].view(np.uint32))
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
+    scale = float(np.float32(8.0 / max(1e-30, np.abs(np.einsum("shd,bkpd->shbkp", q.astype(np.float64), fl["K"])).max())))
+    out = m.attend(ctx, qkv, batch, q, scale)
+    ref = op.decode(q, fl["K"], fl["V"], batch.block_tables, batch.context_lens, batch.block_size, scale)
+    tol = 2e-5 * max(1.0, float(np.abs(fl["V"]).max()))
+    assert np.abs(out - ref).max() <= tol, f"{m.id} decode err {np.abs(out - ref).max()} > {tol}"
+    w = m.weights(ctx, qkv, batch, q, scale)
+    ref_w = op.decode_weights(q, fl["K"], batch.block_tables, batch.context_lens, batch.block_size, scale)
+    assert np.abs(w - ref_w).max() <= 2e-6
+    # the method's registered end-to-end reference agrees
+    r2, tol2 = reference(m.id)(m, batch, k, v, q, scale)
+    assert np.abs(out - r2).max() <= tol2
+    return qkv
+
+
+def _shape_params():
+    out = []
+    for name in TYPES:
+        for s, sid in zip(SHAPES, SIDS):
+            out.append(pytest.param(name, s, id=f"{name}-{sid}"))
+    return out
+
+
+@pytest.mark.parametrize("name,shape", _shape_params())
+def test_conformance(ctx, name, shape):
+    D, bs, lens, policy, pad, kvh, H = shape
+    m = get_method(name)
+    batch = make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
+    rng = np.random.default_rng(D * 1000 + bs)
+    k, v = make_kv(rng, batch.num_tokens, kvh, D)
+    check_method(ctx, m, batch, k, v, H)
+
+
+# -------------------------------------------------------------------------- limits and refusals
+def test_f16_scale_range(ctx):
+    """A q8_0 block needing a scale above 65504 is refused before dispatch (never stored as inf); just below
+    the limit it is stored exactly as gguf stores it. iq4_nl's searched scale is checked after the write;
+    mxfp4's E8M0 scale takes every finite float32."""
+    batch = make_batch([4], 8)
+    base = np.ones((4, 1, 64), np.float32)
+    ok = base.copy()
+    ok[0, 0, 0] = np.float32(65519.0 * 127)  # d = 65519: f16 65504
+    raw, deq = _run(ctx, "q8_0", ok.reshape(-1, 32))
+    np.testing.assert_array_equal(raw, gguf_rows(ok.reshape(-1, 32), "q8_0").reshape(-1, 34))
+    assert np.isfinite(deq).all()
+    for name, big in (("q8_0", 65520.0 * 127), ("q4_0", 65520.0 * 8), ("q5_0", 65520.0 * 16), ("q4_1", -7e4), ("q5_1", -7e4),
+                      ("iq4_nl", 1e7)):
+        bad = base.copy()
+        bad[2, 0, 40] = np.float32(big)
+        with pytest.raises(InvalidInput, match="f16"):
+            get_method(name).quantize(ctx, batch, base, bad)
+    assert np.isinf(np.float16(np.float32(65520.0 * 127) / np.float32(127)))  # what gguf would have stored
+    pos = base.copy()
+    pos[0, 0, 3] = np.float32(7e4)  # q4_1 stores d = (max - min)/15 and the min: a large max is fine
+    raw, _ = _run(ctx, "q4_1", pos.reshape(-1, 32))
+    np.testing.assert_array_equal(raw, gguf_rows(pos.reshape(-1, 32), "q4_1").reshape(-1, 20))
+    huge = base.copy()
+    huge[1, 0, :] = np.float32(3e38)
+    raw, deq = _run(ctx, "mxfp4", huge.reshape(-1, 32))
+    np.testing.assert_array_equal(raw, gguf_rows(huge.reshape(-1, 32), "mxfp4").reshape(-1, 17))
+    assert np.isfinite(deq).all() and deq.max() > 1e38
+
+
+def test_shapes_and_invalid_input(ctx):
+    for name in TYPES:
+        m = get_method(name)
+        for D in (48, 80, 96 + 8, 512):
+            with pytest.raises(UnsupportedShape):
+                m.check(4, 2, D, 16)
+        m.check(4, 2, 96, 16)
+        batch = make_batch([3], 8)
+        k = np.ones((3, 1, 64), np.float32)
+        for bad in (np.where(np.arange(64) == 5, np.nan, k).astype(np.float32), k.astype(np.float64), k[:, :, :32]):
+            with pytest.raises(InvalidInput):
+                m.quantize(ctx, batch, bad, k)
+
+
+def test_layouts_inspector_and_bytes(ctx):
+    """bytes per 32 elements as llama.cpp lays them out; cache bytes = layout x tokens; the inspector's words
+    and fields are the cache's."""
+    want = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24, "iq4_nl": 18, "mxfp4": 17}
+    batch = make_batch([20, 13], 16, policy="scattered", pad_every=4)
+    rng = np.random.default_rng(8)
+    k, v = make_kv(rng, batch.num_tokens, 2, 128)
+    for name in TYPES:
+        m = get_method(name)
+        kl, vl = m.layouts(128, 16)
+        assert fg.TYPES[name].block_bytes == want[name]
+        assert kl.bytes_per_token_per_head == 4 * want[name] == vl.bytes_per_token_per_head  # 4 blocks, no padding
+        assert kl.bits_per_element == want[name] / 4
+        assert sum(f.total_bits for f in kl.fields) == 8 * 4 * want[name]
+        assert m.layouts(32, 16)[0].bytes_per_token_per_head == 4 * fg.TYPES[name].words_per_token(32)  # padded
+        qkv = m.quantize(ctx, batch, k, v)
+        qc = qkv.device["cache"]
+        assert qc.k_words * qc.num_blocks * qc.num_kv_heads * 4 == kl.bytes_per_token_per_head * batch.num_blocks * 16 * 2
+        for s in range(batch.num_seqs):
+            blk = int(batch.seq_blocks[s][0])
+            recs = m.inspect_block(ctx, qkv, batch, blk, 1, "V")
+            rows = batch.token_rows(s)
+            for r in recs:
+                if r.position < 0:
+                    continue
+                t = rows[r.position]
+                np.testing.assert_array_equal(r.words, qkv.extra["v_records"][t, 1])
+                np.testing.assert_array_equal(r.fields["codes"], qkv.v_codes[t, 1])
+                np.testing.assert_array_equal(r.fields["scale"], qkv.v_scales[t, 1])
+        ks, vs, note = m.token_scales(qkv, 0, len(batch.token_rows(0)))
+        assert note and np.isfinite(ks).all() and (ks >= 0).all()
+
+
+def test_chunked_writer_and_windows(ctx):
+    """Grid limit 8 and a 48 KiB binding: the writer runs in many chunks, the f32 cache in windows; still exact."""
+    rt = ctx.rt
+    saved = dict(rt.limits)
+    rt.limits["max-compute-workgroups-per-dimension"] = 8
+    rt.limits["max-storage-buffer-binding-size"] = 48 << 10
+    try:
+        batch = make_batch([150, 9], 16, policy="contiguous", pad_every=11)
+        k, v = make_kv(np.random.default_rng(9), batch.num_tokens, 1, 64)
+        m = get_method("q4_1")
+        qkv = check_method(ctx, m, batch, k, v, 2)
+        assert len(qkv.device["writer"]) > batch.num_tokens // 8
+    finally:
+        rt.limits.clear()
+        rt.limits.update(saved)
+
+
+def test_registered():
+    reg = registry()
+    assert set(TYPES) <= set(reg)
+    assert all(reg[n].family == "ggml" for n in TYPES)
