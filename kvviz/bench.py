@@ -94,6 +94,7 @@ def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, n
         "gpu_us_p90": timing.p90_us if timing else None,
         "timing_method": timing.method if timing else None,
         "samples_us": list(timing.samples_us) if timing else None,
+        "source_hash": getattr(timing, "source_hash", None),  # the timed shader source (kvviz.gpu.timing.source_hash)
         "bytes_moved": int(nbytes),
         "gbps": gbps,
         "pct_of_copy": 100.0 * gbps / copy_gbps if copy_gbps else None,
@@ -181,9 +182,15 @@ def run_bench(
                         # the tolerance of tests/test_paged_conformance.py: f32 accumulation vs float64
                         refs[fmt] = (ref, refw, 2e-5 * max(1.0, float(np.abs(vf).max())))
                     ref, refw, tol = refs[fmt]
-                    rows.append(_row(f"reshape_and_cache_{fmt}", variant, shape, wt, writer_bytes(cache, batch, key), copy_gbps, werr, wtol, adapter, wnote))
+                    impl = "seed" if fmt == "q8" else "baseline"
+                    mid = "int8_seed" if fmt == "q8" else None
+                    rows.append(_row(f"reshape_and_cache_{fmt}", variant, shape, wt, writer_bytes(cache, batch, key), copy_gbps, werr, wtol, adapter, wnote,
+                                     method=mid, role="writer", impl=impl))
                     derr, dnote = _max_err(out, ref, f"paged_attn_{fmt}")
-                    rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, derr, tol, adapter, dnote))
+                    rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, derr, tol, adapter, dnote,
+                                     method=mid, role="decode", impl=impl))
+                    if fe == frontends[0] or fmt == "f32":  # the fast decode reads the cache as is: once per format
+                        rows.append(_fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, mid))
                     werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
                     rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr, 2e-6, adapter, wnote or "correctness only"))
                 except KvvizError as exc:
@@ -193,6 +200,26 @@ def run_bench(
         if compare_torch:
             rows.append(_torch_row(shape, runs, warmup, copy_gbps, adapter))
     return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows}
+
+
+def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, method):
+    """The fast split-K decode over the seed writer's int8 cache or the f32 baseline cache, checked
+    against the same oracle as the kernel it stands beside."""
+    from kvviz.kernels import fast_decode as fd
+
+    f = fd.INT8 if fmt == "q8" else fd.F32
+    fast = fd.FastDecode(rt)
+    name = f"fast_decode_{f.name}"
+    try:
+        plan = fast.plan(f, cache.k, cache.v, cache.num_kv_heads, q, batch, scale)
+        t = rt.time(plan.dispatches, runs, warmup)
+        nbytes, flops = fd.decode_traffic(f, batch, shape.num_heads, shape.num_kv_heads, shape.head_size, plan.num_partitions)
+        err, note = _max_err(fast.read(plan), ref, name)
+        return _row(name, f"fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol, adapter, note,
+                    method=method, role="decode", impl="fast")
+    except (InvalidInput, DeviceLimitError) as exc:
+        return _row(name, "fast split-K", shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}", method=method,
+                    role="decode", impl="fast")
 
 
 def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log):

@@ -19,6 +19,8 @@ for t in "$@"; do
       python3 tools/long_context_sweep.py 2>&1 | tee "$OUT/long_context_sweep.txt" ;;
     methods)
       python3 -m pytest tests/test_quant_methods.py tests/test_turboquant.py -q -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/methods.txt" ;;
+    fast)
+      python3 -m pytest tests/test_fast_decode.py -q -p no:cacheprovider 2>&1 | tail -6 | tee "$OUT/fast_decode.txt" ;;
     live)
       python3 -m pytest tests/test_live_model.py tests/test_live_decode.py -q -p no:cacheprovider -m "not slow" 2>&1 | tail -15 | tee "$OUT/live.txt" ;;
     bench)
