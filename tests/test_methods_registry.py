@@ -80,7 +80,7 @@ def test_declared_schemas():
     kivi = {o.name: o for o in option_schema("kivi")}
     assert kivi["bits"].choices == (2, 4) and kivi["recent"].minimum == 0 and kivi["context_len"].default == 4096
     tq = {o.name: o for o in option_schema("turboquant")}
-    assert set(tq) == {"qjl_scale", "seed"} and tq["seed"].minimum == 0  # the layer is the workload's
+    assert set(tq) == {"qjl_scale", "seed", "bits", "v_bits", "outlier_share"} and tq["seed"].minimum == 0  # the layer is the workload's
     assert option_schema("int8_seed") == () and option_schema("int8_token") == ()
 
 

@@ -360,13 +360,13 @@ def test_method_on_paged_batch(rt):
 
     assert "turboquant" in registry()
     m = get_method("turboquant", qjl_scale="unbiased", seed=7).for_layer(1)  # the layer is the workload's
-    assert m.options() == {"qjl_scale": "unbiased", "seed": 7} and m.layer == 1
+    assert m.options() == {"qjl_scale": "unbiased", "seed": 7, "bits": 2, "v_bits": 2, "outlier_share": 0.0} and m.layer == 1
     k_l, v_l = m.layouts(128, 16)
     assert k_l.bytes_per_token_per_head == 52 and v_l.bytes_per_token_per_head == 36
     assert sum(f.total_bits for f in k_l.fields) == 52 * 8 and sum(f.total_bits for f in v_l.fields) == 36 * 8
     assert "not paged" in k_l.description
     with pytest.raises(UnsupportedShape):
-        m.check(8, 2, 80, 16)
+        m.check(8, 2, 260, 16)  # 80 and other head sizes up to 256 take the general kernels (test_head_sizes.py)
     with pytest.raises(InvalidInput):
         m.check(6, 4, 64, 16)
     with pytest.raises(InvalidInput):
@@ -432,4 +432,4 @@ def test_mse_and_qjl_slopes_d128(rt):
     assert r.slopes["reference"] < 0.95
     assert r.slopes["polar_only"] < r.slopes["reference"] < r.slopes["unbiased"]
     with pytest.raises(InvalidInput):
-        mse_unit_vectors(128, 10, bits=3, rt=rt)
+        mse_unit_vectors(128, 10, bits=5, rt=rt)  # bits 1-4 exist (tests/test_turboquant_settings.py)

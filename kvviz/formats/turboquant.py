@@ -376,3 +376,277 @@ def estimate_scores(q_rot, q_jl, q_sum, dec_k_idx, dec_k_bits, k_norm, k_rnorm, 
     pos = np.asarray(dec_k_bits, np.float64) @ qj
     signed = 2.0 * pos - float(q_sum)
     return polar + n * np.asarray(k_rnorm, np.float64) * float(qjl_scale) * signed
+
+
+# ====================================================================================== general settings
+# TurboQuant at the paper's settings (arXiv:2504.19874, section 4.3), any head size up to 256:
+#   bits      b of the polar (MSE) stage of keys, 1-4 (keys add the 1-bit QJL residual);
+#   v_bits    the values' polar width, 1-4;
+#   outlier_share  a share of each head's channels at one more bit: the channels are split into an
+#             outlier and a regular set (the n_o channels of largest RMS over the tokens quantised, per KV
+#             head) and each set is its own TurboQuant instance (its own norm, rotation, codebook, QJL).
+#             Effective polar width b + n_o/d: share 0.5 gives the paper's 2.5- and 3.5-bit configurations
+#             from b = 2 and 3.
+# Rotation of an instance of n channels: the RHT over P = the next power of two >= max(n, 32) coordinates,
+# the vector zero-padded (a WHT needs a power of two; 32 keeps whole JL words). The P rotated coordinates
+# are all stored: padding costs b * (P - n) code bits (and P - n JL bits) per vector.
+# Codebook: the b-bit Lloyd-Max quantiser of one coordinate of a rotated unit vector in R^P (density
+# proportional to (1 - x^2)^((P-3)/2)); index = number of boundaries <= y.
+# Record of one token and KV head in a paged cache [num_blocks, kv_heads, block_size, wpt] u32, instances
+# in order (outliers first): keys [codes | jl | norms] per instance, values [codes | norm]; codes are a
+# bit stream of b-bit indices (index j at bits j*b.., LSB first, crossing word boundaries), jl bits 32 a
+# word, norms pack2x16float(n, rn) (values: (n, 0)).
+# The seed configuration (b = v_b = 2, no split, d in 32/64/128) keeps the seed layout and kernels.
+MAX_BITS = 4
+MAX_ROTATION = 256
+ROT_LANES = 256  # workgroup size of the general kernels; their reductions are trees over 256 lanes
+SEED_HEAD_SIZES = (32, 64, 128)
+
+
+def rotation_size(n: int) -> int:
+    """P: the next power of two >= max(n, 32)."""
+    P = 32
+    while P < n:
+        P *= 2
+    return P
+
+
+@lru_cache(maxsize=128)
+def _lloyd_max(P: int, bits: int, grid: int = 200001, tol: float = 1e-13, max_iter: int = 20000):
+    if P < 4:
+        raise ValueError("Lloyd-Max centroids need P >= 4")
+    L = min(1.0, 14.0 / math.sqrt(P))  # beyond, the density is below exp(-98) of its peak
+    x = np.linspace(-L, L, grid)
+    logf = (P - 3) / 2.0 * np.log1p(-np.minimum(x * x, 1 - 1e-15))
+    f = np.exp(logf - logf.max())
+    # cumulative integrals of f and x f (trapezoid), for the mass and first moment of any interval
+    dx = x[1] - x[0]
+    F = np.concatenate([[0.0], np.cumsum((f[1:] + f[:-1]) / 2 * dx)])
+    xf = x * f
+    G = np.concatenate([[0.0], np.cumsum((xf[1:] + xf[:-1]) / 2 * dx)])
+    n = 1 << bits
+    sigma = 1.0 / math.sqrt(P)
+    from statistics import NormalDist
+
+    c = np.array([NormalDist().inv_cdf((i + 0.5) / n) * sigma for i in range(n)])
+    for _ in range(max_iter):
+        b = (c[1:] + c[:-1]) / 2
+        edges = np.concatenate([[-L], b, [L]])
+        Fe, Ge = np.interp(edges, x, F), np.interp(edges, x, G)
+        new = (Ge[1:] - Ge[:-1]) / (Fe[1:] - Fe[:-1])
+        new = (new - new[::-1]) / 2  # the density is symmetric: keep the codebook exactly symmetric
+        done = np.max(np.abs(new - c)) < tol
+        c = new
+        if done:
+            break
+    return tuple(c), tuple((c[1:] + c[:-1]) / 2)
+
+
+def lloyd_max(P: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids [2^bits], boundaries [2^bits - 1]) in float64 of the b-bit quantiser in R^P."""
+    if not 1 <= bits <= MAX_BITS + 1:
+        raise ValueError(f"bits must be 1..{MAX_BITS + 1}, got {bits}")
+    if bits == 2:  # the seed's codebook (Gauss-Legendre on the exact density): the same centroids everywhere
+        return lloyd_max_2bit(int(P))
+    c, b = _lloyd_max(int(P), int(bits))
+    return np.array(c), np.array(b)
+
+
+def instance_seed(seed: int, i: int) -> int:
+    """The sign seed of instance i (0: the seed itself, so an unsplit power-of-two head has the seed's signs)."""
+    return int(seed) if i == 0 else jl_seed(jl_seed(int(seed)) + i) & 0x7FFFFFFFFFFFFFFF
+
+
+@dataclass(frozen=True)
+class TQInstance:
+    """One TurboQuant instance of a record: n channels rotated in R^P at `bits` bits."""
+
+    n_ch: int
+    chan_off: int  # first position of its channels in the head's channel table
+    P: int
+    bits: int
+    seed: int
+    layer: int
+    code_off: int  # word offsets inside the record
+    code_words: int
+    jl_off: int  # keys only (-1 for values)
+    norm_off: int
+
+    @property
+    def levels(self) -> int:
+        return 1 << self.bits
+
+    @property
+    def codebook(self) -> tuple[np.ndarray, np.ndarray]:
+        """f32 (centroids, boundaries), as passed to the kernels."""
+        c, b = lloyd_max(self.P, self.bits)
+        return c.astype(np.float32), b.astype(np.float32)
+
+    @property
+    def signs(self) -> tuple[np.ndarray, np.ndarray]:
+        return layer_signs(self.P, self.seed, self.layer)
+
+
+@dataclass(frozen=True)
+class TQSettings:
+    head_size: int
+    bits: int = 2
+    v_bits: int = 2
+    outlier_share: float = 0.0
+    seed: int = DEFAULT_SEED
+    layer: int = 0
+
+    @property
+    def n_outliers(self) -> int:
+        if self.outlier_share <= 0:
+            return 0
+        return int(min(self.head_size - 1, max(1, round(self.outlier_share * self.head_size))))
+
+    @property
+    def is_seed(self) -> bool:
+        """The seed configuration: the seed layout and kernels (flash_attention_tq) serve it."""
+        return self.bits == 2 and self.v_bits == 2 and self.n_outliers == 0 and self.head_size in SEED_HEAD_SIZES
+
+    def instances(self, which: str) -> tuple[TQInstance, ...]:
+        d, no = self.head_size, self.n_outliers
+        b = self.bits if which == "K" else self.v_bits
+        parts = [(no, 0, b + 1), (d - no, no, b)] if no else [(d, 0, b)]
+        out, off = [], 0
+        for i, (n, coff, bb) in enumerate(parts):
+            P = rotation_size(n)
+            cw = -(-P * bb // 32)
+            jl = off + cw if which == "K" else -1
+            norm = off + cw + (P // 32 if which == "K" else 0)
+            out.append(TQInstance(n, coff, P, bb, instance_seed(self.seed, i), self.layer, off, cw, jl, norm))
+            off = norm + 1
+        return tuple(out)
+
+    def wpt(self, which: str) -> int:
+        last = self.instances(which)[-1]
+        return last.norm_off + 1
+
+    def bits_per_element(self, which: str) -> float:
+        return self.wpt(which) * 32.0 / self.head_size
+
+    def polar_bits(self, which: str) -> float:
+        """Mean polar code bits per channel (the paper's setting: b + share)."""
+        return sum(i.n_ch * i.bits for i in self.instances(which)) / self.head_size
+
+
+def choose_channels(x: np.ndarray, n_outliers: int) -> np.ndarray:
+    """Channel table [kv_heads, d] u32 of x [rows, kv_heads, d]: per head the n_outliers channels of largest
+    RMS over the rows (ties: the lower channel), ascending, then the others, ascending. Identity if none."""
+    x = np.asarray(x, np.float64)
+    kvh, d = x.shape[1], x.shape[2]
+    out = np.tile(np.arange(d, dtype=np.uint32), (kvh, 1))
+    if n_outliers <= 0:
+        return out
+    ms = (x * x).mean(axis=0) if x.shape[0] else np.zeros((kvh, d))
+    for h in range(kvh):
+        order = np.argsort(-ms[h], kind="stable")
+        out[h] = np.concatenate([np.sort(order[:n_outliers]), np.sort(order[n_outliers:])])
+    return out
+
+
+def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """[..., P] codes < 2^bits -> [..., ceil(P*bits/32)] u32: code j at bits j*bits.. (LSB first, across words)."""
+    c = np.asarray(codes, np.uint64)
+    P = c.shape[-1]
+    nw = -(-P * bits // 32)
+    out = np.zeros(c.shape[:-1] + (nw + 1,), np.uint64)
+    for j in range(P):
+        pos = j * bits
+        w, sh = pos // 32, pos % 32
+        v = c[..., j] << np.uint64(sh)
+        out[..., w] |= v & np.uint64(0xFFFFFFFF)
+        out[..., w + 1] |= v >> np.uint64(32)
+    return out[..., :nw].astype(np.uint32)
+
+
+def unpack_bits(words: np.ndarray, P: int, bits: int) -> np.ndarray:
+    w = np.asarray(words, np.uint64)
+    w = np.concatenate([w, np.zeros(w.shape[:-1] + (1,), np.uint64)], axis=-1)
+    out = np.zeros(w.shape[:-1] + (P,), np.uint8)
+    mask = np.uint64((1 << bits) - 1)
+    for j in range(P):
+        pos = j * bits
+        i, sh = pos // 32, pos % 32
+        v = (w[..., i] | (w[..., i + 1] << np.uint64(32))) >> np.uint64(sh)
+        out[..., j] = (v & mask).astype(np.uint8)
+    return out
+
+
+def tree_sum_lanes(a: np.ndarray, lanes: int = ROT_LANES) -> np.ndarray:
+    """tree_sum_f32 over `lanes` lanes (strides lanes/2, ..., 1): the general kernels' order."""
+    a = np.asarray(a, np.float32)
+    buf = np.zeros(a.shape[:-1] + (lanes,), np.float32)
+    buf[..., : a.shape[-1]] = a
+    s = lanes // 2
+    while s >= 1:
+        buf[..., :s] = buf[..., :s] + buf[..., s : 2 * s]
+        s //= 2
+    return buf[..., 0].copy()
+
+
+@dataclass
+class GeneralRecords:
+    """Fields of general-setting records [..., wpt] of K or V, per instance (lists in instance order)."""
+
+    idx: list  # [..., P] u8
+    jl_bits: list  # [..., P] u8 (keys) or None
+    norm: list  # [...] f32 (f16 values)
+    rnorm: list  # [...] f32 (keys) or None
+
+
+def unpack_general(records: np.ndarray, st: TQSettings, which: str) -> GeneralRecords:
+    r = np.asarray(records, np.uint32)
+    out = GeneralRecords([], [], [], [])
+    for ins in st.instances(which):
+        out.idx.append(unpack_bits(r[..., ins.code_off : ins.code_off + ins.code_words], ins.P, ins.bits))
+        n, rn = unpack2x16float(r[..., ins.norm_off])
+        out.norm.append(n)
+        if which == "K":
+            out.jl_bits.append(unpack_1bit(r[..., ins.jl_off : ins.jl_off + ins.P // 32], ins.P))
+            out.rnorm.append(rn)
+        else:
+            out.jl_bits.append(None)
+            out.rnorm.append(None)
+    return out
+
+
+def dequantize_general(records: np.ndarray, chans: np.ndarray, st: TQSettings, which: str,
+                       qjl_scale: str = "reference", part: str = "all") -> np.ndarray:
+    """float32 reconstruction [..., kv_heads, d] from records [..., kv_heads, wpt] and the channel table
+    [kv_heads, d], in the dequantise kernel's f32 order (shaders/turboquant/tq_general_dequant.wgsl):
+      y = c[idx]; keys: y += (rn * qjl_scale) * ((WHT(2*bit - 1) * inv_sqrt_P) * s_jl);
+      x = ((WHT(y) * inv_sqrt_P) * s_polar) * n, the first n_ch coordinates to the instance's channels.
+    qjl_scale: the kind ('reference' sqrt(pi/2)/P, 'unbiased' sqrt(pi/2)/sqrt(P), P of each instance).
+    part "polar" drops the QJL term, "qjl" keeps only it (both for the bias panel's estimators)."""
+    r = np.asarray(records, np.uint32)
+    chans = np.asarray(chans, np.int64)
+    kvh = chans.shape[0]
+    out = np.zeros(r.shape[:-1] + (st.head_size,), np.float32)
+    rec = unpack_general(r, st, which)
+    for i, ins in enumerate(st.instances(which)):
+        c, _ = ins.codebook
+        sp, sj = ins.signs
+        inv = inv_sqrt_d(ins.P)
+        y = c[rec.idx[i]].astype(np.float32)
+        if part == "qjl":
+            y = np.zeros_like(y)
+        if which == "K" and part != "polar":
+            z = np.where(rec.jl_bits[i] == 1, np.float32(1.0), np.float32(-1.0)).astype(np.float32)
+            qs = np.float32(qjl_scale_value(qjl_scale, ins.P))
+            a = (rec.rnorm[i] * qs).astype(np.float32)
+            t = ((wht(z) * inv).astype(np.float32) * sj).astype(np.float32)
+            y = (y + (a[..., None] * t).astype(np.float32)).astype(np.float32)
+        x = (((wht(y) * inv).astype(np.float32) * sp).astype(np.float32) * rec.norm[i][..., None]).astype(np.float32)
+        for h in range(kvh):
+            cols = chans[h, ins.chan_off : ins.chan_off + ins.n_ch]
+            out[..., h, cols] = x[..., h, : ins.n_ch]
+    return out
+
+
+def qjl_scale_general(kind: str, P: int) -> float:
+    """The QJL scale of an instance rotated in R^P: 'reference' sqrt(pi/2)/P, 'unbiased' sqrt(pi/2)/sqrt(P)."""
+    return qjl_scale_value(kind, P)

@@ -52,7 +52,36 @@ FLASH_SEED = KernelSpec("turboquant/flash_attention_tq.wgsl", "flash_attention_t
                         buffers=(("params", ATTENTION_PARAMS),))
 SCORES = KernelSpec("turboquant/tq_scores.wgsl", "tq_scores", bindings=ro("qrot", "k_cache") + rw("out") + ro("params") + rw("stats"),
                     buffers=(("params", SCORES_PARAMS),))
-KERNELS = (COMPRESS_KEYS, COMPRESS_VALUES, ROTATE_Q, FLASH_SEED, SCORES)
+# General settings (bits 1-4, the outlier split, head sizes up to 256): compressor into per-token records of
+# a paged cache, and a dequantiser into an f32 paged cache the f32 decode attends over.
+GENERAL_COMPRESS_PARAMS = Struct("tq_general_compress_params", "n_rows n_kv_heads head_size block_size wpt row_base "
+                                 "keys n_ch rot bits chan_off code_off jl_off norm_off inv_sqrt_p:f32", words=16)
+_INSTANCE = "n_ch rot bits chan_off sign_off cb_off code_off jl_off norm_off inv_sqrt_p:f32 used qjl_scale:f32"
+GENERAL_DEQUANT_PARAMS = Struct(
+    "tq_general_dequant_params",
+    "n_kv_heads head_size block_size wpt_k wpt_v win0 unused0 unused1 "
+    + " ".join(" ".join(f"{w.split(':')[0]}_{slot}" + (":f32" if w.endswith(":f32") else "") for w in _INSTANCE.split())
+               for slot in ("k0", "k1", "v0", "v1")),
+    words=64)
+GENERAL_COMPRESS = KernelSpec("turboquant/tq_general_compress.wgsl", "tq_general_compress",
+                              bindings=ro("src", "slots", "chans", "signs", "codebook", "params") + rw("cache"),
+                              buffers=(("params", GENERAL_COMPRESS_PARAMS),))
+GENERAL_DEQUANT = KernelSpec("turboquant/tq_general_dequant.wgsl", "tq_general_dequant",
+                             bindings=ro("k_cache", "v_cache", "chans", "signs", "codebook", "params", "items")
+                             + rw("k_out", "v_out"), buffers=(("params", GENERAL_DEQUANT_PARAMS),))
+KERNELS = (COMPRESS_KEYS, COMPRESS_VALUES, ROTATE_Q, FLASH_SEED, SCORES, GENERAL_COMPRESS, GENERAL_DEQUANT)
+
+
+def check_general_head_size(head_size: int) -> None:
+    """Head sizes of the general-settings kernels: 4..256 (the rotation is padded to a power of two <= 256;
+    the f32 paged decode that attends over the dequantised cache holds up to 256)."""
+    d = int(head_size)
+    if d < 4 or d > tqf.MAX_ROTATION:
+        raise UnsupportedShape(
+            f"head_size {head_size} is not supported by TurboQuant: the rotation is padded to the next power of "
+            f"two, at most {tqf.MAX_ROTATION} (the kernels' 256 lanes), and the vector needs >= 4 channels.",
+            f"Use a head size between 4 and {tqf.MAX_ROTATION}.",
+        )
 
 
 def check_head_size(head_size: int) -> None:
@@ -386,3 +415,106 @@ def scores_bytes(cache: TQCache, n_queries: int, n_heads: int, max_seq: int) -> 
     d, kvh = cache.head_size, cache.n_kv_heads
     return int(n_queries * n_heads * (2 * d + 1) * 4 + max_seq * kvh * TQCache.key_bytes_per_vector(d)
                + n_queries * n_heads * max_seq * 4)
+
+
+# ---------------------------------------------------------------------- general settings
+@dataclass
+class GeneralTQCache:
+    """A general-settings TurboQuant cache of one batch: paged K/V records (kvviz.kernels.quant.QuantCache)
+    and what the kernels read next to them (channel tables, signs, codebooks of every instance)."""
+
+    settings: tqf.TQSettings
+    qc: object  # kvviz.kernels.quant.QuantCache
+    chans: np.ndarray  # [2 (K, V), kv_heads, d] u32
+    chans_buf: object
+    signs_buf: object
+    codebook_buf: object
+    offsets: dict  # (which, i) -> (sign_off, cb_off)
+
+
+def general_allocate(rt: GpuRuntime, st: tqf.TQSettings, batch, kvh: int, chans_k, chans_v) -> GeneralTQCache:
+    from kvviz.kernels import quant as qk
+
+    d = st.head_size
+    check_general_head_size(d)
+    qc = qk.alloc_cache(rt, "turboquant", batch, kvh, d, batch.block_size * st.wpt("K"), batch.block_size * st.wpt("V"))
+    chans = np.stack([np.asarray(chans_k, np.uint32), np.asarray(chans_v, np.uint32)])
+    signs, books, offsets = [], [], {}
+    so = co = 0
+    for which in ("K", "V"):
+        for i, ins in enumerate(st.instances(which)):
+            sp, sj = ins.signs
+            c, b = ins.codebook
+            offsets[(which, i)] = (so, co)
+            signs += [sp, sj]
+            books += [c, b]
+            so += 2 * ins.P
+            co += len(c) + len(b)
+    return GeneralTQCache(st, qc, chans, rt.upload(chans, "tq_chans"), rt.upload(np.concatenate(signs), "tq_gen_signs"),
+                          rt.upload(np.concatenate(books).astype(np.float32), "tq_gen_codebooks"), offsets)
+
+
+def general_compress_dispatches(rt: GpuRuntime, gc: GeneralTQCache, key: np.ndarray, value: np.ndarray,
+                                slots: np.ndarray) -> list[Dispatch]:
+    """The compressor over token rows key/value [T, kvh, d] (slots: PAD_SLOT rows skipped): one dispatch
+    per (K|V, instance, chunk of <= max_grid rows)."""
+    st = gc.settings
+    T, kvh, d = key.shape
+    if T == 0:
+        return []
+    if kvh > rt.max_grid:
+        raise DeviceLimitError(f"{kvh} KV heads exceed the grid limit {rt.max_grid}.")
+    kern = rt.compile(GENERAL_COMPRESS)
+    sb = rt.upload(np.asarray(slots, np.int64).astype(np.uint32), "tq_gen_slots")
+    out: list[Dispatch] = []
+    for which, x, cache in (("K", key, gc.qc.k), ("V", value, gc.qc.v)):
+        xb = rt.upload(np.ascontiguousarray(x, np.float32), "tq_gen_src")
+        cb = rt.upload(gc.chans[0 if which == "K" else 1], "tq_gen_chans")
+        for i, ins in enumerate(st.instances(which)):
+            sp, sj = ins.signs
+            c, b = ins.codebook
+            signs = rt.upload(np.concatenate([sp, sj]), "tq_gen_inst_signs")
+            book = rt.upload(np.concatenate([c, b]).astype(np.float32), "tq_gen_inst_codebook")
+            for base in range(0, T, rt.max_grid):
+                rows = min(rt.max_grid, T - base)
+                prm = GENERAL_COMPRESS_PARAMS.array(
+                    T, kvh, d, gc.qc.block_size, st.wpt(which), base, int(which == "K"), ins.n_ch, ins.P, ins.bits,
+                    ins.chan_off, ins.code_off, max(ins.jl_off, 0), ins.norm_off, tqf.inv_sqrt_d(ins.P))
+                out.append(kern.dispatch((rows, kvh, 1), [xb, sb, cb, signs, book, rt.upload(prm, "tq_gen_params"), cache]))
+    return out
+
+
+def general_dequant_dispatches(ctx, gc: GeneralTQCache, f32c, batch, qjl_scale: str = "reference") -> list[Dispatch]:
+    """Dequantise the batch's used blocks into the f32 paged cache (keys with the QJL term at `qjl_scale`)."""
+    from kvviz.kernels import quant as qk
+
+    st = gc.settings
+    kern = ctx.rt.compile(GENERAL_DEQUANT)
+    slots = []
+    for which in ("K", "V"):
+        inst = st.instances(which)
+        for i in range(2):
+            if i < len(inst):
+                ins = inst[i]
+                so, co = gc.offsets[(which, i)]
+                qs = tqf.qjl_scale_general(qjl_scale, ins.P) if which == "K" else 0.0
+                slots += [ins.n_ch, ins.P, ins.bits, ins.chan_off, so, co, ins.code_off, max(ins.jl_off, 0),
+                          ins.norm_off, tqf.inv_sqrt_d(ins.P), 1, qs]
+            else:
+                slots += [0] * 10 + [0, 0.0]
+
+    def params(w0):
+        return ctx.rt.upload(GENERAL_DEQUANT_PARAMS.array(gc.qc.num_kv_heads, st.head_size, gc.qc.block_size,
+                                                          st.wpt("K"), st.wpt("V"), w0, 0, 0, *slots), "tq_gen_dq_params")
+
+    bufs = [gc.qc.k, gc.qc.v, gc.chans_buf, gc.signs_buf, gc.codebook_buf]
+    out = []
+    items = qk.dequant_items(batch)
+    for w0, nb, kb, vb in qk.f32_windows(ctx, f32c):
+        sel = items[(items[:, 0] >= w0) & (items[:, 0] < w0 + nb)]
+        pb = params(w0)
+        for a, b in qk.row_chunks(ctx.rt, len(sel), 16):
+            chunk = np.ascontiguousarray(sel[a:b])
+            out.append(kern.dispatch((b - a, gc.qc.num_kv_heads, 2),
+                                     bufs + [pb, ctx.rt.upload(chunk, "tq_gen_items"), kb, vb]))
+    return out

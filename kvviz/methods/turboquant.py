@@ -1,5 +1,13 @@
-"""TurboQuant (arXiv:2504.19874) as a kvviz method: 2-bit PolarQuant + 1-bit QJL keys, 2-bit PolarQuant
-values, attention by the UNMODIFIED seed kernel flash_attention_tq.wgsl.
+"""TurboQuant (arXiv:2504.19874) as a kvviz method. The seed configuration (the default): 2-bit PolarQuant +
+1-bit QJL keys, 2-bit PolarQuant values, attention by the UNMODIFIED seed kernel flash_attention_tq.wgsl.
+
+The paper's settings (options bits, v_bits, outlier_share; head sizes other than 32/64/128, up to 256) run
+through the general kernels (shaders/turboquant/tq_general_*.wgsl; kvviz/formats/turboquant.py "general
+settings"): a compressor into per-token records of a PAGED cache (the batch's slot mapping), and a
+dequantiser into an f32 paged cache whose keys are the TurboQuant estimate (polar + QJL: the estimator is
+linear in q), attended by the f32 paged decode and weights kernels. Rotation of a head that is not a power
+of two: the RHT over the next power of two, the vector zero-padded (the padded coordinates' codes are
+stored: the layout counts them).
 
 TurboQuant here is not paged: the seed kernel reads one sequence's cache, laid out in regions with
 slot = kv_head * cache_cap + position. On a PagedBatch every sequence becomes its own TurboQuant cache
@@ -13,6 +21,7 @@ import numpy as np
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.kernels import turboquant as tqk
 from kvviz.kernels.timed import TimedKernel
+from kvviz.kernels.traffic import decode_bytes
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.formats import turboquant as tqf
 
@@ -31,15 +40,46 @@ class TurboQuantMethod(KVMethod):
 
     OPTIONS = (
         OptionSpec("qjl_scale", str, "reference", "scale of the QJL residual estimate: reference sqrt(pi/2)/d "
-                   "(the seed kernel's) or unbiased sqrt(pi/2)/sqrt(d)",
+                   "(the seed kernel's) or unbiased sqrt(pi/2)/sqrt(d) (d: the rotation's size)",
                    choices=tuple(tqf.QJL_SCALES)),
         OptionSpec("seed", int, tqf.DEFAULT_SEED, "seed of the rotation's random signs (combined with the layer)",
                    minimum=0),
+        OptionSpec("bits", int, 2, "bits of the keys' polar (MSE) stage; keys add the 1-bit QJL residual. 2 with "
+                   "v_bits 2, no outliers and head size 32/64/128 is the seed configuration (seed kernels)",
+                   choices=(1, 2, 3, 4)),
+        OptionSpec("v_bits", int, 2, "bits of the values' polar stage", choices=(1, 2, 3, 4)),
+        OptionSpec("outlier_share", float, 0.0, "share of each head's channels (those of largest RMS over the "
+                   "tokens quantised, per KV head) quantised by a second TurboQuant instance at one more bit: "
+                   "b + share bits per channel; 0.5 gives the paper's 2.5- and 3.5-bit settings from bits 2 and 3",
+                   minimum=0.0, maximum=0.75),
     )
-    REFERENCE = "kvviz.oracles.methods:turboquant_attention"
+    REFERENCE = "kvviz.oracles.turboquant:method_attention"
+    EXAMPLES = ({}, {"qjl_scale": "unbiased"}, {"bits": 1, "v_bits": 1}, {"bits": 3, "v_bits": 3},
+                {"bits": 4, "v_bits": 4}, {"bits": 2, "v_bits": 2, "outlier_share": 0.5},
+                {"bits": 3, "v_bits": 3, "outlier_share": 0.5}, {"bits": 1, "v_bits": 4, "qjl_scale": "unbiased"})
     qjl_scale: str
     seed: int
+    bits: int
+    v_bits: int
+    outlier_share: float
     layer: int = 0  # the model layer quantised: its rotation signs are seeded with it (for_layer)
+
+    def configure(self):
+        self.seed_config = self.bits == 2 and self.v_bits == 2 and self.outlier_share == 0.0
+        if not self.seed_config:
+            share = f" + {self.outlier_share:g} outliers" if self.outlier_share else ""
+            self.label = (f"TurboQuant K {self.bits}-bit polar + 1-bit QJL, V {self.v_bits}-bit{share} "
+                          f"({self.bits + self.outlier_share:g}/{self.v_bits + self.outlier_share:g}-bit setting)")
+            self.nominal_bits = (self.bits + 1 + self.v_bits) / 2.0 + self.outlier_share
+            self.attend_kernel = "paged_attn_f32 (over the TurboQuant estimate, tq_general_dequant)"
+            self.weights_kernel = "paged_attn_weights (over the TurboQuant estimate)"
+
+    def settings(self, head_size: int) -> tqf.TQSettings:
+        """The format of this method at a head size (its is_seed: the seed layout and kernels serve it)."""
+        return tqf.TQSettings(int(head_size), self.bits, self.v_bits, self.outlier_share, self.seed, self.layer)
+
+    def uses_seed(self, head_size: int) -> bool:
+        return self.settings(head_size).is_seed
 
     def for_layer(self, layer: int) -> "TurboQuantMethod":
         """This method for model layer `layer`: the rotation's signs are those of that layer."""
@@ -53,7 +93,10 @@ class TurboQuantMethod(KVMethod):
         return m
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
-        tqk.check_head_size(head_size)
+        if self.uses_seed(head_size):
+            tqk.check_head_size(head_size)
+        else:
+            tqk.check_general_head_size(head_size)
         tqk.check_gqa(num_heads, num_kv_heads)
         if block_size <= 0:
             raise UnsupportedShape(f"block_size must be positive, got {block_size}")
@@ -63,6 +106,8 @@ class TurboQuantMethod(KVMethod):
 
     # ------------------------------------------------------------------ layout
     def layouts(self, head_size, block_size):
+        if not self.uses_seed(head_size):
+            return self._general_layouts(head_size, block_size)
         tqk.check_head_size(head_size)
         d = head_size
         c, b = tqf.lloyd_max_2bit(d)
@@ -149,6 +194,8 @@ class TurboQuantMethod(KVMethod):
         return kern, caches, dispatches, rows_of
 
     def quantize(self, ctx, batch, key, value):
+        if not self.uses_seed(np.asarray(key).shape[-1]):
+            return self._general_quantize(ctx, batch, key, value)
         kern, caches, dispatches, rows_of = self._caches(ctx, batch, key, value)
         ctx.rt.run(dispatches)
         T, kvh, d = np.asarray(key).shape
@@ -247,6 +294,8 @@ class TurboQuantMethod(KVMethod):
         return out
 
     def attend(self, ctx, qkv, batch, q, scale):
+        if "general" in qkv.device:
+            return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
         q = self._check_q(qkv, batch, q)
         S, H, D = q.shape
         jobs = self.attend_dispatches(qkv, batch, q, scale)
@@ -268,6 +317,8 @@ class TurboQuantMethod(KVMethod):
         return out
 
     def weights(self, ctx, qkv, batch, q, scale):
+        if "general" in qkv.device:
+            return ctx.paged.weights(qkv.device["f32"], q, batch, scale)
         q = self._check_q(qkv, batch, q)
         S, H, _ = q.shape
         jobs = self.weights_dispatches(qkv, batch, q, scale)
@@ -279,6 +330,8 @@ class TurboQuantMethod(KVMethod):
 
     # ------------------------------------------------------------------ inspector
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        if "general" in qkv.device:
+            return self._general_inspect_block(ctx, qkv, batch, block, kv_head, which)
         if not 0 <= int(block) < batch.num_blocks:
             raise InvalidInput(f"block {block} is outside the pool of {batch.num_blocks} blocks")
         if not 0 <= int(kv_head) < qkv.num_kv_heads:
@@ -329,6 +382,8 @@ class TurboQuantMethod(KVMethod):
     # ------------------------------------------------------------------ timing
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
         T, kvh, d = np.asarray(key).shape
+        if not self.uses_seed(d):
+            return self._general_timed_kernels(ctx, batch, key, value, q, scale, qkv)
         if qkv is not None:  # the compress dispatches quantize ran, over its caches
             kern, caches, comp = qkv.device["kernels"], qkv.device["caches"], qkv.device["compress"]
         else:
@@ -353,4 +408,176 @@ class TurboQuantMethod(KVMethod):
             TimedKernel("tq_rotate_q", rot, rot_b, "rotate"),
             TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed"),
             TimedKernel("tq_scores (weights)", sc, sc_b, "weights"),
+        ]
+
+    # ================================================================== the paper's settings (general kernels)
+    def _general_layouts(self, head_size, block_size):
+        tqk.check_general_head_size(head_size)
+        st = self.settings(head_size)
+        d = head_size
+        out = []
+        for which in ("K", "V"):
+            inst = st.instances(which)
+            fields, words = [], []
+            for i, ins in enumerate(inst):
+                tag = ("outlier " if len(inst) > 1 and i == 0 else "") + f"instance {i}" if len(inst) > 1 else "vector"
+                fields.append(LayoutField(f"polar_idx{i}" if len(inst) > 1 else "polar_idx", f"uint{ins.bits}", ins.bits,
+                                          ins.P, "vector", f"{tag}: Lloyd-Max index ({ins.bits} bits) of each of the "
+                                          f"{ins.P} RHT-rotated coordinates of its {ins.n_ch} channels / their norm"))
+                if which == "K":
+                    fields.append(LayoutField(f"jl_bits{i}" if len(inst) > 1 else "jl_bits", "bit", 1, ins.P, "vector",
+                                              "sign of WHT((r/|r|) * s_jl), r = residual in rotated space"))
+                fields.append(LayoutField(f"norm{i}" if len(inst) > 1 else "norm", "f16", 16, 1, "vector", "|x| of the channels"))
+                fields.append(LayoutField(f"residual_norm{i}" if len(inst) > 1 else "residual_norm", "f16", 16, 1, "vector",
+                                          "|r| of the unit vector" if which == "K" else "high half of the norm word, 0"))
+                words.append(
+                    f"instance {i} ({ins.n_ch} channels, P={ins.P}, {ins.bits} bits): codes words "
+                    f"{ins.code_off}..{ins.code_off + ins.code_words - 1} (index j at bits {ins.bits}j.., LSB first, "
+                    f"across words)" + (f"; jl words {ins.jl_off}..{ins.jl_off + ins.P // 32 - 1} (element j at bit j)"
+                                        if which == "K" else "") + f"; word {ins.norm_off}: pack2x16float(norm, "
+                    + ("residual_norm)" if which == "K" else "0)"))
+            pad = [f"{ins.n_ch} -> {ins.P}" for ins in inst if ins.P != ins.n_ch]
+            pad_bits = sum((ins.P - ins.n_ch) * (ins.bits + (1 if which == "K" else 0)) for ins in inst) / d
+            split = (f"Outlier split: the {inst[0].n_ch} channels of largest RMS over the tokens quantised (per KV "
+                     f"head) at {inst[0].bits} bits, the other {inst[1].n_ch} at {inst[1].bits}: each set its own "
+                     "instance (norm, rotation, codebook" + (", QJL" if which == "K" else "") + "). ") if len(inst) > 1 else ""
+            padding = (f"Rotation padded to a power of two ({', '.join(pad)} coordinates, zeros appended): the "
+                       f"padded coordinates' codes cost {pad_bits:.2f} extra bits per element. ") if pad else ""
+            what = ("Keys: PolarQuant + 1-bit QJL residual signs + f16 norms; attended as the dequantised "
+                    "estimate n*RHT^-1(c[idx] + rn*qjl_scale*J^T(2*bits-1)) through the f32 paged decode. "
+                    if which == "K" else "Values: PolarQuant + f16 norm; reconstructed as n*RHT^-1(c[idx]). ")
+            out.append(CacheLayout(
+                method=self.id, which=which, head_size=d, fields=tuple(fields),
+                bytes_per_token_per_head=float(st.wpt(which) * 4),
+                description=(what + split + padding +
+                             f"Polar bits per channel {st.polar_bits(which):g}. Paged [num_blocks, kv_heads, "
+                             f"{block_size}, {st.wpt(which)}] u32 (the general kernels, tq_general_*.wgsl). Rotation: "
+                             f"RHT with seeded signs (seed {self.seed} ^ layer {self.layer}; instance 1: a derived seed)."),
+                word_map="; ".join(words),
+            ))
+        return out[0], out[1]
+
+    def _general_build(self, ctx, batch, key, value):
+        from kvviz.kernels import quant as qk
+        from kvviz.paging import PAD_SLOT
+
+        key = np.asarray(key)
+        value = np.asarray(value)
+        for name, a in (("key", key), ("value", value)):
+            if a.dtype != np.float32 or a.ndim != 3:
+                raise InvalidInput(f"{name} must be float32 [num_tokens, num_kv_heads, head_size], got {a.dtype} {a.shape}")
+            check_finite(name, a)
+        if value.shape != key.shape:
+            raise InvalidInput(f"key and value shapes differ: {key.shape} vs {value.shape}")
+        T, kvh, d = key.shape
+        self.check(kvh, kvh, d, batch.block_size)
+        sm = qk.check_batch(batch, T)
+        real = sm != PAD_SLOT
+        st = self.settings(d)
+        for name, a in (("keys", key), ("values", value)):
+            if T and float(np.sqrt((a[real].astype(np.float64) ** 2).sum(-1)).max(initial=0)) > tqk.F16_MAX:
+                raise InvalidInput(f"a {name} vector has a norm above {tqk.F16_MAX:g}: TurboQuant stores norms as f16",
+                                   "Scale the input down; f16 norms overflow to infinity.")
+        ck = tqf.choose_channels(key[real], st.n_outliers)
+        cv = tqf.choose_channels(value[real], st.n_outliers)
+        gc = tqk.general_allocate(ctx.rt, st, batch, kvh, ck, cv)
+        f32c = qk.alloc_f32(ctx, batch, kvh, d)
+        wd = tqk.general_compress_dispatches(ctx.rt, gc, np.ascontiguousarray(key), np.ascontiguousarray(value), sm)
+        dd = tqk.general_dequant_dispatches(ctx, gc, f32c, batch, self.qjl_scale)
+        return key, value, sm, st, gc, f32c, wd, dd
+
+    def _general_quantize(self, ctx, batch, key, value):
+        from kvviz.kernels import quant as qk
+        from kvviz.paging import PAD_SLOT
+
+        key, value, sm, st, gc, f32c, wd, dd = self._general_build(ctx, batch, key, value)
+        ctx.rt.run(wd + dd)
+        T, kvh, d = key.shape
+        recs = {w: qk.token_records(qk.read_cache(ctx.rt, gc.qc, w), batch, st.wpt(w)) for w in ("K", "V")}
+        dec = {w: tqf.unpack_general(recs[w], st, w) for w in ("K", "V")}
+        real = sm != PAD_SLOT
+
+        def norms(w):
+            n = np.stack(dec[w].norm, -1)  # [T, kvh, instances]
+            return n[..., 0] if n.shape[-1] == 1 else n
+
+        warnings = []
+        n_inst = len(st.instances("K"))
+        for i in range(n_inst):
+            subs = []
+            for w, x in (("K", key), ("V", value)):
+                ins = st.instances(w)[i]
+                ch = gc.chans[0 if w == "K" else 1][:, ins.chan_off:ins.chan_off + ins.n_ch].astype(np.int64)
+                subs.append(np.stack([x[:, h, ch[h]] for h in range(kvh)], 1)[real])
+            got = self.range_warnings(subs[0], subs[1], dec["K"].norm[i][real], dec["V"].norm[i][real])
+            tag = f" (instance {i}: {st.instances('K')[i].n_ch} channels)" if n_inst > 1 else ""
+            warnings += [g.replace("turboquant:", f"turboquant{tag}:") for g in got]
+        extra = {
+            "settings": st,
+            "channels": (gc.chans[0], gc.chans[1]),
+            "k_records": recs["K"], "v_records": recs["V"],
+            "k_fields": dec["K"], "v_fields": dec["V"],
+            "qjl_scale": self.qjl_scale,
+            "note": "general settings: the f32 cache holds the keys' TurboQuant estimate (polar + QJL) and the "
+                    "values' PolarQuant reconstruction, read back in read_f32",
+        }
+        cr = (0, (1 << max(i.bits for w in ("K", "V") for i in st.instances(w))) - 1)
+        return QuantizedKV(
+            self, d, kvh, np.concatenate(dec["K"].idx, -1), np.concatenate(dec["V"].idx, -1), norms("K"), norms("V"),
+            cr, device={"general": gc, "cache": gc.qc, "f32": f32c, "writer": wd, "dequant": dd}, extra=extra,
+            warnings=warnings,
+        )
+
+    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
+        """General settings: the dequantised f32 paged cache [num_blocks, kv_heads, block_size, head_size]."""
+        return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
+
+    def _general_inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        from kvviz.kernels import quant as qk
+        from kvviz.methods.int8_seed import block_positions
+
+        if which not in ("K", "V"):
+            raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
+        gc, st = qkv.device["general"], qkv.extra["settings"]
+        w = st.wpt(which)
+        full = qk.read_cache(ctx.rt, gc.qc, which)
+        recs = full[int(block), int(kv_head)].reshape(batch.block_size, w)
+        dec = tqf.unpack_general(recs, st, which)
+        pos = block_positions(batch, block)
+        chans = gc.chans[0 if which == "K" else 1][int(kv_head)]
+        out = []
+        for o in range(batch.block_size):
+            fields = {}
+            for i, ins in enumerate(st.instances(which)):
+                sfx = str(i) if len(dec.idx) > 1 else ""
+                fields[f"polar_idx{sfx}"] = dec.idx[i][o].astype(np.int32)
+                if which == "K":
+                    fields[f"jl_bits{sfx}"] = dec.jl_bits[i][o].astype(np.int32)
+                    fields[f"residual_norm{sfx}"] = float(dec.rnorm[i][o])
+                fields[f"norm{sfx}"] = float(dec.norm[i][o])
+                if len(dec.idx) > 1:
+                    fields[f"channels{sfx}"] = chans[ins.chan_off:ins.chan_off + ins.n_ch].astype(np.int32)
+            out.append(TokenRecord(slot=int(block) * batch.block_size + o, position=int(pos[o]), words=recs[o].copy(),
+                                   fields=fields))
+        return out
+
+    def _general_timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        from kvviz.paging import PAD_SLOT
+
+        if qkv is not None:
+            st, f32c, wd, dd = qkv.extra["settings"], qkv.device["f32"], qkv.device["writer"], qkv.device["dequant"]
+        else:
+            key, value, sm, st, gc, f32c, wd, dd = self._general_build(ctx, batch, key, value)
+            ctx.rt.run(wd + dd)
+        kvh, d = np.asarray(key).shape[1], np.asarray(key).shape[2]
+        real = int(np.count_nonzero(batch.slot_mapping != PAD_SLOT))
+        words = st.wpt("K") + st.wpt("V")
+        w_bytes = 2 * real * kvh * d * 4 + batch.num_tokens * 4 + real * kvh * words * 4
+        nblk = sum(len(b) for b in batch.seq_blocks)
+        d_bytes = nblk * kvh * batch.block_size * (words + 2 * d) * 4
+        dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
+        return [
+            TimedKernel("tq_general_compress (keys + values)", wd, int(w_bytes), "writer"),
+            TimedKernel("tq_general_dequant (estimate -> f32 cache)", dd, int(d_bytes), "dequantise"),
+            TimedKernel("paged_attn_f32 (over the TurboQuant estimate)", dec, decode_bytes(f32c, batch, q), "decode"),
         ]

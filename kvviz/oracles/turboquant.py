@@ -331,3 +331,112 @@ def exact_attention(q, keys, values, start_pos: int, max_seq: int, scale: float)
             e = np.exp(s - s.max())
             out[j, h] = (e / e.sum()) @ V[:L, kvh]
     return out
+
+
+# ====================================================================================== general settings
+# The compressor and dequantiser of the paper's settings (kvviz/formats/turboquant.py "general settings";
+# shaders turboquant/tq_general_{compress,dequant}.wgsl), float32 in the kernels' order.
+from kvviz.formats.turboquant import (  # noqa: E402,F401
+    TQSettings, choose_channels, dequantize_general, pack_bits, qjl_scale_general, rotation_size, tree_sum_lanes,
+    unpack_bits, unpack_general,
+)
+
+
+@dataclass
+class EncodedInstance:
+    idx: np.ndarray  # [..., P] u8
+    jl_bits: np.ndarray | None  # [..., P] u8
+    norm: np.ndarray  # [...] f32
+    rnorm: np.ndarray  # [...] f32 (0 for values)
+    rotated: np.ndarray  # [..., P] f32: the rotated unit vector the indices come from
+    jl_values: np.ndarray | None
+
+
+def encode_instance(x: np.ndarray, chans: np.ndarray, ins, keys: bool) -> EncodedInstance:
+    """One instance of x [rows, kvh, d] with the channel table [kvh, d]."""
+    x = np.asarray(x, np.float32)
+    T, kvh, d = x.shape
+    P = ins.P
+    sub = np.zeros((T, kvh, P), np.float32)
+    for h in range(kvh):
+        sub[:, h, : ins.n_ch] = x[:, h, np.asarray(chans[h, ins.chan_off : ins.chan_off + ins.n_ch], np.int64)]
+    sp, sj = ins.signs
+    inv = inv_sqrt_d(P)
+    n = np.sqrt(tree_sum_lanes(sub * sub)).astype(np.float32)
+    zero = n < EPS
+    k = (inv / np.where(zero, np.float32(1.0), n)).astype(np.float32)
+    y = wht(((sub * k[..., None]).astype(np.float32) * sp).astype(np.float32))
+    c, b = ins.codebook
+    idx = (y[..., None] >= b).sum(-1).astype(np.uint8)  # number of boundaries <= y
+    r = (y - c[idx]).astype(np.float32)
+    if keys:
+        rn = np.sqrt(tree_sum_lanes(r * r)).astype(np.float32)
+        nores = rn < EPS
+        jl = wht(((r / np.where(nores, np.float32(1.0), rn)[..., None]).astype(np.float32) * sj).astype(np.float32))
+        bits = (jl >= 0).astype(np.uint8)
+        bits[zero | nores] = 0
+    else:
+        rn, jl, bits = np.zeros_like(n), None, None
+    idx[zero] = 0
+    return EncodedInstance(idx, bits, n, rn, y, jl)
+
+
+def compress_general(x: np.ndarray, chans: np.ndarray, st: TQSettings, which: str):
+    """Records [rows, kvh, wpt] u32 of x [rows, kvh, d] (K or V) and the per-instance encodings."""
+    x = np.asarray(x, np.float32)
+    T, kvh, _ = x.shape
+    rec = np.zeros((T, kvh, st.wpt(which)), np.uint32)
+    encs = []
+    for ins in st.instances(which):
+        e = encode_instance(x, chans, ins, which == "K")
+        zero = e.norm < EPS
+        cw = pack_bits(e.idx, ins.bits)
+        cw[zero] = 0
+        rec[..., ins.code_off : ins.code_off + ins.code_words] = cw
+        if which == "K":
+            rec[..., ins.jl_off : ins.jl_off + ins.P // 32] = pack_1bit(e.jl_bits)
+        nw = pack2x16float(e.norm, e.rnorm)
+        nw[zero] = 0
+        rec[..., ins.norm_off] = nw
+        encs.append(e)
+    return rec, encs
+
+
+def general_caches(method, batch, key, value):
+    """(settings, channel tables (K, V), K records, V records, dequantised K, V [rows, kvh, d] f32) of a
+    general-settings TurboQuant method on a batch: what its kernels must produce (real rows only)."""
+    from kvviz.paging import PAD_SLOT
+
+    key = np.asarray(key, np.float32)
+    value = np.asarray(value, np.float32)
+    st = method.settings(key.shape[2])
+    real = np.asarray(batch.slot_mapping, np.int64) != PAD_SLOT
+    ck = choose_channels(key[real], st.n_outliers)
+    cv = choose_channels(value[real], st.n_outliers)
+    kr, _ = compress_general(key, ck, st, "K")
+    vr, _ = compress_general(value, cv, st, "V")
+    kr[~real] = 0
+    vr[~real] = 0
+    fk = dequantize_general(kr, ck, st, "K", method.qjl_scale)
+    fv = dequantize_general(vr, cv, st, "V")
+    return st, (ck, cv), kr, vr, fk, fv
+
+
+def general_attention(method, batch, key, value, q, scale, qkv=None):
+    """End-to-end reference of the general settings: the oracle's dequantised caches (keys carrying the
+    QJL estimate) through the f32 paged decode's arithmetic; tolerance 2e-5 * max(1, max|V^|)."""
+    from kvviz.oracles.methods import _scatter, _through_f32_decode
+
+    _, _, _, _, fk, fv = general_caches(method, batch, key, value)
+    return _through_f32_decode(batch, q, scale, _scatter(batch, fk.astype(np.float64)),
+                               _scatter(batch, fv.astype(np.float64)))
+
+
+def method_attention(method, batch, key, value, q, scale, qkv=None):
+    """The TurboQuant method's end-to-end reference: the seed estimator (kvviz.oracles.methods) for the seed
+    configuration, `general_attention` for every other setting."""
+    if method.settings(np.asarray(key).shape[2]).is_seed:
+        from kvviz.oracles.methods import turboquant_attention
+
+        return turboquant_attention(method, batch, key, value, q, scale, qkv)
+    return general_attention(method, batch, key, value, q, scale, qkv)
