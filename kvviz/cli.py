@@ -6,6 +6,8 @@
   kvviz report --out DIR     the app's panels, numbers and summary, written without a display
   kvviz live                 a real model decoding through each method's paged cache: KL, top-1
   kvviz capture              a real model's Q/K/V for a prompt, saved as a KV dump file
+  kvviz runs list|show|pin   the run history (every bench and window run, kept on disk)
+  kvviz diff A B             two runs or bench JSON files, kernel by kernel: faster / slower / within noise
 """
 from __future__ import annotations
 
@@ -107,6 +109,7 @@ def _cmd_bench(args) -> int:
     runs = args.runs or (10 if args.quick else 30)
     result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch, methods=not args.no_methods)
     print(format_table(result))
+    _record_bench(result)
     if args.json:
         save_json(result, args.json)
         print(f"\nwrote {args.json}")
@@ -115,6 +118,102 @@ def _cmd_bench(args) -> int:
         print(f"\n{len(bad_rows)} kernel run(s) failed or outside tolerance vs the oracle: "
               + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr)
         return EXIT_FAILED
+    return 0
+
+
+def _record_bench(result: dict) -> None:
+    """Keep the bench in the run history (its id goes into the JSON as history_run_id); a history that
+    cannot be written is said on stderr and does not fail the bench."""
+    from kvviz.history.db import HistoryError, record_bench_result
+
+    try:
+        run_id, path = record_bench_result(result)
+    except HistoryError as exc:
+        print(f"kvviz bench: not recorded in the run history: {exc.one_line()}", file=sys.stderr)
+        return
+    result["history_run_id"] = run_id
+    print(f"\nrecorded as run {run_id} in {path} (kvviz runs show {run_id})")
+
+
+def _write_json(data, path: str | None) -> None:
+    """Strict JSON (null for NaN/Inf) to `path`, or to stdout for "-"."""
+    import json
+
+    from kvviz.report.tables import clean
+
+    text = json.dumps(clean(data), indent=2, allow_nan=False)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+
+
+def _cmd_runs(args) -> int:
+    from kvviz.checks import check_out_file
+    from kvviz.history.db import HistoryDB
+
+    if getattr(args, "json", None) not in (None, "-"):
+        check_out_file(args.json, "--json")
+    with HistoryDB() as db:
+        if args.runs_cmd == "list":
+            runs = db.runs(limit=args.limit)
+            if args.json:
+                _write_json({"db": str(db.path), "runs": [r.to_json(samples=False) for r in runs]}, args.json)
+                return 0
+            if not runs:
+                print(f"no runs yet in {db.path} (kvviz bench and the window record every run)")
+                return 0
+            print(f"{len(runs)} run(s) in {db.path}, newest first (* = pinned baseline)")
+            print(f"{'id':>5}  {'created (UTC)':<20} {'source':<6} {'kernels':>7}  adapter / method / shapes")
+            for r in runs:
+                what = (r.method + "; " if r.method else "") + "; ".join(r.shapes)
+                print(f"{r.id:>4}{'*' if r.baseline else ' '}  {r.created:<20} {r.source:<6} {r.kernel_count:>7}  "
+                      f"{r.adapter_name} / {what}")
+            return 0
+        if args.runs_cmd == "pin":
+            db.pin(args.id)
+            print(f"run {args.id} is the baseline")
+            return 0
+        if args.runs_cmd == "unpin":
+            db.unpin()
+            print("no baseline pinned")
+            return 0
+        run = db.run(args.id)
+    if args.json:
+        _write_json(run.to_json(samples=True), args.json)
+        return 0
+    print(run.describe() + (" [pinned baseline]" if run.baseline else ""))
+    print(f"adapter: {run.adapter.get('name', '')} ({run.adapter.get('backend', '')}), driver {run.adapter.get('driver', '')}")
+    if run.config:
+        print(f"config: {run.config}")
+    kw = max([len("kernel")] + [len(k.name) for k in run.kernels])
+    vw = max([len("variant")] + [len(k.variant) for k in run.kernels])
+    shape = None
+    for k in run.kernels:
+        from kvviz.history.db import shape_label
+
+        if shape_label(k.shape) != shape:
+            shape = shape_label(k.shape)
+            print(f"\n== {shape}")
+            print(f"{'kernel':<{kw}} {'variant':<{vw}} {'median':>10} {'p10':>10} {'p90':>10} {'n':>4}  {'source hash':<16} timing")
+        print(f"{k.name:<{kw}} {k.variant:<{vw}} {k.median_us:>10.1f} {k.p10_us:>10.1f} {k.p90_us:>10.1f} "
+              f"{len(k.samples_us):>4}  {k.source_hash or '-':<16} {k.timing_method}")
+    return 0
+
+
+def _cmd_diff(args) -> int:
+    from kvviz.checks import check_out_file
+    from kvviz.history.diff import diff, format_diff, load_side
+
+    if args.json not in (None, "-"):
+        check_out_file(args.json, "--json")
+    d = diff(load_side(args.a), load_side(args.b))
+    if args.json:
+        _write_json(d, args.json)
+        if args.json == "-":
+            return 0
+    print(format_diff(d))
     return 0
 
 
@@ -221,6 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help=".safetensors or .npz")
     c.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M)")
     c.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved arrays")
+    rn = command("runs", "the run history: every kvviz bench and window run, kept on disk")
+    rsub = rn.add_subparsers(dest="runs_cmd", metavar="{list,show,pin,unpin}", parser_class=_Parser, required=True)
+    rl = rsub.add_parser("list", help="the runs, newest first")
+    rl.add_argument("--limit", type=positive_int, default=50, help="show at most this many runs")
+    rl.add_argument("--json", help="write the list as JSON to this path ('-': stdout)")
+    rs = rsub.add_parser("show", help="one run: every kernel's median, p10, p90, samples, source hash")
+    rs.add_argument("id", type=positive_int, help="run id (kvviz runs list)")
+    rs.add_argument("--json", help="write the run with its samples as JSON to this path ('-': stdout)")
+    rp = rsub.add_parser("pin", help="make a run the baseline (the window's pin)")
+    rp.add_argument("id", type=positive_int, help="run id")
+    rsub.add_parser("unpin", help="pin no baseline")
+    df = command("diff", "compare two runs kernel by kernel: median, spread and a verdict from the samples")
+    df.description = ("A and B are run ids (kvviz runs list) or files written by kvviz bench --json. Verdict per "
+                      "kernel: a two-sided Mann-Whitney U test at alpha 0.01 on B's timed samples against A's "
+                      "(exact for small samples without ties): faster or slower when it rejects 'same "
+                      "distribution', else within noise. No fixed-% threshold.")
+    df.add_argument("a", help="the reference: a run id or a bench JSON file")
+    df.add_argument("b", help="the run compared with it: a run id or a bench JSON file")
+    df.add_argument("--json", help="write the comparison as JSON to this path ('-': stdout)")
     g = command("gui", "open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")
@@ -243,6 +361,10 @@ def main(argv=None) -> int:
             return _cmd_live(args)
         if args.cmd == "capture":
             return _cmd_capture(args)
+        if args.cmd == "runs":
+            return _cmd_runs(args)
+        if args.cmd == "diff":
+            return _cmd_diff(args)
         if args.cmd is None:
             args = build_parser().parse_args(["gui"] + list(argv or sys.argv[1:]))
         return _cmd_gui(args)

@@ -4,7 +4,18 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
+
+# Tests never write the user's data directory (the run history): a throw-away folder for the whole
+# session, and a fresh one per test below.
+os.environ["KVVIZ_DATA_DIR"] = tempfile.mkdtemp(prefix="kvviz-test-data-")
+
+
+@pytest.fixture(autouse=True)
+def _kvviz_data_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("KVVIZ_DATA_DIR", str(tmp_path_factory.mktemp("kvviz-data")))
 
 
 @pytest.fixture(scope="session")

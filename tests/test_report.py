@@ -92,17 +92,15 @@ def test_csv_roundtrip(res, tmp_path):
 def test_chrome_trace(res, tmp_path):
     from kvviz.report.trace import write_chrome_trace
 
+    # every timed sample is an event on its kernel's track (tests/test_timeline.py checks the layout)
     p = write_chrome_trace(tmp_path / "t.json", res)
     tr = json.load(open(p))
-    xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
-    assert len(xs) == len(res.timings)
-    ts = 0.0
-    for e, row in zip(xs, res.timings):
-        assert e["name"] == row.kernel and e["dur"] == row.timing.median_us and e["ts"] == ts
-        assert e["args"]["timing_method"] == row.timing.method
-        assert len(e["args"]["samples_us"]) == len(row.timing.samples_us)
-        assert {"pid", "tid", "cat"} <= set(e)
-        ts += e["dur"]
+    xs = [e for e in tr["traceEvents"] if e["ph"] == "X" and e["cat"] == "timed"]
+    assert len(xs) == sum(len(row.timing.samples_us) for row in res.timings)
+    for k, row in zip(tr["otherData"]["kernels"], res.timings):
+        assert k["kernel"] == row.kernel and k["median_us"] == row.timing.median_us
+        assert k["timing_method"] == row.timing.method
+        assert [e["dur"] for e in xs if e["tid"] == k["track"]] == pytest.approx(list(row.timing.samples_us))
 
 
 def assert_same(a, b):
@@ -161,7 +159,8 @@ def test_kvviz_report_cli(tmp_path):
     md = (out / "report.md").read_text()
     assert "![Cache layout](cache_layout.png)" in md
     assert (out / "trace.json").exists()
-    assert len([e for e in json.load(open(out / "trace.json"))["traceEvents"] if e["ph"] == "X"]) == len(rep["timings"])
+    timed = [e for e in json.load(open(out / "trace.json"))["traceEvents"] if e["ph"] == "X" and e["cat"] == "timed"]
+    assert len(timed) == 3 * len(rep["timings"])  # one event per sample, timing_runs=3 each
 
 
 def test_kvviz_report_bad_setting(tmp_path):

@@ -113,8 +113,12 @@ def test_changing_a_control_recomputes_in_the_worker(qtbot, window):
     assert res.config.num_heads == 8
     assert w.attention.table.rowCount() == res.batch.num_seqs * 8
     assert len(w.timing.history) == 2
-    assert w.timing.hist_plot.getPlotItem().listDataItems()
     assert len(w.timing.hist_tab) == sum(len(e["medians"]) for e in w.timing.history)
+    # both runs are in the run history on disk (a fresh one per test), the newest selected and plotted
+    hv = w.timing.history_view
+    assert [r.id for r in hv.run_list] == [w.timing.run_id, w.timing.run_id - 1]
+    assert hv.runs_table.rowCount() == 2 and hv.selected_run() == w.timing.run_id
+    assert hv.plot.getPlotItem().listDataItems()
 
 
 def test_pinned_baseline_delta(qtbot, window):
@@ -358,14 +362,12 @@ def test_window_png_and_trace_and_report(qtbot, window, tmp_path):
     assert (img.width(), img.height()) == (w.width() * w.devicePixelRatio(), w.height() * w.devicePixelRatio())
 
     trace = json.loads(open(w.export_trace(str(tmp_path / "trace.json"))).read())
-    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert len(xs) == len(res.timings)
-    t = 0.0
-    for e, row in zip(xs, res.timings):
-        assert e["name"] == row.kernel
-        assert e["dur"] == pytest.approx(row.timing.median_us)
-        assert e["ts"] == pytest.approx(t)  # laid out one after another
-        t += e["dur"]
+    timed = [e for e in trace["traceEvents"] if e["ph"] == "X" and not e["args"]["warmup"]]
+    assert len(timed) == sum(len(row.timing.samples_us) for row in res.timings)  # one event per sample
+    for track, row in enumerate(res.timings):
+        mine = [e for e in timed if e["tid"] == track + 1]
+        assert [e["name"] for e in mine] == [row.kernel] * len(row.timing.samples_us)
+        assert [e["dur"] for e in mine] == pytest.approx(list(row.timing.samples_us))
 
     paths = w.export_report(str(tmp_path / "report"))
     rep = json.load(open(paths["json"]))

@@ -5,6 +5,7 @@ except through the objects it hands out.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -20,7 +21,7 @@ import wgpu
 from kvviz.errors import DeviceLimitError, DeviceLostError, GpuUnavailable, ShaderCompileError
 from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec, Struct, ro, rw
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec, compile_shader, declarations
-from kvviz.gpu.timing import TimingResult
+from kvviz.gpu.timing import MAX_WARMUP_SPANS, TimingResult, kernel_sources
 
 log = logging.getLogger("kvviz.gpu")
 
@@ -564,12 +565,17 @@ class GpuRuntime:
         agreed with wall-clock throughput to 1%). `isolate=True` submits and waits for each run
         on its own: cold-GPU numbers. Without the timestamp feature, falls back to wall-clock time
         of submit + wait per run and says so in `TimingResult.method`.
+
+        Every pass keeps when it began and ended (`starts_us`, `warmup_spans_us`, on the device's
+        timestamp clock; the warm-up passes are timestamped too, the last MAX_WARMUP_SPANS kept), and
+        the result names the kernels timed with their source hashes (`kernels`).
         """
         dispatches = list(dispatches or [])
         with self._lock, self._guard("a timed run"):
             for d in dispatches:
                 self._check_grid(d)
             groups = [self._bind_group(d) for d in dispatches]
+            sources = kernel_sources(dispatches)
 
             def one_pass(enc, tw=None):
                 cpass = enc.begin_compute_pass(timestamp_writes=tw) if tw else enc.begin_compute_pass()
@@ -577,6 +583,8 @@ class GpuRuntime:
                 cpass.end()
 
             rec = record or one_pass
+            stamps = self.has_timestamps
+            period = self.timestamp_period_ns
             # Warm up by time as well as by count: an idle GPU runs at low clocks and a
             # latency-bound kernel measured cold read 3.7x slower on an H200 (seed decode 7.8 ms
             # vs 2.1 ms warm, which wall-clock throughput confirmed).
@@ -584,34 +592,51 @@ class GpuRuntime:
                 warmup_ms = 0.0  # a CPU rasteriser has no GPU clocks to ramp up
             t_end = time.perf_counter() + warmup_ms / 1e3
             done = 0
+            n = max(1, warmup)
+            warm = collections.deque(maxlen=MAX_WARMUP_SPANS)  # (start, end) in ns on the timing clock
+            wq = None
             while done < warmup or time.perf_counter() < t_end:
+                if stamps and wq is None:
+                    wq = self._timestamp_slots(n, "kvviz-warmup-timestamps")
                 enc = self.device.create_command_encoder()
-                n = max(1, warmup)
-                for _ in range(n):
-                    rec(enc)
-                self.queue.submit([enc.finish()])
-                self._wait()
+                t0 = time.perf_counter_ns()
+                for j in range(n):
+                    if stamps:
+                        rec(enc, {"query_set": wq[0], "beginning_of_pass_write_index": 2 * j,
+                                  "end_of_pass_write_index": 2 * j + 1})
+                    else:
+                        rec(enc)
+                if stamps:
+                    ticks = self._resolve_timestamps(enc, wq, n)
+                    warm.extend((int(a), int(b)) for a, b in ticks)
+                else:
+                    self.queue.submit([enc.finish()])
+                    self._wait()
+                    warm.append((t0, time.perf_counter_ns()))
                 done += n
                 if done >= 1000 * max(1, warmup):
                     break
-            if not self.has_timestamps:
-                samples = []
+            if wq is not None:
+                wq[0].destroy()
+            if not stamps:
+                samples, starts = [], []
                 for _ in range(runs):
-                    t0 = time.perf_counter()
+                    t0 = time.perf_counter_ns()
                     enc = self.device.create_command_encoder()
                     rec(enc)
                     self.queue.submit([enc.finish()])
                     self._wait()
-                    samples.append((time.perf_counter() - t0) * 1e6)
+                    samples.append((time.perf_counter_ns() - t0) / 1e3)
+                    starts.append(t0)
                 log.info("%s has no timestamp-query: timing by wall clock (submit + wait)", self.summary.name)
-                res = TimingResult.from_samples(samples, method="wall-clock (no timestamp-query)")
+                res = _timing_result(samples, starts, warm, 1.0, done, sources, "wall-clock (no timestamp-query)")
                 log.debug("timed %s: %s", _names(dispatches), res.to_json())
                 return res
-            qs = self.device.create_query_set(type="timestamp", count=2 * runs)
+            qs = self._timestamp_slots(runs, "kvviz-timestamps")
             enc = self.device.create_command_encoder()
             for i in range(runs):
                 tw = {
-                    "query_set": qs,
+                    "query_set": qs[0],
                     "beginning_of_pass_write_index": 2 * i,
                     "end_of_pass_write_index": 2 * i + 1,
                 }
@@ -620,19 +645,43 @@ class GpuRuntime:
                     self.queue.submit([enc.finish()])
                     self._wait()
                     enc = self.device.create_command_encoder()
-            resolve = self.empty(16 * runs, "kvviz-timestamps")
-            resolve_buf = self.device.create_buffer(
-                size=16 * runs, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
-            )
-            enc.resolve_query_set(qs, 0, 2 * runs, resolve_buf, 0)
-            enc.copy_buffer_to_buffer(resolve_buf, 0, resolve, 0, 16 * runs)
-            self.queue.submit([enc.finish()])
-            ticks = self.read(resolve, np.uint64).reshape(runs, 2)
-            qs.destroy()
-            dt_us = (ticks[:, 1].astype(np.float64) - ticks[:, 0]) * self.timestamp_period_ns / 1e3
-            res = TimingResult.from_samples(list(dt_us), method="gpu-timestamps")
+            ticks = self._resolve_timestamps(enc, qs, runs)
+            qs[0].destroy()
+            # Differences in ticks first (exact integers), then nanoseconds: the samples keep full precision.
+            dt_us = (ticks[:, 1].astype(np.float64) - ticks[:, 0]) * period / 1e3
+            res = _timing_result(list(dt_us), [int(t) for t in ticks[:, 0]], warm, period, done, sources, "gpu-timestamps")
             log.debug("timed %s: %s", _names(dispatches), res.to_json())
             return res
+
+    def _timestamp_slots(self, passes: int, label: str):
+        """A timestamp query set for `passes` passes (a begin and an end each) and its resolve buffers."""
+        qs = self.device.create_query_set(type="timestamp", count=2 * passes, label=label)
+        resolve_buf = self.device.create_buffer(
+            size=16 * passes, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+        )
+        return qs, resolve_buf, self.empty(16 * passes, label)
+
+    def _resolve_timestamps(self, enc, slots, passes: int) -> np.ndarray:
+        """Resolve the query set at the end of `enc`, submit it, wait and return the ticks [passes, 2]."""
+        qs, resolve_buf, out = slots
+        enc.resolve_query_set(qs, 0, 2 * passes, resolve_buf, 0)
+        enc.copy_buffer_to_buffer(resolve_buf, 0, out, 0, 16 * passes)
+        self.queue.submit([enc.finish()])
+        return self.read(out, np.uint64).reshape(passes, 2)
+
+
+def _timing_result(samples_us, starts, warm, period_ns: float, warmup_runs: int, sources, method: str) -> TimingResult:
+    """A TimingResult whose start times count from the earliest kept timestamp (warm-up included).
+    `starts` and `warm` are integer clock ticks of `period_ns` each; they are made relative in
+    integers first, so a clock counting from the epoch (1e18 ns) keeps sub-ns offsets."""
+    base = min([int(s) for s in starts] + [int(a) for a, _ in warm])
+    us = lambda t: (int(t) - base) * period_ns / 1e3  # noqa: E731
+    return TimingResult.from_samples(
+        samples_us, method,
+        starts_us=[us(s) for s in starts],
+        warmup_spans_us=[(us(a), us(b)) for a, b in warm],
+        warmup_runs=warmup_runs, origin_ns=base * period_ns, kernels=sources,
+    )
 
 
 def _names(dispatches) -> str:

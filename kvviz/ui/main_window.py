@@ -165,6 +165,7 @@ class MainWindow(QMainWindow):
         self.codes = CodesPanel(self.state)
         self.attention = AttentionPanel(self.state)
         self.timing = TimingPanel(self.state)
+        self.timing.attach_history()  # the run history on disk: every run recorded, the pinned baseline kept
         self.compare = ComparePanel(self.state)
         self.bias = QjlBiasPanel(self.state)
         self.live = LivePanel(self.state)

@@ -1,6 +1,8 @@
 """GPU timing panel: the kernels of the last run (median, min-p90, bytes, GB/s, % of copy, timing
-method), their bandwidth against the copy line, the history of every run in this window, a pinned
-baseline (delta % per kernel) and a latency sweep over context length or batch size.
+method), their bandwidth against the copy line (p10-p90 error bars), the run history on disk (History
+tab, kvviz/ui/panels/history.py), a pinned baseline kept there (delta % per kernel, coloured by the
+samples' verdict), a latency sweep over context length or batch size and the timeline of the last
+run's dispatches (Timeline tab, kvviz/ui/widgets/timeline.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from PySide6.QtWidgets import (
 
 from kvviz.report.tables import history_entry, history_table, sweep_table, timing_key, timings_table
 from kvviz.ui.panels.base import Panel
+from kvviz.ui.panels.history import HistoryView
+from kvviz.ui.widgets.timeline import TimelineWidget
 from kvviz.ui.style import WARN_BG, WARN_FG, kernel_color
 
 SOFTWARE_FLAG = "lavapipe: CPU timings, not GPU"
@@ -56,6 +60,9 @@ class TimingPanel(Panel):
         self.history: list = []
         self.pinned: dict | None = None
         self.pinned_run = 0
+        self.pinned_samples: dict = {}  # "kernel [variant]" -> samples of the pinned run (verdicts)
+        self.run_id: int | None = None  # the last results' id in the run history
+        self._bar_errors = None
         self.sweep_points: list = []
         self.timing_tab = self.hist_tab = self.sweep_tab = None
         self._bar_texts = []
@@ -101,22 +108,10 @@ class TimingPanel(Panel):
         kern.setStretchFactor(1, 3)
         kern.setSizes([180, 270])
         self.tabs.addTab(kern, "Kernels")
-        # --- history
-        hist = QSplitter(Qt.Vertical)
-        self.hist_plot = pg.PlotWidget()
-        hp = self.hist_plot.getPlotItem()
-        hp.setLabel("bottom", "run")
-        hp.setLabel("left", "median us (log)")
-        hp.setLogMode(x=False, y=True)
-        hp.showGrid(x=True, y=True, alpha=0.25)
-        self.hist_legend = hp.addLegend(offset=(-5, 5), labelTextSize="7pt")
-        hist.addWidget(self.hist_plot)
-        self.hist_table = QTableWidget()
-        self.hist_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.hist_table.verticalHeader().setVisible(False)
-        self.hist_table.verticalHeader().setDefaultSectionSize(19)
-        hist.addWidget(self.hist_table)
-        self.tabs.addTab(hist, "History")
+        # --- history (on disk: kvviz.history; opened by attach_history)
+        self.history_view = HistoryView()
+        self.history_view.baseline_changed.connect(self._baseline_changed)
+        self.tabs.addTab(self.history_view, "History")
         # --- sweep
         sw = QWidget()
         sl = QVBoxLayout(sw)
@@ -146,12 +141,25 @@ class TimingPanel(Panel):
         self.sweep_status = QLabel("No sweep yet: runs Session.sweep in the worker (cancel with Esc).")
         sl.addWidget(self.sweep_status)
         self.tabs.addTab(sw, "Sweep")
+        # --- timeline of the last run's dispatches
+        self.timeline = TimelineWidget()
+        self.tabs.addTab(self.timeline, "Timeline")
         self.body.addWidget(self.tabs, 1)
 
     # ---------------------------------------------------------------- results
+    def attach_history(self, path=None) -> bool:
+        """Open the run history (default: the user's data directory): every later set_results is
+        recorded there, and a baseline pinned in an earlier session is pinned again."""
+        if not self.history_view.open(path):
+            return False
+        self._baseline_changed(self.history_view.baseline())
+        return True
+
     def set_results(self, res) -> None:
         self.res = res
         self.history.append(history_entry(res, len(self.history) + 1))
+        self.run_id = self.history_view.record(res)
+        self.timeline.set_timings(res.timings)
         self.refresh()
 
     def refresh(self) -> None:
@@ -167,7 +175,6 @@ class TimingPanel(Panel):
                           + (f"; pinned run {self.pinned_run}" if self.pinned else ""))
         self._fill_table()
         self._draw_bars()
-        self._draw_history()
 
     def _fill_table(self) -> None:
         t = self.table
@@ -186,13 +193,30 @@ class TimingPanel(Panel):
                 if 1 <= j <= 5:
                     it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 if j == 2 and not math.isnan(delta):
-                    it.setForeground(QColor(170, 20, 20) if delta > 5 else QColor(20, 130, 20) if delta < -5 else QColor(0, 0, 0))
+                    self._verdict_cell(it, i)
                 t.setItem(i, j, it)
         t.resizeColumnsToContents()
+
+    def _verdict_cell(self, it, i: int) -> None:
+        """Colour a "vs pin" cell by the samples' verdict against the pinned run (not by a fixed %)."""
+        from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, compare_samples
+
+        row = self.res.timings[i]
+        ref = self.pinned_samples.get(timing_key(row))
+        if not ref:
+            return
+        v = compare_samples(ref, row.timing.samples_us)
+        it.setForeground(QColor(20, 130, 20) if v.verdict == FASTER else QColor(170, 20, 20) if v.verdict == SLOWER
+                         else QColor(0, 0, 0))
+        it.setToolTip(f"{v.verdict} than pinned run {self.pinned_run} (p = {v.p_value:.2g}, {TEST_NAME}"
+                      + (f"; {v.note}" if v.note else "") + ")")
 
     def _draw_bars(self) -> None:
         res = self.res
         bp = self.bar_plot.getPlotItem()
+        if self._bar_errors is not None:
+            bp.removeItem(self._bar_errors)
+            self._bar_errors = None
         if self.bars is not None:
             bp.removeItem(self.bars)
         for ti in self._bar_texts:
@@ -205,7 +229,15 @@ class TimingPanel(Panel):
         brushes = [pg.mkBrush(*kernel_color(i), 210) for i in range(len(g))]
         self.bars = pg.BarGraphItem(x0=np.full(len(g), lo), x1=lg, y=y, height=0.6, brushes=brushes, pen=pg.mkPen(None))
         bp.addItem(self.bars)
-        hi = max(lg.max(), math.log10(max(res.copy_gbps, 1e-6))) + 1.0
+        # p10-p90 of the samples as GB/s (the p90 time is the low bandwidth end)
+        lo_g = np.log10([max(t.bytes_moved / (t.timing.p90_us * 1e-6) / 1e9, 1e-6) if t.timing.p90_us > 0 else g[i]
+                         for i, t in enumerate(res.timings)])
+        hi_g = np.log10([max(t.bytes_moved / (t.timing.p10_us * 1e-6) / 1e9, 1e-6) if t.timing.p10_us > 0 else g[i]
+                         for i, t in enumerate(res.timings)])
+        self._bar_errors = pg.ErrorBarItem(x=lg, y=y, left=np.maximum(lg - lo_g, 0), right=np.maximum(hi_g - lg, 0),
+                                           beam=0.25, pen=pg.mkPen((20, 20, 20), width=1.2))
+        bp.addItem(self._bar_errors)
+        hi = max(hi_g.max(), lg.max(), math.log10(max(res.copy_gbps, 1e-6))) + 1.0
         for i, t in enumerate(res.timings):
             inside = (lg[i] - lo) > 0.6 * (hi - lo)  # long bars carry their label inside, right-aligned
             ti = pg.TextItem(f"{t.gbps:.3g} GB/s ({t.pct_of_copy:.1f}%)", color=(255, 255, 255) if inside else (30, 30, 30),
@@ -219,46 +251,33 @@ class TimingPanel(Panel):
         bp.setRange(xRange=(lo, hi), yRange=(-0.6, len(g) - 0.4), padding=0)
         bp.setTitle("Bandwidth per kernel (unique bytes / median) vs buffer copy", size="9pt")
 
-    def _draw_history(self) -> None:
-        hp = self.hist_plot.getPlotItem()
-        hp.clear()
-        self.hist_legend.clear()
-        keys = []
-        for e in self.history:
-            for k in e["medians"]:
-                if k not in keys:
-                    keys.append(k)
-        for i, k in enumerate(keys):
-            xs = [e["run"] for e in self.history if k in e["medians"]]
-            ys = [e["medians"][k] for e in self.history if k in e["medians"]]
-            hp.plot(xs, ys, pen=pg.mkPen(kernel_color(i), width=1.5), symbol="o", symbolSize=5,
-                    symbolBrush=kernel_color(i), name=k.split(" [")[0])
-        hp.getAxis("bottom").setTicks([[(float(e["run"]), str(e["run"])) for e in self.history], []])
-        hp.getAxis("left").setTicks(log_ticks([u for e in self.history for u in e["medians"].values()]))
-        t = self.hist_table
-        cols = ["run", "method", "shape", "context"] + [k.split(" [")[0] for k in keys]
-        t.clear()
-        t.setRowCount(len(self.history))
-        t.setColumnCount(len(cols))
-        t.setHorizontalHeaderLabels(cols)
-        for i, e in enumerate(self.history):
-            vals = [str(e["run"]), e["method"], e["heads"], ",".join(map(str, e["context_lens"]))]
-            vals += [f"{e['medians'][k]:,.1f}" if k in e["medians"] else "" for k in keys]
-            for j, v in enumerate(vals):
-                t.setItem(i, j, QTableWidgetItem(v))
-        t.resizeColumnsToContents()
-
     # ---------------------------------------------------------------- pin
     def pin_current(self) -> None:
+        """Pin the last results as the baseline: in the run history (it stays pinned across restarts)
+        when one is open, else for this panel only."""
         if self.res is None:
             return
+        if self.run_id is not None:
+            self.history_view.pin(self.run_id)  # -> baseline_changed -> _baseline_changed
+            return
         self.pinned = {timing_key(t): float(t.timing.median_us) for t in self.res.timings}
+        self.pinned_samples = {timing_key(t): tuple(t.timing.samples_us) for t in self.res.timings}
         self.pinned_run = len(self.history)
         self.refresh()
 
     def unpin(self) -> None:
-        self.pinned = None
-        self.pinned_run = 0
+        if self.history_view.db is not None:
+            self.history_view.unpin()  # -> baseline_changed(None)
+        self._baseline_changed(None)
+
+    def _baseline_changed(self, run) -> None:
+        """The pinned run of the history (a kvviz.history.db.Run) or None."""
+        if run is None:
+            self.pinned, self.pinned_samples, self.pinned_run = None, {}, 0
+        else:
+            self.pinned = run.medians()
+            self.pinned_samples = {k.key: tuple(k.samples_us) for k in run.kernels}
+            self.pinned_run = run.id
         if self.res is not None:
             self.refresh()
 
