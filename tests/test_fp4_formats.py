@@ -149,6 +149,12 @@ def test_conformance(ctx, shape):
     check(ctx, batch, k, v, H)
 
 
+def test_long_context(ctx):
+    batch = make_batch([3000, 1], 16, policy="scattered", seed=5)
+    k, v = make_kv(np.random.default_rng(6), batch.num_tokens, 1, 64)
+    check(ctx, batch, k, v, 2)
+
+
 def test_tensor_scale_ignores_padding_and_zero_tensor(ctx):
     """The per-tensor amax covers the real rows only; an all-zero tensor stores s_t = 2^-126, zero scales and codes."""
     batch = make_batch([9, 6], 8, policy="scattered", pad_every=3)

@@ -4,7 +4,8 @@ The per-tensor scale is calibrated from the K / V seen, as engines calibrate: s_
 2^-126) with amax over every real token row and KV head of the batch (K and V separately), computed on
 the GPU (quant/fp8_amax.wgsl, then the writer; K and V are uploaded once for both passes). Each 16
 consecutive elements of a token's head vector share E4M3(max|x/s_t| / 6); codes are E2M1 of
-x / s_t / e4m3, round to nearest even, saturating; dequantised = e2m1 * e4m3 * s_t (kvviz/oracles/fp4.py).
+x / s_t / e4m3, round to nearest even (a tie takes the even code: 0.25 -> 0, 0.75 -> 1, 2.5 -> 2, 5 -> 4),
+saturating at 6; dequantised = e2m1 * e4m3 * s_t (kvviz/oracles/fp4.py).
 Head sizes: multiples of 16 (64, 80, 96, 112, 128, 256 ...). 4.5 bits per element (+ 32 bits per tensor).
 The MXFP4 block type (E8M0 scale per 32) is kvviz/methods/ggml_blocks.py's `mxfp4`, bit-identical to gguf.
 Shaders: fp4/nvfp4_write.wgsl, fp4/nvfp4_dequant.wgsl. Attention: the dequantised f32 cache through the
@@ -35,6 +36,7 @@ class NvFp4(PerTokenRecordMethod):
     head_multiple = f4.SUB
     head_multiple_why = "an E4M3 scale covers 16 elements"
     code_range = (-6.0, 6.0)
+    attend_kernel = "paged_attn_f32 (over the method's dequantised cache)"
     REFERENCE = "kvviz.oracles.fp4:reference_attention"
 
     def wpt(self, head_size):

@@ -7,6 +7,11 @@ ggml row padded to whole u32 words. Codes and scales are bit-identical to gguf.q
 to llama.cpp's reference algorithm, unfused; kvviz/oracles/ggml.py), and the dequantised cache to
 gguf.quants.dequantize. Head sizes must be multiples of 32, as in llama.cpp.
 
+Ties, as ggml breaks them: q8_0 rounds x/d half away from zero (roundf); q4_0 / q5_0 / q4_1 / q5_1
+truncate x*id + 8.5 (16.5, 0.5), so a value halfway between two codes takes the upper code; iq4_nl takes
+the upper of two equally near values; mxfp4 takes the first of gguf's E2M1 table in order (0, 1, 2, 3,
+4, 6, 8, 12, then the negatives): the smaller magnitude. tests/test_ggml_formats.py drives every tie.
+
 Documented departures and limits (kvviz/oracles/ggml.py has the detail):
   * blocks with max |x| < 2^-100 take the codes of a zero-scale block (their f16 scale is 0 anyway);
   * an f16 scale (or q4_1 / q5_1 min) that would round to inf (|d| >= 65520, e.g. a q8_0 block with
@@ -46,6 +51,7 @@ class GgmlBlockMethod(PerTokenRecordMethod):
 
     family = "ggml"
     type_name = ""
+    attend_kernel = "paged_attn_f32 (over the method's dequantised cache)"
     REFERENCE = "kvviz.oracles.ggml:reference_attention"
     head_multiple = fg.BLOCK
     head_multiple_why = "llama.cpp block types quantise blocks of 32 elements"

@@ -25,7 +25,9 @@ best_index returns the nearer of the two neighbouring values, the upper one on a
 v[mu] - x is false). Every operation is a single float32 operation in the C order (products left to
 right, sums in element order), with no fused multiply-add: llama.cpp's own result depends on whether the
 compiler contracts `sumqx += w*q*x` into an fma (GCC does with -ffp-contract=fast on FMA targets), so
-this is the unfused reading of its reference. Tests: tests/test_ggml_formats.py.
+this is the unfused reading of its reference. Blocks of max |x| below about 2^-34 sum float32 subnormals
+(w*q*x with w = x^2): the GPU matches there on a device that keeps subnormals (lavapipe does; a device
+that flushes them may pick another scale for such blocks). Tests: tests/test_ggml_formats.py.
 """
 from __future__ import annotations
 
