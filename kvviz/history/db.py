@@ -93,6 +93,7 @@ def _v1(conn: sqlite3.Connection) -> None:
             warmup_runs INTEGER NOT NULL DEFAULT 0
         )""")
     conn.execute("CREATE INDEX kernels_run ON kernels(run_id, position)")
+    conn.execute("CREATE INDEX kernels_series ON kernels(name, variant, shape_key, run_id)")
 
 
 # version reached -> step from the version below; a new schema appends a step, never edits one
@@ -381,13 +382,16 @@ class HistoryDB:
         if limit is not None:
             q += " LIMIT ?"
             args.append(int(limit))
-        out = []
-        for row in self._conn.execute(q, args).fetchall():
-            shapes = [shape_label(json.loads(s)) for (s,) in self._conn.execute(
-                "SELECT shape_json FROM kernels WHERE run_id=? GROUP BY shape_key ORDER BY MIN(position)", (row[0],))]
-            out.append(Run(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5],
-                           json.loads(row[6]) if row[6] else None, bool(row[7]), (), int(row[8]), tuple(shapes)))
-        return out
+        rows = self._conn.execute(q, args).fetchall()
+        shapes: dict = {}
+        if rows:
+            lo, hi = min(r[0] for r in rows), max(r[0] for r in rows)
+            for rid, sj in self._conn.execute(
+                    "SELECT run_id, shape_json FROM kernels WHERE run_id BETWEEN ? AND ? GROUP BY run_id, shape_key "
+                    "ORDER BY run_id, MIN(position)", (lo, hi)):
+                shapes.setdefault(rid, []).append(shape_label(json.loads(sj)))
+        return [Run(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], json.loads(row[6]) if row[6] else None,
+                    bool(row[7]), (), int(row[8]), tuple(shapes.get(row[0], ()))) for row in rows]
 
     def run(self, run_id: int) -> Run:
         """One run with every kernel and its samples; HistoryError when there is no such run."""
