@@ -363,13 +363,14 @@ class FastDecode:
     def subgroups(self) -> bool:
         return "subgroup" in self.rt.features
 
-    def layout(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None) -> Layout:
+    def layout(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None,
+               unroll: int = 2) -> Layout:
         sub = self.subgroups if subgroups is None else (subgroups and self.subgroups)
         limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
-        return choose_layout(fmt, head_size, group, sub, limit)
+        return choose_layout(fmt, head_size, group, sub, limit, unroll)
 
-    def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None):
-        lay = self.layout(fmt, head_size, group, subgroups)
+    def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2):
+        lay = self.layout(fmt, head_size, group, subgroups, unroll)
         return self.rt.compile(SPLIT, **render(fmt, head_size, group, lay)), lay
 
     def _tensor(self, tensor):
@@ -380,7 +381,8 @@ class FastDecode:
         return self._ones
 
     def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
-             tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None) -> FastDecodePlan:
+             tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
+             unroll: int = 2) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format)."""
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
@@ -395,7 +397,9 @@ class FastDecode:
         why = unsupported(fmt, D, G)
         if why:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
-        kern, lay = self.kernel(fmt, D, G, subgroups)
+        if unroll not in (1, 2, 4):
+            raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:

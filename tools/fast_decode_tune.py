@@ -1,0 +1,41 @@
+"""Times the fast decode at the anchor shape (15 x 4096, 32/8 heads, d128, block 16, scattered) over
+partition lengths, tokens per step and the no-subgroup variant, for the int8 (seed layout), f16 and
+f32 caches; prints GPU medians and GB/s against the copy shader. Run on the device:
+    python3 tools/fast_decode_tune.py [num_seqs ctx]
+"""
+import sys
+
+import numpy as np
+
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.kernels import fast_decode as fd
+from kvviz.kernels.copy import measure_copy
+from kvviz.paging import make_batch
+
+S, T = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (15, 4096)
+H, KVH, D, BS = 32, 8, 128, 16
+rt = GpuRuntime()
+print(rt.summary.line())
+copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)
+print(f"copy shader: {copy_gbps:.0f} GB/s")
+batch = make_batch([T] * S, BS, policy="scattered", seed=0)
+rng = np.random.default_rng(0)
+fast = fd.FastDecode(rt)
+q = rng.standard_normal((S, H, D)).astype(np.float32)
+for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_format(32)):
+    n = batch.num_blocks * KVH * BS * fmt.wpt(D)
+    k = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "k")
+    v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "v")
+    for sub in (True, False):
+        for unroll in ((1, 2, 4) if sub else (2,)):
+            for pt in ((None, 512, 1024, 2048, 4096) if sub and unroll == 2 else (None,)):
+                try:
+                    plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll)
+                except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
+                    print(f"{fmt.name} sub={sub} U={unroll} pt={pt}: {exc}")
+                    continue
+                t = rt.time(plan.dispatches, 30, 5)
+                nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
+                gbps = nb / (t.median_us * 1e3)
+                print(f"{fmt.name:9s} subgroups={sub!s:5s} U={unroll} {plan.describe():70s} {t.median_us:8.1f} us "
+                      f"{gbps:7.0f} GB/s {100 * gbps / copy_gbps:5.1f}% of copy")
