@@ -412,7 +412,7 @@ def test_history_tab_reads_a_history_written_before_the_window_opened(qtbot, tmp
     hv.compare_button.click()
     d = hv.comparison
     assert len(d["rows"]) == len(w2.results.timings) == hv.compare_table.rowCount()
-    assert {hv.compare_table.item(i, 7).text() for i in range(hv.compare_table.rowCount())} <= {FASTER, SLOWER, NOISE}
+    assert {hv.compare_table.item(i, 2).text() for i in range(hv.compare_table.rowCount())} <= {FASTER, SLOWER, NOISE}
     assert "Mann-Whitney" in hv.compare_summary.text()
     # the bench run (one other shape): matched by kernel and variant, and the shape difference said
     d = hv.compare(bench_id, second)
@@ -438,3 +438,39 @@ def test_history_tab_says_when_the_history_cannot_be_opened(qtbot, tmp_path):
     assert hv.open(junk) is False
     assert "not available" in hv.status.text() and "not a kvviz run history" in hv.status.text()
     assert not hv.pin_button.isEnabled() and hv.record(object()) is None
+
+
+def test_a_locked_history_is_a_clear_error_and_the_bench_still_reports(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "runs.sqlite3"
+    with HistoryDB(path) as db:
+        db.record("bench", ADAPTER, kernels(0))
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    db = HistoryDB(path)
+    db._conn.execute("PRAGMA busy_timeout = 50")
+    with pytest.raises(HistoryError, match="cannot write the run history"):
+        db.record("bench", ADAPTER, kernels(1))
+    assert len(db.runs()) == 1  # reading still works
+    db.close()
+    # kvviz bench: the measurements are printed and written, the history failure said on one line
+    import kvviz.bench
+    import kvviz.history.db as hdb
+
+    monkeypatch.setenv("KVVIZ_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(kvviz.bench, "run_bench", lambda *a, **k: json.loads(Path(bench_file(
+        tmp_path / "fake.json", [row("k", [1.0, 2.0, 3.0])])).read_text()))
+    real = hdb.HistoryDB.__init__
+
+    def quick(self, p=None):
+        real(self, p)
+        self._conn.execute("PRAGMA busy_timeout = 50")
+
+    monkeypatch.setattr(hdb.HistoryDB, "__init__", quick)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--seqs", "1", "--ctx", "8", "--heads", "2", "--kv-heads", "1", "--head-size", "64",
+                 "--json", str(out)]) == 0
+    o, err = capsys.readouterr()
+    assert "not recorded in the run history" in err and len(err.strip().splitlines()) == 1
+    assert "history_run_id" not in strict(out.read_text())
+    other.execute("ROLLBACK")
+    other.close()

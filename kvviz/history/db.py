@@ -275,23 +275,33 @@ class HistoryDB:
                                (str(SCHEMA_VERSION),))
 
     class _Tx:
-        def __init__(self, conn):
-            self.conn = conn
+        def __init__(self, conn, path):
+            self.conn, self.path = conn, path
 
         def __enter__(self):
-            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:  # locked by another writer past the timeout, read-only
+                raise HistoryError(f"cannot write the run history {self.path}: {exc}") from None
             return self.conn
 
         def __exit__(self, et, ev, tb):
             if et is None:
-                self.conn.execute("COMMIT")
-            elif self.conn.in_transaction:  # SQLite may have rolled back already (interrupt, disk full)
+                try:
+                    self.conn.execute("COMMIT")
+                    return False
+                except sqlite3.Error as exc:
+                    et, ev = type(exc), exc
+            if self.conn.in_transaction:  # SQLite may have rolled back already (interrupt, disk full)
                 self.conn.execute("ROLLBACK")
+            if issubclass(et, sqlite3.Error):
+                raise HistoryError(f"writing the run history {self.path} failed, nothing of it was kept: {ev}") from None
             return False
 
     def _write(self):
-        """A write transaction: committed as a whole when the block ends, rolled back on an error."""
-        return HistoryDB._Tx(self._conn)
+        """A write transaction: committed as a whole when the block ends, rolled back on an error (an
+        SQLite error comes out as HistoryError)."""
+        return HistoryDB._Tx(self._conn, self.path)
 
     def close(self) -> None:
         self._conn.close()

@@ -41,7 +41,7 @@ def _table() -> QTableWidget:
     return t
 
 
-def _fill(t: QTableWidget, headers, rows, colors=None) -> None:
+def _fill(t: QTableWidget, headers, rows, colors=None, color_col: int = -1) -> None:
     t.clear()
     t.setColumnCount(len(headers))
     t.setHorizontalHeaderLabels(headers)
@@ -49,7 +49,7 @@ def _fill(t: QTableWidget, headers, rows, colors=None) -> None:
     for i, r in enumerate(rows):
         for j, v in enumerate(r):
             it = QTableWidgetItem(str(v))
-            if colors and colors[i] is not None and j == len(r) - 1:
+            if colors and colors[i] is not None and j == color_col % len(r):
                 it.setForeground(colors[i])
             t.setItem(i, j, it)
     t.resizeColumnsToContents()
@@ -59,8 +59,8 @@ class HistoryView(QWidget):
     baseline_changed = Signal(object)  # the pinned kvviz.history.db.Run, or None
 
     RUN_COLUMNS = ["run", "created (UTC)", "source", "adapter", "method", "shapes", "kernels", "baseline"]
-    COMPARE_COLUMNS = ["kernel", "variant", "shape", "A median (p10-p90) us", "B median (p10-p90) us", "change",
-                       "p", "verdict"]
+    COMPARE_COLUMNS = ["kernel", "variant", "verdict", "change", "A median (p10-p90) us", "B median (p10-p90) us",
+                       "p", "shape"]
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -265,7 +265,7 @@ class HistoryView(QWidget):
             color = kernel_color(i)
             pi.plot(x, med, pen=pg.mkPen(color, width=1.5), symbol="o", symbolSize=5, symbolBrush=color,
                     name=k.name)
-            pi.addItem(pg.ErrorBarItem(x=x, y=med, top=p90 - med, bottom=med - p10, beam=0.2, pen=pg.mkPen(color)))
+            pi.addItem(pg.ErrorBarItem(x=x, y=med, top=p90 - med, bottom=med - p10, beam=0.12, pen=pg.mkPen(color)))
             values += [s[j] for s in series for j in (1, 2, 3)]
             xs_all.update(int(v) for v in x)
         ticks = log_ticks(values)
@@ -300,9 +300,9 @@ class HistoryView(QWidget):
         for r in d["rows"]:
             ch = "" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
             p = "" if r["p_value"] is None or math.isnan(r["p_value"]) else f"{r['p_value']:.2g}"
-            rows.append([r["kernel"], r["variant"], r["shape"], stat(r["a"]), stat(r["b"]), ch, p, r["verdict"]])
+            rows.append([r["kernel"], r["variant"], r["verdict"], ch, stat(r["a"]), stat(r["b"]), p, r["shape"]])
             colors.append(VERDICT_COLORS.get(r["verdict"]))
-        _fill(self.compare_table, self.COMPARE_COLUMNS, rows, colors)
+        _fill(self.compare_table, self.COMPARE_COLUMNS, rows, colors, color_col=2)
         self.compare_tab = Table("history_compare", list(self.COMPARE_COLUMNS), rows, f"Run {b_id} against run {a_id}")
         c = d["counts"]
         extra = [f"only in A: {len(d['only_in_a'])}" if d["only_in_a"] else "",
