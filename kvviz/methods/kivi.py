@@ -7,6 +7,12 @@ Which tokens are quantised, the group -> block mapping and the buffers: kvviz/fo
 Shaders: quant/kivi_write_tok.wgsl (values + residual rows), quant/kivi_write_kgroup.wgsl (key groups),
 quant/kivi_dequant.wgsl (-> f32 PagedCache for the f32 decode / weights).
 
+Head sizes that are not a multiple of 16 (120, ...): the head is padded to the next multiple of 16 on the
+host (keys with zero channels: per-channel groups of zeros are exact; values by repeating channel 0: the
+token's min and max, so its codes, are unchanged), the kernels run at the padded size, and the padding is
+dropped again (queries padded with zeros, outputs and host copies cut back). The padded channels' codes
+and side words are stored: the layout counts them.
+
 Writer order inside one compute pass: the token kernel (every row: V codes or residual copy) and the
 key-group kernel (one workgroup per (complete group, kv head), reading the group's 32 rows gathered
 on the host and locating its side words through the block table) touch disjoint words.
@@ -45,7 +51,7 @@ class Kivi(DequantisedAttention, KVMethod):
                    "(residual rows amortised over it); a concrete batch is accounted exactly by "
                    "layouts_for_batch", minimum=1),
     )
-    REFERENCE = "kvviz.oracles.methods:kivi_attention"
+    REFERENCE = "kvviz.oracles.kivi:method_attention"
     EXAMPLES = ({"bits": 2, "recent": 0}, {"bits": 4, "recent": 16}, {"bits": 2, "recent": 128})
     bits: int
     recent: int
@@ -60,12 +66,46 @@ class Kivi(DequantisedAttention, KVMethod):
         return (1 << self.bits) - 1
 
     # ------------------------------------------------------------------ shapes and layout
+    @staticmethod
+    def padded_head(head_size: int) -> int:
+        """The head size the kernels run at: the next multiple of 16 (16 2-bit codes a word, D*bs/16 side
+        words a block for any block size)."""
+        return -(-int(head_size) // 16) * 16
+
     def check(self, num_heads, num_kv_heads, head_size, block_size):
-        qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, 16,
-                              "KIVI packs 16 2-bit codes a word and keeps D*block_size/16 side words a block")
+        qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, 1, "")
+        qk.check_common_shape(num_heads, num_kv_heads, self.padded_head(head_size), block_size, 16,
+                              f"KIVI runs head {head_size} padded to {self.padded_head(head_size)}")
+
+    def _pad(self, key, value):
+        """K/V padded to padded_head channels: zeros for K, channel 0 repeated for V."""
+        D = key.shape[-1]
+        extra = self.padded_head(D) - D
+        if not extra:
+            return key, value
+        key = np.concatenate([key, np.zeros(key.shape[:-1] + (extra,), np.float32)], -1)
+        value = np.concatenate([value, np.repeat(value[..., :1], extra, -1)], -1)
+        return np.ascontiguousarray(key), np.ascontiguousarray(value)
+
+    @staticmethod
+    def _pad_q(q, Dp: int):
+        q = np.asarray(q, np.float32)
+        if q.shape[-1] == Dp:
+            return q
+        return np.ascontiguousarray(np.concatenate([q, np.zeros(q.shape[:-1] + (Dp - q.shape[-1],), np.float32)], -1))
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        Dp = qkv.device["cache"].head_size
+        return DequantisedAttention.attend(self, ctx, qkv, batch, self._pad_q(q, Dp), scale)[..., : qkv.head_size]
+
+    def weights(self, ctx, qkv, batch, q, scale):
+        return DequantisedAttention.weights(self, ctx, qkv, batch, self._pad_q(q, qkv.device["cache"].head_size), scale)
+
+    def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
+        return DequantisedAttention.read_f32(self, ctx, qkv, which)[..., : qkv.head_size]
 
     def _accounting(self, head_size: int, residual_fraction: float, note: str):
-        D = head_size
+        D = self.padded_head(head_size)  # the padded channels are stored too
         KW = layout.kw(D, self.bits)
         res = residual_fraction * D * 4
         k_bpt = KW * 4 + D / 4 + res  # codes + side stream (2 f32 per channel per 32 tokens) + residual
@@ -73,10 +113,13 @@ class Kivi(DequantisedAttention, KVMethod):
         return k_bpt, v_bpt, note
 
     def _layouts(self, head_size, block_size, residual_fraction, note):
-        D = head_size
+        D = self.padded_head(head_size)
         KW = layout.kw(D, self.bits)
         WS = layout.ws(D, block_size)
-        k_bpt, v_bpt, note = self._accounting(D, residual_fraction, note)
+        k_bpt, v_bpt, note = self._accounting(head_size, residual_fraction, note)
+        if D != head_size:
+            note += (f" Head {head_size} runs padded to {D} channels (K: zero channels, V: channel 0 repeated); the "
+                     f"padding's codes, side words and residual floats are stored and counted.")
         b = self.bits
         dt = f"uint{b}"
         if block_size <= 32:
@@ -88,7 +131,7 @@ class Kivi(DequantisedAttention, KVMethod):
             f"[n_q, L) are float32 rows of the residual buffer [rows, 2 (K,V), kv_heads, {D}]. {note}"
         )
         k = CacheLayout(
-            method=self.id, which="K", head_size=D,
+            method=self.id, which="K", head_size=head_size,
             fields=(
                 LayoutField("codes", dt, b, D, "token", "per-channel asymmetric, groups of 32 tokens"),
                 LayoutField("scale", "f32", 32, D, "channel-group", "(max-min)/%d over the group's 32 tokens" % self.levels),
@@ -111,7 +154,7 @@ class Kivi(DequantisedAttention, KVMethod):
             ),
         )
         v = CacheLayout(
-            method=self.id, which="V", head_size=D,
+            method=self.id, which="V", head_size=head_size,
             fields=(
                 LayoutField("codes", dt, b, D, "token", "per-token asymmetric over the head vector"),
                 LayoutField("scale", "f32", 32, 1, "token", "(max-min)/%d" % self.levels),
@@ -152,6 +195,8 @@ class Kivi(DequantisedAttention, KVMethod):
         sm = qk.check_batch(batch, T)
         qk.check_magnitude("key", key)
         qk.check_magnitude("value", value)
+        key, value = self._pad(key, value)
+        D = key.shape[2]
         for s in range(batch.num_seqs):
             pos = batch.token_pos[batch.token_rows(s)]
             if len(pos) != int(batch.context_lens[s]) or (pos != np.arange(len(pos))).any():
@@ -231,6 +276,7 @@ class Kivi(DequantisedAttention, KVMethod):
         return {"k": qk.read_cache(ctx.rt, qc, "K"), "v": qk.read_cache(ctx.rt, qc, "V"), "res": res}
 
     def quantize(self, ctx, batch, key, value):
+        D0 = int(np.shape(key)[-1])  # the head size given (the kernels run at padded_head(D0))
         key, value, qc, f32c, wd, dd, row_res = self._prepare(ctx, batch, key, value)
         ctx.rt.run(wd + dd)
         T, kvh, D = key.shape
@@ -266,12 +312,58 @@ class Kivi(DequantisedAttention, KVMethod):
                 st = streams[s][:, np.arange(nq) // GROUP]  # [kvh, nq, D, 2]
                 k_scale[rows] = st[..., 0].transpose(1, 0, 2)
                 k_zero[rows] = st[..., 1].transpose(1, 0, 2)
-        qkv.k_codes, qkv.v_codes, qkv.k_scales, qkv.v_scales = k_codes, v_codes, k_scale, v_scale
+        qkv.head_size = D0
+        qkv.k_codes, qkv.v_codes, qkv.k_scales, qkv.v_scales = k_codes[..., :D0], v_codes[..., :D0], k_scale[..., :D0], v_scale
         qkv.extra.update(
-            k_zeros=k_zero, v_zeros=v_zero, residual=residual, row_res=row_res, plan=plan,
-            side_streams=streams, buffers=bufs, ws=WS,
+            k_zeros=k_zero[..., :D0], v_zeros=v_zero, residual=residual, row_res=row_res, plan=plan,
+            side_streams=streams, buffers=bufs, ws=WS, padded_head=D,
         )
         return qkv
+
+    def code_statistics(self, ctx, qkv, batch, key, value):
+        """KIVI's statistics over the quantised tokens only (the recent float32 rows keep zeroed code slots
+        and are counted as a share of their own): saturated (0 by construction: every value lies inside its
+        group's min..max), zeroed non-zeros, range used, the recent share, the mean range (max - min) of a
+        group in the input's units and the mean share of the 2^bits levels one group uses (K: one channel
+        over 32 tokens, V: one token's head vector)."""
+        from kvviz.analysis.metrics import Statistic, code_stats, levels_used
+
+        real = np.asarray(batch.slot_mapping) != PAD_SLOT
+        resid = np.asarray(qkv.extra["residual"], bool)
+        quant = real & ~resid
+        n_real = max(1, int(real.sum()))
+        plan = qkv.extra["plan"]
+        out = []
+        for which, codes, x, sc, zp in (("K", qkv.k_codes, key, qkv.k_scales, qkv.extra["k_zeros"]),
+                                        ("V", qkv.v_codes, value, qkv.v_scales, qkv.extra["v_zeros"])):
+            x = np.asarray(x, np.float32)
+            s, z = np.asarray(sc, np.float32), np.asarray(zp, np.float32)
+            if s.ndim == x.ndim - 1:
+                s, z = s[..., None], z[..., None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                unr = np.where(s != 0, (x - z) / np.where(s != 0, s, 1), 0).astype(np.float32)
+            if which == "K":
+                groups = [np.asarray(codes)[batch.token_rows(q)[: int(plan.n_q[q])]].reshape(-1, GROUP, *codes.shape[1:])
+                          for q in range(batch.num_seqs) if int(plan.n_q[q])]
+                used = np.concatenate([levels_used(g, self.levels + 1, 1).reshape(-1) for g in groups]) if groups else np.zeros(0)
+            else:
+                used = levels_used(np.asarray(codes)[quant], self.levels + 1, -1).reshape(-1)
+            rng = (s * self.levels)[quant].reshape(-1)
+            extra = [
+                Statistic("recent_share", "kept in float32", float(np.count_nonzero(real & resid)) / n_real,
+                          f"share of the real tokens in each sequence's recent window (>= {self.recent} tokens, whole "
+                          "32-token key groups) that stay float32: their codes are not counted here"),
+                Statistic("group_range_mean", "group range (mean)", float(rng.mean()) if rng.size else float("nan"),
+                          "mean of max - min over the quantised groups (K: one channel over 32 tokens, V: one token), "
+                          "in the input's units", "value"),
+                Statistic("levels_used_mean", "levels used per group", float(used.mean()) if used.size else float("nan"),
+                          f"mean share of the {self.levels + 1} codes one group uses"),
+            ]
+            deq = self.dequantised_rows(ctx, qkv, batch, which) if ctx is not None else None
+            out.append(code_stats(codes, qkv.code_range, quant, x=x, dequantised=deq, unrounded=unr, extra=extra,
+                                  saturation="share of the quantised values outside their group's min..max "
+                                  "(0 by construction for min-max asymmetric codes)"))
+        return tuple(out)
 
     def side_streams(self, batch, kbuf, kvh, D) -> list:
         """Per sequence [kvh, groups, D, 2] (scale, zero) read from the side stream words of its blocks."""
@@ -331,7 +423,9 @@ class Kivi(DequantisedAttention, KVMethod):
             key, value, qc, f32c, wd, dd, _ = self._prepare(ctx, batch, key, value)
             ctx.rt.run(wd + dd)
         T, kvh, D = key.shape
-        k_lay, v_lay = self.layouts_for_batch(batch, D)
+        D = self.padded_head(D)
+        k_lay, v_lay = self.layouts_for_batch(batch, np.asarray(q).shape[-1])
+        q = self._pad_q(q, D)
         real = int(np.count_nonzero(batch.slot_mapping != PAD_SLOT))
         stored = int(round(real * kvh * (k_lay.bytes_per_token_per_head + v_lay.bytes_per_token_per_head)))
         w_bytes = 2 * real * kvh * D * 4 + T * 4 + stored

@@ -87,3 +87,13 @@ def dequantize_groups(codes, scales, zeros, group: int) -> np.ndarray:
     D = c.shape[-1]
     g = c.reshape(*c.shape[:-1], D // group, group)
     return asym_dequant(g, np.asarray(scales)[..., None], np.asarray(zeros)[..., None]).reshape(c.shape)
+
+
+def method_attention(method, batch, key, value, q, scale, qkv=None):
+    """End-to-end reference of int4_group at the group it uses for this head size (`Int4Group.group_for`):
+    the oracle's dequantised caches through the f32 paged decode's arithmetic (kvviz/oracles/methods.py)."""
+    from kvviz.oracles.methods import _per_token_caches, _through_f32_decode
+
+    G = method.group_for(np.asarray(key).shape[2])
+    fk, fv = _per_token_caches(batch, key, value, lambda x: dequantize_groups(*quantize_groups(x, G), G))
+    return _through_f32_decode(batch, q, scale, fk, fv)

@@ -122,3 +122,29 @@ def dequantize_cache(batch, key, value, bits: int, recent: int, per_seq=None):
         kc[blocks[pos // bs], :, pos % bs] = kd
         vc[blocks[pos // bs], :, pos % bs] = vd
     return kc, vc
+
+
+def pad_head(key: np.ndarray, value: np.ndarray, q: np.ndarray | None = None):
+    """KIVI at a head size that is not a multiple of 16: K padded with zero channels, V with channel 0
+    repeated (the token's min / max unchanged), q with zeros, to the next multiple of 16."""
+    D = key.shape[-1]
+    extra = -(-D // 16) * 16 - D
+    if not extra:
+        return key, value, q
+    k = np.concatenate([key, np.zeros(key.shape[:-1] + (extra,), np.float32)], -1)
+    v = np.concatenate([value, np.repeat(value[..., :1], extra, -1)], -1)
+    qp = None if q is None else np.concatenate([q, np.zeros(q.shape[:-1] + (extra,), np.float32)], -1)
+    return k, v, qp
+
+
+def method_attention(method, batch, key, value, q, scale, qkv=None):
+    """End-to-end reference of `kivi` at any head size (padded as the method runs it, see pad_head): the
+    oracle's dequantised caches through the f32 paged decode's arithmetic; tolerance 2e-5 * max(1, max|V^|)."""
+    from kvviz.oracles.methods import _through_f32_decode
+
+    D = np.asarray(key).shape[-1]
+    k, v, qp = pad_head(np.asarray(key, np.float32), np.asarray(value, np.float32), np.asarray(q, np.float32))
+    ref = write_buffers(batch, k, v, method.bits, method.recent)
+    fk, fv = dequantize_cache(batch, k, v, method.bits, method.recent, ref["per_seq"])
+    out, tol = _through_f32_decode(batch, qp, scale, fk.astype(np.float64), fv.astype(np.float64))
+    return out[..., :D], tol
