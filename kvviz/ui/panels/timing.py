@@ -267,8 +267,9 @@ class TimingPanel(Panel):
 
     def unpin(self) -> None:
         if self.history_view.db is not None:
-            self.history_view.unpin()  # -> baseline_changed(None)
-        self._baseline_changed(None)
+            self.history_view.unpin()  # -> baseline_changed(None) -> _baseline_changed
+        else:
+            self._baseline_changed(None)
 
     def _baseline_changed(self, run) -> None:
         """The pinned run of the history (a kvviz.history.db.Run) or None."""
