@@ -129,7 +129,7 @@ def test_write_report_qt_free(res, tmp_path):
         assert_same(rep[k], summary[k])
     assert set(rep["panels"]) >= {"cache_layout", "scales", "codes", "attention", "timing"}
     md = open(paths["md"]).read()
-    for s in (res.adapter.name, res.method.label, "bits per element", "kl_mean", "Timing method", "clip_rate"):
+    for s in (res.adapter.name, res.method.label, "bits per element", "kl_mean", "Timing method", "saturated"):
         assert s in md
     assert len(paths["csv"]) >= 10
 

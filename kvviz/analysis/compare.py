@@ -31,11 +31,18 @@ from kvviz.analysis.metrics import attention_metrics
 TOPK = 8
 
 
-def _layouts(method, batch, head_size):
+def batch_layouts(method, batch, head_size):
+    """(K, V) layouts whose bytes and bits per element are those of THIS batch: the one definition the
+    overview, the block inspector, the report and the comparison all show. A method whose cost depends
+    on the batch (KIVI: the float32 residual rows of each sequence's recent tokens) accounts it exactly
+    in `layouts_for_batch`; the others' `layouts` do not depend on it."""
     hook = getattr(method, "layouts_for_batch", None)
     if hook is not None:
         return hook(batch, head_size)
     return method.layouts(head_size, batch.block_size)
+
+
+_layouts = batch_layouts
 
 
 def attention_errors(w_ref, w, o_ref, o, context_lens, k: int = TOPK) -> dict:

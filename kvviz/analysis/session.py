@@ -16,7 +16,8 @@ from typing import Callable
 import numpy as np
 
 from kvviz.analysis import synthetic
-from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax, code_stats
+from kvviz.analysis.compare import batch_layouts
+from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax
 from kvviz.analysis.numeric import check_finite_result, check_logits
 from kvviz.errors import Cancelled, InvalidInput, validated_once  # noqa: F401  (Cancelled re-exported)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
@@ -578,9 +579,7 @@ class Session:
 
         step(0.55, "metrics")
         metrics = attention_metrics(w_ref, w_q, out_ref, out_q, batch.context_lens)
-        real = batch.slot_mapping != PAD_SLOT
-        k_stats = code_stats(qkv.k_codes, qkv.code_range, real)
-        v_stats = code_stats(qkv.v_codes, qkv.code_range, real)
+        k_stats, v_stats = method.code_statistics(ctx, qkv, batch, key, value)  # per-method definitions
         k_amax = np.stack([channel_amax(key, batch.token_rows(s)) for s in range(batch.num_seqs)])
         v_amax = np.stack([channel_amax(value, batch.token_rows(s)) for s in range(batch.num_seqs)])
 
@@ -603,7 +602,7 @@ class Session:
         log.info("compute done in %.2f s (%s)", time.perf_counter() - t0, method.label)
         return Results(
             config=cfg, adapter=rt.summary, batch=batch, key=key, value=value, q=q, method=method,
-            layouts=method.layouts(D, batch.block_size), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
+            layouts=batch_layouts(method, batch, D), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
             w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
             v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps,
             elapsed_s=time.perf_counter() - t0, source_note=note, warnings=list(getattr(qkv, "warnings", []) or []),

@@ -303,6 +303,62 @@ class KVMethod(ABC):
     def inspect_block(self, ctx, qkv: QuantizedKV, batch, block: int, kv_head: int, which: str) -> list[TokenRecord]:
         """Decode one physical block of the cache for the block inspector."""
 
+    # ------------------------------------------------------------------ statistics of the codes
+    def code_values(self) -> np.ndarray | None:
+        """The values a float code format takes, in increasing order (FP8, FP4): the code histogram then
+        has one bar per value, on a code-index axis labelled with the values. None for integer codes."""
+        return None
+
+    def unrounded_codes(self, qkv: QuantizedKV, which: str, x: np.ndarray) -> np.ndarray | None:
+        """The code each input of x ([tokens, kv_heads, D], token-row order) maps to before rounding and
+        clamping (x / scale for a symmetric scale): saturation is the share of these beyond the code
+        range. None when the method has no such map (then no saturation statistic is shown)."""
+        return None
+
+    def saturated_codes(self, qkv: QuantizedKV, which: str, x: np.ndarray) -> np.ndarray | None:
+        """Boolean mask of the inputs x that saturate, when the method's exact rule is more than "the
+        rounded unrounded code lies beyond the range" (FP8's round-to-nearest-even at the top); None: that
+        rule on `unrounded_codes`."""
+        return None
+
+    def dequantised_rows(self, ctx, qkv: QuantizedKV, batch, which: str) -> np.ndarray | None:
+        """The method's reconstruction of K or V in token-row order [tokens, kv_heads, D] (pad rows 0),
+        read from its dequantised f32 cache when it keeps one (`read_f32`); None otherwise."""
+        from kvviz.paging import PAD_SLOT
+
+        read = getattr(self, "read_f32", None)
+        if read is None or "f32" not in qkv.device:
+            return None
+        f = np.asarray(read(ctx, qkv, which))  # [num_blocks, kv_heads, block_size, D]
+        sm = np.asarray(batch.slot_mapping).astype(np.int64)
+        real = np.asarray(batch.slot_mapping) != PAD_SLOT
+        out = np.zeros((len(sm), f.shape[1], f.shape[3]), np.float32)
+        bs = batch.block_size
+        out[real] = f[sm[real] // bs, :, sm[real] % bs]
+        return out
+
+    def code_statistics(self, ctx, qkv: QuantizedKV, batch, key: np.ndarray, value: np.ndarray) -> tuple:
+        """(K, V) kvviz.analysis.metrics.CodeStats over the batch's real tokens: the histogram of the
+        stored codes and named statistics, each with its one-line definition.
+
+        The default gives every method: saturated (from `unrounded_codes`, when the method defines it),
+        zeroed non-zeros (from `dequantised_rows`, when it has them) and the share of the code range used;
+        a float format's histogram runs over `code_values`. Index methods (TurboQuant, KIVI) override this
+        with the statistics that fit them.
+        """
+        from kvviz.analysis.metrics import code_stats
+        from kvviz.paging import PAD_SLOT
+
+        real = np.asarray(batch.slot_mapping) != PAD_SLOT
+        out = []
+        for which, codes, x in (("K", qkv.k_codes, key), ("V", qkv.v_codes, value)):
+            x = np.asarray(x, np.float32)
+            deq = self.dequantised_rows(ctx, qkv, batch, which) if ctx is not None else None
+            out.append(code_stats(codes, qkv.code_range, real, x=x, dequantised=deq,
+                                  unrounded=self.unrounded_codes(qkv, which, x), code_values=self.code_values(),
+                                  saturated=self.saturated_codes(qkv, which, x)))
+        return tuple(out)
+
     def fast_cache_format(self, head_size: int):
         """The kvviz.kernels.fast_decode.CacheFormat of this method's paged cache when the fast split-K
         decode reads it in place, else None (the method keeps its own decode)."""

@@ -82,6 +82,17 @@ class NvFp4(PerTokenRecordMethod):
         qkv.v_scales = (qkv.extra["v_fields"]["scale_e4m3"] * np.float32(vs)).astype(np.float32)
         return qkv
 
+    def code_values(self):
+        """The 15 E2M1 values in order (the histogram's code-index axis)."""
+        return np.unique(np.asarray(f4.E2M1_VALUES, np.float64))
+
+    def unrounded_codes(self, qkv, which, x):
+        """x / (e4m3 scale * tensor scale) per 16 elements: beyond +-6 saturates (an e4m3 scale rounded
+        down from amax/6 can put a group's largest value there)."""
+        from kvviz.analysis.metrics import scaled_codes
+
+        return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
+
     def range_warnings(self, key, value, real, fields):
         out = []
         for which, x in (("K", key), ("V", value)):

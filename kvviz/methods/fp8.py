@@ -84,6 +84,24 @@ class _Fp8Base(PerTokenRecordMethod):
         out["scale"] = scales if scales is not None else np.zeros(records.shape[:-1], np.float32)
         return out
 
+    def code_values(self):
+        """Every finite value of the FP8 format, in order (the histogram's code-index axis)."""
+        from kvviz.analysis.metrics import format_values
+
+        return format_values(self.fmt.dtype)
+
+    def unrounded_codes(self, qkv, which, x):
+        """x / scale: a value with |x / scale| > max saturates to +-max."""
+        from kvviz.analysis.metrics import scaled_codes
+
+        return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
+
+    def saturated_codes(self, qkv, which, x):
+        """|x / scale| past the format's saturation bound (float32 bits above fmt.sat_bits: no finite
+        round-to-nearest-even code; the writer clips it to +-max)."""
+        u = np.abs(self.unrounded_codes(qkv, which, x)).astype(np.float32)
+        return u.view(np.uint32) > np.uint32(self.fmt.sat_bits)
+
     def tensor_scales(self, ctx, qkv) -> tuple[float, float]:
         """(K scale, V scale) of per_tensor mode, read from the GPU."""
         t = ctx.rt.read(qkv.device["cache"].extra["tensor"], np.uint32, nbytes=16)

@@ -114,6 +114,24 @@ class _VllmFp8Base(PerTokenRecordMethod):
         qkv.warnings += self.saturation_warnings(side["saturated"], n_real)
         return qkv
 
+    def code_values(self):
+        """Every finite value of the FP8 format, in order (the histogram's code-index axis)."""
+        from kvviz.analysis.metrics import format_values
+
+        return format_values(self.fmt.dtype)
+
+    def unrounded_codes(self, qkv, which, x):
+        """x / scale: a value with |x / scale| > max saturates to +-max."""
+        from kvviz.analysis.metrics import scaled_codes
+
+        return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
+
+    def saturated_codes(self, qkv, which, x):
+        """|x / scale| past the format's saturation bound (float32 bits above fmt.sat_bits: no finite
+        round-to-nearest-even code; the writer clips it to +-max)."""
+        u = np.abs(self.unrounded_codes(qkv, which, x)).astype(np.float32)
+        return u.view(np.uint32) > np.uint32(self.fmt.sat_bits)
+
     def saturation_warnings(self, saturated: np.ndarray, per_tensor_elements: int, where: str = "") -> list[str]:
         """One line when any element saturated: counts for K and V, what the range was."""
         k, v = (int(x) for x in np.asarray(saturated).sum(axis=1))

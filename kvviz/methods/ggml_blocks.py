@@ -70,6 +70,14 @@ class GgmlBlockMethod(PerTokenRecordMethod):
         else:
             self.code_range = (0, (1 << t.bits) - 1)
 
+    def code_values(self):
+        """mxfp4: the 15 E2M1 values in order (the histogram's code-index axis); integer codes otherwise."""
+        if self.fmt.name != "mxfp4":
+            return None
+        from kvviz.formats import fp4 as f4
+
+        return np.unique(np.asarray(f4.E2M1_VALUES, np.float64))
+
     # ------------------------------------------------------------------ kernels
     def wpt(self, head_size):
         return self.fmt.words_per_token(head_size)

@@ -100,6 +100,17 @@ class Int4Group(PerTokenRecordMethod):
         qkv.extra["v_zeros"] = qkv.extra["v_fields"]["zero"]
         return qkv
 
+    def unrounded_codes(self, qkv, which, x):
+        """(x - min) / scale per group: 0..15 by construction (min-max asymmetric), so saturation is 0."""
+        import numpy as np
+
+        from kvviz.analysis.metrics import scaled_codes
+
+        z = qkv.extra["k_zeros" if which == "K" else "v_zeros"]
+        s = qkv.k_scales if which == "K" else qkv.v_scales
+        zz = np.repeat(np.asarray(z, np.float32), np.asarray(x).shape[-1] // np.asarray(z).shape[-1], axis=-1)
+        return scaled_codes(np.asarray(x, np.float32) - zz, s)
+
     def layouts(self, head_size, block_size):
         G = self.group_for(head_size) or self.group_size
         ng = head_size // G

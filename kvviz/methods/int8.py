@@ -66,6 +66,13 @@ class Int8PerToken(PerTokenRecordMethod):
                 f"they are quantised with fewer code levels (largest |code| = round(amax/{floor}) < 127)")
         return out
 
+    def unrounded_codes(self, qkv, which, x):
+        """x / scale: with scale = amax/127 per token nothing lies beyond 127 (saturation 0) unless the
+        scale floor applies."""
+        from kvviz.analysis.metrics import scaled_codes
+
+        return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
+
     def layouts(self, head_size, block_size):
         nw = head_size // 4
 

@@ -65,6 +65,17 @@ class Int8PerTokenSeed(KVMethod):
         return QuantizedKV(self, key.shape[2], key.shape[1], kc, vc, ks, vs, (-127, 127),
                            device={"cache": cache, "writer": w})
 
+    def unrounded_codes(self, qkv, which, x):
+        """x / scale (scale = amax/127 per token: saturation 0 by construction)."""
+        from kvviz.analysis.metrics import scaled_codes
+
+        return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
+
+    def dequantised_rows(self, ctx, qkv, batch, which):
+        """code * scale, as paged_attn_q8 reads the cache (pad rows 0)."""
+        c, s = (qkv.k_codes, qkv.k_scales) if which == "K" else (qkv.v_codes, qkv.v_scales)
+        return (np.asarray(c, np.float32) * np.asarray(s, np.float32)[..., None]).astype(np.float32)
+
     def attend(self, ctx, qkv, batch, q, scale):
         return ctx.paged.decode(qkv.device["cache"], q, batch, scale)
 

@@ -57,6 +57,11 @@ class TurboQuantMethod(KVMethod):
     EXAMPLES = ({}, {"qjl_scale": "unbiased"}, {"bits": 1, "v_bits": 1}, {"bits": 3, "v_bits": 3},
                 {"bits": 4, "v_bits": 4}, {"bits": 2, "v_bits": 2, "outlier_share": 0.5},
                 {"bits": 3, "v_bits": 3, "outlier_share": 0.5}, {"bits": 1, "v_bits": 4, "qjl_scale": "unbiased"})
+    # the settings the method comparison adds to the default (kvviz/report/compare_run.py): the paper's
+    # 1-4 bit widths and the 2.5- / 3.5-bit outlier split, with the unbiased QJL scale
+    COMPARE_SETTINGS = tuple({"bits": b, "v_bits": b, "qjl_scale": "unbiased"} for b in (1, 2, 3, 4)) + (
+        {"bits": 2, "v_bits": 2, "outlier_share": 0.5, "qjl_scale": "unbiased"},
+        {"bits": 3, "v_bits": 3, "outlier_share": 0.5, "qjl_scale": "unbiased"})
     qjl_scale: str
     seed: int
     bits: int
@@ -238,6 +243,18 @@ class TurboQuantMethod(KVMethod):
             self, d, kvh, k_idx, v_idx, k_norm, v_norm, (0, 3),
             device={"caches": caches, "kernels": kern, "compress": dispatches}, extra=extra, warnings=warnings,
         )
+
+    def code_statistics(self, ctx, qkv, batch, key, value):
+        """Centroid usage of the PolarQuant indices (K and V) over the real tokens: the share of the
+        centroids used, the least and most used centroid's share and the index entropy; no saturation (every
+        rotated coordinate has a nearest centroid). With the outlier split the instances' indices are
+        counted on the widest instance's centroid set."""
+        from kvviz.analysis.metrics import index_stats
+        from kvviz.paging import PAD_SLOT
+
+        real = np.asarray(batch.slot_mapping) != PAD_SLOT
+        n = int(qkv.code_range[1]) + 1
+        return tuple(index_stats(c, n, real) for c in (qkv.k_codes, qkv.v_codes))
 
     @staticmethod
     def range_warnings(key, value, k_norm, v_norm) -> list[str]:

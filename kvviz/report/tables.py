@@ -150,26 +150,33 @@ def channel_amax_table(res, which: str) -> Table:
 
 # ------------------------------------------------------------------------------------ codes
 def code_hist_table(res) -> Table:
-    """K and V code counts over the union of code values (one row = one bar pair)."""
-    kv, kc = np.asarray(res.k_stats.values), np.asarray(res.k_stats.counts)
-    vv, vc = np.asarray(res.v_stats.values), np.asarray(res.v_stats.counts)
-    vals = np.union1d(kv.astype(np.float64), vv.astype(np.float64))
-    kmap = {float(a): int(b) for a, b in zip(kv.astype(np.float64), kc)}
-    vmap = {float(a): int(b) for a, b in zip(vv.astype(np.float64), vc)}
-    integral = np.all(np.equal(np.mod(vals, 1), 0))
-    rows = [[int(x) if integral else float(x), kmap.get(float(x), 0), vmap.get(float(x), 0)] for x in vals]
-    return Table("codes", ["code", "k_count", "v_count"], rows, "Code histogram over real tokens")
+    """K and V code counts, one row per bar pair: every representable code (zero counts included) at
+    its bin (the integer code, or a float code's index among the format's values) with its value."""
+    k, v = res.k_stats, res.v_stats
+    vals = np.union1d(np.asarray(k.bin_values, np.float64), np.asarray(v.bin_values, np.float64))
+    kmap = {float(a): int(b) for a, b in zip(np.asarray(k.bin_values, np.float64), k.counts)}
+    vmap = {float(a): int(b) for a, b in zip(np.asarray(v.bin_values, np.float64), v.counts)}
+    integral = k.axis == "code" and v.axis == "code"
+    rows = [[int(x) if integral else i, int(x) if integral else float(x), kmap.get(float(x), 0), vmap.get(float(x), 0)]
+            for i, x in enumerate(vals)]
+    return Table("codes", ["bin", "code", "k_count", "v_count"], rows,
+                 "Code histogram over real tokens (one row per representable code)")
 
 
 def code_stats_table(res) -> Table:
+    """The method's code statistics (KVMethod.code_statistics), each with its definition."""
     k, v = res.k_stats, res.v_stats
-    rows = [[name, float(getattr(k, name)), float(getattr(v, name))]
-            for name in ("clip_rate", "zero_fraction", "range_used")]
-    rows.append(["total", int(k.total), int(v.total)])
+    names = list(k.stats) + [n for n in v.stats if n not in k.stats]
+    rows = []
+    for name in names:
+        st = k.stats.get(name) or v.stats.get(name)
+        kv = [float(x.stats[name].value) if name in x.stats else float("nan") for x in (k, v)]
+        rows.append([name, st.label, kv[0], kv[1], st.unit, st.definition])
+    rows.append(["total", "codes counted", int(k.total), int(v.total), "count", "codes over the real tokens the statistics count"])
     lo, hi = res.qkv.code_range
-    rows.append(["code_min", float(lo), float(lo)])
-    rows.append(["code_max", float(hi), float(hi)])
-    return Table("code_stats", ["stat", "K", "V"], rows, "Code statistics")
+    rows.append(["code_min", "smallest code", float(lo), float(lo), "value", "smallest representable code"])
+    rows.append(["code_max", "largest code", float(hi), float(hi), "value", "largest representable code"])
+    return Table("code_stats", ["stat", "label", "K", "V", "unit", "definition"], rows, "Code statistics")
 
 
 # -------------------------------------------------------------------------------- attention

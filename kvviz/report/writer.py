@@ -114,10 +114,14 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
     L.append("")
     L.append("## Codes")
     L.append("")
-    L.append("| stat | K | V |")
-    L.append("|---|---|---|")
-    for k in ("clip_rate", "zero_fraction", "range_used", "total"):
-        L.append(f"| {k} | {_fmt(s['codes']['K'][k])} | {_fmt(s['codes']['V'][k])} |")
+    L.append("| stat | K | V | definition |")
+    L.append("|---|---|---|---|")
+    ks, vs = res.k_stats, res.v_stats
+    for name in list(ks.stats) + [n for n in vs.stats if n not in ks.stats]:
+        st = ks.stats.get(name) or vs.stats.get(name)
+        txt = [x.stats[name].text() if name in x.stats else "n/a" for x in (ks, vs)]
+        L.append(f"| {st.label} (`{name}`) | {txt[0]} | {txt[1]} | {st.definition} |")
+    L.append(f"| codes counted (`total`) | {ks.total} | {vs.total} | codes over the real tokens |")
     L.append("")
     L.append("## GPU timings")
     L.append("")

@@ -1,4 +1,5 @@
-"""Code histogram panel: K and V code distributions with clip rate, zero fraction and range used."""
+"""Code histogram panel: K and V code distributions, one bar per representable code, and the method's code
+statistics (KVMethod.code_statistics; each column's tooltip gives its definition)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +14,31 @@ from kvviz.ui.style import K_COLOR, V_COLOR
 
 def _pct(x: float) -> str:
     return f"{100.0 * x:.2f}%"
+
+
+def _text(val, unit: str) -> str:
+    """A statistic as the table shows it (see kvviz.analysis.metrics.Statistic.text)."""
+    v = float(val)
+    if not np.isfinite(v):
+        return "n/a"
+    if unit == "fraction":
+        return _pct(v)
+    if unit == "bits":
+        return f"{v:.3f} bits"
+    if unit == "count" or v == int(v):
+        return f"{int(v)}"
+    return f"{v:.4g}"
+
+
+def _value_ticks(vals: np.ndarray, n: int = 7) -> list:
+    """Ticks on a code-index axis naming the values: the ends, zero and a few between."""
+    if len(vals) == 0:
+        return []
+    idx = set(np.linspace(0, len(vals) - 1, min(n, len(vals))).round().astype(int).tolist())
+    zero = np.flatnonzero(vals == 0)
+    if zero.size:
+        idx.add(int(zero[0]))
+    return [(float(i), f"{vals[i]:.3g}") for i in sorted(idx)]
 
 
 class CodesPanel(Panel):
@@ -51,17 +77,13 @@ class CodesPanel(Panel):
             return
         self.hist = code_hist_table(res)
         self.stats = code_stats_table(res)
+        # One bar of width 1 per representable code (zero counts included): the bars tile the axis, no gaps
+        # at any zoom. Integer codes sit at their value; float codes (FP8, FP4) at their index among the
+        # format's values in order, the ticks naming the values.
+        x = self.hist.column("bin").astype(np.float64)
         vals = self.hist.column("code").astype(np.float64)
-        integral = bool(np.all(np.mod(vals, 1) == 0))
-        if integral:  # integer codes: bars at their values
-            x = vals
-            width = float(np.min(np.diff(x))) * 0.9 if len(x) > 1 else 0.9
-            ticks = None
-        else:  # FP8 and other float codes: one evenly spaced bar per distinct value, ticks name the values
-            x = np.arange(len(vals), dtype=np.float64)
-            width = 0.9
-            idx = np.unique(np.linspace(0, len(vals) - 1, min(5, len(vals))).round().astype(int))
-            ticks = [[(float(i), f"{vals[i]:.3g}") for i in idx], []]
+        integral = res.k_stats.axis == "code" and res.v_stats.axis == "code"
+        ticks = None if integral else [_value_ticks(vals), []]
         self.bar_x = x
         log = self.log_y.isChecked()
         for which, plot, col, st, counts, attr in (
@@ -74,33 +96,30 @@ class CodesPanel(Panel):
             h = counts.astype(np.float64)
             if log:
                 h = np.log10(np.maximum(h, 0) + 1.0)
-            bars = pg.BarGraphItem(x=x, height=h, width=width, brush=pg.mkBrush(*col, 200), pen=pg.mkPen(None))
+            bars = pg.BarGraphItem(x=x, height=h, width=1.0, brush=pg.mkBrush(*col, 200), pen=pg.mkPen(None))
             plot.addItem(bars)
             setattr(self, attr, bars)
             plot.setLabel("left", f"{which}: log10(n+1)" if log else f"{which} count")
-            plot.setTitle(f"{which}: clip {_pct(st.clip_rate)}, zeros {_pct(st.zero_fraction)}", size="8pt")
+            head = list(st.stats.values())[:2]
+            plot.setTitle(f"{which}: " + ", ".join(f"{t.label} {t.text()}" for t in head), size="8pt")
             plot.getAxis("bottom").setTicks(ticks)
             plot.enableAutoRange()
         lo, hi = res.qkv.code_range
-        self.info.setText(f"{res.method.id}: codes {lo:g} .. {hi:g}, {len(self.hist)} distinct values")
-        self.v_plot.setLabel("bottom", "code" if integral else "code value (distinct values, in order)")
+        n_seen = int(np.count_nonzero(self.hist.column("k_count") + self.hist.column("v_count")))
+        self.info.setText(f"{res.method.id}: codes {lo:g} .. {hi:g}, {n_seen} of {len(self.hist)} values occur")
+        self.v_plot.setLabel("bottom", "code" if integral else "code (index of the format's values; ticks: value)")
         t = self.table
-        names = {"clip_rate": "clip rate", "zero_fraction": "zeros", "range_used": "range used", "total": "codes",
-                 "code_min": "min", "code_max": "max"}
         t.clear()
         t.setRowCount(2)
         t.setColumnCount(len(self.stats.rows))
-        t.setHorizontalHeaderLabels([names.get(r[0], r[0]) for r in self.stats.rows])
         t.setVerticalHeaderLabels(["K", "V"])
-        for j, (name, k, v) in enumerate(self.stats.rows):
+        for j, (name, label, k, v, unit, definition) in enumerate(self.stats.rows):
+            hdr = QTableWidgetItem(label)
+            hdr.setToolTip(f"{name}: {definition}")
+            t.setHorizontalHeaderItem(j, hdr)
             for i, val in ((0, k), (1, v)):
-                if name in ("clip_rate", "zero_fraction", "range_used"):
-                    s = _pct(val)
-                elif isinstance(val, float) and val != int(val):
-                    s = f"{val:.6g}"
-                else:
-                    s = f"{int(val)}"
-                it = QTableWidgetItem(s)
+                it = QTableWidgetItem(_text(val, unit))
+                it.setToolTip(f"{label}: {definition}")
                 it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 t.setItem(i, j, it)
         t.resizeColumnsToContents()
