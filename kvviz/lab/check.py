@@ -1,0 +1,405 @@
+"""Bring your own kernel: compile a user's shader for a slot, run the slot's pipeline with it in the
+built-in's place, check the output against the slot's numpy oracle and time it beside the built-in.
+
+Used by `kvviz bench --kernel SLOT=FILE`, `kvviz kernel new` (its output passes as written) and the
+window's Kernel lab. Qt-free. The oracles are imported by name here, as `kvviz bench` does: this module is
+part of the lab and bench path, not of the window's compute path.
+
+What is checked (per slot, see kvviz/lab/slots.py): the pipeline's checked output (a cache's rows for
+writers and dequantisers, the attention output for decodes) element by element against the oracle within
+the slot's tolerance; `bad` counts the elements outside it and `heat` says where (a small map over rows x
+channels: token rows x (K|V, KV head, dim) for caches, (sequence, head) x dim for decodes). Writers must
+also leave the cache slots no token maps to as they were (`untouched`: words changed there, the
+out-of-bounds writes robust buffer access cannot catch).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompileError
+from kvviz.gpu.kernel_spec import READ_WRITE
+from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_WGSL, ShaderSpec, declarations, render_wgsl_defines
+from kvviz.kernels import arith
+from kvviz.lab.slots import Slot, slot as get_slot
+from kvviz.lab.source import (
+    Diagnostic, KernelCompileError, SourceInfo, driver_code, parse_glslang, parse_naga, resolve, workgroup_bytes,
+    workgroup_size,
+)
+from kvviz.paging import PAD_SLOT
+
+log = logging.getLogger("kvviz.lab")
+
+SENTINEL = np.uint32(0x7FBADBAD)  # what unused cache slots hold before a writer runs (a NaN as f32)
+
+
+@dataclass
+class UserKernel:
+    slot: Slot
+    name: str  # the file name shown in messages
+    text: str
+    rendered: str
+    where: list  # (file, line) of every rendered line
+    kernel: object  # kvviz.gpu.runtime.Kernel
+    frontend: str
+
+
+def read_text(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInput(f"kernel file {path} does not exist", "Give the path of a .wgsl or .comp file "
+                           "(kvviz kernel new SLOT FILE writes one).")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"kernel file {path} cannot be read: {exc}") from None
+
+
+def language_of(name: str, slot: Slot) -> str:
+    if name.endswith(".wgsl"):
+        return "wgsl"
+    if name.endswith((".comp", ".glsl")):
+        return "glsl"
+    return slot.language
+
+
+def compile_user(rt, slot: Slot, text: str, name: str, frontend: str = "") -> UserKernel:
+    """Compile a user's shader for `slot`: includes resolved, the built-in's WGSL placeholders filled, its
+    declarations checked against the slot's contract, then compiled and validated. KernelCompileError with
+    file:line:column diagnostics when any of that fails."""
+    rendered, where = resolve(text, name)
+    lang = language_of(name, slot)
+    if lang == "wgsl":
+        try:
+            rendered = render_wgsl_defines(rendered, slot.spec.defines, name)
+        except ShaderCompileError as exc:
+            raise KernelCompileError(str(exc), [Diagnostic(name, 0, 0, str(exc))]) from None
+    fe = FRONTEND_WGSL if lang == "wgsl" else (frontend or FRONTEND_GLSLANG)
+    try:
+        slot.spec.check(declarations(rendered, lang), name)
+    except ShaderCompileError as exc:
+        lines = [l.strip() for l in str(exc).splitlines()[1:] if l.strip()]
+        raise KernelCompileError(f"{name} does not meet the contract of slot {slot.id}:\n  " + "\n  ".join(lines),
+                                 [Diagnostic(name, 0, 0, l) for l in lines],
+                                 f"Declare the bindings and immediates `kvviz kernel list {slot.id}` lists.") from None
+    digest = hashlib.sha256(f"{fe}\n{rendered}".encode()).hexdigest()[:12]
+    spec = ShaderSpec(f"user/{digest}/{Path(name).name}", slot.spec.entry, fe if lang == "glsl" else "", ())
+    access = [STORAGE_RW if (fe == FRONTEND_GLSLANG or b.access == READ_WRITE) else STORAGE_RO for b in slot.spec.bindings]
+    try:
+        k = rt.kernel(spec, access, slot.spec.immediate_size, _source=rendered)
+    except DeviceLostError:
+        raise
+    except ShaderCompileError as exc:
+        parse = parse_naga if fe != FRONTEND_GLSLANG else parse_glslang
+        diags = parse(str(exc), where, rendered)
+        raise KernelCompileError(f"{name} failed to compile ({fe}):\n  " + "\n  ".join(map(str, diags)), diags) from None
+    except KvvizError:
+        raise
+    k = dataclasses.replace(k, kspec=slot.spec)
+    k.source = rendered  # kvviz.gpu.timing.source_hash hashes the user's text
+    return UserKernel(slot, name, text, rendered, where, k, fe)
+
+
+def load_user(rt, slot_id: str, path: str, frontend: str = "") -> UserKernel:
+    s = get_slot(slot_id)
+    return compile_user(rt, s, read_text(path), str(path), frontend)
+
+
+# ------------------------------------------------------------------------------ results
+@dataclass
+class CheckResult:
+    slot: str
+    kernel: str  # "built-in" or the user's file
+    max_err: float | None
+    bad: int  # elements outside the tolerance
+    total: int
+    where: list  # the first (row, col) outside the tolerance
+    heat: np.ndarray  # bad-element counts on a small rows x cols map
+    rows: str  # what the map's rows are
+    cols: str
+    untouched: int | None  # words changed in cache slots no token maps to (None: not checked)
+    tolerance: str
+    grids: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.max_err is not None and self.bad == 0 and not self.untouched
+
+    def summary(self) -> str:
+        if self.max_err is None:
+            return f"{self.kernel}: no result"
+        s = (f"{self.kernel}: max error {self.max_err:.3g}, {self.bad} of {self.total} elements outside the tolerance"
+             + (f" (first at {self.rows} x {self.cols} {self.where[:3]})" if self.bad else ""))
+        if self.untouched:
+            s += f"; {self.untouched} words changed in cache slots no token maps to (writes out of bounds of its slots)"
+        return s + (" - OK" if self.ok else " - FAILED")
+
+    def to_json(self) -> dict:
+        return {"slot": self.slot, "kernel": self.kernel, "ok": self.ok, "max_err": self.max_err, "bad": self.bad,
+                "total": self.total, "where": [list(map(int, w)) for w in self.where], "rows": self.rows,
+                "cols": self.cols, "untouched": self.untouched, "tolerance": self.tolerance,
+                "heat": self.heat.astype(int).tolist()}
+
+
+@dataclass
+class LabTiming:
+    name: str
+    impl: str  # "user" or the built-in's impl
+    timing: object  # TimingResult
+    bytes: int
+    flops: float
+
+
+@dataclass
+class LabRun:
+    check: CheckResult
+    timings: list  # LabTiming: the user's kernel (when given) and the built-in
+    info: SourceInfo | None
+
+
+def heat_map(bad: np.ndarray, max_rows: int = 48, max_cols: int = 64) -> np.ndarray:
+    """Counts of bad elements of a [rows, cols] mask binned onto at most max_rows x max_cols cells."""
+    R, C = bad.shape
+    rb, cb = max(1, -(-R // max_rows)), max(1, -(-C // max_cols))
+    pad = np.zeros((-(-R // rb) * rb, -(-C // cb) * cb), np.int64)
+    pad[:R, :C] = bad
+    return pad.reshape(pad.shape[0] // rb, rb, pad.shape[1] // cb, cb).sum((1, 3))
+
+
+def compare(slot: Slot, kernel: str, got, ref, tol, rows: str, cols: str, bad=None, untouched=None) -> CheckResult:
+    got = np.asarray(got, np.float64).reshape(np.shape(ref)[0], -1)
+    ref = np.asarray(ref, np.float64).reshape(got.shape)
+    err = np.abs(got - ref)
+    if bad is None:
+        bad = ~(err <= np.broadcast_to(np.asarray(tol, np.float64).reshape(-1) if np.ndim(tol) == 0 else
+                                       np.asarray(tol, np.float64).reshape(got.shape), got.shape))
+    bad = np.asarray(bad, bool).reshape(got.shape)
+    fin = np.isfinite(err)
+    max_err = float(err[fin].max(initial=0.0)) if fin.all() else float("inf")
+    where = [tuple(map(int, w)) for w in np.argwhere(bad)[:10]]
+    return CheckResult(slot.id, kernel, max_err, int(bad.sum()), int(bad.size), where, heat_map(bad), rows, cols,
+                       untouched, slot.tolerance)
+
+
+# ------------------------------------------------------------------------------ the cases
+def _swap(dispatches, slot: Slot, kernel):
+    if kernel is None:
+        return list(dispatches)
+    out, n = [], 0
+    for d in dispatches:
+        if d.kernel.spec.path == slot.spec.path and d.kernel.spec.entry == slot.spec.entry:
+            d = dataclasses.replace(d, kernel=kernel)
+            n += 1
+        out.append(d)
+    if not n:
+        raise KvvizError(f"slot {slot.id}: its pipeline dispatched no {slot.spec.name}")
+    return out
+
+
+def _is_slot(d, slot: Slot, kernel) -> bool:
+    k = kernel
+    return (d.kernel is k) if k is not None else (d.kernel.spec.path == slot.spec.path and d.kernel.spec.entry == slot.spec.entry)
+
+
+def _fill_unused(rt, buf, shape_bshw, real_slots, block_size):
+    """Cache words [nb, kvh, bs, w]: SENTINEL where no token maps, 0 where one does."""
+    nb, kvh, bs, w = shape_bshw
+    words = np.full((nb, kvh, bs, w), SENTINEL, np.uint32)
+    words[real_slots // block_size, :, real_slots % block_size] = 0
+    rt.write(buf, words)
+    return words
+
+
+def _untouched(rt, buf, shape, real_slots, block_size, dtype=np.uint32) -> int:
+    nb, kvh, bs, w = shape
+    got = rt.read(buf, np.uint32, nbytes=nb * kvh * bs * w * 4).reshape(nb, kvh, bs, w)
+    used = np.zeros((nb, bs), bool)
+    used[real_slots // block_size, real_slots % block_size] = True
+    return int(np.count_nonzero(got.transpose(0, 2, 1, 3)[~used] != SENTINEL))
+
+
+def _dequant_oracle(m, batch, x):
+    fam = m.family
+    D = x.shape[-1]
+    if fam == "int8":
+        from kvviz.oracles import int8 as o
+
+        return o.dequantize(*o.quantize(x))
+    if fam == "int4":
+        from kvviz.oracles import int4 as o
+
+        G = m.group_for(D) if hasattr(m, "group_for") else m.group_size
+        return o.dequantize_groups(*o.quantize_groups(x, G), G)
+    if fam == "fp8":
+        from kvviz.oracles import fp8 as o
+
+        codes, scales = o.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
+        return o.dequantize(codes, scales, m.fmt)
+    if fam == "ggml":
+        from kvviz.oracles import ggml as o
+
+        return o.dequantize(o.quantize(x, m.fmt), D, m.fmt)
+    if fam == "fp4":
+        from kvviz.oracles import fp4 as o
+
+        st = o.tensor_scale(x[np.asarray(batch.slot_mapping) != PAD_SLOT])
+        return o.dequantize(*o.quantize(x, st), st)
+    raise InvalidInput(f"no dequantised-rows oracle for method family {fam!r}")
+
+
+def _fused_tol(ref: np.ndarray) -> np.ndarray:
+    """[rows, kvh, D]: 2^-22 (|ref| + 2 max|ref| of the head vector)."""
+    a = np.abs(ref.astype(np.float64))
+    return 2.0 ** -22 * (a + 2 * a.max(-1, keepdims=True))
+
+
+def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int = 0, warmup: int = 2,
+             builtin_timing: bool = True):
+    """Run the slot's pipeline with `kernel` (None: the built-in) in the slot; returns (CheckResult,
+    [LabTiming], grids)."""
+    rt = ctx.rt
+    batch, key, value, q = inputs
+    T, kvh, D = key.shape
+    H = q.shape[1]
+    scale = float(1.0 / np.sqrt(D))
+    sm = np.asarray(batch.slot_mapping).astype(np.int64)
+    real = sm != PAD_SLOT
+    rs = sm[real]
+    bs = batch.block_size
+    untouched = None
+    if slot.case in ("paged-writer", "paged-decode"):
+        pk = ctx.paged
+        fmt = slot.fmt
+        cache = pk.allocate(fmt, batch.num_blocks, kvh, bs, D)
+        wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
+        if slot.case == "paged-writer":
+            for buf in (cache.k, cache.v):
+                _fill_unused(rt, buf, cache.shape, rs, bs)
+            run = _swap(wd, slot, kernel)
+            rt.run(run)
+            untouched = sum(_untouched(rt, b, cache.shape, rs, bs) for b in (cache.k, cache.v))
+            kc, vc = pk.read(cache, "k"), pk.read(cache, "v")
+            nbytes = __import__("kvviz.kernels.traffic", fromlist=["x"]).writer_bytes(cache, batch, key)
+            flops = arith.writer_flops(batch, kvh, D, 0.0 if fmt == "f32" else 2.0)
+            if fmt == "f32":
+                got = np.concatenate([c[rs // bs, :, rs % bs].reshape(len(rs), -1) for c in (kc, vc)], 1)
+                ref = np.concatenate([x[real].reshape(len(rs), -1) for x in (key, value)], 1)
+                res = compare(slot, kernel_name, got, ref, 0.0, "token rows", "K|V x KV head x dim", untouched=untouched)
+            else:
+                from kvviz.formats.int8 import unpack_records
+                from kvviz.oracles import paged as op
+
+                ulps = op.division_ulps(rt.summary)
+                gots, refs, bads = [], [], []
+                for c, x in ((kc, key), (vc, value)):
+                    gc, gs = unpack_records(c[rs // bs, :, rs % bs])
+                    rc, rsc, pre = op.quantize_int8_per_token(x[real])
+                    diff = np.abs(gc.astype(np.int32) - rc.astype(np.int32))
+                    sbad = op.ulp_diff_f32(gs, rsc) > ulps
+                    bads.append(((diff > 1) | ((diff == 1) & ~op.tie_mask(pre)) | sbad[..., None]).reshape(len(rs), -1))
+                    gots.append((gc.astype(np.float64) * gs[..., None]).reshape(len(rs), -1))
+                    refs.append((rc.astype(np.float64) * rsc[..., None]).reshape(len(rs), -1))
+                res = compare(slot, kernel_name, np.concatenate(gots, 1), np.concatenate(refs, 1), 0.0, "token rows",
+                              "K|V x KV head x dim", bad=np.concatenate(bads, 1), untouched=untouched)
+            timed = [d for d in run if _is_slot(d, slot, kernel)]
+            base = wd
+        else:
+            rt.run(wd)
+            dd, outs = pk.decode_dispatches(cache, q, batch, scale)
+            run = _swap(dd, slot, kernel)
+            rt.run(run)
+            out = pk._collect(outs, batch.num_seqs, H * D, (H, D))
+            from kvviz.oracles import paged as op
+
+            if fmt == "q8":
+                kf, vf = op.dequantize_cache_int8(pk.read(cache, "k")), op.dequantize_cache_int8(pk.read(cache, "v"))
+            else:
+                kf, vf = pk.read(cache, "k").astype(np.float64), pk.read(cache, "v").astype(np.float64)
+            ref = op.decode(q, kf, vf, batch.block_tables, batch.context_lens, bs, scale)
+            tol = 2e-5 * max(1.0, float(np.abs(vf).max(initial=0)))
+            res = compare(slot, kernel_name, out.reshape(-1, D), ref.reshape(-1, D), tol, "(sequence, head)", "dim")
+            timed = [d for d in run if _is_slot(d, slot, kernel)]
+            base = dd
+            from kvviz.kernels.traffic import decode_bytes
+
+            if slot.role == "reduce":
+                parts = max(d.grid[2] for d in dd)
+                nbytes = batch.num_seqs * H * parts * (D + 2) * 4 + batch.num_seqs * H * D * 4 + batch.num_seqs * 4
+                flops = arith.reduce_flops(batch.num_seqs, H, D, parts)
+            else:
+                nbytes = decode_bytes(cache, batch, q)
+                flops = arith.decode_flops(batch, H, D)
+    elif slot.case in ("method-writer", "method-dequant"):
+        from kvviz.methods import get_method
+
+        m = get_method(slot.method)
+        key_, value_, qc, f32c, wd, dd = m._build(ctx, batch, key, value)
+        rec = (qc.num_blocks, kvh, bs, m.wpt(D))
+        if slot.case == "method-writer":
+            for buf in (qc.k, qc.v):
+                _fill_unused(rt, buf, rec, rs, bs)
+        run = _swap(wd + dd, slot, kernel)
+        rt.run(run)
+        if slot.case == "method-writer":
+            untouched = sum(_untouched(rt, b, rec, rs, bs) for b in (qc.k, qc.v))
+        gots, refs, tols = [], [], []
+        for which, x in (("k", key), ("v", value)):
+            f = ctx.paged.read(f32c, which)
+            g = f[rs // bs, :, rs % bs]
+            r = np.asarray(_dequant_oracle(m, batch, x), np.float64)[real]
+            gots.append(g.reshape(len(rs), -1))
+            refs.append(r.reshape(len(rs), -1))
+            tols.append((np.zeros_like(r) if m.family in ("int8", "fp8") else _fused_tol(r)).reshape(len(rs), -1))
+        res = compare(slot, kernel_name, np.concatenate(gots, 1), np.concatenate(refs, 1), np.concatenate(tols, 1),
+                      "token rows", "K|V x KV head x dim", untouched=untouched)
+        timed = [d for d in run if _is_slot(d, slot, kernel)]
+        base = wd + dd
+        fam = m.family
+        if slot.case == "method-writer":
+            nbytes, flops = m._writer_bytes(batch, key), arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT.get(fam, 0.0))
+        else:
+            nbytes, flops = m._dequant_bytes(batch, kvh, D), arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(fam, 0.0))
+    else:
+        raise KvvizError(f"slot {slot.id}: unknown case {slot.case!r}")
+    res.grids = [tuple(d.grid) for d in timed]
+    timings = []
+    if time_runs:
+        timings.append(LabTiming(kernel_name, "user" if kernel is not None else slot.impl,
+                                 rt.time(timed, runs=time_runs, warmup=warmup), int(nbytes), float(flops)))
+        if kernel is not None and builtin_timing:
+            bt = [d for d in base if _is_slot(d, slot, None)]
+            timings.append(LabTiming(f"built-in {slot.spec.path}", slot.impl, rt.time(bt, runs=time_runs, warmup=warmup),
+                                     int(nbytes), float(flops)))
+    return res, timings
+
+
+def source_info(slot: Slot, user: UserKernel | None, grids) -> SourceInfo:
+    if user is not None:
+        text, rendered, lang, name, fe = user.text, user.rendered, language_of(user.name, slot), user.name, user.frontend
+    else:
+        sh = slot.spec.shader(slot.frontend)
+        rendered = sh.rendered()
+        text, lang, name, fe = rendered, slot.language, sh.path, sh.resolved_frontend
+    code, kind = driver_code(rendered, lang, name, fe)
+    g = " + ".join(str(x) for x in grids) or "(not run)"
+    return SourceInfo(text, code, kind, workgroup_size(rendered, lang), workgroup_bytes(rendered, lang),
+                      slot.spec.immediate_size, g)
+
+
+def lab_run(ctx, slot_id: str, inputs, *, path: str | None = None, text: str | None = None, name: str | None = None,
+            runs: int = 5, warmup: int = 2, info: bool = True) -> LabRun:
+    """One Kernel lab step: compile the user's file (or text), check it against the slot's oracle, time it
+    beside the built-in. A compile error raises KernelCompileError; a device loss DeviceLostError."""
+    s = get_slot(slot_id)
+    user = None
+    if path is not None or text is not None:
+        name = name or str(path)
+        user = compile_user(ctx.rt, s, read_text(path) if text is None else text, name, ctx.frontend)
+    res, timings = run_case(ctx, s, user.kernel if user else None, inputs, name if user else "built-in", runs, warmup)
+    return LabRun(res, timings, source_info(s, user, res.grids) if info else None)

@@ -1,0 +1,341 @@
+"""Kernel slots: every replaceable kernel of kvviz with its written contract, as data.
+
+A slot is one kernel a user may swap for their own: the f32 baseline writer / decode / reduce, the seed
+int8 writer / decode, each per-token-record method's writer and dequantiser. Its contract says:
+  - bindings: index, name, access, element type, shape, and how each buffer is laid out (a cache's
+    layout is the method's CacheLayout, the block inspector's data, at the reference head size);
+  - immediates: each field, its type and meaning (packed by the slot's KernelSpec struct);
+  - what the dispatch grid means (one workgroup per what);
+  - which numpy oracle checks it and how (what is compared, the tolerance).
+A user kernel must declare the same bindings and immediates (KernelSpec.check, as for every built-in
+kernel); `kvviz.lab.check` then runs the slot's pipeline with the user's kernel in the slot's place,
+compares the checked output with the oracle and times it beside the built-in.
+
+Qt-free. New kernels (the fast decode's, the fast writers) register a slot with `register`.
+`render_markdown()` is docs/slots.md (tests/test_lab.py checks the file is current; `python -m
+kvviz.lab.slots > docs/slots.md` writes it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvviz.errors import InvalidInput
+from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec
+from kvviz.gpu.shaders import FRONTEND_GLSLANG
+
+REF_HEAD_SIZE = 128  # the head size and block size the contracts' layouts are written at
+REF_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class BufferContract:
+    binding: int
+    name: str
+    access: str  # "read" | "read_write"
+    elem: str  # "f32", "u32", "vec4<u32>"
+    shape: str
+    layout: str
+
+
+@dataclass(frozen=True)
+class ImmediateField:
+    name: str
+    type: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Slot:
+    id: str  # "<owner>.<role>": "f32.decode", "int8_token.writer"
+    title: str
+    role: str  # kvviz.kernels.timed.ROLES
+    impl: str  # the built-in kernel's implementation (kvviz.kernels.timed.IMPLS)
+    spec: KernelSpec  # the built-in kernel, fixed defines included
+    method: str | None  # registry id of the method whose pipeline runs it (None: the paged f32 / seed kernels)
+    case: str  # how kvviz.lab.check builds its pipeline: "paged-writer", "paged-decode", "method-writer", ...
+    fmt: str = ""  # paged cache format ("f32" / "q8") of a paged case
+    buffers: tuple[BufferContract, ...] = ()
+    immediates: tuple[ImmediateField, ...] = ()
+    grid: str = ""
+    oracle: str = ""
+    tolerance: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def language(self) -> str:
+        return "wgsl" if self.spec.path.endswith(".wgsl") else "glsl"
+
+    @property
+    def frontend(self) -> str:
+        return "" if self.language == "wgsl" else FRONTEND_GLSLANG
+
+    @property
+    def suffix(self) -> str:
+        return ".wgsl" if self.language == "wgsl" else ".comp"
+
+    def starting_source(self) -> str:
+        """The built-in kernel as a user's starting file: WGSL with its includes resolved and its defines
+        applied (one self-contained file), GLSL with its includes resolved (glslang gets no defines here)."""
+        sh = self.spec.shader(self.frontend)
+        text = sh.rendered()
+        head = "//" if True else ""
+        banner = (f"{head} kvviz kernel slot {self.id}: a copy of the built-in {self.spec.name} ({self.impl}).\n"
+                  f"{head} Its contract: docs/slots.md, `kvviz kernel list`. Check and time it with\n"
+                  f"{head}   kvviz bench --quick --no-methods --kernel {self.id}=<this file>\n")
+        if self.language == "glsl":
+            lines = text.splitlines()
+            at = next((i + 1 for i, l in enumerate(lines) if l.strip().startswith("#version")), 0)
+            return "\n".join(lines[:at] + banner.rstrip("\n").splitlines() + lines[at:]) + "\n"
+        return banner + text
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id, "title": self.title, "role": self.role, "impl": self.impl, "method": self.method,
+            "shader": self.spec.path, "entry": self.spec.entry, "language": self.language,
+            "bindings": [b.__dict__ for b in self.buffers],
+            "immediates": [f.__dict__ for f in self.immediates],
+            "immediates_bytes": self.spec.immediate_size,
+            "grid": self.grid, "oracle": self.oracle, "tolerance": self.tolerance, "notes": list(self.notes),
+        }
+
+
+# ------------------------------------------------------------------------------ the words of the contracts
+_BUF = {
+    "key": ("f32", "[num_tokens, num_kv_heads, head_size]", "token rows of K, row stride key_stride"),
+    "value": ("f32", "[num_tokens, num_kv_heads, head_size]", "token rows of V, row stride value_stride"),
+    "key_in": ("f32", "[rows, kv_heads, head_size]", "token rows of K, row-major"),
+    "val_in": ("f32", "[rows, kv_heads, head_size]", "token rows of V, row-major"),
+    "slot_mapping": ("u32", "[num_tokens]", "cache slot of each token (block * block_size + offset); 0xFFFFFFFF: padding, skip"),
+    "slots": ("u32", "[rows]", "cache slot of each row (block * block_size + offset); 0xFFFFFFFF: padding row, skip"),
+    "q": ("f32", "[num_seqs, num_heads, head_size]", "one query per sequence and head (row stride q_stride)"),
+    "block_tables": ("u32", "[num_seqs, max_num_blocks_per_seq]", "physical block of each logical block (0 past the end)"),
+    "context_lens": ("u32", "[num_seqs]", "tokens in each sequence"),
+    "partials": ("f32", "[num_seqs, num_heads, num_partitions, head_size + 2]",
+                 "per partition of 512 positions: max logit m, sum of e^(l - m), then sum of e^(l - m) v over head_size"),
+    "out": ("f32", "[num_seqs, num_heads, head_size]", "the attention output"),
+    "o": ("f32", "[num_seqs, num_heads, head_size]", "the attention output"),
+    "items": ("vec4<u32>", "[work items]", "(physical block, sequence, logical block, 0) of every used block, by block"),
+    "k_out": ("f32", "[window blocks, kv_heads, block_size, head_size]", "the f32 paged K cache, from block win0"),
+    "v_out": ("f32", "[window blocks, kv_heads, block_size, head_size]", "the f32 paged V cache, from block win0"),
+    "tensor": ("u32", "[4]", "per-tensor words (f32 bits): amax K, amax V, scale K, scale V"),
+}
+_IMM = {
+    "key_stride": "floats between consecutive token rows of key", "value_stride": "floats between token rows of value",
+    "num_kv_heads": "KV heads", "num_heads": "query heads", "head_size": "elements per head vector",
+    "block_size": "tokens per cache block", "max_num_blocks_per_seq": "columns of block_tables",
+    "q_stride": "floats between consecutive sequences of q", "max_context_len": "longest context in the batch",
+    "scale": "softmax scale applied to q.k", "num_partitions": "partitions per (sequence, head) in partials",
+    "kvh": "KV heads", "hd": "head size", "bs": "tokens per cache block", "wpt": "u32 words of one token's record",
+    "win0": "first block of the bound f32 cache window (out index = block - win0)",
+}
+_F32_CACHE = "f32 [num_blocks, num_kv_heads, block_size, head_size]: element (block, head, offset, d)"
+
+
+def _imm(spec: KernelSpec) -> tuple[ImmediateField, ...]:
+    if spec.immediates is None:
+        return ()
+    return tuple(ImmediateField(n, t, _IMM.get(n, "")) for n, t in spec.immediates.fields)
+
+
+def _buffers(spec: KernelSpec, caches: dict) -> tuple[BufferContract, ...]:
+    """The spec's bindings with their types, shapes and layouts (`caches`: binding name -> (elem, shape, layout))."""
+    out = []
+    for i, b in enumerate(spec.bindings):
+        elem, shape, layout = caches.get(b.name) or _BUF.get(b.name) or ("u32", "", "")
+        out.append(BufferContract(i, b.name, "read_write" if b.access == READ_WRITE else "read", elem, shape, layout))
+    return tuple(out)
+
+
+def _layout_text(lay) -> str:
+    fields = "; ".join(f"{f.name}: {f.count} x {f.dtype} ({f.bits} bits) per {f.per}" for f in lay.fields)
+    return f"{lay.description} Fields: {fields}. Words: {lay.word_map}"
+
+
+# ------------------------------------------------------------------------------ the registry
+_SLOTS: dict[str, Slot] = {}
+
+
+def register(slot: Slot) -> Slot:
+    """Add a slot (a kernel module registers its own when it lands). The contract's bindings and immediates
+    must be the spec's, in order."""
+    names = tuple((b.name, b.access) for b in slot.buffers)
+    want = tuple((b.name, "read_write" if b.access == READ_WRITE else "read") for b in slot.spec.bindings)
+    if names != want:
+        raise ValueError(f"slot {slot.id}: contract bindings {names} are not the spec's {want}")
+    if tuple((f.name, f.type) for f in slot.immediates) != tuple(slot.spec.immediates.fields if slot.spec.immediates else ()):
+        raise ValueError(f"slot {slot.id}: contract immediates differ from the spec's")
+    _SLOTS[slot.id] = slot
+    return slot
+
+
+def _paged_slots() -> None:
+    from kvviz.kernels import paged as pk
+    from kvviz.methods.int8_seed import Int8PerTokenSeed
+
+    seed_lay = _layout_text(Int8PerTokenSeed().layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)[0])
+    q8 = ("u32", "[num_blocks, num_kv_heads, block_size, head_size/4 + 1]", seed_lay)
+    f32 = ("f32", "[num_blocks, num_kv_heads, block_size, head_size]", _F32_CACHE)
+    decode_oracle = ("kvviz.oracles.paged.decode in float64 over the oracle's cache contents; the checked output is "
+                     "the attention output [num_seqs, num_heads, head_size] after the whole decode pipeline")
+    decode_tol = "|out - ref| <= 2e-5 * max(1, max|V|) (f32 accumulation vs float64; tests/test_paged_conformance.py)"
+    register(Slot(
+        "f32.writer", "f32 baseline writer (reshape_and_cache_f32)", "writer", "baseline", pk.WRITER_F32, None,
+        "paged-writer", "f32", _buffers(pk.WRITER_F32, {"key_cache": f32, "value_cache": f32}), _imm(pk.WRITER_F32),
+        "(num_tokens, num_kv_heads, 1): one workgroup per (token, KV head) copies the head vector into its slot",
+        "kvviz.oracles.paged.write_cache_f32: the cache rows of every real token, K and V",
+        "exact (0): a copy; slots no token maps to must keep their contents",
+    ))
+    register(Slot(
+        "f32.decode", "f32 baseline decode, partition pass (paged_attn_f32)", "decode", "baseline", pk.DECODE_F32, None,
+        "paged-decode", "f32", _buffers(pk.DECODE_F32, {"kc": f32, "vc": f32}), _imm(pk.DECODE_F32),
+        "(num_heads, num_seqs, num_partitions): one workgroup per (query head, sequence, partition of 512 positions) "
+        "writes that partition's (m, s, acc) to partials; paged_attn_reduce combines them",
+        decode_oracle, decode_tol,
+    ))
+    register(Slot(
+        "f32.reduce", "decode reduce (paged_attn_reduce)", "reduce", "baseline", pk.REDUCE, None,
+        "paged-decode", "f32", _buffers(pk.REDUCE, {}), _imm(pk.REDUCE),
+        "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) combines its partitions: "
+        "M = max m_p, L = sum s_p e^(m_p - M), out = sum acc_p e^(m_p - M) / (L + 1e-6)",
+        decode_oracle, decode_tol,
+    ))
+    register(Slot(
+        "int8_seed.writer", "seed int8 writer (reshape_and_cache_q8)", "writer", "seed", pk.WRITER_Q8, "int8_seed",
+        "paged-writer", "q8", _buffers(pk.WRITER_Q8, {"key_cache": q8, "value_cache": q8}), _imm(pk.WRITER_Q8),
+        "(num_tokens, num_kv_heads, 1): one workgroup per (token, KV head) quantises the head vector into its slot",
+        "kvviz.oracles.paged.quantize_int8_per_token (the seed's float32 arithmetic): every real token's codes "
+        "and scale, compared as dequantised values code * scale",
+        "codes equal, or one code apart where x*127/amax is within float32 rounding of a .5 tie; scales within "
+        "the adapter's division ULPs (0 on lavapipe, 3 on hardware); untouched slots kept",
+    ))
+    register(Slot(
+        "int8_seed.decode", "seed int8 decode (paged_attn_q8)", "decode", "seed", pk.DECODE_Q8, "int8_seed",
+        "paged-decode", "q8", _buffers(pk.DECODE_Q8, {"kc": q8, "vc": q8}), _imm(pk.DECODE_Q8),
+        "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) walks the whole context",
+        decode_oracle.replace("cache contents", "int8 cache (code * scale)"), decode_tol,
+        ("the seed decode is refused past the adapter's loop limit (kvviz/kernels/loop_budget.py)",),
+    ))
+
+
+def _dequant_rule(family: str) -> tuple[str, str]:
+    if family in ("int8", "fp8"):
+        return "exact (0): one float32 multiply code * scale", "exact"
+    return ("|got - ref| <= 2^-22 * (|ref| + 2 max|ref| of the token's head vector): code * scale + zero may be "
+            "contracted into an fma by a driver (Vulkan allows it)", "fused")
+
+
+def _method_slots() -> None:
+    from kvviz.methods import registry
+    from kvviz.methods.quant_common import PerTokenRecordMethod
+
+    for mid, cls in sorted(registry().items()):
+        if not issubclass(cls, PerTokenRecordMethod) or cls.family not in DEQUANT_ORACLES:
+            continue
+        m = cls()
+        lay = m.layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)[0]
+        wpt = m.wpt(REF_HEAD_SIZE)
+        cache = ("u32", f"[num_blocks, kv_heads, block_size, wpt] (wpt = {wpt} at head size {REF_HEAD_SIZE})",
+                 _layout_text(lay))
+        tol, _ = _dequant_rule(cls.family)
+        oracle = (f"{DEQUANT_ORACLES[cls.family]}: the f32 cache rows of every real token, K and V, after the "
+                  "writer and the dequantiser ran")
+        ws, ds = m.writer_spec(), m.dequant_spec()
+        register(Slot(
+            f"{mid}.writer", f"{m.label} writer", "writer", "first-wave", ws, mid, "method-writer",
+            buffers=_buffers(ws, {"k_cache": cache, "v_cache": cache}), immediates=_imm(ws),
+            grid="(rows, kv_heads, 2): one workgroup per (token row, KV head, K|V: z = 0 K, 1 V) writes the row's record",
+            oracle=oracle + " (the built-in dequantiser reads what the writer wrote)",
+            tolerance=tol + "; cache slots no row maps to must keep their contents",
+        ))
+        register(Slot(
+            f"{mid}.dequantise", f"{m.label} dequantise", "dequantise", "first-wave", ds, mid, "method-dequant",
+            buffers=_buffers(ds, {"k_cache": cache, "v_cache": cache}), immediates=_imm(ds),
+            grid="(used blocks, kv_heads, 2): one workgroup per (work item = used physical block, KV head, K|V) "
+                 "expands the block's records into the f32 cache window",
+            oracle=oracle + " (the built-in writer wrote the records)", tolerance=tol,
+        ))
+
+
+# family -> the numpy dequantised-rows oracle the method slots are checked against (kvviz/lab/check.py)
+DEQUANT_ORACLES = {
+    "int8": "kvviz.oracles.int8 dequantize(quantize(x))",
+    "int4": "kvviz.oracles.int4 dequantize_groups(quantize_groups(x, G))",
+    "fp8": "kvviz.oracles.fp8 dequantize(quantize(x))",
+    "ggml": "kvviz.oracles.ggml dequantize(quantize(x)) (gguf's codes)",
+    "fp4": "kvviz.oracles.fp4 dequantize(quantize(x, tensor scale of the real rows))",
+}
+
+_loaded = False
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        _paged_slots()
+        _method_slots()
+
+
+def slots() -> dict[str, Slot]:
+    _load()
+    return dict(_SLOTS)
+
+
+def slot(slot_id: str) -> Slot:
+    s = slots()
+    if slot_id not in s:
+        raise InvalidInput(f"unknown kernel slot {slot_id!r}", f"Known slots (kvviz kernel list): {', '.join(s)}")
+    return s[slot_id]
+
+
+# ------------------------------------------------------------------------------ rendering
+def render_markdown() -> str:
+    """docs/slots.md: every slot's contract."""
+    L = ["# Kernel slots", "",
+         "Generated from `kvviz/lab/slots.py` (`python -m kvviz.lab.slots > docs/slots.md`; tests/test_lab.py "
+         "checks it is current). Every replaceable kernel is a slot with this contract; `kvviz kernel new SLOT FILE` "
+         "writes the built-in kernel as a starting file, `kvviz bench --kernel SLOT=FILE` checks a user kernel "
+         "against the slot's oracle and times it beside the built-in, and the window's Kernel lab does both on "
+         "every save.", "",
+         f"Layouts are written at head size {REF_HEAD_SIZE} and block size {REF_BLOCK_SIZE}. A user kernel must "
+         "declare the same bindings (index, name, access) and immediates (field names and types, in order) as "
+         "the slot: they are checked against its source before it is compiled.", "",
+         "| slot | kernel | role | built-in | language |", "|---|---|---|---|---|"]
+    for s in slots().values():
+        L.append(f"| `{s.id}` | {s.title} | {s.role} | `{s.spec.path}` ({s.impl}) | {s.language.upper()} |")
+    for s in slots().values():
+        L += ["", f"## `{s.id}`: {s.title}", "",
+              f"Built-in: `shaders/{s.spec.path}`, entry `{s.spec.entry}`, {s.impl}"
+              + (f", method `{s.method}`" if s.method else "") + ".", "",
+              "| binding | name | access | type | shape | layout |", "|---|---|---|---|---|---|"]
+        for b in s.buffers:
+            L.append(f"| {b.binding} | `{b.name}` | {b.access} | {b.elem} | {b.shape} | {b.layout.replace('|', '/')} |")
+        L.append("")
+        if s.immediates:
+            L.append(f"Immediates ({s.spec.immediate_size} bytes, in order): "
+                     + "; ".join(f"`{f.name}: {f.type}` {f.meaning}".rstrip() for f in s.immediates) + ".")
+        else:
+            L.append("Immediates: none.")
+        L += ["", f"Grid: {s.grid}.", "", f"Oracle: {s.oracle}.", "", f"Tolerance: {s.tolerance}."]
+        for n in s.notes:
+            L += ["", f"Note: {n}."]
+    return "\n".join(L) + "\n"
+
+
+def render_text(slot_id: str | None = None) -> str:
+    """`kvviz kernel list` (all slots, one line each) or one slot's contract in full."""
+    if slot_id is None:
+        w = max(len(s.id) for s in slots().values())
+        return "\n".join(f"{s.id:<{w}}  {s.role:<10} {s.impl:<10} {s.spec.path}" for s in slots().values())
+    s = slot(slot_id)
+    L = [f"{s.id}: {s.title}", f"  built-in: shaders/{s.spec.path}:{s.spec.entry} ({s.impl}, {s.language})", "  bindings:"]
+    for b in s.buffers:
+        L.append(f"    {b.binding} {b.name} ({b.access}, {b.elem} {b.shape}): {b.layout}")
+    L.append(f"  immediates ({s.spec.immediate_size} bytes): "
+             + (", ".join(f"{f.name}: {f.type}" for f in s.immediates) or "none"))
+    L += [f"  grid: {s.grid}", f"  oracle: {s.oracle}", f"  tolerance: {s.tolerance}"]
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")
