@@ -229,3 +229,17 @@ def test_single_token_prompt_calibrates_on_that_token(ctx):
     cache.append_attend(0, np.ones((2, 16), np.float32), x, x, 0)
     ks, _ = cache.head_scales(0)
     assert ks[0] == of8.scale_of(np.float32(8.0), m.fmt) and not cache.side(0)["saturated"].any()
+
+
+def test_live_calibration_window(ctx):
+    """calib_tokens in live decode: the prefill's first positions only; the rest of the prompt may saturate."""
+    m = get_method("vllm_fp8_e4m3", calib_tokens=3)
+    cache = make_live_cache(m, ctx, BlockTable(4, 4), 1, 2, 1, 8, 0.25)
+    x = np.zeros((1, 6, 8), np.float32)
+    x[0, :, 0] = [1, 2, 3, 4, 5, 6]
+    cache.extend(0, x, x, 0)
+    ks, _ = cache.head_scales(0)
+    assert ks[0] == of8.scale_of(np.float32(3.0), m.fmt) and cache.calibrated_on[0] == (0, 3)
+    _, sat = of8.vllm_quantize(x[0][:, None, :], ks, m.fmt)
+    assert int(sat.sum()) == 3  # 4, 5, 6 are beyond 3 * (464/448)
+    np.testing.assert_array_equal(cache.side(0)["saturated"][0], [3])

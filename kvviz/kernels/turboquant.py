@@ -69,7 +69,14 @@ GENERAL_COMPRESS = KernelSpec("turboquant/tq_general_compress.wgsl", "tq_general
 GENERAL_DEQUANT = KernelSpec("turboquant/tq_general_dequant.wgsl", "tq_general_dequant",
                              bindings=ro("k_cache", "v_cache", "chans", "signs", "codebook", "params", "items")
                              + rw("k_out", "v_out"), buffers=(("params", GENERAL_DEQUANT_PARAMS),))
-KERNELS = (COMPRESS_KEYS, COMPRESS_VALUES, ROTATE_Q, FLASH_SEED, SCORES, GENERAL_COMPRESS, GENERAL_DEQUANT)
+# 64-lane entry points of the same kernels, for rotations of at most 64 coordinates (the same results, 4x fewer
+# idle lanes: a software rasteriser pays for every lane at every barrier)
+GENERAL_COMPRESS64 = KernelSpec("turboquant/tq_general_compress.wgsl", "tq_general_compress64",
+                                bindings=GENERAL_COMPRESS.bindings, buffers=GENERAL_COMPRESS.buffers)
+GENERAL_DEQUANT64 = KernelSpec("turboquant/tq_general_dequant.wgsl", "tq_general_dequant64",
+                               bindings=GENERAL_DEQUANT.bindings, buffers=GENERAL_DEQUANT.buffers)
+KERNELS = (COMPRESS_KEYS, COMPRESS_VALUES, ROTATE_Q, FLASH_SEED, SCORES, GENERAL_COMPRESS, GENERAL_DEQUANT,
+           GENERAL_COMPRESS64, GENERAL_DEQUANT64)
 
 
 def check_general_head_size(head_size: int) -> None:
@@ -464,7 +471,7 @@ def general_compress_dispatches(rt: GpuRuntime, gc: GeneralTQCache, key: np.ndar
         return []
     if kvh > rt.max_grid:
         raise DeviceLimitError(f"{kvh} KV heads exceed the grid limit {rt.max_grid}.")
-    kern = rt.compile(GENERAL_COMPRESS)
+    kerns = {256: rt.compile(GENERAL_COMPRESS), 64: rt.compile(GENERAL_COMPRESS64)}
     sb = rt.upload(np.asarray(slots, np.int64).astype(np.uint32), "tq_gen_slots")
     out: list[Dispatch] = []
     for which, x, cache in (("K", key, gc.qc.k), ("V", value, gc.qc.v)):
@@ -480,6 +487,7 @@ def general_compress_dispatches(rt: GpuRuntime, gc: GeneralTQCache, key: np.ndar
                 prm = GENERAL_COMPRESS_PARAMS.array(
                     T, kvh, d, gc.qc.block_size, st.wpt(which), base, int(which == "K"), ins.n_ch, ins.P, ins.bits,
                     ins.chan_off, ins.code_off, max(ins.jl_off, 0), ins.norm_off, tqf.inv_sqrt_d(ins.P))
+                kern = kerns[64 if ins.P <= 64 else 256]
                 out.append(kern.dispatch((rows, kvh, 1), [xb, sb, cb, signs, book, rt.upload(prm, "tq_gen_params"), cache]))
     return out
 
@@ -489,7 +497,8 @@ def general_dequant_dispatches(ctx, gc: GeneralTQCache, f32c, batch, qjl_scale: 
     from kvviz.kernels import quant as qk
 
     st = gc.settings
-    kern = ctx.rt.compile(GENERAL_DEQUANT)
+    small = max(i.P for w in ("K", "V") for i in st.instances(w)) <= 64
+    kern = ctx.rt.compile(GENERAL_DEQUANT64 if small else GENERAL_DEQUANT)
     slots = []
     for which in ("K", "V"):
         inst = st.instances(which)

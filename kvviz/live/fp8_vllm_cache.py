@@ -1,5 +1,6 @@
 """The live cache of the vLLM-style FP8 methods (kvviz/methods/fp8_vllm.py): written token by token,
-with the scales calibrated once and FROZEN, as a serving engine does.
+with the scales calibrated once and FROZEN, as a serving engine does (on the first write's positions below
+calib_tokens when the method sets it).
 
 Per layer: the FP8 code cache (u32 records of D/4 words), its side buffers (kvviz.kernels.fp8_vllm.
 ScaleBuffers: amax, scales, saturation counters) and an f32 paged cache the dequantiser fills block by
@@ -68,8 +69,11 @@ class VllmFp8LiveCache(LiveCache):
         slots = self.table.slots(start, start + T).astype(np.int64)
         ds = []
         if m.given is None and self.calibrated_on[layer] is None:
-            ds += fk.calibrate_dispatches(rt, bufs, kt, vt, slots, m.fmt, m.per_head)
-            self.calibrated_on[layer] = (int(start), int(start + T))
+            pos = np.arange(start, start + T)
+            cal = fk.calibration_slots(slots, pos, m.calib_tokens)
+            ds += fk.calibrate_dispatches(rt, bufs, kt, vt, cal, m.fmt, m.per_head)
+            stop = start + T if not m.calib_tokens else min(start + T, max(start, m.calib_tokens))
+            self.calibrated_on[layer] = (int(start), int(stop))
         ds += fk.write_dispatches(rt, qc, bufs, kt, vt, slots, m.fmt, m.per_head)
         bs = self.table.block_size
         blocks = sorted({self.table.blocks[p // bs] for p in range(start, start + T)})

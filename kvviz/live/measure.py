@@ -1,10 +1,21 @@
 """Measure live next-token KL / top-1 agreement of methods on SmolLM2 (or a llama GGUF).
 
     python -m kvviz.live.measure --n-new 32 [--methods int8_seed,kivi:bits=4] [--out runs.jsonl]
+    kvviz live --methods all --n-new 16 --save assets/live-all-methods
 
 Default prompt: LONG_PROMPT (203 SmolLM2 tokens). Default methods: 'f32' (sanity: KL must be 0),
 'int8_seed' and every other registered method. A method may carry options: key:opt=val;opt=val.
 Prints one markdown row per method and appends each run_live() dict to --out.
+
+`--methods all`: 'f32', then every registered method at each of its setting examples (KVMethod.examples():
+its declared EXAMPLES, or every choice of its options with choices), on the same prompt, teacher-forced
+against the f32 paged cache (no free-running path). Per run: bits per element (the K and V layouts at the
+model's head size, scales included), mean and max next-token KL, top-1 agreement, and the method's decode
+time from GPU timestamps: its decode kernels (the fast ones where the method has them, else its first-wave
+decode; a dequantise pass is listed apart) timed on the middle layer's K/V of the prompt with the last
+prompt token's query. `--save PREFIX` writes PREFIX.md (the table, the prompt, its tokens and the
+command) and PREFIX.json (strict JSON); with `--reuse` the rows already in PREFIX.json for the same model,
+prompt, n_new and block size are kept and only the missing method settings run.
 """
 from __future__ import annotations
 
@@ -13,6 +24,8 @@ import json
 import logging
 import sys
 import time
+
+import numpy as np
 
 log = logging.getLogger("kvviz.live")
 
@@ -63,7 +76,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4 (default: all)")
     ap.add_argument("--policy", default="contiguous", help="block allocation policy")
     ap.add_argument("--block-size", type=positive_int, default=16, help="tokens per paged-cache block")
-    ap.add_argument("--out", default="", help="append each run's JSON to this .jsonl file")
+    ap.add_argument("--out", default="", help="append each run's JSON to this .jsonl file (default: none)")
+    ap.add_argument("--save", default="", help="with --methods all: write the table to PREFIX.md and PREFIX.json "
+                    "(default: none)")
+    ap.add_argument("--reuse", action="store_true", help="with --save: keep the rows already in PREFIX.json for the "
+                    "same model, prompt, n_new and block size; run only the missing settings (default: off)")
 
 
 def main(argv=None) -> int:
@@ -90,7 +107,9 @@ def check_args(a) -> list:
     from kvviz.methods.base import registry
     from kvviz.paging import POLICIES
 
-    if a.methods.strip():
+    if a.methods.strip() == ALL:
+        specs = all_specs()
+    elif a.methods.strip():
         specs = [m.strip() for m in a.methods.split(",") if m.strip()]
         if not specs:
             raise InvalidInput(f"--methods: no method in {a.methods!r}", "Give e.g. --methods int8_seed,kivi:bits=4")
@@ -112,6 +131,13 @@ def check_args(a) -> list:
         raise InvalidInput("--prompt is empty", "Give the text the model continues.")
     if a.out:
         check_out_file(a.out, "--out")
+    if getattr(a, "save", ""):
+        if a.methods.strip() != ALL:
+            raise InvalidInput("--save needs --methods all", "Give --methods all --save PREFIX.")
+        for ext in (".md", ".json"):
+            check_out_file(a.save + ext, "--save")
+    if getattr(a, "reuse", False) and not getattr(a, "save", ""):
+        raise InvalidInput("--reuse needs --save PREFIX", "Give --save PREFIX (the table whose rows are reused).")
     base = LiveConfig(model_path=a.model or "", prompt=a.prompt, n_new=a.n_new, block_size=a.block_size,
                       policy=a.policy)
     return [(spec, replace(base, method=key, method_options=opts).validate()) for spec, key, opts in out]
@@ -140,6 +166,8 @@ def run(a) -> int:
         raise InvalidInput(f"--n-new {a.n_new}: the prompt's {len(ids)} tokens + {a.n_new} new exceed the model's "
                            f"context of {limit}", "Shorten the prompt or generate fewer tokens.")
     ctx = GpuContext(GpuRuntime())
+    if a.methods.strip() == ALL:
+        return run_all(a, methods, model, path, ids, ctx)
     print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
     print("| method | mean KL | max KL | top-1 agree | free-run diverges at | cache path | s/step |", flush=True)
     print("|---|---|---|---|---|---|---|", flush=True)
@@ -167,6 +195,216 @@ def run(a) -> int:
         print(f"kvviz live: {len(failed)} of {len(methods)} method(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+# ---------------------------------------------------------------------------------- --methods all
+ALL = "all"
+
+
+def all_specs() -> list[str]:
+    """'f32', then every registered method (int8_seed first) at each of its setting examples, each once, in the
+    `--methods` form with only the options that differ from the defaults."""
+    from kvviz.methods.base import parse_options, registry
+
+    reg = registry()
+    out = ["f32"]
+    for key in ["int8_seed"] + sorted(k for k in reg if k != "int8_seed"):
+        if key not in reg:
+            continue
+        defaults = parse_options(key, {})
+        seen = []
+        for ex in [{}] + reg[key].examples():
+            full = parse_options(key, ex)
+            if full in seen:
+                continue
+            seen.append(full)
+            diff = {k: v for k, v in full.items() if v != defaults[k]}
+            out.append(key + (":" + ";".join(f"{k}={v}" for k, v in diff.items()) if diff else ""))
+    return out
+
+
+def _bits_per_element(method, head_size: int, block_size: int, context_len: int) -> float:
+    """Mean of the K and V layouts' bits per element at this head size (KIVI: exact for this context)."""
+    from kvviz.paging import make_batch
+
+    hook = getattr(method, "layouts_for_batch", None)
+    if hook is not None:
+        k, v = hook(make_batch([context_len], block_size), head_size)
+    else:
+        k, v = method.layouts(head_size, block_size)
+    return (k.bits_per_element + v.bits_per_element) / 2.0
+
+
+def decode_timing(ctx, method_id: str, options: dict, cap, layer: int, block_size: int, scale: float,
+                  runs: int = 10) -> dict:
+    """GPU-timestamp times of a method's decode kernels on one layer of a captured prompt (K/V of every
+    position, the last position's query): the fast decode rows where the method has them, else its other
+    decode rows; rotate / reduce rows of the same implementation count in; dequantise rows are listed apart."""
+    from kvviz.kernels.timed import checked
+    from kvviz.methods.base import get_method
+    from kvviz.paging import make_batch
+
+    key = np.ascontiguousarray(cap.k[layer].transpose(1, 0, 2), np.float32)
+    value = np.ascontiguousarray(cap.v[layer].transpose(1, 0, 2), np.float32)
+    q = np.ascontiguousarray(cap.q[layer][:, -1][None], np.float32)
+    batch = make_batch([key.shape[0]], block_size)
+    rt = ctx.rt
+    if method_id == "f32":
+        cache = ctx.paged.allocate("f32", batch.num_blocks, key.shape[1], block_size, key.shape[2])
+        ctx.paged.write(cache, key, value, batch.slot_mapping)
+        ds, _ = ctx.paged.decode_dispatches(cache, q, batch, scale)
+        t = rt.time(ds, runs, 2, warmup_ms=50.0)
+        return {"decode_us": t.median_us, "dequant_us": None, "kernels": ["paged_attn_f32"], "impl": "baseline",
+                "timing": t.method}
+    m = get_method(method_id, **options).for_layer(layer)
+    rows = checked(m.timed_kernels(ctx, batch, key, value, q, scale), method_id)
+    dec = [r for r in rows if r.role in ("decode", "rotate", "reduce")]
+    fast = [r for r in dec if r.impl == "fast"]
+    pick = fast + [r for r in dec if r.role == "rotate" and r.impl != "fast"] if fast else dec
+    impl = "fast" if fast else ",".join(sorted({r.impl for r in dec}))
+    times = [rt.time(r.dispatches, runs, 2, warmup_ms=50.0) for r in pick]
+    deq = [r for r in rows if r.role == "dequantise"]
+    deq_us = sum(rt.time(r.dispatches, runs, 2, warmup_ms=50.0).median_us for r in deq) if deq and not fast else None
+    return {"decode_us": float(sum(t.median_us for t in times)), "dequant_us": deq_us,
+            "kernels": [r.name for r in pick], "impl": impl,
+            "timing": times[0].method if times else "none"}
+
+
+def _num(x, fmt: str) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else format(x, fmt)
+
+
+def _table(rows: list[dict]) -> list[str]:
+    lines = ["| method (settings) | bits/element | mean KL | max KL | top-1 agree | decode (GPU) | decode kernels | notes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| `{r['spec']}` | {_num(r.get('bits_per_element'), '.2f')} | failed | | | | | {r['error']} |")
+            continue
+        dq = f" (+ dequantise {r['dequant_us']:.0f} us)" if r.get("dequant_us") else ""
+        note = "; ".join(r.get("warnings") or [])
+        lines.append(
+            f"| `{r['spec']}` | {_num(r['bits_per_element'], '.2f')} | {_num(r['kl_mean'], '.3g')} | "
+            f"{_num(r['kl_max'], '.3g')} | {_num(r['top1_agree_rate'], '.3f')} | {_num(r['decode_us'], '.0f')} us{dq} | "
+            f"{', '.join(r.get('decode_kernels') or [])} ({r.get('impl', '')}) | {note} |")
+    return lines
+
+
+def _strict(x):
+    """JSON-able copy with NaN / inf as None (the product writes strict JSON)."""
+    if isinstance(x, dict):
+        return {str(k): _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if isinstance(x, (np.floating, float)):
+        return float(x) if np.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def run_all(a, methods, model, path, ids, ctx) -> int:
+    """`--methods all`: every method setting on one prompt; prints the table, saves it with --save."""
+    import datetime
+    import os
+
+    from kvviz.live.decode import run_live
+    from kvviz.methods.base import get_method
+    from kvviz.sources.llama_numpy import capture_tokens
+
+    cfg_m = model.config
+    layer = cfg_m.n_layers // 2
+    scale = float(1.0 / np.sqrt(cfg_m.head_size))
+    ident = {"model": os.path.basename(str(path)), "prompt": a.prompt, "n_new": a.n_new, "block_size": a.block_size}
+    old = {}
+    if a.reuse and os.path.exists(a.save + ".json"):
+        with open(a.save + ".json") as f:
+            prev = json.load(f)
+        if all(prev.get(k) == v for k, v in ident.items()):
+            old = {r["spec"]: r for r in prev.get("rows", []) if not r.get("error")}
+    command = "kvviz live --methods all --n-new {} --block-size {}{}".format(
+        a.n_new, a.block_size, f" --save {a.save}" if a.save else "")
+    print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
+    print(f"# decode (GPU): the method's decode kernels on layer {layer}'s K/V of the {len(ids)} prompt tokens, "
+          f"median of 10 GPU-timestamp runs", flush=True)
+    cap, _ = capture_tokens(model, ids)
+    rows, failed = [], []
+    for line in _table([])[:2]:
+        print(line, flush=True)
+    for spec, cfg in methods:
+        if spec in old:
+            rows.append(old[spec])
+            print(_table([old[spec]])[-1] + " (reused)", flush=True)
+            continue
+        t0 = time.perf_counter()
+        row = {"spec": spec, "method": cfg.method, "options": dict(cfg.method_options)}
+        try:
+            if cfg.method != "f32":
+                m = get_method(cfg.method, **cfg.method_options)
+                row["label"] = m.label
+                row["bits_per_element"] = _bits_per_element(m, cfg_m.head_size, a.block_size, len(ids) + a.n_new - 1)
+            else:
+                row["label"], row["bits_per_element"] = "f32 paged cache (the baseline itself)", 32.0
+            r = run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model, ctx=ctx,
+                         method_options=cfg.method_options, include_steps=False, free_run=False)
+            tm = decode_timing(ctx, cfg.method, cfg.method_options, cap, layer, a.block_size, scale)
+            quant = r.get("blocks", {}).get("quant", {})
+            row.update(kl_mean=r["kl_mean"], kl_max=r["kl_max"], top1_agree_rate=r["top1_agree_rate"],
+                       decode_us=tm["decode_us"], dequant_us=tm["dequant_us"], decode_kernels=tm["kernels"],
+                       impl=tm["impl"], timing=tm["timing"], cache_path=r["config"]["quant_cache_kind"],
+                       step_wall_s=r["timings"]["step_s_mean"], warnings=list(quant.get("warnings") or []),
+                       per_step_kl=r["per_step"]["kl"], texts=r.get("texts", {}))
+        except Exception as e:  # noqa: BLE001 - report and go on with the next setting
+            log.info("live %s failed: %s: %s", spec, type(e).__name__, e)
+            row["error"] = f"{type(e).__name__}: {e}"
+            failed.append(spec)
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+        print(_table([row])[-1], flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(_strict(row), allow_nan=False) + "\n")
+        if a.save:  # after every row: an interrupted run keeps what it measured (--reuse resumes)
+            _save(a.save, ident, rows, command, ids, model, ctx, layer, datetime.datetime.now(datetime.timezone.utc))
+    if failed:
+        print(f"kvviz live: {len(failed)} of {len(methods)} setting(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _save(prefix, ident, rows, command, ids, model, ctx, layer, when) -> None:
+    doc = dict(ident, command=command, prompt_tokens=len(ids), tokens=[int(t) for t in ids],
+               adapter=ctx.rt.summary.line(), date=when.strftime("%Y-%m-%d %H:%M UTC"), decode_layer=layer,
+               kl_definition="KL(p_f32 || p_quant) of the next-token distribution, nats, teacher-forced against "
+                             "the f32 paged cache (both fed the f32 path's greedy tokens)",
+               rows=rows)
+    with open(prefix + ".json", "w") as f:
+        json.dump(_strict(doc), f, indent=1, allow_nan=False)
+    toks = model.tokenizer.token_strings([int(t) for t in ids])
+    md = [
+        f"# Live decode of every method on {ident['model']}",
+        "",
+        f"Command: `{command}` ({doc['date']}, {doc['adapter']}).",
+        "",
+        f"{len(ids)} prompt tokens, {ident['n_new']} generated tokens (greedy, f32 path), paged blocks of "
+        f"{ident['block_size']}. Mean / max KL: {doc['kl_definition']}; top-1 agree: the share of steps whose "
+        f"greedy token is the f32 path's. Bits per element: the mean of the K and V layouts at head size "
+        f"{model.config.head_size}, scales and zero points included. Decode (GPU): the median of 10 GPU-timestamp "
+        f"runs of the method's decode kernels over layer {layer}'s K/V of the prompt with the last prompt token's "
+        "query (the fast kernels where the method has them; a first-wave method's dequantise pass in brackets). "
+        "On a software rasteriser those times are CPU times.",
+        "",
+        *_table(rows),
+        "",
+        "Prompt:",
+        "",
+        "> " + ident["prompt"].replace("\n", " "),
+        "",
+        f"Tokens ({len(ids)}): " + " ".join(f"`{t!r}`" for t in toks),
+        "",
+    ]
+    with open(prefix + ".md", "w") as f:
+        f.write("\n".join(md))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ class _VllmFp8Base(PerTokenRecordMethod):
                    "batch, or its first calib_tokens positions; live decode: the prompt, then frozen); given: "
                    "k_scale and v_scale", choices=SCALE_SOURCES),
         OptionSpec("calib_tokens", int, 0, "calibrate on positions < calib_tokens of each sequence only (0: every "
-                   "token of the batch; live decode calibrates on the prompt whatever this is)", minimum=0),
+                   "token of the batch; in live decode: of the prompt)", minimum=0),
         OptionSpec("k_scale", float, 1.0, "the K scale with scales=given (vLLM's default without checkpoint "
                    "scales is 1.0)", minimum=F32_MIN_NORMAL, maximum=3.0e38),
         OptionSpec("v_scale", float, 1.0, "the V scale with scales=given", minimum=F32_MIN_NORMAL, maximum=3.0e38),

@@ -34,10 +34,12 @@ def method_instances(res) -> list:
         if key == res.method.id:
             out.append(res.method)
             continue
-        try:
-            out.append(cls().for_layer(res.config.layer))  # the workload's layer (TurboQuant's rotation)
-        except Exception:  # noqa: BLE001 - a method that cannot be built with defaults is skipped
-            continue
+        # its defaults, then the settings it asks to be compared at (COMPARE_SETTINGS, e.g. TurboQuant's bit widths)
+        for opts in ({},) + tuple(getattr(cls, "COMPARE_SETTINGS", ())):
+            try:
+                out.append(cls(**opts).for_layer(res.config.layer))  # the workload's layer (TurboQuant's rotation)
+            except Exception:  # noqa: BLE001 - a method that cannot be built with these options is skipped
+                continue
     return out
 
 

@@ -1,0 +1,84 @@
+"""`kvviz live --methods all` (kvviz/live/measure.py): every registered method at each setting example on one
+prompt, a saved table (markdown + strict JSON) with bits per element, KL, top-1 agreement and GPU-timestamp
+decode times; --reuse keeps what was measured. On the tiny random GGUF of tests/tiny_llama.py."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import pytest
+
+from kvviz.errors import InvalidInput
+from kvviz.live import measure as M
+from kvviz.methods.base import parse_options, registry
+from kvviz.sources.gguf_llama import load_gguf_llama
+
+from tiny_llama import write_tiny_gguf  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def args(*argv):
+    ap = argparse.ArgumentParser()
+    M.add_arguments(ap)
+    return ap.parse_args(list(argv))
+
+
+def test_all_specs_cover_every_method_and_setting():
+    specs = M.all_specs()
+    assert specs[0] == "f32" and specs[1] == "int8_seed" and len(set(specs)) == len(specs)
+    keys = {M.split_method(s)[0] for s in specs}
+    assert keys == {"f32"} | set(registry())
+    for key, cls in registry().items():
+        got = [parse_options(*M.parse_method(s)) for s in specs if M.split_method(s)[0] == key]
+        for ex in cls.examples():
+            assert parse_options(key, ex) in got, (key, ex)
+    assert "turboquant:outlier_share=0.5" in specs and "turboquant:bits=3;v_bits=3;outlier_share=0.5" in specs
+
+
+def test_all_arguments_are_checked(tmp_path):
+    with pytest.raises(InvalidInput, match="--save needs --methods all"):
+        M.check_args(args("--methods", "int8_seed", "--save", str(tmp_path / "t")))
+    with pytest.raises(InvalidInput, match="--reuse needs --save"):
+        M.check_args(args("--methods", "all", "--reuse"))
+    assert [s for s, _ in M.check_args(args("--methods", "all"))] == M.all_specs()
+
+
+@pytest.mark.slow
+def test_run_all_saves_the_table_and_reuses_it(tmp_path, monkeypatch):
+    from kvviz.gpu.runtime import GpuRuntime
+    from kvviz.methods.context import GpuContext
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, head_size=32)
+    model = load_gguf_llama(path)
+    ctx = GpuContext(GpuRuntime())
+    prefix = str(tmp_path / "table")
+    a = args("--methods", "all", "--n-new", "2", "--block-size", "4", "--save", prefix, "--model", str(path),
+             "--prompt", "the cat sat on the mat and")
+    keep = ("f32", "int8_token", "vllm_fp8_e4m3:calib_tokens=8", "turboquant:bits=1;v_bits=1")
+    methods = [m for m in M.check_args(a) if m[0] in keep]
+    ids = model.tokenizer.encode(a.prompt)
+    assert M.run_all(a, methods, model, str(path), ids, ctx) == 0
+    with open(prefix + ".json") as f:
+        doc = json.load(f, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    rows = {r["spec"]: r for r in doc["rows"]}
+    assert set(rows) == set(keep) and doc["tokens"] == ids and doc["prompt"] == a.prompt
+    assert rows["f32"]["kl_max"] == 0 and rows["f32"]["bits_per_element"] == 32
+    for r in rows.values():
+        assert r["kl_mean"] >= 0 and 0 <= r["top1_agree_rate"] <= 1 and r["decode_us"] > 0 and r["decode_kernels"]
+    assert rows["turboquant:bits=1;v_bits=1"]["bits_per_element"] < rows["int8_token"]["bits_per_element"]
+    md = open(prefix + ".md").read()
+    assert "kvviz live --methods all" in md and "`int8_token`" in md and "Tokens (" in md
+    # --reuse: nothing runs again (run_live would fail), every row comes back
+    import kvviz.live.decode
+
+    monkeypatch.setattr(kvviz.live.decode, "run_live", lambda *x, **k: pytest.fail("re-ran a measured setting"))
+    a2 = args("--methods", "all", "--n-new", "2", "--block-size", "4", "--save", prefix, "--reuse", "--model", str(path),
+              "--prompt", "the cat sat on the mat and")
+    assert M.run_all(a2, methods, model, str(path), ids, ctx) == 0
+    with open(prefix + ".json") as f:
+        assert {r["spec"] for r in json.load(f)["rows"]} == set(keep)
