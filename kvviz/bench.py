@@ -16,6 +16,7 @@ import numpy as np
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
+from kvviz.kernels import arith
 from kvviz.kernels.copy import measure_copy
 from kvviz.kernels.paged import PagedKernels
 from kvviz.kernels.timed import checked
@@ -80,8 +81,9 @@ def make_inputs(shape: BenchShape, seed: int = 0):
 
 
 def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, note="", method=None, role=None,
-         impl=None):
+         impl=None, flops=None):
     gbps = timing.gbps(nbytes) if timing is not None else float("nan")
+    med = timing.median_us if timing is not None else None
     return {
         "kernel": kernel,
         "variant": variant,
@@ -104,6 +106,12 @@ def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, n
         "within_tolerance": None if tol is None else bool(err is not None and np.isfinite(err) and err <= tol),
         "adapter": adapter,
         "note": note,
+        # roofline (kvviz/lab/roofline.py): FLOPs the kernel states (kvviz/kernels/arith.py), achieved GFLOP/s,
+        # FLOPs per unique byte, and memory / compute bound against the ceilings measured in the same run
+        "flops": flops,
+        "gflops": flops / (med * 1e3) if flops is not None and med else None,
+        "intensity": flops / nbytes if flops is not None and nbytes else None,
+        "bound": None,  # set by run_bench once the ceilings of the run are known
     }
 
 
@@ -141,11 +149,19 @@ def run_bench(
     methods: bool = True,
     rt: GpuRuntime | None = None,
     log=print,
+    kernels=(),
 ) -> dict:
+    """`kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
+    and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
+    from kvviz.lab.roofline import Ceilings, bound
+    from kvviz.kernels.fma import dtypes, measure_fma
+
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
     log(f"adapter: {rt.summary.line()}")
     rows = []
+    fma = {}
+    ceilings = None
     for shape in shapes:
         batch, key, value, q = make_inputs(shape)
         scale = float(1.0 / np.sqrt(shape.head_size))
@@ -153,7 +169,18 @@ def run_bench(
         copy_n = max(kv_bytes, 32 << 20)
         copy_gbps, copies = measure_copy(rt, copy_n, runs, warmup)
         for name, variant, t, nb in copies:
-            rows.append(_row(name, variant, shape, t, nb, copy_gbps, None, None, adapter))
+            rows.append(_row(name, variant, shape, t, nb, copy_gbps, None, None, adapter, flops=0.0))
+        if not fma:  # the compute ceiling, once a run: FMA throughput (f32, f16 with shader-f16)
+            for dt in dtypes(rt):
+                fr = measure_fma(rt, dt, runs, warmup)
+                fma[dt] = fr.gflops
+                rows.append(_row(f"fma_{dt}", f"FMA throughput {dt} (compute ceiling)", shape, fr.timing, fr.bytes, copy_gbps,
+                                 None, None, adapter, f"sink rel err {fr.rel_err:.1e} vs numpy", flops=fr.flops))
+        shader_copy = next(t.gbps(nb) for name, _, t, nb in copies if name == "copy_shader")
+        if ceilings is None:
+            ceilings = Ceilings(shader_copy, fma["f32"], fma.get("f16"), rt.summary.name, bool(rt.summary.is_software))
+        if kernels:
+            rows += _user_kernel_rows(rt, kernels, shape, (batch, key, value, q), runs, warmup, copy_gbps, adapter)
         refs = {}
         for fmt in ("f32", "q8"):
             for fe in frontends if fmt == "q8" else (FRONTEND_GLSLANG,):
@@ -185,10 +212,12 @@ def run_bench(
                     impl = "seed" if fmt == "q8" else "baseline"
                     mid = "int8_seed" if fmt == "q8" else None
                     rows.append(_row(f"reshape_and_cache_{fmt}", variant, shape, wt, writer_bytes(cache, batch, key), copy_gbps, werr, wtol, adapter, wnote,
-                                     method=mid, role="writer", impl=impl))
+                                     method=mid, role="writer", impl=impl,
+                                     flops=arith.writer_flops(batch, shape.num_kv_heads, shape.head_size, 0.0 if fmt == "f32" else 2.0)))
                     derr, dnote = _max_err(out, ref, f"paged_attn_{fmt}")
                     rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, derr, tol, adapter, dnote,
-                                     method=mid, role="decode", impl=impl))
+                                     method=mid, role="decode", impl=impl,
+                                     flops=arith.decode_flops(batch, shape.num_heads, shape.head_size)))
                     if fe == frontends[0] or fmt == "f32":  # the fast decode reads the cache as is: once per format
                         rows.append(_fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, mid))
                     werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
@@ -199,7 +228,47 @@ def run_bench(
             rows += _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log)
         if compare_torch:
             rows.append(_torch_row(shape, runs, warmup, copy_gbps, adapter))
-    return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows}
+    for r in rows:
+        if r["intensity"] is not None and r["gpu_us_median"] and not r["kernel"].startswith("fma_"):
+            r["bound"] = bound(r["intensity"], ceilings)
+    return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows,
+            "roofline": ceilings.to_json() if ceilings else None}
+
+
+def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapter):
+    """A user kernel row and its slot's built-in row per `--kernel SLOT=FILE`: the check against the slot's oracle
+    (max error, elements outside the tolerance and where) in the user row."""
+    from kvviz.lab.check import lab_run
+    from kvviz.lab.slots import slot as get_slot
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(rt)
+    rows = []
+    for slot_id, path in kernels:
+        s = get_slot(slot_id)
+        try:
+            lr = lab_run(ctx, slot_id, inputs, path=path, runs=runs, warmup=warmup, info=False)
+        except (InvalidInput, DeviceLimitError) as exc:
+            rows.append(_row(f"{slot_id} (user: {path})", "user kernel", shape, None, 0, copy_gbps, None, None, adapter,
+                             f"skipped: {exc.one_line()}", method=s.method, role=s.role, impl="user"))
+            continue
+        except KvvizError as exc:
+            rows.append(_row(f"{slot_id} (user: {path})", "user kernel", shape, None, 0, copy_gbps, None, None, adapter,
+                             "FAILED: " + " ".join(str(exc).split()), method=s.method, role=s.role, impl="user"))
+            continue
+        c = lr.check
+        for lt in lr.timings:
+            user = lt.impl == "user"
+            r = _row(f"{slot_id} (user: {path})" if user else f"{slot_id} (built-in)", "user kernel" if user else
+                     f"built-in {s.spec.path}", shape, lt.timing, lt.bytes, copy_gbps, c.max_err if user else None,
+                     None, adapter, c.summary() if user else "", method=s.method, role=s.role,
+                     impl="user" if user else s.impl, flops=lt.flops)
+            if user:  # the slot's elementwise tolerance: within it when no element is outside and no stray write
+                r["tolerance"] = s.tolerance
+                r["within_tolerance"] = c.ok
+                r["check"] = c.to_json()
+            rows.append(r)
+    return rows
 
 
 def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, method):
@@ -216,7 +285,7 @@ def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, a
         nbytes, flops = fd.decode_traffic(f, batch, shape.num_heads, shape.num_kv_heads, shape.head_size, plan.num_partitions)
         err, note = _max_err(fast.read(plan), ref, name)
         return _row(name, f"fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol, adapter, note,
-                    method=method, role="decode", impl="fast")
+                    method=method, role="decode", impl="fast", flops=flops)
     except (InvalidInput, DeviceLimitError) as exc:
         return _row(name, "fast split-K", shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}", method=method,
                     role="decode", impl="fast")
@@ -238,7 +307,8 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
             m.check(shape.num_heads, shape.num_kv_heads, shape.head_size, shape.block_size)
             for tk in checked(m.timed_kernels(ctx, batch, key, value, q, scale), mkey):
                 rows.append(_row(tk.name, m.label, shape, rt.time(tk.dispatches, runs, warmup), tk.bytes, copy_gbps,
-                                 None, None, adapter, method=mkey, role=tk.role, impl=tk.impl))
+                                 None, None, adapter, method=mkey, role=tk.role, impl=tk.impl,
+                                 flops=tk.flops or _role_flops(tk, m, batch, shape)))
             qkv = m.quantize(ctx, batch, key, value)
             out = m.attend(ctx, qkv, batch, q, scale)
             try:
@@ -255,6 +325,18 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
         except KvvizError as exc:  # a compile error, a lost device, a non-finite result: a failure
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
     return rows
+
+
+def _role_flops(tk, m, batch, shape) -> float:
+    """The arithmetic of a timed kernel that states none, from its role at this shape (kvviz/kernels/arith.py)."""
+    D, kvh = shape.head_size, shape.num_kv_heads
+    if tk.role == "decode":
+        return arith.decode_flops(batch, shape.num_heads, D)
+    if tk.role == "writer":
+        return arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT.get(m.family, 2.0))
+    if tk.role == "dequantise":
+        return arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(m.family, 1.0))
+    return 0.0
 
 
 def _torch_row(shape, runs, warmup, copy_gbps, adapter):
@@ -287,7 +369,8 @@ def _torch_row(shape, runs, warmup, copy_gbps, adapter):
     t = TimingResult.from_samples(samples, "cuda-events")
     nbytes = 2 * kt.numel() * 2 + 2 * qt.numel() * 2
     note = "padded to the longest sequence" if len(set(shape.context_lens)) > 1 else ""
-    return _row("torch_sdpa_bf16", f"torch {torch.__version__} {torch.cuda.get_device_name()}", shape, t, nbytes, copy_gbps, None, None, adapter, note)
+    return _row("torch_sdpa_bf16", f"torch {torch.__version__} {torch.cuda.get_device_name()}", shape, t, nbytes, copy_gbps, None, None, adapter, note,
+                flops=float(S * T * shape.num_heads * (4 * shape.head_size + arith.SOFTMAX_PER_LOGIT)))
 
 
 def format_table(result: dict) -> str:
@@ -298,7 +381,7 @@ def format_table(result: dict) -> str:
     vw = max([len("variant")] + [len(r["variant"]) for r in rows])
     lines = []
     hdr = (f"{'kernel':<{kw}} {'variant':<{vw}} {'median us':>10} {'min':>9} {'p90':>9} {'GB/s':>8} {'%copy':>6} "
-           f"{'max err':>9} {'ok':>3}")
+           f"{'GFLOP/s':>9} {'FLOP/B':>7} {'bound':>7} {'max err':>9} {'ok':>3}")
     shape_name = None
 
     def f(x, fmt):
@@ -315,8 +398,15 @@ def format_table(result: dict) -> str:
         lines.append(
             f"{r['kernel']:<{kw}} {r['variant']:<{vw}} {f(r['gpu_us_median'], '10.1f'):>10} {f(r['gpu_us_min'], '9.1f'):>9} "
             f"{f(r['gpu_us_p90'], '9.1f'):>9} {f(r['gbps'], '8.1f'):>8} {f(r['pct_of_copy'], '6.1f'):>6} "
+            f"{f(r.get('gflops'), '9.3g'):>9} {f(r.get('intensity'), '7.3g'):>7} {r.get('bound') or '-':>7} "
             f"{f(r['max_abs_err_vs_oracle'], '9.2e'):>9} {ok:>3}" + (f"  {r['note']}" if r["note"] else "")
         )
+    rl = result.get("roofline")
+    if rl:
+        f16 = f", f16 FMA {rl['f16_gflops']:.4g} GFLOP/s" if rl.get("f16_gflops") else ""
+        lines += ["", f"roofline ceilings (same run): shader copy {rl['mem_gbps']:.4g} GB/s, f32 FMA {rl['f32_gflops']:.4g} GFLOP/s"
+                  f"{f16}; ridge {rl['ridge_flop_per_byte']:.3g} FLOP/B. GFLOP/s = stated FLOPs (kvviz/kernels/arith.py) / "
+                  "median; FLOP/B = FLOPs / unique bytes; bound = memory left of the ridge, compute right of it."]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@
   kvviz capture              a real model's Q/K/V for a prompt, saved as a KV dump file
   kvviz runs list|show|pin   the run history (every bench and window run, kept on disk)
   kvviz diff A B             two runs or bench JSON files, kernel by kernel: faster / slower / within noise
+  kvviz kernel list|new      kernel slots and their contracts; a starting file for your own kernel
 """
 from __future__ import annotations
 
@@ -106,8 +107,10 @@ def _cmd_bench(args) -> int:
         return EXIT_BAD_INPUT
     if args.json is not None:
         check_out_file(args.json, "--json")
+    kernels = _user_kernels(args.kernel or [])
     runs = args.runs or (10 if args.quick else 30)
-    result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch, methods=not args.no_methods)
+    result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
+                       methods=not args.no_methods, kernels=kernels)
     print(format_table(result))
     _record_bench(result)
     if args.json:
@@ -118,6 +121,47 @@ def _cmd_bench(args) -> int:
         print(f"\n{len(bad_rows)} kernel run(s) failed or outside tolerance vs the oracle: "
               + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr)
         return EXIT_FAILED
+    return 0
+
+
+def _user_kernels(specs) -> list:
+    """`--kernel SLOT=FILE` values as (slot id, path), checked before any GPU work (exit 2 on a bad one)."""
+    from kvviz.errors import InvalidInput
+    from kvviz.lab.slots import slot
+
+    out = []
+    for spec in specs:
+        sid, sep, path = spec.partition("=")
+        if not sep or not sid or not path:
+            raise InvalidInput(f"--kernel {spec!r}: expected SLOT=FILE", "kvviz kernel list shows the slots.")
+        slot(sid)
+        import os
+
+        if not os.path.isfile(path):
+            raise InvalidInput(f"--kernel {sid}={path}: no such file", f"kvviz kernel new {sid} {path} writes a starting file.")
+        out.append((sid, path))
+    return out
+
+
+def _cmd_kernel(args) -> int:
+    from kvviz.errors import InvalidInput
+    from kvviz.lab.slots import render_text, slot
+
+    if args.kernel_cmd == "list":
+        print(render_text(args.slot) if args.slot else render_text())
+        return 0
+    s = slot(args.slot)
+    import os
+
+    if os.path.exists(args.file) and not args.force:
+        raise InvalidInput(f"{args.file} exists", "Pass --force to overwrite it, or give another path.")
+    from kvviz.checks import check_out_file
+
+    check_out_file(args.file, "FILE", suffixes=(".wgsl",) if s.language == "wgsl" else (".comp", ".glsl"))
+    with open(args.file, "w") as fh:
+        fh.write(s.starting_source())
+    print(f"wrote {args.file}: the built-in {s.spec.path} ({s.impl}) for slot {s.id}; check and time it with\n"
+          f"  kvviz bench --quick --no-methods --kernel {s.id}={args.file}")
     return 0
 
 
@@ -306,6 +350,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
     b.add_argument("--json", help="write results as JSON to this path")
+    b.add_argument("--kernel", action="append", metavar="SLOT=FILE",
+                   help="time a user kernel (.wgsl, or .comp for a GLSL slot) beside the slot's built-in and check it "
+                        "against the slot's oracle (repeatable; kvviz kernel list shows the slots)")
+    kn = command("kernel", "kernel slots: their contracts, and a starting file for your own kernel")
+    ksub = kn.add_subparsers(dest="kernel_cmd", metavar="{list,new}", parser_class=_Parser, required=True)
+    kl = ksub.add_parser("list", help="the slots (with a SLOT: its contract in full)")
+    kl.add_argument("slot", nargs="?", help="a slot id")
+    kw = ksub.add_parser("new", help="write the slot's built-in kernel to FILE as a starting shader")
+    kw.add_argument("slot", help="a slot id (kvviz kernel list)")
+    kw.add_argument("file", help="the shader file to write (.wgsl, or .comp for a GLSL slot)")
+    kw.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     r = command("report", "write the report folder headless")
     r.add_argument("--out", required=True, help="output folder")
     r.add_argument("--config", help="JSON config file (same keys as the window's settings)")
@@ -365,6 +420,8 @@ def main(argv=None) -> int:
             return _cmd_runs(args)
         if args.cmd == "diff":
             return _cmd_diff(args)
+        if args.cmd == "kernel":
+            return _cmd_kernel(args)
         if args.cmd is None:
             args = build_parser().parse_args(["gui"] + list(argv or sys.argv[1:]))
         return _cmd_gui(args)

@@ -73,6 +73,7 @@ class FmaResult:
     timing: TimingResult
     flops: float
     rel_err: float
+    bytes: int  # the sink it writes (4 bytes a thread): its only memory traffic
 
     @property
     def gflops(self) -> float:
@@ -84,4 +85,4 @@ def measure_fma(rt: GpuRuntime, dtype: str = "f32", runs: int = 10, warmup: int 
     t = rt.time(d, runs=runs, warmup=warmup)
     err = check_fma(rt, out, threads, iters, dtype)
     out.destroy()
-    return FmaResult(dtype, t, flops, err)
+    return FmaResult(dtype, t, flops, err, 4 * threads)

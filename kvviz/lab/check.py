@@ -339,6 +339,8 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         from kvviz.methods import get_method
 
         m = get_method(slot.method)
+        if hasattr(m, "writer_impl"):  # a method with a fast and a first-wave writer runs the one of the slot
+            m.writer_impl = "fast" if slot.impl == "fast" else "first-wave"
         key_, value_, qc, f32c, wd, dd = m._build(ctx, batch, key, value)
         rec = (qc.num_blocks, kvh, bs, m.wpt(D))
         if slot.case == "method-writer":

@@ -1,0 +1,194 @@
+"""Roofline (Qt-free): each kernel's arithmetic intensity (FLOPs / unique bytes) against its achieved FLOP/s,
+under the device's ceilings measured in the same run: the shader copy's bandwidth (kvviz/kernels/copy.py)
+and the FMA throughput (kvviz/kernels/fma.py; f32, and f16 where the adapter has shader-f16).
+
+A kernel is memory-bound when its intensity lies left of the ridge point (f32 FMA GFLOP/s / copy GB/s),
+compute-bound right of it. A kernel that states 0 FLOPs (a copy) has intensity 0: memory-bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvviz.kernels import arith
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    mem_gbps: float  # the WGSL vec4 copy shader's bandwidth (unique bytes / median)
+    f32_gflops: float
+    f16_gflops: float | None = None
+    adapter: str = ""
+    is_software: bool = False
+
+    @property
+    def ridge(self) -> float:
+        """FLOP/byte where the memory roof meets the f32 compute roof."""
+        return self.f32_gflops / self.mem_gbps if self.mem_gbps > 0 else float("inf")
+
+    def attainable(self, intensity: float) -> float:
+        return min(self.f32_gflops, self.mem_gbps * intensity)
+
+    def to_json(self) -> dict:
+        return {"mem_gbps": self.mem_gbps, "f32_gflops": self.f32_gflops, "f16_gflops": self.f16_gflops,
+                "ridge_flop_per_byte": self.ridge, "adapter": self.adapter, "is_software": self.is_software}
+
+
+def measure_ceilings(rt, copy_bytes: int = 32 << 20, runs: int = 10, warmup: int = 3) -> tuple[Ceilings, list]:
+    """(Ceilings, [(name, variant, TimingResult, bytes, flops)]) of this adapter, from GPU timestamps."""
+    from kvviz.kernels.copy import time_copy_shader
+    from kvviz.kernels.fma import dtypes, measure_fma
+
+    st, sb = time_copy_shader(rt, copy_bytes, runs, warmup)
+    rows = [("copy_shader", "wgsl vec4", st, sb, 0.0)]
+    peaks = {}
+    for dt in dtypes(rt):
+        r = measure_fma(rt, dt, runs, warmup)
+        peaks[dt] = r.gflops
+        rows.append((f"fma_{dt}", f"fma throughput ({dt}, rel err {r.rel_err:.1e})", r.timing, r.bytes, r.flops))
+    c = Ceilings(st.gbps(sb), peaks["f32"], peaks.get("f16"), rt.summary.name, bool(rt.summary.is_software))
+    return c, rows
+
+
+@dataclass(frozen=True)
+class Point:
+    kernel: str
+    variant: str
+    bytes: int
+    flops: float
+    median_us: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes > 0 else float("nan")
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / (self.median_us * 1e3) if self.median_us > 0 else float("nan")
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / (self.median_us * 1e3) if self.median_us > 0 else float("nan")
+
+    def bound(self, c: Ceilings | None) -> str:
+        return bound(self.intensity, c)
+
+    def to_json(self, c: Ceilings | None = None) -> dict:
+        d = {"kernel": self.kernel, "variant": self.variant, "bytes": self.bytes, "flops": self.flops,
+             "median_us": self.median_us, "intensity": self.intensity, "gflops": self.gflops, "bound": self.bound(c)}
+        if c is not None:
+            att = c.attainable(self.intensity) if math.isfinite(self.intensity) else float("nan")
+            d["attainable_gflops"] = att
+            d["pct_of_roof"] = 100.0 * self.gflops / att if att and att > 0 else None
+        return d
+
+
+def bound(intensity: float, c: Ceilings | None) -> str:
+    if c is None or not math.isfinite(intensity):
+        return "-"
+    return "memory" if intensity < c.ridge else "compute"
+
+
+def row_flops(row, res) -> float:
+    """A window timing row's FLOPs: the row's own `flops` when it states them, else the arithmetic of its role
+    at the results' shape (kvviz/kernels/arith.py)."""
+    f = getattr(row, "flops", None)
+    if f:
+        return float(f)
+    name = row.kernel
+    if name.startswith("copy"):
+        return 0.0
+    b, q = res.batch, res.q
+    S, H, D = q.shape
+    kvh = res.key.shape[1]
+    fam = getattr(res.method, "family", "")
+    if name == "reshape_and_cache_f32":
+        return 0.0
+    if row.role == "decode" or name.startswith("paged_attn"):
+        return arith.decode_flops(b, H, D)
+    if row.role == "writer" or name.startswith("reshape_and_cache"):
+        return arith.writer_flops(b, kvh, D, arith.WRITER_PER_ELEMENT.get(fam, 2.0))
+    if row.role == "dequantise":
+        return arith.dequant_flops(b, kvh, D, arith.DEQUANT_PER_ELEMENT.get(fam, 1.0))
+    return 0.0
+
+
+def points_from_results(res) -> list[Point]:
+    return [Point(t.kernel, t.variant, int(t.bytes_moved), row_flops(t, res), float(t.timing.median_us))
+            for t in res.timings if t.timing.median_us > 0 and not t.kernel.startswith("copy_buffer")]
+
+
+def ceilings_from_results(res, fma_gflops: dict | None = None) -> Ceilings | None:
+    """The memory roof from the results' shader copy row; the compute roof from `fma_gflops` (measured on the
+    same device by the window's roofline task), or None without it."""
+    copy = next((t for t in res.timings if t.kernel == "copy_shader"), None)
+    if copy is None or not fma_gflops:
+        return None
+    return Ceilings(copy.gbps, fma_gflops["f32"], fma_gflops.get("f16"), res.adapter.name, bool(res.adapter.is_software))
+
+
+def roofline_table(points, c: Ceilings | None):
+    from kvviz.report.tables import Table
+
+    rows = [[p.kernel, p.variant, p.bytes, p.flops, p.intensity, p.median_us, p.gflops, p.bound(c)] for p in points]
+    return Table("roofline", ["kernel", "variant", "bytes", "flops", "flop_per_byte", "median_us", "gflops", "bound"],
+                 rows, "Roofline: arithmetic intensity vs achieved GFLOP/s" + (
+                     f" (copy {c.mem_gbps:.3g} GB/s, f32 FMA {c.f32_gflops:.3g} GFLOP/s)" if c else ""))
+
+
+def roofline_svg(points, c: Ceilings | None, width: int = 720, height: int = 440) -> str:
+    """A log-log roofline as SVG text (the report's figure; Qt-free). Kernels with 0 FLOPs are listed, not drawn
+    (log axes)."""
+    pts = [p for p in points if p.flops > 0 and p.bytes > 0 and math.isfinite(p.gflops) and p.gflops > 0]
+    xs = [p.intensity for p in pts] + ([c.ridge] if c else [])
+    ys = [p.gflops for p in pts] + ([c.f32_gflops] + ([c.f16_gflops] if c and c.f16_gflops else []) if c else [])
+    if not xs:
+        xs, ys = [0.01, 100], [0.01, 100]
+    x0, x1 = 10 ** math.floor(math.log10(min(xs) / 2)), 10 ** math.ceil(math.log10(max(xs) * 2))
+    y0, y1 = 10 ** math.floor(math.log10(min(ys) / 2)), 10 ** math.ceil(math.log10(max(ys) * 2))
+    L, R, T, B = 70, 20, 30, 60
+    W, Hh = width - L - R, height - T - B
+
+    def X(v):
+        return L + W * (math.log10(v) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))
+
+    def Y(v):
+        return T + Hh * (1 - (math.log10(v) - math.log10(y0)) / (math.log10(y1) - math.log10(y0)))
+
+    s = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
+         '<rect width="100%" height="100%" fill="white"/>',
+         f'<rect x="{L}" y="{T}" width="{W}" height="{Hh}" fill="none" stroke="#444"/>']
+    for e in range(int(math.log10(x0)), int(math.log10(x1)) + 1):
+        s.append(f'<line x1="{X(10**e):.1f}" y1="{T}" x2="{X(10**e):.1f}" y2="{T + Hh}" stroke="#ddd"/>'
+                 f'<text x="{X(10**e):.1f}" y="{T + Hh + 15}" text-anchor="middle">{10**e:g}</text>')
+    for e in range(int(math.log10(y0)), int(math.log10(y1)) + 1):
+        s.append(f'<line x1="{L}" y1="{Y(10**e):.1f}" x2="{L + W}" y2="{Y(10**e):.1f}" stroke="#ddd"/>'
+                 f'<text x="{L - 5}" y="{Y(10**e) + 4:.1f}" text-anchor="end">{10**e:g}</text>')
+    s.append(f'<text x="{L + W / 2}" y="{height - 25}" text-anchor="middle">arithmetic intensity (FLOP / unique byte)</text>')
+    s.append(f'<text x="15" y="{T + Hh / 2}" transform="rotate(-90 15 {T + Hh / 2})" text-anchor="middle">GFLOP/s</text>')
+    if c:
+        for peak, label, color in ((c.f32_gflops, "f32 FMA", "#c0392b"), (c.f16_gflops, "f16 FMA", "#8e44ad")):
+            if not peak:
+                continue
+            ridge = peak / c.mem_gbps
+            xa = max(x0, y0 / c.mem_gbps)
+            s.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{X(xa):.1f},{Y(max(y0, c.mem_gbps * xa)):.1f} '
+                     f'{X(min(ridge, x1)):.1f},{Y(min(peak, c.mem_gbps * min(ridge, x1))):.1f} {X(x1):.1f},{Y(peak):.1f}"/>')
+            s.append(f'<text x="{X(x1) - 4:.1f}" y="{Y(peak) - 5:.1f}" text-anchor="end" fill="{color}">{label} {peak:.3g} GFLOP/s</text>')
+        s.append(f'<text x="{L + 6}" y="{T + 14}" fill="#c0392b">copy {c.mem_gbps:.3g} GB/s</text>')
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+    for i, p in enumerate(pts):
+        col = colors[i % len(colors)]
+        s.append(f'<circle cx="{X(p.intensity):.1f}" cy="{Y(p.gflops):.1f}" r="5" fill="{col}"/>')
+        s.append(f'<text x="{X(p.intensity) + 7:.1f}" y="{Y(p.gflops) + 4:.1f}" fill="{col}">{_esc(p.kernel)}</text>')
+    zero = [p.kernel for p in points if not p.flops]
+    if zero:
+        s.append(f'<text x="{L}" y="{height - 8}" fill="#666">0 FLOPs (not drawn): {_esc(", ".join(zero))[:110]}</text>')
+    if c and c.is_software:
+        s.append(f'<text x="{L + W - 4}" y="{T + 14}" text-anchor="end" fill="#b07000">software rasteriser: CPU times</text>')
+    s.append("</svg>")
+    return "\n".join(s)
+
+
+def _esc(t: str) -> str:
+    return t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
