@@ -26,16 +26,17 @@ for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_forma
     n = batch.num_blocks * KVH * BS * fmt.wpt(D)
     k = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "k")
     v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "v")
-    for sub in (True, False):
-        for unroll in ((1, 2, 4) if sub else (2,)):
-            for pt in ((None, 512, 1024, 2048, 4096) if sub and unroll == 2 else (None,)):
-                try:
-                    plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll)
-                except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
-                    print(f"{fmt.name} sub={sub} U={unroll} pt={pt}: {exc}")
-                    continue
-                t = rt.time(plan.dispatches, 30, 5)
-                nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
-                gbps = nb / (t.median_us * 1e3)
-                print(f"{fmt.name:9s} subgroups={sub!s:5s} U={unroll} {plan.describe():70s} {t.median_us:8.1f} us "
-                      f"{gbps:7.0f} GB/s {100 * gbps / copy_gbps:5.1f}% of copy")
+    cases = [(True, u, r, pt) for r in (8, 16, 32) for u in (1, 2) for pt in (None, 512, 1024, 2048)] + [(False, 2, 0, None)]
+    if fmt not in (fd.INT8, fd.F16):
+        cases = [(True, 2, 16, pt) for pt in (None, 1024)]
+    for sub, unroll, rows, pt in cases:
+        try:
+            plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll, rows=rows)
+        except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
+            print(f"{fmt.name} sub={sub} U={unroll} rows={rows} pt={pt}: {exc}")
+            continue
+        t = rt.time(plan.dispatches, 30, 5)
+        nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
+        gbps = nb / (t.median_us * 1e3)
+        print(f"{fmt.name:9s} subgroups={sub!s:5s} {plan.describe():80s} {t.median_us:8.1f} us "
+              f"{gbps:7.0f} GB/s {100 * gbps / copy_gbps:5.1f}% of copy")

@@ -130,13 +130,20 @@ def _lanes(fmt: CacheFormat, head_size: int, most: int) -> int:
 
 
 def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: bool, shared_limit: int,
-                  unroll: int = 2) -> Layout:
+                  unroll: int = 2, rows: int = 0) -> Layout:
+    """Lanes a row (the most that divide the record, 8 at most, 1 without subgroups), row groups (`rows`,
+    or the most up to 128 threads whose merge fits the workgroup memory: RG/2 states of G heads x
+    (D + 2) floats), tokens a row group per step (`unroll`)."""
     L = _lanes(fmt, head_size, 8 if subgroups else 1)
     if L == 0:
         raise UnsupportedShape(f"fast decode: {unsupported(fmt, head_size, group) or 'no lane split without subgroups'}")
-    rg = max(1, 64 // L)
-    # the row-group merge keeps RG/2 states of G heads x (D + 2) floats in workgroup memory
-    while rg > 1 and (rg // 2) * group * (head_size + 2) * 4 > min(shared_limit, 16384):
+    rg = rows or max(1, 128 // L)
+    if rows and (rows & (rows - 1) or rows * L > 1024):
+        raise InvalidInput(f"rows must be a power of two with rows x lanes <= 1024 threads, got {rows} x {L}")
+    while rg > 1 and (rg // 2) * group * (head_size + 2) * 4 > shared_limit:
+        if rows:
+            raise DeviceLimitError(f"fast decode: {rows} row groups need {(rows // 2) * group * (head_size + 2) * 4} "
+                                   f"bytes of workgroup memory, the adapter allows {shared_limit}")
         rg //= 2
     return Layout(L, rg, unroll, head_size // L)
 
@@ -364,13 +371,14 @@ class FastDecode:
         return "subgroup" in self.rt.features
 
     def layout(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None,
-               unroll: int = 2) -> Layout:
+               unroll: int = 2, rows: int = 0) -> Layout:
         sub = self.subgroups if subgroups is None else (subgroups and self.subgroups)
         limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
-        return choose_layout(fmt, head_size, group, sub, limit, unroll)
+        return choose_layout(fmt, head_size, group, sub, limit, unroll, rows)
 
-    def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2):
-        lay = self.layout(fmt, head_size, group, subgroups, unroll)
+    def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
+               rows: int = 0):
+        lay = self.layout(fmt, head_size, group, subgroups, unroll, rows)
         return self.rt.compile(SPLIT, **render(fmt, head_size, group, lay)), lay
 
     def _tensor(self, tensor):
@@ -382,7 +390,7 @@ class FastDecode:
 
     def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
-             unroll: int = 2) -> FastDecodePlan:
+             unroll: int = 2, rows: int = 0) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format)."""
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
@@ -399,7 +407,7 @@ class FastDecode:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(fmt, D, G, subgroups, unroll)
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:
