@@ -1,0 +1,88 @@
+"""Roofline (issue 12 item 4): every bench row's FLOPs, GFLOP/s, intensity and bound agree with each other
+and with the ceilings measured in the same run; the FMA probe's sink matches numpy (a probe that skips its
+loop is caught); the arithmetic counts; the report's SVG. Timings are printed, never asserted."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from kvviz.bench import BenchShape, format_table, make_inputs, run_bench, save_json
+from kvviz.kernels import arith
+from kvviz.lab.roofline import Ceilings, Point, bound, roofline_svg, roofline_table
+
+pytestmark = pytest.mark.gpu
+
+
+def test_bench_roofline_keys_consistent(rt, tmp_path):
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=2, warmup=1, frontends=("glslang",), methods=True, rt=rt, log=lambda *a: None)
+    rl = res["roofline"]
+    c = Ceilings(rl["mem_gbps"], rl["f32_gflops"], rl["f16_gflops"])
+    print(format_table(res))
+    assert rl["mem_gbps"] > 0 and rl["f32_gflops"] > 0
+    assert math.isclose(rl["ridge_flop_per_byte"], rl["f32_gflops"] / rl["mem_gbps"], rel_tol=1e-12)
+    copy = next(r for r in res["rows"] if r["kernel"] == "copy_shader")
+    assert math.isclose(copy["gbps"], rl["mem_gbps"], rel_tol=1e-12)  # the memory roof is this run's shader copy
+    fma = next(r for r in res["rows"] if r["kernel"] == "fma_f32")
+    assert math.isclose(fma["gflops"], rl["f32_gflops"], rel_tol=1e-12)
+    timed = [r for r in res["rows"] if r["gpu_us_median"]]
+    stated = [r for r in timed if r["flops"] is not None]
+    # every timed row states its arithmetic (copies 0), and the decodes state 4 D H tokens + softmax
+    assert len(stated) == len(timed), [r["kernel"] for r in timed if r["flops"] is None]
+    for r in stated:
+        assert math.isclose(r["intensity"], r["flops"] / r["bytes_moved"], rel_tol=1e-12), r["kernel"]
+        assert math.isclose(r["gflops"], r["flops"] / (r["gpu_us_median"] * 1e3), rel_tol=1e-12), r["kernel"]
+        if not r["kernel"].startswith("fma_"):
+            assert r["bound"] == ("memory" if r["intensity"] < c.ridge else "compute"), r["kernel"]
+    batch = make_inputs(shape)[0]
+    dec = next(r for r in res["rows"] if r["kernel"] == "paged_attn_f32")
+    assert dec["flops"] == int(np.sum(batch.context_lens)) * 4 * (4 * 64 + 4)
+    assert next(r for r in res["rows"] if r["kernel"] == "reshape_and_cache_f32")["flops"] == 0
+    assert "bound" in format_table(res).splitlines()[2] and "roofline ceilings" in format_table(res)
+    p = tmp_path / "b.json"
+    save_json(res, str(p))
+    json.loads(p.read_text(), parse_constant=lambda n: pytest.fail(f"non-strict JSON constant {n}"))
+
+
+def test_fma_probe_checks_its_sink(rt):
+    from kvviz.kernels.fma import check_fma, fma_dispatches, measure_fma
+
+    r = measure_fma(rt, "f32", runs=2, warmup=1)
+    print(f"f32 FMA: {r.gflops:.3g} GFLOP/s ({r.timing.method})")
+    assert r.rel_err < 1e-4 and r.flops > 0 and r.bytes > 0
+    d, flops, out, threads, iters = fma_dispatches(rt, "f32", groups=4, iters=64)
+    assert flops == 4 * 256 * 64 * 64
+    rt.run(d)
+    assert check_fma(rt, out, threads, iters, "f32") < 1e-5
+    assert check_fma(rt, out, threads, iters + 40, "f32") > 1e-3  # a probe that ran other iterations is caught
+
+
+def test_arith_counts():
+    from kvviz.paging import make_batch
+
+    b = make_batch([10, 30], 16)
+    assert arith.decode_flops(b, 8, 64) == 40 * 8 * (4 * 64 + 4)
+    assert arith.writer_flops(b, 2, 64, 2.0) == 2 * 40 * 2 * 64 * 2
+    nblk = sum(len(x) for x in b.seq_blocks)
+    assert arith.dequant_flops(b, 2, 64, 1.0) == 2 * nblk * 16 * 2 * 64
+    assert arith.reduce_flops(2, 8, 64, 3) == 2 * 8 * 3 * (3 + 128)
+
+
+def test_points_bounds_and_svg():
+    c = Ceilings(mem_gbps=100.0, f32_gflops=1000.0, f16_gflops=2000.0)
+    assert c.ridge == 10.0
+    lo = Point("low", "v", bytes=1000, flops=2000.0, median_us=1.0)  # 2 FLOP/B
+    hi = Point("high", "v", bytes=1000, flops=50_000.0, median_us=100.0)  # 50 FLOP/B
+    zero = Point("copy", "v", bytes=1000, flops=0.0, median_us=1.0)
+    assert lo.intensity == 2.0 and lo.bound(c) == "memory" and lo.gflops == 2.0
+    assert hi.bound(c) == "compute" and hi.to_json(c)["attainable_gflops"] == 1000.0
+    assert zero.bound(c) == "memory" and bound(float("nan"), c) == "-"
+    assert lo.to_json(c)["attainable_gflops"] == 200.0
+    svg = roofline_svg([lo, hi, zero], c)
+    assert svg.startswith("<svg") and svg.count("<circle") == 2 and "0 FLOPs (not drawn): copy" in svg
+    assert "f16 FMA" in svg
+    t = roofline_table([lo, hi, zero], c)
+    assert [r[-1] for r in t.rows] == ["memory", "compute", "memory"]
