@@ -82,3 +82,15 @@ def test_run_all_saves_the_table_and_reuses_it(tmp_path, monkeypatch):
     assert M.run_all(a2, methods, model, str(path), ids, ctx) == 0
     with open(prefix + ".json") as f:
         assert {r["spec"] for r in json.load(f)["rows"]} == set(keep)
+
+
+def test_pareto_front():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "pareto_chart.py"
+    spec = importlib.util.spec_from_file_location("pareto_chart", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pts = [(8.5, 1e-3, "a"), (4.0, 0.05, "b"), (6.0, 0.06, "c"), (6.0, 0.02, "d"), (3.0, 0.5, "e"), (16, 1e-3, "f")]
+    assert [p[2] for p in mod.pareto_front(pts)] == ["e", "b", "d", "a"]  # c and f are dominated (ties: not better)
