@@ -258,6 +258,33 @@ def test_gpu_writer_is_bit_identical(ctx, name):
     np.testing.assert_array_equal(deq.view(np.uint32), ref.view(np.uint32))
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_gpu_dequantises_any_block(ctx, name):
+    """Random block bytes (every code, both signs of zero, f16 subnormal scales; finite scales and E8M0
+    exponents 2..252, the range the writer produces) written straight into the cache: the GPU's dequantisation equals gguf's bit for bit."""
+    t = fg.TYPES[name]
+    m = get_method(name)
+    batch = make_batch([24], 8)
+    z = np.zeros((24, 2, 64), np.float32)
+    qkv = m.quantize(ctx, batch, z, z)
+    qc = qkv.device["cache"]
+    rng = np.random.default_rng(13)
+    rows = rng.integers(0, 256, (qc.num_blocks, 2, 8, t.row_bytes(64)), dtype=np.uint8)
+    blocks = rows.reshape(-1, t.block_bytes)
+    if name == "mxfp4":
+        blocks[:, 0] = rng.integers(2, 253, len(blocks))
+    else:
+        for o in range(0, t.header, 2):  # f16 fields: exponent 31 (inf / NaN) -> 30
+            hi = blocks[:, o + 1]
+            blocks[:, o + 1] = np.where((hi & 0x7C) == 0x7C, hi & 0xFB, hi)
+    recs = fg.rows_to_records(rows, 64, t)
+    ctx.rt.write(qc.k, recs)
+    ctx.rt.run(qkv.device["dequant"])
+    got = m.read_f32(ctx, qkv, "K")
+    want = og.dequantize(recs, 64, t)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_gpu_tiny_blocks_and_signed_zeros(ctx):
     """The documented exceptions on the GPU: blocks below 2^-100 and a q4_1 minimum of -0 and +0."""
     rng = np.random.default_rng(6)

@@ -18,7 +18,8 @@ E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 TENSOR_DIV = np.float32(E2M1_MAX * E4M3_MAX)  # tensor scale = amax / 2688
 SCALE_FLOOR = np.float32(2.0**-126)
-E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+# by code (sign in bit 3); code 8 (E2M1 -0) decodes to +0, as gguf's int8 kvalues do
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 
 def scale_words(head_size: int) -> int:

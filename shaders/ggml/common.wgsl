@@ -39,16 +39,14 @@ fn f16_to_f32(h: u32) -> f32 {
 // ggml_e8m0_to_fp32_half: 2^(e - 128) as float32 bits (subnormal for e < 2).
 fn e8m0_half_bits(e: u32) -> u32 { return select((e - 1u) << 23u, 0x00200000u << e, e < 2u); }
 
-// E2M1 values doubled, indexed by the 4-bit code (sign in bit 3): gguf's kvalues of MXFP4 / NVFP4.
-fn e2m1_doubled(c: u32) -> f32 {
-  var mag = array<f32, 8>(0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0);
-  let v = mag[c & 7u];
-  return select(v, -v, (c & 8u) != 0u);
-}
+// E2M1 values doubled, indexed by the 4-bit code (sign in bit 3): gguf's kvalues of MXFP4 / NVFP4 (int8, so
+// code 8, E2M1 -0, decodes to +0).
+var<private> E2M1_DOUBLED: array<f32, 16> = array<f32, 16>(0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
+                                                            0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
+fn e2m1_doubled(c: u32) -> f32 { return E2M1_DOUBLED[c & 15u]; }
 
 // kvalues_iq4nl
-fn iq4nl_value(c: u32) -> f32 {
-  var v = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
-  return v[c & 15u];
-}
+var<private> IQ4NL_VALUES: array<f32, 16> = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+                                                            1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+fn iq4nl_value(c: u32) -> f32 { return IQ4NL_VALUES[c & 15u]; }
 // ---- end of ggml/common.wgsl ----------------------------------------------------------------------

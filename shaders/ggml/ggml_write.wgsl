@@ -31,22 +31,26 @@ var<workgroup> s_hdr: array<u32, 8>;    // header bytes of each block (little-en
 var<workgroup> s_id: array<f32, 8>;     // id (mxfp4: the scale 2^(e-128))
 var<workgroup> s_min: array<f32, 8>;    // q4_1 / q5_1: block minimum
 var<workgroup> s_code: array<u32, 256>;
+var<workgroup> s_amax: array<u32, 8>;       // iq4_nl: |max| bits and max of each block
+var<workgroup> s_mx: array<f32, 8>;
+var<workgroup> s_sums: array<vec2<f32>, 128>;  // iq4_nl: (sumqx, sumq2) of trial r of block b at 16b + r
+const IQ4_EPS_BITS: u32 = 0x26901D7Du;  // GROUP_MAX_EPS = 1e-15f
 
 fn load_x(which: u32, i: u32) -> f32 { if (which == 0u) { return key_in[i]; } return val_in[i]; }
 fn store_w(which: u32, i: u32, w: u32) { if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; } }
 fn opq(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ p.zero); }
 
-// best_index_int8(16, kvalues_iq4nl, x): the nearer neighbour, the upper one on a tie.
+// best_index_int8(16, kvalues_iq4nl, x): the nearer neighbour, the upper one on a tie. The C binary search
+// ends at ml = the largest index with values[ml] <= x (values strictly increasing), mu = ml + 1: counted here
+// without branches (lavapipe runs a workgroup's threads in SIMD lanes). NaN (never produced: every id is
+// finite) would give 15 in C and 1 here.
 fn best_index(x: f32) -> u32 {
-  if (x <= iq4nl_value(0u)) { return 0u; }
-  if (x >= iq4nl_value(15u)) { return 15u; }
+  if (x <= -127.0) { return 0u; }
+  if (x >= 113.0) { return 15u; }
   var ml = 0u;
-  var mu = 15u;
-  while (mu - ml > 1u) {
-    let mav = (ml + mu) / 2u;
-    if (x < iq4nl_value(mav)) { mu = mav; } else { ml = mav; }
-  }
-  return select(mu, mu - 1u, x - iq4nl_value(mu - 1u) < iq4nl_value(mu) - x);
+  for (var i = 1u; i < 15u; i = i + 1u) { ml = ml + select(0u, 1u, iq4nl_value(i) <= x); }
+  let mu = ml + 1u;
+  return select(mu, ml, x - iq4nl_value(ml) < iq4nl_value(mu) - x);
 }
 
 // iq4_nl's weighted sums for one trial id (weights x^2), in element order, unfused.
@@ -64,21 +68,12 @@ fn iq4_sums(which: u32, base: u32, id: f32) -> vec2<f32> {
   return vec2<f32>(sqx, sq2);
 }
 
-// llama.cpp quantize_row_iq4_nl_impl for one block (ntry = 7, no importance weights): the f32 scale.
-fn iq4_scale(which: u32, base: u32, amax_bits: u32, mx: f32) -> f32 {
-  if (amax_bits < 0x26901D7Du) { return 0.0; }   // amax < GROUP_MAX_EPS = 1e-15f
-  var d = div_rn(-mx, -127.0);
-  var s = iq4_sums(which, base, div_rn(1.0, d));
-  d = div_rn(s.x, s.y);
-  var best = opq(d * s.x);
-  for (var itry = -7; itry <= 7; itry = itry + 1) {
-    s = iq4_sums(which, base, div_rn(f32(itry - 127), mx));
-    if (s.y > 0.0 && opq(s.x * s.x) > opq(best * s.y)) {
-      d = div_rn(s.x, s.y);
-      best = opq(d * s.x);
-    }
-  }
-  return d;
+// iq4_nl trial r of a block (llama.cpp quantize_row_iq4_nl_impl, ntry = 7): r = 0 the first pass with
+// id = 1/(max/127), r = 1..15 the tries itry = r - 8 with id = (itry - 127)/max. Each trial's sums are
+// independent, so the 16 trials run on 16 threads; the selection then runs in llama.cpp's order.
+fn iq4_trial_id(r: u32, mx: f32) -> f32 {
+  if (r == 0u) { return div_rn(1.0, div_rn(-mx, -127.0)); }
+  return div_rn(f32(i32(r) - 8 - 127), mx);
 }
 
 @compute @workgroup_size(64)
@@ -124,9 +119,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
       if (!tiny && (bitcast<u32>(d) & ABS_MASK) != 0u) { id = div_rn(1.0, d); }
       s_min[tid] = mn;
     } else if (TYPE == 5u) {
-      let d = iq4_scale(which, base, amax_bits, mx);
-      hdr = f32_to_f16_bits(d);
-      if ((bitcast<u32>(d) & ABS_MASK) != 0u) { id = div_rn(1.0, d); }
+      s_amax[tid] = amax_bits;   // the search runs below, over all threads
+      s_mx[tid] = mx;
     } else {
       // mxfp4: e = floor(log2f(amax)) - 2 + 127, log2f correctly rounded (kvviz/formats/ggml.py LOG2_UP)
       var up = array<u32, 256>({{LOG2_UP}});
@@ -143,6 +137,35 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     s_id[tid] = id;
   }
   workgroupBarrier();
+
+  // ---- iq4_nl: the 16 trials of every block in parallel, then the selection in order (one thread a block)
+  if (TYPE == 5u) {
+    for (var task = tid; task < 16u * nb; task = task + 64u) {
+      let b = task / 16u;
+      if (s_amax[b] >= IQ4_EPS_BITS) {
+        s_sums[task] = iq4_sums(which, src + 32u * b, iq4_trial_id(task % 16u, s_mx[b]));
+      }
+    }
+    workgroupBarrier();
+    if (tid < nb) {
+      var d = 0.0;
+      if (s_amax[tid] >= IQ4_EPS_BITS) {
+        var s = s_sums[16u * tid];
+        d = div_rn(s.x, s.y);
+        var best = opq(d * s.x);
+        for (var r = 1u; r < 16u; r = r + 1u) {
+          s = s_sums[16u * tid + r];
+          if (s.y > 0.0 && opq(s.x * s.x) > opq(best * s.y)) {
+            d = div_rn(s.x, s.y);
+            best = opq(d * s.x);
+          }
+        }
+      }
+      s_hdr[tid] = f32_to_f16_bits(d);
+      s_id[tid] = select(0.0, div_rn(1.0, d), (bitcast<u32>(d) & ABS_MASK) != 0u);
+    }
+    workgroupBarrier();
+  }
 
   // ---- codes (one thread an element)
   for (var i = tid; i < p.hd; i = i + 64u) {
