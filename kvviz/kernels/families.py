@@ -39,6 +39,8 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
                  "kvviz.formats.turboquant"),
     KernelFamily("ggml", "ggml", "kvviz.kernels.ggml", "kvviz.oracles.ggml", "kvviz.formats.ggml", key="ggml"),
     KernelFamily("fp4", "fp4", "kvviz.kernels.ggml", "kvviz.oracles.fp4", "kvviz.formats.fp4", key="fp4"),
+    KernelFamily("fast_write", "fast", "kvviz.kernels.fast_write", "kvviz.oracles.fast_write", key="fast_write"),
+    KernelFamily("f16", "fast", "kvviz.kernels.fast_write", "kvviz.oracles.f16", "kvviz.formats.f16", key="f16"),
 )}
 
 

@@ -146,4 +146,18 @@ class Int8PerTokenSeed(KVMethod):
             TimedKernel("reshape_and_cache_q8", w, writer_bytes(cache, batch, key), "writer", "seed"),
             TimedKernel("paged_attn_q8", d, decode_bytes(cache, batch, q), "decode", "seed"),
         ]
+        out += self.fast_writer_rows(ctx, cache, batch, key, value)
         return out + fast_decode_rows(ctx, self, cache.k, cache.v, cache.num_kv_heads, batch, q, scale)
+
+    def fast_writer_rows(self, ctx, cache, batch, key, value) -> list:
+        """The fast writer of the seed layout (kvviz/kernels/fast_write.py int8_dispatches(seed=True): the seed
+        writer's bytes) as a timed row, into a cache of its own; [] where that cache exceeds one binding."""
+        from kvviz.kernels import fast_write as fw
+        from kvviz.kernels.timed import TimedKernel
+        from kvviz.kernels.traffic import writer_bytes
+
+        if not batch.num_tokens or cache.nbytes > ctx.rt.max_binding:
+            return []
+        fc = ctx.paged.allocate("q8", cache.num_blocks, cache.num_kv_heads, cache.block_size, cache.head_size)
+        d = fw.int8_dispatches(ctx.rt, key, value, batch.slot_mapping, fc.k, fc.v, cache.block_size, seed=True)
+        return [TimedKernel("reshape_and_cache_q8 (fast, seed layout)", d, writer_bytes(cache, batch, key), "writer", "fast")]

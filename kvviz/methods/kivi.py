@@ -56,6 +56,9 @@ class Kivi(DequantisedAttention, KVMethod):
     bits: int
     recent: int
     context_len: int
+    # The writer quantize() runs: "fast" (shaders/fast/write_kivi_*.wgsl) or "first-wave" (shaders/quant/
+    # kivi_write_*.wgsl); timed_kernels times both side by side.
+    writer_impl: str = "fast"
 
     def configure(self):
         self.nominal_bits = float(self.bits)
@@ -230,12 +233,7 @@ class Kivi(DequantisedAttention, KVMethod):
             row_res[is_res] = (plan.res_off[tseq[is_res]] + tpos[is_res] - nq_row[is_res]).astype(np.uint32)
 
         defines = {"BITS": self.bits}
-        out: list[Dispatch] = []
-        if T:
-            tok = rt.compile(qk.KIVI_WRITE_TOK, **defines)
-            imm = tok.pack(kvh, D, bs, kstride)
-            out += qk.token_dispatches(rt, tok, key, value, sm, [qc.k, qc.v, res], lambda n: imm, extra_rows=[row_res], z=1)
-        # key groups: (seq, g) for every complete quantised group, rows gathered on the host
+        # key groups: (seq, g) for every complete quantised group, and their token rows
         groups, rows = [], []
         for s in range(S):
             ng = int(plan.n_q[s]) // GROUP
@@ -245,6 +243,41 @@ class Kivi(DequantisedAttention, KVMethod):
             for g in range(ng):
                 groups.append((s, g, 0, 0))
                 rows.append(srows[g * GROUP : (g + 1) * GROUP])
+        qc.extra["writer_args"] = (key, value, sm, row_res, res, info_buf, groups, rows, bt_off, mbs)
+        out, qc.extra["writer_impl"] = self._writer(ctx, qc, self.writer_impl)
+        f32c = qk.alloc_f32(ctx, batch, kvh, D)
+        dk = rt.compile(qk.KIVI_DEQUANT, **defines)
+        dd = qk.dequant_dispatches(
+            ctx, dk, [qc.k, qc.v, res, info_buf], f32c, batch,
+            lambda w0: dk.pack(kvh, D, bs, kstride, bt_off, mbs, w0),
+        )
+        return key, value, qc, f32c, out, dd, row_res
+
+    def _writer(self, ctx, qc, impl: str):
+        """(dispatches, impl) of the writer `impl` ("fast": fast/write_kivi_tok + write_kivi_kgroup, reading
+        each key group's rows in place; "first-wave": quant/kivi_write_tok + kivi_write_kgroup, the groups'
+        rows gathered on the host) over the buffers _prepare set up. Both write the same words."""
+        from kvviz.kernels import fast_write as fw
+
+        if impl not in ("fast", "first-wave"):
+            raise InvalidInput(f"kivi: writer_impl must be 'fast' or 'first-wave', got {impl!r}")
+        rt = ctx.rt
+        key, value, sm, row_res, res, info_buf, groups, rows, bt_off, mbs = qc.extra["writer_args"]
+        T, kvh, D = key.shape
+        bs, kstride = qc.block_size, qc.k_words
+        defines = {"BITS": self.bits}
+        out: list[Dispatch] = []
+        if impl == "fast":
+            if T:
+                out += fw.kivi_token_dispatches(rt, self.bits, key, value, sm, row_res, qc.k, qc.v, res, bs, kstride)
+            out += fw.kivi_group_dispatches(rt, self.bits, key, sm, np.asarray(groups, np.uint32).reshape(-1, 4),
+                                            np.asarray(rows, np.int64).reshape(-1, GROUP), info_buf, qc.k, bs, kstride,
+                                            bt_off, mbs)
+            return out, impl
+        if T:
+            tok = rt.compile(qk.KIVI_WRITE_TOK, **defines)
+            imm = tok.pack(kvh, D, bs, kstride)
+            out += qk.token_dispatches(rt, tok, key, value, sm, [qc.k, qc.v, res], lambda n: imm, extra_rows=[row_res], z=1)
         if groups:
             gk = rt.compile(qk.KIVI_WRITE_KGROUP, **defines)
             garr = np.asarray(groups, dtype=np.uint32)
@@ -258,13 +291,7 @@ class Kivi(DequantisedAttention, KVMethod):
                     rt.upload(garr[a:b], "kivi_groups"),
                     info_buf, qc.k,
                 ], imm=imm))
-        f32c = qk.alloc_f32(ctx, batch, kvh, D)
-        dk = rt.compile(qk.KIVI_DEQUANT, **defines)
-        dd = qk.dequant_dispatches(
-            ctx, dk, [qc.k, qc.v, res, info_buf], f32c, batch,
-            lambda w0: dk.pack(kvh, D, bs, kstride, bt_off, mbs, w0),
-        )
-        return key, value, qc, f32c, out, dd, row_res
+        return out, impl
 
     def read_buffers(self, ctx, qkv) -> dict:
         """Raw K, V ([num_blocks, kv_heads, words]) and residual ([rows, 2, kv_heads, D] f32) buffers."""
@@ -432,8 +459,12 @@ class Kivi(DequantisedAttention, KVMethod):
         nblk = sum(len(b) for b in batch.seq_blocks)
         d_bytes = stored + 2 * nblk * kvh * batch.block_size * D * 4
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
-        return [
-            TimedKernel("kivi writer (tokens + key groups)", wd, int(w_bytes), "writer"),
+        qc = qkv.device["cache"] if qkv is not None else qc
+        impl = qc.extra.get("writer_impl", "first-wave")
+        other = "first-wave" if impl == "fast" else "fast"
+        names = {"first-wave": "kivi writer (tokens + key groups)", "fast": "kivi writer (tokens + key groups, fast)"}
+        writers = {impl: wd, other: self._writer(ctx, qc, other)[0]}
+        return [TimedKernel(names[i], writers[i], int(w_bytes), "writer", i) for i in ("first-wave", "fast")] + [
             TimedKernel("kivi dequantise", dd, int(d_bytes), "dequantise"),
             TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
         ]

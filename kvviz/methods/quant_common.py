@@ -51,6 +51,11 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     head_multiple: int = 4
     head_multiple_why: str = "4 codes are packed per 32-bit word"
     code_range: tuple = (0, 0)
+    # The writer quantize() runs: "fast" (kvviz/kernels/fast_write.py, where the method has one for the
+    # shape) or "first-wave" (writer_dispatches: the method's own shaders/quant writer). Set it on an
+    # instance to pick; timed_kernels times both side by side either way.
+    writer_impl: str = "fast"
+    has_first_wave_writer: bool = True  # False: the fast writer is the method's only writer (f16)
 
     # ------------------------------------------------------------------ per family
     @abstractmethod
@@ -117,6 +122,26 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         return qk.token_dispatches(rt, kern, key, value, sm, bufs, lambda n: imm)
 
+    def fast_writer_dispatches(self, ctx, qc, key, value, sm):
+        """The fast writer's dispatches into qc (same words as writer_dispatches), or None when the method
+        has none for this shape."""
+        from kvviz.kernels import fast_write
+
+        return fast_write.method_dispatches(ctx.rt, self, qc, key, value, sm)
+
+    def select_writer(self, ctx, qc, key, value, sm):
+        """(dispatches, "fast" | "first-wave"): the writer `writer_impl` picks, the first-wave one where
+        the method has no fast writer for the shape."""
+        if self.writer_impl not in ("fast", "first-wave"):
+            from kvviz.errors import InvalidInput
+
+            raise InvalidInput(f"{self.id}: writer_impl must be 'fast' or 'first-wave', got {self.writer_impl!r}")
+        if self.writer_impl == "fast" or not self.has_first_wave_writer:
+            d = self.fast_writer_dispatches(ctx, qc, key, value, sm)
+            if d is not None:
+                return d, "fast"
+        return self.writer_dispatches(ctx, qc, key, value, sm), "first-wave"
+
     def dequant_dispatches(self, ctx, qc, f32c, batch):
         rt = ctx.rt
         D = qc.head_size
@@ -136,7 +161,8 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         if tb is not None:
             qc.extra["tensor"] = tb
         f32c = qk.alloc_f32(ctx, batch, kvh, D)
-        wd = self.writer_dispatches(ctx, qc, key, value, sm) if T else []
+        wd, impl = self.select_writer(ctx, qc, key, value, sm) if T else ([], self.writer_impl)
+        qc.extra["writer_impl"] = impl
         dd = self.dequant_dispatches(ctx, qc, f32c, batch)
         return key, value, qc, f32c, wd, dd
 
@@ -184,6 +210,24 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         nblk = sum(len(b) for b in batch.seq_blocks)
         return int(2 * nblk * kvh * batch.block_size * (self.wpt(D) + D) * 4)
 
+    def _writer_rows(self, ctx, qc, batch, key, value, wd) -> list:
+        """The writer quantize ran and the other implementation over the same cache (it writes the same
+        words), as TimedKernel rows with impl "fast" / "first-wave"."""
+        impl = qc.extra.get("writer_impl", "first-wave")
+        nbytes = self._writer_bytes(batch, key)
+        names = {"fast": f"{self.id} writer (fast)", "first-wave": f"{self.id} writer"}
+        rows = {impl: TimedKernel(names[impl], wd, nbytes, "writer", impl)}
+        if batch.num_tokens and (impl == "first-wave" or self.has_first_wave_writer):
+            k, v, sm = self._validate(batch, key, value)
+            if impl == "fast":
+                rows["first-wave"] = TimedKernel(names["first-wave"], self.writer_dispatches(ctx, qc, k, v, sm), nbytes,
+                                                 "writer", "first-wave")
+            else:
+                d = self.fast_writer_dispatches(ctx, qc, k, v, sm)
+                if d is not None:
+                    rows["fast"] = TimedKernel(names["fast"], d, nbytes, "writer", "fast")
+        return [rows[i] for i in ("first-wave", "fast") if i in rows]
+
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
         if qkv is not None:  # the writer and dequantise dispatches quantize ran, over its caches
             f32c, wd, dd = qkv.device["f32"], qkv.device["writer"], qkv.device["dequant"]
@@ -194,8 +238,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
         qc = qkv.device["cache"]
-        return [
-            TimedKernel(f"{self.id} writer", wd, self._writer_bytes(batch, key), "writer"),
+        return self._writer_rows(ctx, qc, batch, key, value, wd) + [
             TimedKernel(f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D), "dequantise"),
             TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
         ] + fast_decode_rows(ctx, self, qc.k, qc.v, kvh, batch, q, scale, tensor=qc.extra.get("tensor"))

@@ -1,0 +1,62 @@
+// ---- shaders/fast/write_common.wgsl: what every fast writer (fast/write_*.wgsl) shares ----------
+// (included after quant/common.wgsl: div_rn_bits, order keys, f32_to_fp8; docs/fast-kernels.md s.3, s.7.)
+//
+// Lanes: a row (one token of one KV head, K and V together) is served by L = {{LANES}} consecutive
+// invocations of a 64-invocation workgroup, R = 64 / L rows a workgroup. The grid is 2-D: workgroup
+// (x, y) is number y * gx + x (gx <= 65535), so any number of rows fits one dispatch.
+// Reductions over a lane group (amax, min / max of a group) are min reductions of u32 keys (a max is the
+// min of the complements), done by `red_min` from {{REDUCE_KIND}}: subgroupShuffleXor within the aligned
+// lane group (L never exceeds the adapter's smallest subgroup size, so a lane group lies inside one
+// subgroup), or workgroup memory on an adapter without subgroups.
+//
+// Exactness: a code is a step function f of the correctly rounded quotient x / s (int8, int4, KIVI:
+// round half to even; FP8: the saturating RNE encoder). The writers take q = x * inv (inv = 1/s on the
+// hardware, a few ulp off), evaluate f at |q| - 16 ulp and |q| + 16 ulp and, when both give the same code
+// (f is monotone), that is the code of the exact quotient; otherwise (an x / s within 16 ulp of a rounding
+// boundary: exact ties included) or for a subnormal x (which a GPU may flush), the exact integer division
+// div_rn decides. So the codes are bit-identical to the first-wave writers and the numpy oracles.
+const WG: u32 = 64u;
+const L: u32 = {{LANES}}u;
+const R: u32 = WG / L;
+const NEAR: u32 = 16u;
+
+{{REDUCE}}
+
+fn near_lo(m: vec4<u32>) -> vec4<u32> { return max(m, vec4<u32>(NEAR)) - vec4<u32>(NEAR); }
+fn near_hi(m: vec4<u32>) -> vec4<u32> { return min(m + vec4<u32>(NEAR), vec4<u32>(0x7F7FFFFFu)); }
+
+fn any_subnormal(x: vec4<f32>) -> bool {
+  let b = bitcast<vec4<u32>>(x) & vec4<u32>(ABS_MASK);
+  return any((b != vec4<u32>(0u)) & (b < vec4<u32>(F32_MIN_NORMAL_BITS)));
+}
+
+// round(div_rn(a, b)) (half to even) for 4 values; inv ~ 1 / b.
+fn round_div4(a: vec4<f32>, b: f32, inv: f32) -> vec4<f32> {
+  let m = bitcast<vec4<u32>>(a * inv) & vec4<u32>(ABS_MASK);
+  let lo = round(bitcast<vec4<f32>>(near_lo(m)));
+  let hi = round(bitcast<vec4<f32>>(near_hi(m)));
+  if (all(lo == hi) && !any_subnormal(a)) { return select(lo, -lo, a < vec4<f32>(0.0)); }
+  return vec4<f32>(round(div_rn(a.x, b)), round(div_rn(a.y, b)), round(div_rn(a.z, b)), round(div_rn(a.w, b)));
+}
+
+// Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as
+// common.wgsl asym_code does them one by one.
+fn asym_codes4(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> vec4<u32> {
+  if (scale == 0.0) { return vec4<u32>(0u); }
+  let q = round_div4(x - vec4<f32>(mn), scale, inv);
+  return vec4<u32>(clamp(q, vec4<f32>(0.0), vec4<f32>(f32(levels))));
+}
+
+// Order keys of 4 floats reduced to (min key, ~max key).
+fn minmax_keys4(x: vec4<f32>) -> vec2<u32> {
+  let u = bitcast<vec4<u32>>(x);
+  let k = select(u | vec4<u32>(SIGN_BIT), ~u, (u & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
+  return vec2<u32>(min(min(k.x, k.y), min(k.z, k.w)), ~max(max(k.x, k.y), max(k.z, k.w)));
+}
+
+// ~max |x| bits of 4 floats (a min-reduction key of the amax).
+fn amax_key4(x: vec4<f32>) -> u32 {
+  let a = bitcast<vec4<u32>>(x) & vec4<u32>(ABS_MASK);
+  return ~max(max(a.x, a.y), max(a.z, a.w));
+}
+// ---- end of write_common.wgsl ---------------------------------------------------------------------

@@ -1,0 +1,46 @@
+// #include "quant/common.wgsl"
+// #include "fast/write_common.wgsl"
+// Per-tensor amax for the fast FP8 writer's per_tensor mode: tensor[0] (K) / tensor[1] (V) = max |x| bits
+// over every real (non-padding) row and head (unsigned order of |x| bits = float order). Lane groups of L
+// lanes a row reduce by red_min, the rows of a workgroup through workgroup atomics, then one atomicMax a
+// workgroup on the tensor words. tensor must be zeroed before. Grid: see write_common.wgsl.
+@group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> slots: array<u32>;
+@group(0) @binding(3) var<storage, read_write> tensor: array<atomic<u32>>;
+struct P { kvh: u32, hd: u32, bs: u32, wpt: u32, rows: u32, gx: u32 }
+var<immediate> p: P;
+const NV: u32 = {{NV}}u;
+var<workgroup> s_amax: array<atomic<u32>, 2>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let row = (wg.y * p.gx + wg.x) * R + lid / L;
+  let lane = lid % L;
+  var live = row < p.rows;
+  if (live) { live = slots[row / p.kvh] != PAD_SLOT; }
+  let src = row * (p.hd / 4u) + lane;
+  var m = vec4<u32>(0xFFFFFFFFu);
+  if (live) {
+    for (var j = 0u; j < NV; j = j + 1u) {
+      m = min(m, vec4<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L]), 0xFFFFFFFFu, 0xFFFFFFFFu));
+    }
+  }
+  m = red_min(m, lid, L);
+  if (lid == 0u) {
+    atomicStore(&s_amax[0], 0u);
+    atomicStore(&s_amax[1], 0u);
+  }
+  workgroupBarrier();
+  if (live && lane == 0u) {
+    atomicMax(&s_amax[0], ~m.x);
+    atomicMax(&s_amax[1], ~m.y);
+  }
+  workgroupBarrier();
+  if (lid == 0u) {
+    let a = atomicLoad(&s_amax[0]);
+    let b = atomicLoad(&s_amax[1]);
+    if (a != 0u) { atomicMax(&tensor[0], a); }
+    if (b != 0u) { atomicMax(&tensor[1], b); }
+  }
+}

@@ -1,0 +1,99 @@
+// #include "quant/common.wgsl"
+// #include "fast/write_common.wgsl"
+// Fast KIVI key-group writer ({{BITS}}-bit), the words of quant/kivi_write_kgroup.wgsl: keys quantised PER
+// CHANNEL over a group of 32 consecutive positions [32g, 32g+32) of one sequence. The group's rows are read
+// in place from the key input through their token-row indices (grows: 32 a group; nothing gathered on the
+// host), so a group can be written when it fills (a live append) as well as in a prefill.
+// One invocation per (group, KV head, code word w): it owns the CPW = 32/BITS channels of word w: min / max
+// of each over the 32 rows, the (scale, zero) side words, then the 32 rows' code word w. No cross-lane
+// reduction (LANES = {{LANES}} is unused here). Grid: 2-D over groups * kv_heads * KW invocations.
+// groups[i] = (seq, g, 0, 0); info = [seq_info (4 words a sequence) | block tables (mbs words a sequence)].
+// Side stream of a sequence (per kv head): word 2D*g + 2c = scale, 2D*g + 2c + 1 = zero of channel c, in
+// logical block o / WS of the sequence at K-buffer word bs*KW + o % WS of that (block, head); WS = hd*bs/16.
+@group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> slots: array<u32>;
+@group(0) @binding(2) var<storage, read> grows: array<u32>;
+@group(0) @binding(3) var<storage, read> groups: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> info: array<u32>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
+struct P { kvh: u32, hd: u32, bs: u32, kstride: u32, bt_off: u32, mbs: u32, items: u32, gx: u32 }
+var<immediate> p: P;
+const BITS: u32 = {{BITS}}u;
+const LEVELS: u32 = (1u << BITS) - 1u;
+const CPW: u32 = 32u / BITS;
+const VPU: u32 = CPW / 4u;
+
+fn side_word(seq: u32, h: u32, o: u32) -> u32 {
+  let ws = p.hd * p.bs / 16u;
+  let phys = info[p.bt_off + seq * p.mbs + o / ws];
+  return (phys * p.kvh + h) * p.kstride + p.bs * (p.hd * BITS / 32u) + o % ws;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let item = (wg.y * p.gx + wg.x) * WG + lid;
+  if (item >= p.items) { return; }
+  let kw = p.hd * BITS / 32u;
+  let w = item % kw;
+  let h = (item / kw) % p.kvh;
+  let gi = item / (kw * p.kvh);
+  let seq = groups[gi].x;
+  let g = groups[gi].y;
+  let nv4 = p.hd / 4u;
+  var mn: array<vec4<u32>, VPU>;
+  var mx: array<vec4<u32>, VPU>;
+  for (var i = 0u; i < VPU; i = i + 1u) {
+    mn[i] = vec4<u32>(0xFFFFFFFFu);
+    mx[i] = vec4<u32>(0u);
+  }
+  for (var r = 0u; r < 32u; r = r + 1u) {
+    let src = (grows[gi * 32u + r] * p.kvh + h) * nv4 + w * VPU;
+    for (var i = 0u; i < VPU; i = i + 1u) {
+      let u = bitcast<vec4<u32>>(key_in[src + i]);
+      let k = select(u | vec4<u32>(SIGN_BIT), ~u, (u & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
+      mn[i] = min(mn[i], k);
+      mx[i] = max(mx[i], k);
+    }
+  }
+  var zero: array<vec4<f32>, VPU>;
+  var scale: array<vec4<f32>, VPU>;
+  var inv: array<vec4<f32>, VPU>;
+  for (var i = 0u; i < VPU; i = i + 1u) {
+    for (var l = 0u; l < 4u; l = l + 1u) {
+      let z = bitcast<f32>(key_bits(mn[i][l]));
+      let s = asym_scale(z, bitcast<f32>(key_bits(mx[i][l])), LEVELS);
+      zero[i][l] = z;
+      scale[i][l] = s;
+      inv[i][l] = select(0.0, 1.0 / s, s != 0.0);
+      let o = 2u * p.hd * g + 2u * (w * CPW + 4u * i + l);
+      k_cache[side_word(seq, h, o)] = bitcast<u32>(s);
+      k_cache[side_word(seq, h, o + 1u)] = bitcast<u32>(z);
+    }
+  }
+  for (var r = 0u; r < 32u; r = r + 1u) {
+    let tr = grows[gi * 32u + r];
+    let src = (tr * p.kvh + h) * nv4 + w * VPU;
+    let slot = slots[tr];
+    var word = 0u;
+    for (var i = 0u; i < VPU; i = i + 1u) {
+      let x = key_in[src + i];
+      for (var l = 0u; l < 4u; l = l + 1u) {
+        var c = 0u;
+        let s = scale[i][l];
+        if (s != 0.0) {
+          let d = x[l] - zero[i][l];
+          let q = d * inv[i][l];
+          let lo = round(bitcast<f32>(max(bitcast<u32>(q) & ABS_MASK, NEAR) - NEAR));
+          let hi = round(bitcast<f32>(min((bitcast<u32>(q) & ABS_MASK) + NEAR, 0x7F7FFFFFu)));
+          var qq = lo;
+          let db = bitcast<u32>(d) & ABS_MASK;
+          if (lo != hi || (db != 0u && db < F32_MIN_NORMAL_BITS)) { qq = round(div_rn(d, s)); }
+          else if (d < 0.0) { qq = -lo; }
+          c = u32(clamp(qq, 0.0, f32(LEVELS)));
+        }
+        word = word | (c << (BITS * (4u * i + l)));
+      }
+    }
+    k_cache[((slot / p.bs) * p.kvh + h) * p.kstride + (slot % p.bs) * kw + w] = word;
+  }
+}
