@@ -26,12 +26,13 @@ for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_forma
     n = batch.num_blocks * KVH * BS * fmt.wpt(D)
     k = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "k")
     v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "v")
-    cases = [(True, u, r, pt) for r in (8, 16, 32) for u in (1, 2) for pt in (None, 512, 1024, 2048)] + [(False, 2, 0, None)]
+    cases = [(True, ln, u, r, pt) for ln in (8, 16, 32) for r in (0, 16) for u in (1, 2) for pt in (None, 1024, 2048)]
     if fmt not in (fd.INT8, fd.F16):
-        cases = [(True, 2, 16, pt) for pt in (None, 1024)]
-    for sub, unroll, rows, pt in cases:
+        cases = [(True, ln, 2, 0, pt) for ln in (8, 16, 32) for pt in (None, 1024)]
+    for sub, lanes, unroll, rows, pt in cases:
         try:
-            plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll, rows=rows)
+            plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll,
+                             rows=rows, lanes=lanes)
         except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
             print(f"{fmt.name} sub={sub} U={unroll} rows={rows} pt={pt}: {exc}")
             continue

@@ -43,7 +43,8 @@ SPLIT = KernelSpec(
 )
 REDUCE = KernelSpec("fast/decode_reduce.wgsl", bindings=ro("partials") + rw("out"),
                     immediates=Struct("P", "num_heads head_size num_partitions"))
-KERNELS = (SPLIT, REDUCE)
+SUBGROUP_PROBE = KernelSpec("probe/subgroup_size.wgsl", bindings=rw("out"))
+KERNELS = (SPLIT, REDUCE, SUBGROUP_PROBE)
 
 # A tensor-scale buffer for formats without per-tensor scales: words 2 and 3 (K, V scale) are 1.0
 # (the FP8 per-tensor writer's layout: [amax K, amax V, scale K, scale V]).
@@ -111,13 +112,13 @@ def unsupported(fmt: CacheFormat, head_size: int, group: int) -> str:
         gs = fmt.group_size
         if gs % 4 or head_size % gs:
             return f"group size {gs} is not a multiple of 4 dividing head size {head_size}"
-    if _lanes(fmt, head_size, 8) == 0:
+    if _lanes(fmt, head_size, 32) == 0:
         return f"no lane split of head size {head_size} fits the {fmt.name} record"
     return ""
 
 
 def _lanes(fmt: CacheFormat, head_size: int, most: int) -> int:
-    for L in (8, 4, 2, 1):
+    for L in (32, 16, 8, 4, 2, 1):
         if L > most:
             continue
         dpl = head_size // L
@@ -129,17 +130,19 @@ def _lanes(fmt: CacheFormat, head_size: int, most: int) -> int:
     return 0
 
 
-def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: bool, shared_limit: int,
+def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: int, shared_limit: int,
                   unroll: int = 2, rows: int = 0) -> Layout:
-    """Lanes a row (the most that divide the record, 8 at most, 1 without subgroups), row groups (`rows`,
-    or the most up to 128 threads whose merge fits the workgroup memory: RG/2 states of G heads x
-    (D + 2) floats), tokens a row group per step (`unroll`)."""
-    L = _lanes(fmt, head_size, 8 if subgroups else 1)
+    """Lanes a row (the most that divide the record, at most `subgroups` lanes: the subgroup size or
+    less, 1 without subgroups), row groups (`rows`, or the most up to 128 threads whose merge fits the
+    workgroup memory: RG/2 states of G heads x (D + 2) floats), tokens a row group per step (`unroll`).
+    More lanes a row: fewer dims a lane, so fewer registers for the G query slices and accumulators."""
+    L = _lanes(fmt, head_size, max(1, int(subgroups)))
     if L == 0:
         raise UnsupportedShape(f"fast decode: {unsupported(fmt, head_size, group) or 'no lane split without subgroups'}")
-    rg = rows or max(1, 128 // L)
+    rg = rows or 128 // L
     if rows and (rows & (rows - 1) or rows * L > 1024):
         raise InvalidInput(f"rows must be a power of two with rows x lanes <= 1024 threads, got {rows} x {L}")
+    rg = max(rg, 1)
     while rg > 1 and (rg // 2) * group * (head_size + 2) * 4 > shared_limit:
         if rows:
             raise DeviceLimitError(f"fast decode: {rows} row groups need {(rows // 2) * group * (head_size + 2) * 4} "
@@ -324,6 +327,10 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
         "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
         "SHARED": str(max(1, RG // 2) * G * stride),
         "HELPERS": _helpers(fmt),
+        "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
+        # a driver that ran this pipeline with fewer lanes a subgroup than L would sum the wrong lanes:
+        # the partition then says NaN, and the result is refused as non-finite instead of wrong
+        "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
         "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
     }
 
@@ -367,18 +374,34 @@ class FastDecode:
         self._ones = None
 
     @property
+    def subgroup_size(self) -> int:
+        """The adapter's subgroup size, measured once (shaders/probe/subgroup_size.wgsl): the smallest any
+        invocation reported; 1 without the subgroup feature."""
+        if getattr(self.rt, "_kvviz_subgroup_size", None) is None:
+            size = 1
+            if "subgroup" in self.rt.features:
+                buf = self.rt.empty(64 * 4, "subgroup-probe")
+                self.rt.run([self.rt.compile(SUBGROUP_PROBE).dispatch((1, 1, 1), [buf])])
+                size = max(1, int(self.rt.read(buf, np.uint32, (64,)).min()))
+                buf.destroy()
+                log.info("subgroup size: %d", size)
+            self.rt._kvviz_subgroup_size = size
+        return self.rt._kvviz_subgroup_size
+
+    @property
     def subgroups(self) -> bool:
-        return "subgroup" in self.rt.features
+        return self.subgroup_size > 1
 
     def layout(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None,
-               unroll: int = 2, rows: int = 0) -> Layout:
-        sub = self.subgroups if subgroups is None else (subgroups and self.subgroups)
+               unroll: int = 2, rows: int = 0, lanes: int = 16) -> Layout:
+        """lanes: the most lanes a token row may take (the subgroup size caps it)."""
+        sub = min(self.subgroup_size, lanes) if subgroups is None or subgroups else 1
         limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
         return choose_layout(fmt, head_size, group, sub, limit, unroll, rows)
 
     def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
-               rows: int = 0):
-        lay = self.layout(fmt, head_size, group, subgroups, unroll, rows)
+               rows: int = 0, lanes: int = 16):
+        lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
         return self.rt.compile(SPLIT, **render(fmt, head_size, group, lay)), lay
 
     def _tensor(self, tensor):
@@ -390,7 +413,7 @@ class FastDecode:
 
     def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
-             unroll: int = 2, rows: int = 0) -> FastDecodePlan:
+             unroll: int = 2, rows: int = 0, lanes: int = 16) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format)."""
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
@@ -407,7 +430,7 @@ class FastDecode:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows)
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:

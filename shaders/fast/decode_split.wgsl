@@ -7,7 +7,7 @@
 // one KV head and all G query heads of its GQA group, so every K/V word is loaded once for G heads.
 // Workgroup = RG row groups x L lanes. A row group takes U tokens per step; lane l owns DPL = D/L
 // consecutive dims of every row. Per token: each lane dots its codes with its slice of the G queries,
-// the L lanes sum by subgroupShuffleXor (L <= 8 divides every subgroup size we know), the per-token
+// the L lanes sum by subgroupShuffleXor (L <= the adapter's subgroup size, probed at start), the per-token
 // scales multiply the logit and the probability (codes never become an f32 copy of the cache), and
 // an online softmax in base 2 (the query is pre-scaled by scale*log2(e)) keeps (m, l, acc).
 // The RG row groups merge through workgroup memory; row group 0 writes the partition's unnormalised
@@ -38,7 +38,7 @@ var<workgroup> sh: array<f32, {{SHARED}}>;
 {{HELPERS}}
 
 @compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
   let part = wid.x;
   let kvh = wid.y;
   let seq = wid.z;
@@ -58,6 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   // Merge the row groups: a tree over workgroup memory, all heads at once.
 {{MERGE}}
+  {{SG_GUARD}}
   if (rg == 0u) {
 {{WRITE}}
   }
