@@ -60,6 +60,7 @@ class Slot:
     oracle: str = ""
     tolerance: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    timed_name: str = ""  # the built-in's row name in the window's timings and the run history
 
     @property
     def language(self) -> str:
@@ -183,14 +184,14 @@ def _paged_slots() -> None:
         "paged-writer", "f32", _buffers(pk.WRITER_F32, {"key_cache": f32, "value_cache": f32}), _imm(pk.WRITER_F32),
         "(num_tokens, num_kv_heads, 1): one workgroup per (token, KV head) copies the head vector into its slot",
         "kvviz.oracles.paged.write_cache_f32: the cache rows of every real token, K and V",
-        "exact (0): a copy; slots no token maps to must keep their contents",
+        "exact (0): a copy; slots no token maps to must keep their contents", timed_name="reshape_and_cache_f32",
     ))
     register(Slot(
         "f32.decode", "f32 baseline decode, partition pass (paged_attn_f32)", "decode", "baseline", pk.DECODE_F32, None,
         "paged-decode", "f32", _buffers(pk.DECODE_F32, {"kc": f32, "vc": f32}), _imm(pk.DECODE_F32),
         "(num_heads, num_seqs, num_partitions): one workgroup per (query head, sequence, partition of 512 positions) "
         "writes that partition's (m, s, acc) to partials; paged_attn_reduce combines them",
-        decode_oracle, decode_tol,
+        decode_oracle, decode_tol, timed_name="paged_attn_f32",
     ))
     register(Slot(
         "f32.reduce", "decode reduce (paged_attn_reduce)", "reduce", "baseline", pk.REDUCE, None,
@@ -207,6 +208,7 @@ def _paged_slots() -> None:
         "and scale, compared as dequantised values code * scale",
         "codes equal, or one code apart where x*127/amax is within float32 rounding of a .5 tie; scales within "
         "the adapter's division ULPs (0 on lavapipe, 3 on hardware); untouched slots kept",
+        timed_name="reshape_and_cache_q8",
     ))
     register(Slot(
         "int8_seed.decode", "seed int8 decode (paged_attn_q8)", "decode", "seed", pk.DECODE_Q8, "int8_seed",
@@ -214,6 +216,7 @@ def _paged_slots() -> None:
         "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) walks the whole context",
         decode_oracle.replace("cache contents", "int8 cache (code * scale)"), decode_tol,
         ("the seed decode is refused past the adapter's loop limit (kvviz/kernels/loop_budget.py)",),
+        timed_name="paged_attn_q8",
     ))
 
 
@@ -245,14 +248,14 @@ def _method_slots() -> None:
             buffers=_buffers(ws, {"k_cache": cache, "v_cache": cache}), immediates=_imm(ws),
             grid="(rows, kv_heads, 2): one workgroup per (token row, KV head, K|V: z = 0 K, 1 V) writes the row's record",
             oracle=oracle + " (the built-in dequantiser reads what the writer wrote)",
-            tolerance=tol + "; cache slots no row maps to must keep their contents",
+            tolerance=tol + "; cache slots no row maps to must keep their contents", timed_name=f"{mid} writer",
         ))
         register(Slot(
             f"{mid}.dequantise", f"{m.label} dequantise", "dequantise", "first-wave", ds, mid, "method-dequant",
             buffers=_buffers(ds, {"k_cache": cache, "v_cache": cache}), immediates=_imm(ds),
             grid="(used blocks, kv_heads, 2): one workgroup per (work item = used physical block, KV head, K|V) "
                  "expands the block's records into the f32 cache window",
-            oracle=oracle + " (the built-in writer wrote the records)", tolerance=tol,
+            oracle=oracle + " (the built-in writer wrote the records)", tolerance=tol, timed_name=f"{mid} dequantise",
         ))
 
 
