@@ -354,11 +354,15 @@ class FastDecodePlan:
 
 
 def plan_partitions(num_seqs: int, num_kv_heads: int, max_len: int, tokens_per_step: int,
-                    target_workgroups: int = 1024, min_tokens: int = 256, max_tokens: int = 4096) -> int:
-    """Tokens per partition: enough partitions that the grid has about `target_workgroups` workgroups
-    (a few per compute unit of a large GPU), each partition at least `min_tokens` long (a shorter one
-    spends more on its merge and its partial than on its tokens) and at most `max_tokens` (a software
-    rasteriser's loop budget and the reduce's loop stay short). A multiple of the workgroup's step."""
+                    target_workgroups: int = 480, min_tokens: int = 256, max_tokens: int = 4096) -> int:
+    """Tokens per partition: enough partitions that the grid has about `target_workgroups` workgroups,
+    each partition at least `min_tokens` long (a shorter one spends more on its merge and its partial
+    than on its tokens) and at most `max_tokens` (a software rasteriser's loop budget and the reduce's
+    loops stay short). A multiple of the workgroup's step.
+
+    480 is what measured best on the H200 at the anchor shape (15 x 4096, 8 KV heads: 4 partitions of
+    1024 tokens; tools/fast_decode_tune.py, docs/fast-kernels.md): more, shorter partitions lost more
+    to their merges than they won in parallelism."""
     pairs = max(1, num_seqs * num_kv_heads)
     parts = max(1, math.ceil(target_workgroups / pairs))
     pt = math.ceil(max(1, max_len) / parts)
