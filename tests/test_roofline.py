@@ -86,3 +86,22 @@ def test_points_bounds_and_svg():
     assert "f16 FMA" in svg
     t = roofline_table([lo, hi, zero], c)
     assert [r[-1] for r in t.rows] == ["memory", "compute", "memory"]
+
+
+def test_every_method_kernel_states_its_arithmetic(ctx):
+    """Every registered method's timed kernels state FLOPs (TimedKernel.flops) for the roofline: writers,
+    dequantisers, decodes, weights and rotations all > 0; a decode between its QK^T + PV FMAs at the shape it
+    runs and QK^T + PV plus the softmax (the fast decode's
+    kvviz.kernels.fast_decode.decode_traffic counts only the FMAs)."""
+    from kvviz.kernels.timed import checked
+    from kvviz.methods import registry
+
+    shape = BenchShape("tiny", (20, 9), 4, 2, 64, 16, "scattered")
+    batch, key, value, q = make_inputs(shape)
+    for mid, cls in sorted(registry().items()):
+        m = cls()
+        for tk in checked(m.timed_kernels(ctx, batch, key, value, q, 0.125), mid):
+            assert tk.flops > 0, (mid, tk.name)
+            if tk.role == "decode":  # QK^T + PV as FMAs at least; the softmax's 4 a logit where the kernel counts it
+                qkpv = int(np.sum(batch.context_lens)) * 4 * 4 * 64
+                assert qkpv <= tk.flops <= arith.decode_flops(batch, 4, 64), (mid, tk.name, tk.flops)

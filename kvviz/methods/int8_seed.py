@@ -142,9 +142,13 @@ class Int8PerTokenSeed(KVMethod):
 
         from kvviz.kernels.timed import TimedKernel
 
+        from kvviz.kernels import arith
+
+        kvh, D, H = cache.num_kv_heads, cache.head_size, np.asarray(q).shape[1]
         out = [
-            TimedKernel("reshape_and_cache_q8", w, writer_bytes(cache, batch, key), "writer", "seed"),
-            TimedKernel("paged_attn_q8", d, decode_bytes(cache, batch, q), "decode", "seed"),
+            TimedKernel("reshape_and_cache_q8", w, writer_bytes(cache, batch, key), "writer", "seed",
+                        arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT["int8"])),
+            TimedKernel("paged_attn_q8", d, decode_bytes(cache, batch, q), "decode", "seed", arith.decode_flops(batch, H, D)),
         ]
         out += self.fast_writer_rows(ctx, cache, batch, key, value)
         return out + fast_decode_rows(ctx, self, cache.k, cache.v, cache.num_kv_heads, batch, q, scale)
@@ -160,4 +164,8 @@ class Int8PerTokenSeed(KVMethod):
             return []
         fc = ctx.paged.allocate("q8", cache.num_blocks, cache.num_kv_heads, cache.block_size, cache.head_size)
         d = fw.int8_dispatches(ctx.rt, key, value, batch.slot_mapping, fc.k, fc.v, cache.block_size, seed=True)
-        return [TimedKernel("reshape_and_cache_q8 (fast, seed layout)", d, writer_bytes(cache, batch, key), "writer", "fast")]
+        from kvviz.kernels import arith
+
+        flops = arith.writer_flops(batch, cache.num_kv_heads, cache.head_size, arith.WRITER_PER_ELEMENT["int8"])
+        return [TimedKernel("reshape_and_cache_q8 (fast, seed layout)", d, writer_bytes(cache, batch, key), "writer", "fast",
+                            flops)]

@@ -464,7 +464,12 @@ class Kivi(DequantisedAttention, KVMethod):
         other = "first-wave" if impl == "fast" else "fast"
         names = {"first-wave": "kivi writer (tokens + key groups)", "fast": "kivi writer (tokens + key groups, fast)"}
         writers = {impl: wd, other: self._writer(ctx, qc, other)[0]}
-        return [TimedKernel(names[i], writers[i], int(w_bytes), "writer", i) for i in ("first-wave", "fast")] + [
-            TimedKernel("kivi dequantise", dd, int(d_bytes), "dequantise"),
-            TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
+        from kvviz.kernels import arith
+
+        w_flops = arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT["kivi"])
+        return [TimedKernel(names[i], writers[i], int(w_bytes), "writer", i, w_flops) for i in ("first-wave", "fast")] + [
+            TimedKernel("kivi dequantise", dd, int(d_bytes), "dequantise", "first-wave",
+                        arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT["kivi"])),
+            TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode",
+                        "first-wave", arith.decode_flops(batch, q.shape[1], D)),
         ]

@@ -213,19 +213,22 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     def _writer_rows(self, ctx, qc, batch, key, value, wd) -> list:
         """The writer quantize ran and the other implementation over the same cache (it writes the same
         words), as TimedKernel rows with impl "fast" / "first-wave"."""
+        from kvviz.kernels import arith
+
         impl = qc.extra.get("writer_impl", "first-wave")
         nbytes = self._writer_bytes(batch, key)
+        flops = arith.writer_flops(batch, key.shape[1], key.shape[2], arith.WRITER_PER_ELEMENT.get(self.family, 2.0))
         names = {"fast": f"{self.id} writer (fast)", "first-wave": f"{self.id} writer"}
-        rows = {impl: TimedKernel(names[impl], wd, nbytes, "writer", impl)}
+        rows = {impl: TimedKernel(names[impl], wd, nbytes, "writer", impl, flops)}
         if batch.num_tokens and (impl == "first-wave" or self.has_first_wave_writer):
             k, v, sm = self._validate(batch, key, value)
             if impl == "fast":
                 rows["first-wave"] = TimedKernel(names["first-wave"], self.writer_dispatches(ctx, qc, k, v, sm), nbytes,
-                                                 "writer", "first-wave")
+                                                 "writer", "first-wave", flops)
             else:
                 d = self.fast_writer_dispatches(ctx, qc, k, v, sm)
                 if d is not None:
-                    rows["fast"] = TimedKernel(names["fast"], d, nbytes, "writer", "fast")
+                    rows["fast"] = TimedKernel(names["fast"], d, nbytes, "writer", "fast", flops)
         return [rows[i] for i in ("first-wave", "fast") if i in rows]
 
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
@@ -238,7 +241,11 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
         qc = qkv.device["cache"]
+        from kvviz.kernels import arith
+
         return self._writer_rows(ctx, qc, batch, key, value, wd) + [
-            TimedKernel(f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D), "dequantise"),
-            TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode"),
+            TimedKernel(f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D), "dequantise", "first-wave",
+                        arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(self.family, 1.0))),
+            TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode",
+                        "first-wave", arith.decode_flops(batch, np.asarray(q).shape[1], D)),
         ] + fast_decode_rows(ctx, self, qc.k, qc.v, kvh, batch, q, scale, tensor=qc.extra.get("tensor"))

@@ -420,11 +420,19 @@ class TurboQuantMethod(KVMethod):
         attn_b = sum(tqk.attention_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
         sc_b = sum(tqk.scores_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
         rot_b = sum(1 for L in lens if L) * H * d * 4 * 4
+        from kvviz.kernels import arith
+
+        lg = int(np.log2(d)) if d > 0 else 0
+        tokens = int(sum(lens))
         return [
-            TimedKernel("tq_compress (keys + values)", comp, comp_b, "writer"),
-            TimedKernel("tq_rotate_q", rot, rot_b, "rotate"),
-            TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed"),
-            TimedKernel("tq_scores (weights)", sc, sc_b, "weights"),
+            # compress: per K and V vector a Walsh-Hadamard rotation (d log2 d adds), norm and codebook search (~4 d)
+            TimedKernel("tq_compress (keys + values)", comp, comp_b, "writer", "first-wave",
+                        arith.writer_flops(batch, kvh, d, lg + 4)),
+            TimedKernel("tq_rotate_q", rot, rot_b, "rotate", "first-wave",
+                        float(sum(1 for L in lens if L) * H * d * (lg + 1))),
+            TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed", arith.decode_flops(batch, H, d)),
+            TimedKernel("tq_scores (weights)", sc, sc_b, "weights", "first-wave",
+                        float(tokens * H * (2 * d + arith.SOFTMAX_PER_LOGIT))),
         ]
 
     # ================================================================== the paper's settings (general kernels)
@@ -593,8 +601,16 @@ class TurboQuantMethod(KVMethod):
         nblk = sum(len(b) for b in batch.seq_blocks)
         d_bytes = nblk * kvh * batch.block_size * (words + 2 * d) * 4
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
+        from kvviz.kernels import arith
+
+        lg = int(np.ceil(np.log2(max(d, 1))))
         return [
-            TimedKernel("tq_general_compress (keys + values)", wd, int(w_bytes), "writer"),
-            TimedKernel("tq_general_dequant (estimate -> f32 cache)", dd, int(d_bytes), "dequantise"),
-            TimedKernel("paged_attn_f32 (over the TurboQuant estimate)", dec, decode_bytes(f32c, batch, q), "decode"),
+            # compress: a padded Walsh-Hadamard rotation (d log2 d adds), norm and codebook search (~4 d) per vector;
+            # dequantise: the inverse rotation and the scale (d log2 d + d)
+            TimedKernel("tq_general_compress (keys + values)", wd, int(w_bytes), "writer", "first-wave",
+                        arith.writer_flops(batch, kvh, d, lg + 4)),
+            TimedKernel("tq_general_dequant (estimate -> f32 cache)", dd, int(d_bytes), "dequantise", "first-wave",
+                        arith.dequant_flops(batch, kvh, d, lg + 1)),
+            TimedKernel("paged_attn_f32 (over the TurboQuant estimate)", dec, decode_bytes(f32c, batch, q), "decode",
+                        "first-wave", arith.decode_flops(batch, np.asarray(q).shape[1], d)),
         ]
