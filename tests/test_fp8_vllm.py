@@ -99,6 +99,10 @@ def test_cache_scales_saturation_and_attention_exact(ctx, mid, opts, shape):
     for got, want in zip(qkv.extra["head_scales"], ref["scales"]):
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(qkv.extra["saturated"], np.stack([ref["satK"], ref["satV"]]))
+    if not m.per_head:  # the fast decode's tensor words 2, 3 hold the K and V scales
+        t = ctx.rt.read(qkv.device["cache"].extra["tensor"], np.uint32, nbytes=16).view(np.float32)
+        np.testing.assert_array_equal(t[2:], [ref["scales"][0][0], ref["scales"][1][0]])
+        assert m.fast_cache_format(D) is not None
     n_sat = int(ref["satK"].sum() + ref["satV"].sum())
     assert bool(qkv.warnings) == (n_sat > 0)
     if n_sat:

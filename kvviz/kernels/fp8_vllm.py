@@ -12,6 +12,8 @@ Side buffer `ScaleBuffers` of one cache (u32 words, index which * kv_heads + hea
   amax   [2 * kvh]  calibration maxima (|x| bits; per-tensor mode uses index which * kvh only)
   scales [2 * kvh]  float32 scale bits the writer and the dequantiser read
   sat    [2 * kvh]  saturated elements written so far, per head (also in per-tensor mode)
+  tensor [4]        per-tensor mode: [0, 0, K scale, V scale], the layout the fast decode reads
+                    (fp8_vllm_tensor.wgsl copies the calibrated scales there)
 The format (mantissa bits, bias, max, saturation threshold) travels in the immediates: no defines.
 """
 from __future__ import annotations
@@ -34,7 +36,8 @@ WRITE = KernelSpec("quant/fp8_vllm_write.wgsl",
 DEQUANT = KernelSpec("quant/fp8_vllm_dequant.wgsl",
                      bindings=ro("k_cache", "v_cache", "scales", "items") + rw("k_out", "v_out"),
                      immediates=Struct("P", "kvh hd bs wpt win0 mbits bias per_head"))
-KERNELS = (AMAX, SCALE, WRITE, DEQUANT)
+TENSOR = KernelSpec("quant/fp8_vllm_tensor.wgsl", bindings=ro("scales") + rw("tensor"), immediates=Struct("P", "kvh"))
+KERNELS = (AMAX, SCALE, WRITE, DEQUANT, TENSOR)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class ScaleBuffers:
     amax: object
     scales: object
     sat: object
+    tensor: object = None
 
     @classmethod
     def allocate(cls, rt: GpuRuntime, kvh: int, given: tuple[float, float] | None = None, label: str = "fp8_vllm"):
@@ -52,8 +56,11 @@ class ScaleBuffers:
         s = np.zeros(2 * kvh, np.float32)
         if given is not None:
             s[:kvh], s[kvh:] = np.float32(given[0]), np.float32(given[1])
+        t = np.zeros(4, np.float32)
+        if given is not None:
+            t[2], t[3] = np.float32(given[0]), np.float32(given[1])
         return cls(kvh, rt.upload(np.zeros(2 * kvh, np.uint32), f"{label}_amax"), rt.upload(s.view(np.uint32), f"{label}_scales"),
-                   rt.upload(np.zeros(2 * kvh, np.uint32), f"{label}_saturated"))
+                   rt.upload(np.zeros(2 * kvh, np.uint32), f"{label}_saturated"), rt.upload(t.view(np.uint32), f"{label}_tensor"))
 
     def read(self, rt: GpuRuntime) -> dict:
         """{"amax": [2, kvh] f32, "scales": [2, kvh] f32, "saturated": [2, kvh] int64} from the GPU."""
@@ -83,6 +90,9 @@ def calibrate_dispatches(rt: GpuRuntime, bufs: ScaleBuffers, key, value, calib_s
         out += qk.token_dispatches(rt, amax, key, value, calib_slots, [bufs.amax], lambda n: imm)
     sc = rt.compile(SCALE)
     out.append(sc.dispatch((1, 1, 1), [bufs.amax, bufs.scales], imm=sc.pack(2 * kvh, float(fmt.max))))
+    if not per_head and bufs.tensor is not None:
+        tk = rt.compile(TENSOR)
+        out.append(tk.dispatch((1, 1, 1), [bufs.scales, bufs.tensor], imm=tk.pack(kvh)))
     return out
 
 

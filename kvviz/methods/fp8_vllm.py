@@ -77,6 +77,15 @@ class _VllmFp8Base(PerTokenRecordMethod):
     def dequant_spec(self):
         return fk.DEQUANT
 
+    def fast_cache_format(self, head_size):
+        """Per-tensor scales: the fast split-K decode reads the FP8 codes in place (scales from the tensor
+        buffer); per-head scales: the first-wave dequantise + f32 decode."""
+        if self.per_head:
+            return None
+        from kvviz.kernels.fast_decode import fp8_format
+
+        return fp8_format(self.fmt_key, True)
+
     def unpack(self, records, head_size):
         codes, _ = fmt8.unpack_records(records, head_size, False)
         return {"codes": fmt8.decode(codes, self.fmt), "code_bits": codes,
@@ -90,6 +99,8 @@ class _VllmFp8Base(PerTokenRecordMethod):
         qc = qk.alloc_cache(rt, self.id, batch, kvh, D, batch.block_size * self.wpt(D), batch.block_size * self.wpt(D))
         bufs = fk.ScaleBuffers.allocate(rt, kvh, self.given, self.id)
         qc.extra["scales"] = bufs
+        if not self.per_head:
+            qc.extra["tensor"] = bufs.tensor  # the fast decode's per-tensor scale words
         f32c = qk.alloc_f32(ctx, batch, kvh, D)
         wd = []
         if self.given is None:
