@@ -37,7 +37,8 @@ def test_every_slot_has_a_contract():
     from kvviz.methods.quant_common import PerTokenRecordMethod
 
     s = slots()
-    for sid in ("f32.writer", "f32.decode", "f32.reduce", "int8_seed.writer", "int8_seed.decode"):
+    for sid in ("f32.writer", "f32.decode", "f32.reduce", "int8_seed.writer", "int8_seed.decode", "fast.decode_f32",
+                "fast.reduce", "int8_token.writer_fast", "int4_group.writer_fast", "fp8_e4m3.writer_fast"):
         assert sid in s, sid
     for mid, cls in registry().items():
         if issubclass(cls, PerTokenRecordMethod) and cls.family in DEQUANT_ORACLES:

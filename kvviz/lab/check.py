@@ -69,15 +69,16 @@ def language_of(name: str, slot: Slot) -> str:
     return slot.language
 
 
-def compile_user(rt, slot: Slot, text: str, name: str, frontend: str = "") -> UserKernel:
-    """Compile a user's shader for `slot`: includes resolved, the built-in's WGSL placeholders filled, its
+def compile_user(rt, slot: Slot, text: str, name: str, frontend: str = "", defines=None) -> UserKernel:
+    """Compile a user's shader for `slot`: includes resolved, its WGSL placeholders filled with the built-in's
+    values (`defines`: the built-in's at the shape being run; default the slot spec's fixed ones), its
     declarations checked against the slot's contract, then compiled and validated. KernelCompileError with
     file:line:column diagnostics when any of that fails."""
     rendered, where = resolve(text, name)
     lang = language_of(name, slot)
     if lang == "wgsl":
         try:
-            rendered = render_wgsl_defines(rendered, slot.spec.defines, name)
+            rendered = render_wgsl_defines(rendered, slot.spec.defines if defines is None else defines, name)
         except ShaderCompileError as exc:
             raise KernelCompileError(str(exc), [Diagnostic(name, 0, 0, str(exc))]) from None
     fe = FRONTEND_WGSL if lang == "wgsl" else (frontend or FRONTEND_GLSLANG)
@@ -188,6 +189,17 @@ def compare(slot: Slot, kernel: str, got, ref, tol, rows: str, cols: str, bad=No
 
 
 # ------------------------------------------------------------------------------ the cases
+def _resolve(kernel, dispatches, slot: Slot):
+    """A user kernel given as a factory of the built-in's defines (a template slot): compiled with the values
+    the built-in dispatch of the slot uses at this shape."""
+    if kernel is None or not callable(kernel):
+        return kernel
+    for d in dispatches:
+        if d.kernel.spec.path == slot.spec.path and d.kernel.spec.entry == slot.spec.entry:
+            return kernel(d.kernel.spec.defines)
+    raise KvvizError(f"slot {slot.id}: its pipeline dispatched no {slot.spec.name}")
+
+
 def _swap(dispatches, slot: Slot, kernel):
     if kernel is None:
         return list(dispatches)
@@ -281,6 +293,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         if slot.case == "paged-writer":
             for buf in (cache.k, cache.v):
                 _fill_unused(rt, buf, cache.shape, rs, bs)
+            kernel = _resolve(kernel, wd, slot)
             run = _swap(wd, slot, kernel)
             rt.run(run)
             untouched = sum(_untouched(rt, b, cache.shape, rs, bs) for b in (cache.k, cache.v))
@@ -312,6 +325,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         else:
             rt.run(wd)
             dd, outs = pk.decode_dispatches(cache, q, batch, scale)
+            kernel = _resolve(kernel, dd, slot)
             run = _swap(dd, slot, kernel)
             rt.run(run)
             out = pk._collect(outs, batch.num_seqs, H * D, (H, D))
@@ -346,6 +360,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         if slot.case == "method-writer":
             for buf in (qc.k, qc.v):
                 _fill_unused(rt, buf, rec, rs, bs)
+        kernel = _resolve(kernel, wd + dd, slot)
         run = _swap(wd + dd, slot, kernel)
         rt.run(run)
         if slot.case == "method-writer":
@@ -367,6 +382,30 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             nbytes, flops = m._writer_bytes(batch, key), arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT.get(fam, 0.0))
         else:
             nbytes, flops = m._dequant_bytes(batch, kvh, D), arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(fam, 0.0))
+    elif slot.case == "fast-decode":
+        from kvviz.kernels import fast_decode as fd
+        from kvviz.oracles import paged as op
+
+        cache = ctx.paged.allocate("f32", batch.num_blocks, kvh, bs, D)
+        rt.run(ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping))
+        plan = ctx.fast.plan(fd.F32, cache.k, cache.v, kvh, q, batch, scale)
+        kernel = _resolve(kernel, plan.dispatches, slot)
+        run = _swap(plan.dispatches, slot, kernel)
+        rt.run(run)
+        out = rt.read(plan.out, np.float32, plan.shape)
+        kf, vf = ctx.paged.read(cache, "k").astype(np.float64), ctx.paged.read(cache, "v").astype(np.float64)
+        ref = op.decode(q, kf, vf, batch.block_tables, batch.context_lens, bs, scale)
+        tol = 2e-5 * max(1.0, float(np.abs(vf).max(initial=0)))
+        res = compare(slot, kernel_name, out.reshape(-1, D), ref.reshape(-1, D), tol, "(sequence, head)", "dim")
+        timed = [d for d in run if _is_slot(d, slot, kernel)]
+        base = plan.dispatches
+        P = plan.num_partitions
+        if slot.role == "reduce":
+            nbytes = batch.num_seqs * H * P * (D + 2) * 4 + batch.num_seqs * H * D * 4
+            flops = arith.reduce_flops(batch.num_seqs, H, D, P)
+        else:
+            nbytes, _ = fd.decode_traffic(fd.F32, batch, H, kvh, D, P)
+            flops = arith.decode_flops(batch, H, D)
     else:
         raise KvvizError(f"slot {slot.id}: unknown case {slot.case!r}")
     res.grids = [tuple(d.grid) for d in timed]
@@ -400,8 +439,20 @@ def lab_run(ctx, slot_id: str, inputs, *, path: str | None = None, text: str | N
     beside the built-in. A compile error raises KernelCompileError; a device loss DeviceLostError."""
     s = get_slot(slot_id)
     user = None
+    kernel = None
     if path is not None or text is not None:
         name = name or str(path)
-        user = compile_user(ctx.rt, s, read_text(path) if text is None else text, name, ctx.frontend)
-    res, timings = run_case(ctx, s, user.kernel if user else None, inputs, name if user else "built-in", runs, warmup)
+        src = read_text(path) if text is None else text
+        if s.template:  # compiled with the built-in's values at this shape, once the pipeline is built
+            made = []
+
+            def kernel(defines):
+                made.append(compile_user(ctx.rt, s, src, name, ctx.frontend, defines))
+                return made[-1].kernel
+        else:
+            user = compile_user(ctx.rt, s, src, name, ctx.frontend)
+            kernel = user.kernel
+    res, timings = run_case(ctx, s, kernel, inputs, name if kernel is not None else "built-in", runs, warmup)
+    if s.template and kernel is not None:
+        user = made[-1]
     return LabRun(res, timings, source_info(s, user, res.grids) if info else None)

@@ -61,6 +61,10 @@ class Slot:
     tolerance: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     timed_name: str = ""  # the built-in's row name in the window's timings and the run history
+    # True: the built-in is compiled with defines chosen per shape (lanes, head size, generated code blocks):
+    # `kernel new` writes it with its {{NAME}} placeholders, and a user kernel's placeholders are filled with
+    # the built-in's values at the shape being run
+    template: bool = False
 
     @property
     def language(self) -> str:
@@ -78,11 +82,14 @@ class Slot:
         """The built-in kernel as a user's starting file: WGSL with its includes resolved and its defines
         applied (one self-contained file), GLSL with its includes resolved (glslang gets no defines here)."""
         sh = self.spec.shader(self.frontend)
-        text = sh.rendered()
-        head = "//" if True else ""
+        text = sh.source() if self.template else sh.rendered()
+        head = "//"
         banner = (f"{head} kvviz kernel slot {self.id}: a copy of the built-in {self.spec.name} ({self.impl}).\n"
                   f"{head} Its contract: docs/slots.md, `kvviz kernel list`. Check and time it with\n"
                   f"{head}   kvviz bench --quick --no-methods --kernel {self.id}=<this file>\n")
+        if self.template:
+            banner += (f"{head} Its double-brace placeholders are filled with the built-in's values at the shape being run\n"
+                       f"{head} (kvviz/kernels/{'fast_decode' if 'decode' in self.spec.path else 'fast_write'}.py chooses them).\n")
         if self.language == "glsl":
             lines = text.splitlines()
             at = next((i + 1 for i, l in enumerate(lines) if l.strip().startswith("#version")), 0)
@@ -259,6 +266,46 @@ def _method_slots() -> None:
         ))
 
 
+def _fast_slots() -> None:
+    """The fast kernels (kvviz/kernels/fast_write.py, fast_decode.py) as slots of their own."""
+    from kvviz.kernels import fast_decode as fd
+    from kvviz.kernels import fast_write as fw
+    from kvviz.methods import get_method, registry
+
+    fast_writer = {"int8_token": fw.WRITE_INT8, "fp8_e4m3": fw.WRITE_FP8, "fp8_e5m2": fw.WRITE_FP8, "int4_group": fw.WRITE_INT4}
+    for mid, spec in fast_writer.items():
+        if mid not in registry():
+            continue
+        m = get_method(mid)
+        base = _SLOTS[f"{mid}.writer"]
+        register(Slot(
+            f"{mid}.writer_fast", f"{m.label} fast writer", "writer", "fast", spec, mid, "method-writer",
+            buffers=_buffers(spec, {b.name: (b.elem, b.shape, b.layout) for b in base.buffers}), immediates=_imm(spec)
+            + (),
+            grid="2-D (gx, gy, 1), workgroup w = y * gx + x: one workgroup per `rows` token rows (K and V together), "
+                 "a lane group of LANES lanes per (token, KV head) row",
+            oracle=base.oracle, tolerance=base.tolerance, timed_name=f"{mid} writer (fast)", template=True,
+        ))
+    f32 = ("f32", "[num_blocks, num_kv_heads, block_size, head_size]", _F32_CACHE)
+    part = ("f32", "[num_seqs, num_heads, num_partitions, head_size + 2]",
+            "per partition: max logit m (base 2), sum of 2^(l - m), then sum of 2^(l - m) v over head_size")
+    oracle = ("kvviz.oracles.paged.decode in float64 over the f32 cache the baseline writer wrote; the checked output "
+              "is the attention output [num_seqs, num_heads, head_size] after the split kernel and the reduce")
+    tol = "|out - ref| <= 2e-5 * max(1, max|V|) (f32 accumulation vs float64)"
+    bufs = {"kc": f32, "vc": f32, "partials": part}
+    register(Slot(
+        "fast.decode_f32", "fast split-K decode over the f32 cache (decode_split)", "decode", "fast", fd.SPLIT, None,
+        "fast-decode", "f32", _buffers(fd.SPLIT, bufs), _imm(fd.SPLIT),
+        "(num_partitions, num_kv_heads, num_seqs): one workgroup per (partition, KV head, sequence) for the KV head's "
+        "whole GQA group", oracle, tol, timed_name="fast_decode_f32", template=True,
+    ))
+    register(Slot(
+        "fast.reduce", "fast decode reduce (decode_reduce)", "reduce", "fast", fd.REDUCE, None, "fast-decode", "f32",
+        _buffers(fd.REDUCE, bufs), _imm(fd.REDUCE),
+        "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) combines its partitions", oracle, tol,
+    ))
+
+
 # family -> the numpy dequantised-rows oracle the method slots are checked against (kvviz/lab/check.py)
 DEQUANT_ORACLES = {
     "int8": "kvviz.oracles.int8 dequantize(quantize(x))",
@@ -277,6 +324,7 @@ def _load() -> None:
         _loaded = True
         _paged_slots()
         _method_slots()
+        _fast_slots()
 
 
 def slots() -> dict[str, Slot]:
