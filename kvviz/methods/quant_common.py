@@ -100,6 +100,26 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         qc = qkv.device["cache"]
         return ctx.fast.decode(fmt, qc.k, qc.v, qc.num_kv_heads, q, batch, scale, tensor=qc.extra.get("tensor"))
 
+    @property
+    def batch_scales(self) -> bool:
+        """Whether the cache holds scales over the whole batch (a per-tensor scale, a method with its own
+        tensor buffer): a token's record then depends on the other tokens, and live decode re-quantises
+        instead of appending."""
+        return bool(getattr(self, "per_tensor", type(self)._tensor_buffer is not PerTokenRecordMethod._tensor_buffer))
+
+    @property
+    def has_live_cache(self) -> bool:
+        return not self.batch_scales
+
+    def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
+        """Appends token by token through the method's writer, attends with the fast decode
+        (kvviz/live/record_cache.py)."""
+        if self.batch_scales:
+            return None
+        from kvviz.live.record_cache import RecordLiveCache
+
+        return RecordLiveCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self)
+
     def check(self, num_heads, num_kv_heads, head_size, block_size):
         qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, self.head_multiple, self.head_multiple_why)
 
