@@ -1,0 +1,317 @@
+"""Conformance of the fast writers (kvviz/kernels/fast_write.py, shaders/fast/write_*.wgsl) on the GPU
+(lavapipe in CI) against the numpy oracles of the methods they write for (kvviz/oracles/fast_write.py).
+
+Exact, word for word: the fast writers take q = x * (1/scale) and fall back to the correctly rounded
+integer division wherever x / scale is within 16 ulp of a rounding boundary (ties included), so codes,
+scales, zeros, FP8 bytes, f16 halves, KIVI side streams and residual rows must EQUAL the oracle's (the seed
+layout is also held to the seed oracle's own rules, compare_int8_cache, which it passes with no tie used).
+Every writer runs in three variants: the adapter's default (subgroup shuffles on lavapipe), one lane a row,
+and the workgroup-memory reduction an adapter without subgroups gets. Timings are printed by
+`test_fast_and_first_wave_rows_side_by_side`, never asserted.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import numpy as np
+import pytest
+
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.formats import fp8 as fmt8
+from kvviz.kernels import fast_write as fw
+from kvviz.kernels import quant as qk
+from kvviz.methods import get_method
+from kvviz.oracles import fast_write as ofw
+from kvviz.oracles import paged as op
+from kvviz.paging import PAD_SLOT, make_batch
+
+# (head_size, block_size, context lens, policy, pad_every, kv_heads): ragged, empty and single-token
+# sequences, padding slots, scattered and fragmented blocks.
+SHAPES = [
+    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2),
+    (128, 16, [70, 5, 0, 33], "scattered", 5, 2),
+    (256, 32, [100, 1], "scattered", 3, 1),
+    (80, 16, [45, 0, 1], "fragmented", 4, 1),
+    (96, 8, [33, 17], "scattered", 0, 3),
+]
+SIDS = [f"D{d}-bs{b}-{p}-pad{pe}-kvh{h}" for d, b, _, p, pe, h in SHAPES]
+VARIANTS = [("default", None, None), ("one-lane", None, 1), ("no-subgroups", False, None)]
+VIDS = [v[0] for v in VARIANTS]
+
+WRITERS = ["int8_token", "int8_seed", "fp8_e4m3-per_token", "fp8_e5m2-per_token", "fp8_e4m3-per_tensor",
+           "fp8_e5m2-per_tensor", "int4-32", "int4-64", "int4-128", "f16"]
+
+
+def make_rows(rng, T, kvh, D, writer):
+    """K/V rows with magnitudes over 6 decades, an all-zero row, -0/+0, subnormals next to normal values,
+    exact ties of the writer's rounding and values near its format's overflow."""
+    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
+    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
+    i = np.arange(D)
+    rows = []
+    rows.append(np.zeros(D, np.float32))                                          # all zero
+    rows.append(np.where(i % 2, 0.0, -0.0).astype(np.float32))                   # signed zeros
+    sub = np.where(i % 3 == 0, 1e-40, (i - D / 2) * 0.01).astype(np.float32)     # subnormals next to normals
+    rows.append(sub)
+    if writer.startswith("int8"):
+        # amax 127: int8_token's scale is exactly 1 and the seed's inverse 127/amax is 1: x = k + 0.5 ties
+        t = ((i % 40) - 20).astype(np.float32) + np.float32(0.5)
+        t[0] = 127.0
+        rows += [t, np.full(D, 3.0e38, np.float32) * np.where(i % 2, 1, -1).astype(np.float32)]
+    elif writer.startswith("fp8"):
+        fmt = fmt8.FORMATS[writer[4:8]]
+        vals = np.unique(np.abs(fmt8.decode(np.arange(256, dtype=np.uint8), fmt)[np.isfinite(fmt8.decode(np.arange(256, dtype=np.uint8), fmt))]))
+        mids = ((vals[1:] + vals[:-1]) / 2).astype(np.float32)                   # every midpoint: a tie
+        t = np.resize(mids, D) * np.where(i % 2, 1, -1).astype(np.float32)
+        t[0] = np.float32(fmt.max)                                                # amax = max: scale 1
+        rows += [t, np.full(D, 3.0e38, np.float32)]
+    elif writer.startswith("int4"):
+        rows += [(np.float32(0.25) * (i % 31) - np.float32(2.0)).astype(np.float32),  # (x - min)/0.5 ties
+                 np.full(D, np.float32(0.75)), (rng.standard_normal(D) * 1e37).astype(np.float32)]
+    else:  # f16: the largest finite value, values that round down to it, ties of the f16 grid, subnormal halves
+        t = np.resize(np.array([65504.0, 65519.99, -65519.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 2.0 ** -25,
+                                3 * 2.0 ** -26, 2.0 ** -24 * 1.5, -6e-8, 1e-9], np.float32), D)
+        rows += [t]
+    for j, r in enumerate(rows):
+        if j < T:
+            k[j, 0] = r
+            v[j, -1] = r[::-1]
+    return k, v
+
+
+def oracle_words(writer, batch, x, method=None):
+    if writer == "int8_token":
+        return ofw.int8_token(batch, x)
+    if writer == "int8_seed":
+        return ofw.int8_seed(batch, x)
+    if writer.startswith("fp8"):
+        return ofw.fp8(batch, x, writer[4:8], writer.split("-")[1])
+    if writer.startswith("int4"):
+        return ofw.int4(batch, x, method.group_for(x.shape[2]))
+    return ofw.f16(batch, x)
+
+
+def run_writer(rt, writer, batch, k, v, variant):
+    """(K words, V words, tensor words or None) written by the fast writer from zeroed caches."""
+    T, kvh, D = k.shape
+    sm = batch.slot_mapping
+    method = None
+    if writer in ("int8_token", "int8_seed"):
+        wpt = D // 4 + 1
+    elif writer.startswith("fp8"):
+        wpt = D // 4 + (0 if writer.endswith("per_tensor") else 1)
+    elif writer.startswith("int4"):
+        method = get_method("int4_group", group_size=int(writer.split("-")[1]))
+        wpt = method.wpt(D)
+    else:
+        wpt = D // 2
+    n = batch.num_blocks * kvh * batch.block_size * wpt
+    kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
+    tensor = None
+    if writer in ("int8_token", "int8_seed"):
+        d = fw.int8_dispatches(rt, k, v, sm, kb, vb, batch.block_size, seed=writer == "int8_seed", variant=variant)
+    elif writer.startswith("fp8"):
+        tensor = rt.upload(np.zeros(4, np.uint32), "tensor")
+        d = fw.fp8_dispatches(rt, fmt8.FORMATS[writer[4:8]], writer.endswith("per_tensor"), k, v, sm, kb, vb, tensor,
+                              batch.block_size, variant=variant)
+    elif writer.startswith("int4"):
+        d = fw.int4_dispatches(rt, method.group_for(D), k, v, sm, kb, vb, batch.block_size, variant=variant)
+    else:
+        d = fw.f16_dispatches(rt, k, v, sm, kb, vb, batch.block_size)
+    rt.run(d)
+    shape = (batch.num_blocks, kvh, batch.block_size, wpt)
+    t = rt.read(tensor, np.uint32, nbytes=16) if tensor is not None else None
+    return rt.read(kb, np.uint32, shape), rt.read(vb, np.uint32, shape), t, method
+
+
+# every shape in the default and no-subgroup variants; one lane a row (slow on a CPU) on two of them
+CASES = [(s, v) for s in SHAPES for v in VARIANTS if v[0] != "one-lane" or s[0] in (64, 80)]
+CIDS = [f"{SIDS[SHAPES.index(s)]}-{v[0]}" for s, v in CASES]
+
+
+# the f16 writer has no reduction: one variant
+GRID = [pytest.param(w, s, v, id=f"{w}-{i}") for w in WRITERS for (s, v), i in zip(CASES, CIDS)
+        if w != "f16" or v[0] == "default"]
+
+
+@pytest.mark.parametrize("writer,shape,variant", GRID)
+def test_fast_writer_words_equal_the_oracle(rt, writer, shape, variant):
+    D, bs, lens, policy, pad_every, kvh = shape
+    _, sub, lanes = variant
+    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=D + bs)
+    rng = np.random.default_rng(D * 7 + bs)
+    k, v = make_rows(rng, batch.num_tokens, kvh, D, writer)
+    gk, gv, tensor, method = run_writer(rt, writer, batch, k, v, fw.Variant(rt, sub, lanes))
+    for which, x, got in (("K", k, gk), ("V", v, gv)):
+        ref = oracle_words(writer, batch, x, method)
+        bad = np.argwhere(got != ref)
+        assert not bad.size, f"{writer} {which}: {len(bad)} words differ, first at {tuple(bad[0])}: " \
+                             f"{got[tuple(bad[0])]:#010x} vs {ref[tuple(bad[0])]:#010x}"
+        if writer == "int8_seed":  # the seed oracle's own verdict (its tie and ULP allowances unused)
+            res = op.compare_int8_cache(got, x, batch.slot_mapping, bs)
+            assert res["ok"] and res["code_mismatch_at_ties"] == 0 and res["scale_mismatch"] == 0, res
+    if writer.endswith("per_tensor"):
+        sk = ofw.fp8_tensor_scale(batch, k, writer[4:8])
+        sv = ofw.fp8_tensor_scale(batch, v, writer[4:8])
+        np.testing.assert_array_equal(tensor[2:4].view(np.float32), [sk, sv])
+
+
+def test_lane_choice_nests_with_groups():
+    assert fw.choose_lanes(32, 0, 32) == 32 and fw.choose_lanes(20, 0, 32) == 4 and fw.choose_lanes(15, 0, 32) == 1
+    assert fw.choose_lanes(16, 4, 32) == 16  # int4 G=32 at D=128: a group is 4 lanes
+    assert fw.choose_lanes(10, 5, 32) == 1 and fw.choose_lanes(10, 2, 32) == 2 and fw.choose_lanes(12, 6, 32) == 2
+    assert fw.choose_lanes(64, 0, 5) == 4  # at most the largest power of two below the limit
+
+
+def test_two_dimensional_grid_without_chunks(rt):
+    """The grid limit forced to 16: more workgroups than that are one dispatch on a 2-D grid, exact."""
+    saved = dict(rt.limits)
+    rt.limits["max-compute-workgroups-per-dimension"] = 16
+    try:
+        batch = make_batch([300, 1, 150], 16, policy="scattered", pad_every=9)
+        rng = np.random.default_rng(3)
+        k, v = make_rows(rng, batch.num_tokens, 2, 64, "int8_token")
+        var = fw.Variant(rt, False, 16)  # 16 lanes: 4 rows a workgroup, > 16 workgroups
+        n = batch.num_blocks * 2 * 16 * 17
+        kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
+        d = fw.int8_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16, variant=var)
+        assert len(d) == 1 and d[0].grid[1] > 1 and max(d[0].grid) <= 16
+        rt.run(d)
+        shape = (batch.num_blocks, 2, 16, 17)
+        np.testing.assert_array_equal(rt.read(kb, np.uint32, shape), ofw.int8_token(batch, k))
+        np.testing.assert_array_equal(rt.read(vb, np.uint32, shape), ofw.int8_token(batch, v))
+        f = fw.f16_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16)
+        assert len(f) == 1 and f[0].grid[1] > 1
+    finally:
+        rt.limits.clear()
+        rt.limits.update(saved)
+
+
+@pytest.mark.slow
+def test_more_than_65535_tokens_in_one_dispatch(rt):
+    """70,000 tokens, one row a workgroup (64 lanes, head 256): 70,000 workgroups on a 2-D grid."""
+    T, D = 70000, 256
+    batch = make_batch([T], 16)
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((T, 1, D)).astype(np.float32)
+    v = (k * np.float32(0.5)).astype(np.float32)
+    n = batch.num_blocks * 16 * (D // 4 + 1)
+    kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
+    d = fw.int8_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16, seed=True, variant=fw.Variant(rt, False, 64))
+    assert len(d) == 1 and d[0].grid[0] * d[0].grid[1] >= T > rt.max_grid and d[0].grid[1] > 1
+    rt.run(d)
+    shape = (batch.num_blocks, 1, 16, D // 4 + 1)
+    np.testing.assert_array_equal(rt.read(kb, np.uint32, shape), ofw.int8_seed(batch, k))
+    np.testing.assert_array_equal(rt.read(vb, np.uint32, shape), ofw.int8_seed(batch, v))
+
+
+# ------------------------------------------------------------------------------ through the methods
+METHODS = [("int8_token", {}), ("fp8_e4m3", {"scale_mode": "per_token"}), ("fp8_e5m2", {"scale_mode": "per_tensor"}),
+           ("int4_group", {"group_size": 32}), ("kivi", {"bits": 2, "recent": 0}), ("kivi", {"bits": 4, "recent": 16})]
+MIDS = [f"{m}-" + "-".join(f"{a}={b}" for a, b in o.items()) for m, o in METHODS]
+
+
+def _cache_words(ctx, m, qkv):
+    qc = qkv.device["cache"]
+    out = [qk.read_cache(ctx.rt, qc, "K"), qk.read_cache(ctx.rt, qc, "V")]
+    if m.family == "kivi":
+        out.append(m.read_buffers(ctx, qkv)["res"])
+    return out
+
+
+@pytest.mark.parametrize("no_subgroups", [False, True], ids=["default", "no-subgroups"])
+@pytest.mark.parametrize("mk", METHODS, ids=MIDS)
+def test_methods_write_through_the_fast_writer(ctx, mk, no_subgroups, monkeypatch):
+    """quantize() runs the fast writer by default; writer_impl = "first-wave" gives the same words (and
+    the method's oracle, checked in tests/test_quant_methods.py); an adapter without subgroups gets the
+    workgroup-memory variant."""
+    if no_subgroups:
+        monkeypatch.setattr(fw, "subgroups_available", lambda rt: False)
+    key, opts = mk
+    batch = make_batch([70, 1, 0, 45], 16, policy="scattered", pad_every=6, seed=2)
+    rng = np.random.default_rng(8)
+    k, v = make_rows(rng, batch.num_tokens, 2, 64, "int4" if key in ("int4_group", "kivi") else "int8_token")
+    fast = get_method(key, **opts)
+    q1 = fast.quantize(ctx, batch, k, v)
+    assert q1.device["cache"].extra["writer_impl"] == "fast"
+    first = get_method(key, **opts)
+    first.writer_impl = "first-wave"
+    q2 = first.quantize(ctx, batch, k, v)
+    assert q2.device["cache"].extra["writer_impl"] == "first-wave"
+    for a, b in zip(_cache_words(ctx, fast, q1), _cache_words(ctx, first, q2)):
+        np.testing.assert_array_equal(a, b)
+    bad = get_method(key, **opts)
+    bad.writer_impl = "turbo"
+    with pytest.raises(InvalidInput, match="writer_impl"):
+        bad.quantize(ctx, batch, k, v)
+
+
+def test_kivi_key_group_written_when_it_fills(ctx):
+    """The key-group writer takes any list of (sequence, group) with their token rows: a group written
+    alone after its 32nd token arrives (a live append) gives the prefill's words."""
+    m = get_method("kivi", bits=2, recent=0)
+    batch = make_batch([64], 16, policy="scattered", seed=4)
+    rng = np.random.default_rng(9)
+    k, v = make_rows(rng, 64, 1, 64, "int4")
+    qkv = m.quantize(ctx, batch, k, v)
+    qc = qkv.device["cache"]
+    want = qk.read_cache(ctx.rt, qc, "K").copy()
+    key, value, sm, row_res, res, info_buf, groups, rows, bt_off, mbs = qc.extra["writer_args"]
+    # wipe the second group's code words and side words, then write that group alone
+    kbuf = qk.read_cache(ctx.rt, qc, "K")
+    kbuf[:] = 0
+    ctx.rt.queue.write_buffer(qc.k, 0, kbuf.tobytes())
+    d = fw.kivi_group_dispatches(ctx.rt, 2, key, sm, np.asarray(groups[1:], np.uint32), np.asarray(rows[1:]), info_buf,
+                                 qc.k, batch.block_size, qc.k_words, bt_off, mbs)
+    ctx.rt.run(d)
+    got = qk.read_cache(ctx.rt, qc, "K")
+    kw = 64 * 2 // 32
+    blocks = np.asarray(batch.seq_blocks[0])
+    for pos in range(32, 64):  # the second group's code words
+        b, o = blocks[pos // 16], pos % 16
+        np.testing.assert_array_equal(got[b, 0, o * kw:(o + 1) * kw], want[b, 0, o * kw:(o + 1) * kw])
+    for pos in range(32):  # the first group's were not rewritten
+        b, o = blocks[pos // 16], pos % 16
+        assert not got[b, 0, o * kw:(o + 1) * kw].any()
+    ws = 64 * 16 // 16
+    side = np.concatenate([got[b, 0, 16 * kw:16 * kw + ws] for b in blocks])
+    side_want = np.concatenate([want[b, 0, 16 * kw:16 * kw + ws] for b in blocks])
+    np.testing.assert_array_equal(side[2 * 64:4 * 64], side_want[2 * 64:4 * 64])  # group 1's (scale, zero) words
+    assert not side[:2 * 64].any()
+
+
+def test_fast_and_first_wave_rows_side_by_side(ctx):
+    """Every method's timed kernels carry its writers as role "writer" rows, impl "fast" and "first-wave"
+    (f16: fast only; int8_seed: seed and fast). Replayed and printed, never asserted on time."""
+    batch = make_batch([96, 40], 16, pad_every=7)
+    rng = np.random.default_rng(4)
+    k, v = make_rows(rng, batch.num_tokens, 2, 64, "f16")  # values every method takes
+    q = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    want = {"int8_seed": {"seed", "fast"}, "f16": {"fast"}}
+    for key, opts in [("int8_seed", {}), ("int8_token", {}), ("fp8_e4m3", {"scale_mode": "per_tensor"}),
+                      ("int4_group", {}), ("kivi", {"bits": 2, "recent": 0}), ("f16", {})]:
+        m = get_method(key, **opts)
+        rows = [t for t in m.timed_kernels(ctx, batch, k, v, q, 0.125) if t.role == "writer"]
+        assert {t.impl for t in rows} == want.get(key, {"fast", "first-wave"}), [(t.name, t.impl) for t in rows]
+        for t in rows:
+            r = ctx.rt.time(t.dispatches, runs=3, warmup=1)
+            print(f"{key:12s} {t.name:45s} {t.impl:10s} {r.median_us:8.0f} us ({r.method}), {t.bytes} bytes")
+
+
+def test_bad_input_is_refused(rt):
+    batch = make_batch([4], 16)
+    k = np.zeros((4, 1, 64), np.float32)
+    buf = rt.upload(np.zeros(16 * 17, np.uint32), "c")
+    with pytest.raises(InvalidInput, match="key and value"):
+        fw.int8_dispatches(rt, k, k[:, :, :32], batch.slot_mapping, buf, buf, 16)
+    with pytest.raises(InvalidInput, match="slots"):
+        fw.int8_dispatches(rt, k, k, batch.slot_mapping[:2], buf, buf, 16)
+    with pytest.raises(UnsupportedShape, match="multiple of 4"):
+        fw.int8_dispatches(rt, k[:, :, :62], k[:, :, :62], batch.slot_mapping, buf, buf, 16)
+    with pytest.raises(InvalidInput, match="power of two"):
+        fw.Variant(rt, False, 3)
+    if fw.subgroups_available(rt):
+        with pytest.raises(InvalidInput, match="smallest subgroup"):
+            fw.Variant(rt, True, 64)
