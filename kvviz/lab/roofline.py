@@ -50,6 +50,13 @@ def measure_ceilings(rt, copy_bytes: int = 32 << 20, runs: int = 10, warmup: int
     return c, rows
 
 
+def measure_fma_gflops(rt, runs: int = 10, warmup: int = 3) -> dict:
+    """{"f32": GFLOP/s, "f16": GFLOP/s where the adapter has shader-f16} of the FMA-throughput shader."""
+    from kvviz.kernels.fma import dtypes, measure_fma
+
+    return {dt: measure_fma(rt, dt, runs, warmup).gflops for dt in dtypes(rt)}
+
+
 @dataclass(frozen=True)
 class Point:
     kernel: str

@@ -429,11 +429,10 @@ def install(win) -> LabPanel:
     win._roofline_fma = None
 
     def measure() -> None:
-        from kvviz.kernels.fma import dtypes, measure_fma
+        from kvviz.lab.roofline import measure_fma_gflops
 
         session = win.session
-        win.runner.submit("roofline", lambda p, c: {dt: measure_fma(session.rt, dt).gflops for dt in dtypes(session.rt)},
-                          "measure the FMA ceiling")
+        win.runner.submit("roofline", lambda p, c: measure_fma_gflops(session.rt), "measure the FMA ceiling")
 
     win.roofline.measure_requested.connect(measure)
 
