@@ -44,7 +44,9 @@ class Kivi(DequantisedAttention, KVMethod):
     family = "kivi"
     nominal_bits = 2.0
     OPTIONS = (
-        OptionSpec("bits", int, 2, "bits of every quantised K and V code", choices=BITS),
+        OptionSpec("bits", int, 2, "bits of every quantised K and V code (16 2-bit or 8 4-bit codes a word: a head size "
+                   "that is not a multiple of 16, e.g. 120, runs padded to the next one, K with zero channels, V "
+                   "with channel 0 repeated, so the codes are unchanged and the padding is counted)", choices=BITS),
         OptionSpec("recent", int, 128, "the most recent tokens of each sequence kept in float32 (rounded up to "
                    "whole 32-token key groups)", minimum=0),
         OptionSpec("context_len", int, 4096, "the sequence length the layout's bytes and bits per element assume "
