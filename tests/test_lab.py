@@ -302,4 +302,12 @@ def test_lab_panel_watches_and_reruns(qtbot, tmp_path, settings, session):
     qtbot.waitUntil(lambda: win.roofline.ceilings is not None, timeout=WAIT)
     assert win.roofline.table.rowCount() == len(win.roofline.points) > 0
     assert {r[-1] for r in win.roofline.table_data.rows} <= {"memory", "compute"}
+    # the report's roofline: the same points and the ceilings the tab measured
+    from kvviz.lab.roofline import write_roofline
+
+    name, table = write_roofline(str(tmp_path), win.results)
+    svg = (tmp_path / name).read_text()
+    assert svg.count("<circle") == sum(1 for p in win.roofline.points if p.flops > 0) and "f32 FMA" in svg
+    assert [r[0] for r in table.rows] == [p.kernel for p in win.roofline.points]
+    assert any(a.text() == "Kernel lab" for m in win.menuBar().actions() if m.menu() for a in m.menu().actions())
     win.close()

@@ -199,3 +199,16 @@ def roofline_svg(points, c: Ceilings | None, width: int = 720, height: int = 440
 
 def _esc(t: str) -> str:
     return t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def write_roofline(out_dir: str, res, name: str = "roofline.svg"):
+    """The report's roofline of a window run: `name` (SVG) in out_dir and its table. The compute ceiling is
+    the one the window measured on the same device (res.roofline_ceilings, set by its Roofline tab); without it
+    the points are drawn without ceilings and `bound` is "-"."""
+    import os
+
+    pts = points_from_results(res)
+    c = getattr(res, "roofline_ceilings", None)
+    with open(os.path.join(out_dir, name), "w") as fh:
+        fh.write(roofline_svg(pts, c))
+    return name, roofline_table(pts, c)

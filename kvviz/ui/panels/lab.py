@@ -410,6 +410,9 @@ def install(win) -> LabPanel:
     if "timing" in win.docks:
         win.tabifyDockWidget(win.docks["timing"], d)
         win.docks["timing"].raise_()
+    for a in win.menuBar().actions():  # View menu: show / hide the lab like every panel
+        if a.menu() is not None and a.text().replace("&", "") == "View":
+            a.menu().addAction(d.toggleViewAction())
 
     def run(slot_id: str, path: str) -> None:
         from kvviz.gpu.shaders import FRONTEND_GLSLANG
