@@ -72,6 +72,35 @@ def _cmd_info(args) -> int:
 _CUSTOM_SHAPE = {"ctx": 4096, "heads": 32, "kv_heads": 8, "head_size": 128, "block_size": 16}
 
 
+def _bench_sweep(args) -> int:
+    """`kvviz bench --sweep context|batch [--values ...]` (kvviz/bench_sweep.py)."""
+    from kvviz.bench import save_json
+    from kvviz.bench_sweep import run_sweep, sweep_shapes
+
+    if not args.sweep:
+        print("kvviz bench: --values needs --sweep context|batch", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    values = None
+    if args.values is not None:
+        try:
+            values = [int(v) for v in args.values.split(",") if v.strip()]
+        except ValueError:
+            print(f"kvviz bench: --values must be comma-separated positive integers, got {args.values!r}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    sweep_shapes(args.sweep, values)  # InvalidInput (exit 2) before the GPU is touched
+    result = run_sweep(args.sweep, values, runs=args.runs or 20, warmup=args.warmup, compare_torch=args.compare_torch)
+    if args.json:
+        save_json(result, args.json)
+        print(f"\nwrote {args.json}")
+    bad = [r for p in result["points"] for r in p["rows"] if str(r["note"]).startswith("FAILED")
+           or r["within_tolerance"] is False]
+    if bad:
+        print(f"\n{len(bad)} sweep row(s) failed: " + ", ".join(f"{r['kernel']} @ {r['shape']['name']}" for r in bad),
+              file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, run_bench, save_json
     from kvviz.checks import check_out_file
@@ -107,6 +136,8 @@ def _cmd_bench(args) -> int:
         return EXIT_BAD_INPUT
     if args.json is not None:
         check_out_file(args.json, "--json")
+    if args.sweep or args.values:
+        return _bench_sweep(args)
     kernels = _user_kernels(args.kernel or [])
     runs = args.runs or (10 if args.quick else 30)
     result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
@@ -350,6 +381,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
     b.add_argument("--json", help="write results as JSON to this path")
+    b.add_argument("--sweep", choices=("context", "batch"), default=None,
+                   help="time the seed and fast decodes over context lengths (one sequence, 512..131072) or batch "
+                        "sizes (1..64 sequences of 4096) at 32/8 heads, d128, block 16, instead of the named shapes")
+    b.add_argument("--values", default=None, metavar="N,N,...",
+                   help="the sweep's values (context lengths or sequence counts; default: the ranges above)")
     b.add_argument("--kernel", action="append", metavar="SLOT=FILE",
                    help="time a user kernel (.wgsl, or .comp for a GLSL slot) beside the slot's built-in and check it "
                         "against the slot's oracle (repeatable; kvviz kernel list shows the slots)")

@@ -181,3 +181,25 @@ def test_traffic_counts_each_record_once():
     kv = 2 * 128 * 2 * 33 * 4
     assert kv < nbytes < kv + 64 * 1024
     assert PAD_SLOT not in batch.block_tables  # the tables the kernel reads hold only real blocks
+
+
+def test_sweep_points_checked_and_strict_json(rt, tmp_path):
+    """`kvviz bench --sweep`: every fast decode of a point is checked against the kernel it stands beside on
+    the same cache, and the JSON is strict."""
+    import json
+
+    from kvviz.bench import save_json
+    from kvviz.bench_sweep import run_sweep
+    from kvviz.cli import main
+
+    res = run_sweep("batch", [1, 2], runs=1, warmup=0, rt=rt, log=lambda *a: None, ctx=40)
+    assert [p["value"] for p in res["points"]] == [1, 2]
+    for p in res["points"]:
+        fast = {r["kernel"]: r for r in p["rows"] if r["impl"] == "fast"}
+        assert set(fast) == {"fast_decode_int8", "fast_decode_f16", "fast_decode_f32"}
+        assert fast["fast_decode_int8"]["within_tolerance"] and fast["fast_decode_f32"]["within_tolerance"]
+        assert fast["fast_decode_f16"]["within_tolerance"] is None  # nothing it stands beside: no claim
+    save_json(res, tmp_path / "s.json")
+    json.loads((tmp_path / "s.json").read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert main(["bench", "--sweep", "context", "--values", "0,-5"]) == 2
+    assert main(["bench", "--values", "5"]) == 2
