@@ -259,10 +259,10 @@ def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapt
         c = lr.check
         for lt in lr.timings:
             user = lt.impl == "user"
-            r = _row(f"{slot_id} (user: {path})" if user else f"{slot_id} (built-in)", "user kernel" if user else
-                     f"built-in {s.spec.path}", shape, lt.timing, lt.bytes, copy_gbps, c.max_err if user else None,
+            r = _row(f"{slot_id} (user: {path})" if user else f"{lt.name} ({lt.impl})", "user kernel" if user else
+                     f"built-in beside {slot_id}", shape, lt.timing, lt.bytes, copy_gbps, c.max_err if user else None,
                      None, adapter, c.summary() if user else "", method=s.method, role=s.role,
-                     impl="user" if user else s.impl, flops=lt.flops)
+                     impl="user" if user else lt.impl, flops=lt.flops)
             if user:  # the slot's elementwise tolerance: within it when no element is outside and no stray write
                 r["tolerance"] = s.tolerance
                 r["within_tolerance"] = c.ok

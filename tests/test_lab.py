@@ -83,7 +83,11 @@ def test_kernel_new_passes_its_slot(ctx, inputs, tmp_path, sid):
     print(run.check.summary(), [(t.name, round(t.timing.median_us, 1)) for t in run.timings])
     assert run.check.ok, run.check.summary()
     assert run.check.bad == 0 and run.check.total > 0
-    assert [t.impl for t in run.timings] == ["user", s.impl]
+    from kvviz.lab.slots import siblings
+
+    # the user's kernel, the slot's built-in, then the slot's other built-in implementations
+    assert [t.impl for t in run.timings][:2] == ["user", s.impl]
+    assert {t.impl for t in run.timings[2:]} <= {x.impl for x in siblings(sid)}
 
 
 # ------------------------------------------------------------------------------ a wrong kernel
@@ -225,7 +229,8 @@ def test_bench_kernel_rows(rt, tmp_path):
     rows = {r["kernel"]: r for r in res["rows"]}
     u = rows[f"f32.reduce (user: {good})"]
     assert u["within_tolerance"] is True and u["check"]["bad"] == 0 and u["gpu_us_median"] > 0
-    assert rows["f32.reduce (built-in)"]["impl"] == "baseline"
+    assert rows["built-in paged/paged_attn_reduce.wgsl (baseline)"]["impl"] == "baseline"
+    assert rows["built-in fast/decode_reduce.wgsl (fast)"]["impl"] == "fast"  # the slot's fast sibling beside it
     b = rows[f"f32.reduce (user: {bad})"]
     assert b["within_tolerance"] is False and b["check"]["bad"] > 0
     assert [r["kernel"] for r in failed_rows(res)] == [f"f32.reduce (user: {bad})"]

@@ -455,4 +455,14 @@ def lab_run(ctx, slot_id: str, inputs, *, path: str | None = None, text: str | N
     res, timings = run_case(ctx, s, kernel, inputs, name if kernel is not None else "built-in", runs, warmup)
     if s.template and kernel is not None:
         user = made[-1]
+    if kernel is not None and runs:
+        from kvviz.lab.slots import siblings
+
+        for sib in siblings(slot_id):  # the slot's other built-in implementations (seed / first-wave / fast)
+            try:
+                _, st = run_case(ctx, sib, None, inputs, f"built-in {sib.spec.path}", runs, warmup)
+            except KvvizError as exc:  # a shape the sibling does not take: said in the log, not a failure
+                log.info("kernel lab: %s not timed beside %s: %s", sib.id, slot_id, exc)
+                continue
+            timings += st
     return LabRun(res, timings, source_info(s, user, res.grids) if info else None)

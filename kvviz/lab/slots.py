@@ -339,6 +339,13 @@ def slot(slot_id: str) -> Slot:
     return s[slot_id]
 
 
+def siblings(slot_id: str) -> list[Slot]:
+    """The other built-in implementations of the same job (same method and role: the seed, first-wave and fast
+    writers of a method; the f32 decode and the fast decode), timed beside a user kernel of this slot."""
+    me = slot(slot_id)
+    return [s for s in slots().values() if s.id != me.id and s.method == me.method and s.role == me.role]
+
+
 # ------------------------------------------------------------------------------ rendering
 def render_markdown() -> str:
     """docs/slots.md: every slot's contract."""
