@@ -1,0 +1,72 @@
+"""Times every writer at the anchor shape (15 x 4096 tokens, 8 KV heads, d128, block 16, scattered blocks):
+the seed int8 writer, the first-wave writers and the fast writers (kvviz/kernels/fast_write.py) side by
+side, the fast ones in their variants (lanes a row, subgroups or workgroup memory), each checked word for
+word against the first-wave / seed output first. Prints GPU medians, GB/s on the writer's unique bytes and
+% of the copy shader measured in the same run. Timings are printed, never asserted. Run on the device:
+    python3 tools/fast_write_bench.py [num_seqs ctx]
+"""
+import sys
+
+import numpy as np
+
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.kernels import fast_write as fw
+from kvviz.kernels.copy import measure_copy
+from kvviz.kernels.traffic import writer_bytes
+from kvviz.methods import get_method
+from kvviz.methods.context import GpuContext
+from kvviz.paging import make_batch
+
+S, T = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (15, 4096)
+KVH, D, BS = 8, 128, 16
+rt = GpuRuntime()
+ctx = GpuContext(rt)
+print(rt.summary.line())
+print(fw.describe(rt), f"(smallest subgroup reported: {fw.smallest_subgroup(rt)})")
+copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)
+print(f"copy shader: {copy_gbps:.0f} GB/s")
+batch = make_batch([T] * S, BS, policy="scattered", seed=0)
+rng = np.random.default_rng(0)
+key = rng.standard_normal((batch.num_tokens, KVH, D)).astype(np.float32)
+value = rng.standard_normal((batch.num_tokens, KVH, D)).astype(np.float32)
+RUNS, WARM = 30, 5
+
+
+def report(name, dispatches, nbytes):
+    t = rt.time(dispatches, RUNS, WARM)
+    gbps = nbytes / (t.median_us * 1e3)
+    print(f"{name:62s} {t.median_us:9.1f} us {gbps:7.0f} GB/s {100 * gbps / copy_gbps:5.1f}% of copy ({t.method})")
+
+
+# the seed writer and the fast seed-layout writer (same bytes)
+seed = get_method("int8_seed")
+cache = ctx.paged.allocate("q8", batch.num_blocks, KVH, BS, D)
+wd = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
+rt.run(wd)
+nbytes = writer_bytes(cache, batch, key)
+report("reshape_and_cache_q8 (seed)", wd, nbytes)
+want = ctx.paged.read(cache, "k")
+variants = [("default", None, None)] + [(f"{n} lanes", None, n) for n in (4, 8, 16, 32)] + \
+           [(f"no subgroups, {n} lanes", False, n) for n in (8, 32)]
+for label, sub, lanes in variants:
+    try:
+        var = fw.Variant(rt, sub, lanes)
+    except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
+        print(f"int8 seed layout, {label}: {exc}")
+        continue
+    fc = ctx.paged.allocate("q8", batch.num_blocks, KVH, BS, D)
+    d = fw.int8_dispatches(rt, key, value, batch.slot_mapping, fc.k, fc.v, BS, seed=True, variant=var)
+    rt.run(d)
+    got = ctx.paged.read(fc, "k")
+    same = "same words" if (got == want).all() else f"{int((got != want).sum())} words differ from the seed writer"
+    report(f"fast int8 writer, seed layout ({label}; {same})", d, nbytes)
+
+# every method's first-wave and fast writer (their timed rows)
+q = rng.standard_normal((S, 32, D)).astype(np.float32)
+for key_, opts in [("int8_token", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scale_mode": "per_tensor"}), ("fp8_e5m2", {}),
+                   ("int4_group", {}), ("kivi", {"bits": 2, "recent": 128}), ("kivi", {"bits": 4, "recent": 128}),
+                   ("f16", {})]:
+    m = get_method(key_, **opts)
+    rows = [t for t in m.timed_kernels(ctx, batch, key, value, q, 0.088) if t.role == "writer"]
+    for t in rows:
+        report(f"{m.label}: {t.name} [{t.impl}]", t.dispatches, t.bytes)
