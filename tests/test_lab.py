@@ -266,6 +266,9 @@ def test_lab_panel_watches_and_reruns(qtbot, tmp_path, settings, session):
 
     win = _lab_window(qtbot, settings, session)
     lab = win.lab
+    lab.set_slot("f32.writer")  # no file yet: the built-in's source and the SPIR-V glslang makes of it
+    assert "reshape_and_cache" in lab.source.toPlainText() and "OpEntryPoint" in lab.driver.toPlainText()
+    assert lab.facts["workgroup size"].text() == "128 x 1 x 1"
     lab.set_slot("int8_token.dequantise")
     path = tmp_path / "mine.wgsl"
     lab.new_file(str(path))

@@ -165,6 +165,31 @@ class LabPanel(Panel):
         self.contract.setPlainText(render_text(self.slot_id))
         if self.path:
             self._debounce.start()
+        else:
+            self.show_builtin()
+
+    def show_builtin(self) -> None:
+        """The slot's built-in kernel in the source view (no file open): its source, the driver's code, the facts
+        that need no run (the grid comes with a run)."""
+        from kvviz.lab.check import source_info
+
+        try:
+            info = source_info(slots()[self.slot_id], None, [])
+        except Exception as exc:  # noqa: BLE001 - a shader the view cannot render: said, the window stays up
+            self.status.setText(f"Cannot show the built-in {self.slot_id}: {exc}")
+            return
+        self.source.setPlainText(info.source)
+        self._show_facts(info)
+        self.file_label.setText(f"Built-in {slots()[self.slot_id].spec.path} (read only): open a file or start one "
+                                "from it to bring your own kernel.")
+
+    def _show_facts(self, info) -> None:
+        self.facts["workgroup size"].setText(" x ".join(str(x) if x else "(named constant)" for x in info.workgroup_size))
+        self.facts["dispatch grid"].setText(info.grid)
+        self.facts["workgroup memory"].setText(f"{info.workgroup_bytes:,} bytes (declared arrays)")
+        self.facts["immediates"].setText(f"{info.immediates_bytes} bytes")
+        self.driver_kind.setText(info.driver_code_kind)
+        self.driver.setPlainText(info.driver_code)
 
     def _open_clicked(self) -> None:
         s = slots()[self.slot_id]
@@ -252,14 +277,8 @@ class LabPanel(Panel):
         img = np.asarray(c.heat, np.float64).T
         self.heat_img.setImage(img, levels=(0, max(1.0, float(img.max()))))
         self.heat_img.setLookupTable(pg.colormap.get("inferno").getLookupTable(nPts=256))
-        info = run.info
-        if info is not None:
-            self.facts["workgroup size"].setText(" x ".join(str(x) if x else "(named constant)" for x in info.workgroup_size))
-            self.facts["dispatch grid"].setText(info.grid)
-            self.facts["workgroup memory"].setText(f"{info.workgroup_bytes:,} bytes (declared arrays)")
-            self.facts["immediates"].setText(f"{info.immediates_bytes} bytes")
-            self.driver_kind.setText(info.driver_code_kind)
-            self.driver.setPlainText(info.driver_code)
+        if run.info is not None:
+            self._show_facts(run.info)
         when = self.runs[-1][0]
         for t in run.timings:
             self._rows.append((when, t, c if t.impl == "user" else None))
