@@ -192,6 +192,20 @@ def test_glsl_error_line_and_column(rt, tmp_path):
     assert "undeclared" in d.message
 
 
+def test_pipeline_validation_error_is_clear(rt, tmp_path):
+    """A kernel naga parses but the pipeline refuses (4096 threads a workgroup): 'failed validation', the
+    limit named, at the @workgroup_size line."""
+    src = slot("int8_token.dequantise").starting_source()
+    assert "@workgroup_size(64)" in src
+    path = tmp_path / "big.wgsl"
+    path.write_text(src.replace("@workgroup_size(64)", "@workgroup_size(4096)"))
+    with pytest.raises(KernelCompileError, match="failed validation") as ei:
+        check.load_user(rt, "int8_token.dequantise", str(path))
+    d = ei.value.diagnostics[0]
+    line = next(i for i, l in enumerate(src.splitlines(), 1) if "@workgroup_size" in l)
+    assert d.line == line and "4096" in d.message
+
+
 def test_contract_mismatch_is_a_clear_error(rt, tmp_path):
     path = tmp_path / "k.wgsl"
     path.write_text(slot("int8_token.writer").starting_source())

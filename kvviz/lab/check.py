@@ -99,7 +99,8 @@ def compile_user(rt, slot: Slot, text: str, name: str, frontend: str = "", defin
     except ShaderCompileError as exc:
         parse = parse_naga if fe != FRONTEND_GLSLANG else parse_glslang
         diags = parse(str(exc), where, rendered)
-        raise KernelCompileError(f"{name} failed to compile ({fe}):\n  " + "\n  ".join(map(str, diags)), diags) from None
+        what = "failed validation" if "failed to validate" in str(exc) else "failed to compile"
+        raise KernelCompileError(f"{name} {what} ({fe}):\n  " + "\n  ".join(map(str, diags)), diags) from None
     except KvvizError:
         raise
     k = dataclasses.replace(k, kspec=slot.spec)

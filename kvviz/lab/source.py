@@ -86,9 +86,17 @@ def parse_naga(message: str, where, rendered: str) -> list[Diagnostic]:
                 break
         f, ln = _map(where, int(m.group(1)))
         out.append(Diagnostic(f, ln, int(m.group(2)), msg or "error"))
-    if not out:
+    if not out:  # a pipeline-level validation error: no source position; the workgroup size has a line
         text = " ".join(x.strip() for x in lines if x.strip() and not x.strip().startswith(("Caused by", "In wgpu")))
-        out.append(Diagnostic(where[0][0] if where else "?", 0, 0, text[:400] or "failed to validate"))
+        text = re.sub(r"^Pipeline for \S+ failed to validate:\s*", "pipeline validation: ", text)
+        f, ln, col = (where[0][0] if where else "?"), 0, 0
+        if "workgroup size" in text.lower():
+            for i, l in enumerate(rendered.splitlines(), 1):
+                k = l.find("@workgroup_size")
+                if k >= 0:
+                    (f, ln), col = _map(where, i), k + 1
+                    break
+        out.append(Diagnostic(f, ln, col, text[:600] or "failed to validate"))
     return out
 
 
