@@ -13,20 +13,27 @@ from kvviz.kernels.copy import measure_copy
 from kvviz.paging import make_batch
 
 S, T = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (15, 4096)
+POLICY = sys.argv[3] if len(sys.argv) > 3 else "scattered"  # how blocks are handed out: contiguous / scattered
+ONLY = sys.argv[4].split(",") if len(sys.argv) > 4 else None  # formats to time, e.g. int8,f16
 H, KVH, D, BS = 32, 8, 128, 16
 rt = GpuRuntime()
 print(rt.summary.line())
 copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)
 print(f"copy shader: {copy_gbps:.0f} GB/s")
-batch = make_batch([T] * S, BS, policy="scattered", seed=0)
+batch = make_batch([T] * S, BS, policy=POLICY, seed=0)
+print(f"{S} x {T} tokens, {POLICY} blocks")
 rng = np.random.default_rng(0)
 fast = fd.FastDecode(rt)
 q = rng.standard_normal((S, H, D)).astype(np.float32)
 for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_format(32)):
+    if ONLY and fmt.name not in ONLY:
+        continue
     n = batch.num_blocks * KVH * BS * fmt.wpt(D)
     k = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "k")
     v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "v")
     cases = [(True, ln, u, r, pt) for ln in (8, 16, 32) for r in (0, 16) for u in (1, 2) for pt in (None, 1024, 2048)]
+    if ONLY:
+        cases = [(True, 16, 2, 0, None)]
     if fmt not in (fd.INT8, fd.F16):
         cases = [(True, ln, 2, 0, pt) for ln in (8, 16, 32) for pt in (None, 1024)]
     for sub, lanes, unroll, rows, pt in cases:
