@@ -419,8 +419,8 @@ def test_long_context(ctx, name):
 # -------------------------------------------------------------------------- limits and refusals
 def test_f16_scale_range(ctx):
     """A q8_0 block needing a scale above 65504 is refused before dispatch (never stored as inf); just below
-    the limit it is stored exactly as gguf stores it. iq4_nl's searched scale is checked after the write;
-    mxfp4's E8M0 scale takes every finite float32."""
+    the limit it is stored exactly as gguf stores it. iq4_nl refuses max |x| >= 6.55e6 (its scale is about
+    amax/113); mxfp4's E8M0 scale takes every finite float32."""
     batch = make_batch([4], 8)
     base = np.ones((4, 1, 64), np.float32)
     ok = base.copy()
@@ -434,6 +434,13 @@ def test_f16_scale_range(ctx):
         bad[2, 0, 40] = np.float32(big)
         with pytest.raises(InvalidInput, match="f16"):
             get_method(name).quantize(ctx, batch, base, bad)
+        with pytest.raises(InvalidInput, match="f16"):  # what live decode's appends go through
+            get_method(name).check_values(bad[2:3], base[2:3])
+    near = base.copy()
+    near[0, 0, 9] = np.float32(6.5e6)  # iq4_nl: just under its refusal bound, the scale (~amax/113) fits f16
+    raw, deq = _run(ctx, "iq4_nl", near.reshape(-1, 32))
+    np.testing.assert_array_equal(raw, og.quantize_blocks(near.reshape(-1, 32), fg.TYPES["iq4_nl"]))
+    assert np.isfinite(deq).all() and abs(deq[0, 9] - 6.5e6) < 6.5e6 / 100
     with np.errstate(over="ignore"):
         assert np.isinf(np.float16(np.float32(65520.0 * 127) / np.float32(127)))  # what gguf would have stored
     pos = base.copy()

@@ -15,9 +15,11 @@ the upper of two equally near values; mxfp4 takes the first of gguf's E2M1 table
 Documented departures and limits (kvviz/oracles/ggml.py has the detail):
   * blocks with max |x| < 2^-100 take the codes of a zero-scale block (their f16 scale is 0 anyway);
   * an f16 scale (or q4_1 / q5_1 min) that would round to inf (|d| >= 65520, e.g. a q8_0 block with
-    max |x| >= 65520 * 127 = 8.3e6) is refused with InvalidInput, never stored as inf: before dispatch
-    for q8_0..q5_1 (the scale is computed on the host exactly as ggml does), after the write for iq4_nl
-    (whose scale comes out of its search); mxfp4's E8M0 scale covers every finite float32.
+    max |x| >= 65520 * 127 = 8.3e6) is refused with InvalidInput before dispatch, never stored as inf
+    (check_values, on the rows given to the writer, padding rows included; live decode's appends too):
+    q8_0..q5_1 compute the scale on the host exactly as ggml does; iq4_nl, whose scale comes out of its
+    search (about amax/113 .. amax/127), refuses max |x| >= 65504 * 100 = 6.6e6 and quantize also checks
+    the scales it stored; mxfp4's E8M0 scale covers every finite float32.
 Shaders: ggml/ggml_write.wgsl, ggml/ggml_dequant.wgsl. Attention: the dequantised f32 cache through
 the f32 paged decode (quant_common.DequantisedAttention).
 """
@@ -95,22 +97,24 @@ class GgmlBlockMethod(PerTokenRecordMethod):
         return qk.token_dispatches(ctx.rt, kern, key, value, sm, [qc.k, qc.v], lambda n: imm)
 
     # ------------------------------------------------------------------ checks
-    def _validate(self, batch, key, value):
-        key, value, sm = super()._validate(batch, key, value)
-        real = sm != PAD_SLOT
+    def check_values(self, key, value):
+        """The writer's rows (the batch path and live decode's appends both come through here)."""
         for name, x in (("key", key), ("value", value)):
-            self._check_f16_range(name, x[real])
-        return key, value, sm
+            self._check_f16_range(name, x)
 
     def _check_f16_range(self, name: str, x: np.ndarray) -> None:
-        """Refuse rows whose f16 scale (or min) would be inf: the scale computed as ggml computes it."""
+        """Refuse rows whose f16 scale (or min) would be inf: the scale computed as ggml computes it
+        (iq4_nl: refused from max |x| >= 65504 * 100, above which its searched scale, about amax/113 ..
+        amax/127, could reach the f16 limit; quantize also checks the scales it stored)."""
         t = self.fmt
-        if t.name in ("iq4_nl", "mxfp4") or x.size == 0:
+        if t.name == "mxfp4" or x.size == 0:
             return
         b = x.reshape(-1, fg.BLOCK)
         with np.errstate(over="ignore"):
             if t.name == "q8_0":
                 d = np.abs(b).max(-1) / np.float32(127)
+            elif t.name == "iq4_nl":
+                d = np.abs(b).max(-1) / np.float32(100)
             elif t.name in ("q4_0", "q5_0"):
                 d = np.abs(b).max(-1) / np.float32(8 if t.name == "q4_0" else 16)
             else:
@@ -129,7 +133,7 @@ class GgmlBlockMethod(PerTokenRecordMethod):
 
     def _largest(self) -> float:
         return {"q8_0": 65504 * 127, "q4_0": 65504 * 8, "q5_0": 65504 * 16, "q4_1": 65504.0, "q5_1": 65504.0,
-                "iq4_nl": 65504 * 113}[self.type_name]
+                "iq4_nl": 65504 * 100}[self.type_name]
 
     # ------------------------------------------------------------------ fields
     def unpack(self, records, head_size):
