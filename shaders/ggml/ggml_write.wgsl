@@ -8,11 +8,12 @@
 //     immediate `zero`, 0 at run time, which a driver cannot see through), so ties such as
 //     trunc(x*id + 8.5) and roundf(x*id) break exactly as in numpy / C;
 //   * scales become f16 by integer round-to-nearest-even (f32_to_f16_bits); a scale of 65520 or more
-//     gives inf, which the host refuses before dispatch (q8_0 ... q5_1) or after (iq4_nl);
+//     gives inf, which the host refuses before dispatch (iq4_nl: by a bound on max |x|, and after);
 //   * the first element of largest |x| is the block's `max` (numpy argmax); min / max by total order;
 //   * blocks with max |x| < 2^-100 take id = 0 (kvviz/oracles/ggml.py says why).
 // One 64-thread workgroup per (token row, kv head, K|V): grid (rows, kv_heads, 2). Block parameters:
-// one thread per block; codes: one thread per element; words: one thread per word.
+// one thread per block (iq4_nl: its 16 scale trials one thread each, then the selection one thread per
+// block); codes: one thread per element; words: one thread per word.
 @group(0) @binding(0) var<storage, read> key_in: array<f32>;
 @group(0) @binding(1) var<storage, read> val_in: array<f32>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
