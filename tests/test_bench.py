@@ -69,7 +69,7 @@ def test_a_method_that_breaks_is_failed_not_skipped(rt, monkeypatch):
     res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",))
     rows = {r["kernel"]: r for r in res["rows"]}
     assert rows["int8_token"]["note"].startswith("FAILED: quant/int8_write.wgsl:3:1")
-    assert rows["turboquant"]["note"].startswith("skipped")  # head 48 is not a TurboQuant head size
+    assert rows["q8_0"]["note"].startswith("skipped")  # head 48 is not a whole number of 32-element q8_0 blocks
     assert [r["kernel"] for r in failed_rows(res)] == ["int8_token"]
 
 

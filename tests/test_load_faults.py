@@ -55,8 +55,13 @@ def live_results() -> int:
 
 # ------------------------------------------------------------------------------------ load
 N_COMPUTES = 200
-WARMUP = 11  # 200 = 11 (mod 7): the warm-up and the last compute run the same method, so the
-# buffers the current results hold are the same at both snapshots
+
+
+def warmup_for(n_methods: int) -> int:
+    """Computes before the first snapshot: every method once, and WARMUP = N_COMPUTES (mod n_methods), so
+    the warm-up and the last compute run the same method and the buffers the current results hold are
+    the same at both snapshots."""
+    return n_methods + N_COMPUTES % n_methods
 RSS_BOUND_MB = 30.0  # see test_200_computes_in_one_window
 
 
@@ -65,7 +70,7 @@ def test_200_computes_in_one_window(qtbot, settings):
     """200 computes in a row in one window, cycling through every method (so every kernel's
     per-compute allocations are exercised), on a tiny workload.
 
-    Bounds, from the snapshot after a warm-up of 11 computes (every kernel compiled, every panel
+    Bounds, from the snapshot after a warm-up of warmup_for(methods) computes (every kernel compiled, every panel
     drawn once) to the snapshot after the 200th:
       * GPU buffers: no growth (+2 allowed). Every compute allocates ~20 buffers (caches, inputs,
         16 MiB copy buffers for the bandwidth line); they must all be freed with the results.
@@ -77,7 +82,8 @@ def test_200_computes_in_one_window(qtbot, settings):
         or leaked panel images would blow through it within a few computes.
     """
     methods = list(registry())
-    assert len(methods) == 7, "WARMUP is chosen for 7 methods; adjust it with the registry"
+    WARMUP = warmup_for(len(methods))
+    assert (WARMUP - 1) % len(methods) == (N_COMPUTES - 1) % len(methods) and WARMUP < N_COMPUTES // 2
     win = open_window(qtbot, settings, cfg=tiny_config(methods[0]))
     t0 = time.perf_counter()
     warm = None
