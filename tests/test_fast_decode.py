@@ -203,3 +203,14 @@ def test_sweep_points_checked_and_strict_json(rt, tmp_path):
     json.loads((tmp_path / "s.json").read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert main(["bench", "--sweep", "context", "--values", "0,-5"]) == 2
     assert main(["bench", "--values", "5"]) == 2
+
+
+def test_unchecked_module_variant_same_output(rt):
+    """The shader module without naga's runtime checks (a measured variant) computes the same output."""
+    from kvviz.gpu.trusted import available
+
+    if not available():
+        pytest.skip("this wgpu build has no wgpuDeviceCreateShaderModuleTrusted")
+    a, _, _ = run_case(rt, fd.INT8, [37, 300, 1], 8, 2, 128, 16)
+    b, _, _ = run_case(rt, fd.INT8, [37, 300, 1], 8, 2, 128, 16, checks=False)
+    assert np.array_equal(a, b)

@@ -31,20 +31,20 @@ for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_forma
     n = batch.num_blocks * KVH * BS * fmt.wpt(D)
     k = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "k")
     v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "v")
-    cases = [(True, ln, u, r, pt) for ln in (8, 16, 32) for r in (0, 16) for u in (1, 2) for pt in (None, 1024, 2048)]
-    if ONLY:
-        cases = [(True, 16, 2, 0, None)]
+    cases = [(True, ln, u, r, pt, True) for ln in (8, 16, 32) for r in (0, 16) for u in (1, 2) for pt in (None, 1024, 2048)]
     if fmt not in (fd.INT8, fd.F16):
-        cases = [(True, ln, 2, 0, pt) for ln in (8, 16, 32) for pt in (None, 1024)]
-    for sub, lanes, unroll, rows, pt in cases:
+        cases = [(True, ln, 2, 0, pt, True) for ln in (8, 16, 32) for pt in (None, 1024)]
+    if ONLY:  # the default layout, with and without naga's runtime checks (kvviz/gpu/trusted.py)
+        cases = [(True, 16, 2, 0, None, True), (True, 16, 2, 0, None, False)]
+    for sub, lanes, unroll, rows, pt, checks in cases:
         try:
             plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll,
-                             rows=rows, lanes=lanes)
+                             rows=rows, lanes=lanes, checks=checks)
         except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
             print(f"{fmt.name} sub={sub} U={unroll} rows={rows} pt={pt}: {exc}")
             continue
         t = rt.time(plan.dispatches, 30, 5)
         nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
         gbps = nb / (t.median_us * 1e3)
-        print(f"{fmt.name:9s} subgroups={sub!s:5s} {plan.describe():80s} {t.median_us:8.1f} us "
+        print(f"{fmt.name:9s} subgroups={sub!s:5s} checks={checks!s:5s} {plan.describe():80s} {t.median_us:8.1f} us "
               f"{gbps:7.0f} GB/s {100 * gbps / copy_gbps:5.1f}% of copy")

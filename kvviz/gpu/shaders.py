@@ -298,7 +298,11 @@ def compile_shader(device, spec: ShaderSpec, src: str | None = None):
     fe = spec.resolved_frontend
     t0 = time.perf_counter()
     try:
-        if fe == FRONTEND_WGSL:
+        if fe == FRONTEND_WGSL and dict(spec.defines).get("KVVIZ_RUNTIME_CHECKS") == "off":
+            from kvviz.gpu.trusted import create_wgsl_module  # the measured no-checks variant (kvviz/gpu/trusted.py)
+
+            module = create_wgsl_module(device, src, spec.name)
+        elif fe == FRONTEND_WGSL:
             module = device.create_shader_module(code=src, label=spec.name)
         elif fe == FRONTEND_GLSLANG:
             spirv = glsl_to_spirv(src, spec.path, spec.defines)

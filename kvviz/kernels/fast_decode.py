@@ -404,9 +404,19 @@ class FastDecode:
         return choose_layout(fmt, head_size, group, sub, limit, unroll, rows)
 
     def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
-               rows: int = 0, lanes: int = 16):
+               rows: int = 0, lanes: int = 16, checks: bool = True):
+        """checks=False: the shader module without naga's runtime checks (kvviz/gpu/trusted.py), a
+        measured variant; the host has validated every index the kernel reads."""
         lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
-        return self.rt.compile(SPLIT, **render(fmt, head_size, group, lay)), lay
+        defines = render(fmt, head_size, group, lay)
+        if not checks:
+            from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
+
+            if not available():
+                raise UnsupportedShape("this wgpu build has no wgpuDeviceCreateShaderModuleTrusted",
+                                       "Keep the runtime checks (the default).")
+            defines[RUNTIME_CHECKS_OFF[0]] = RUNTIME_CHECKS_OFF[1]
+        return self.rt.compile(SPLIT, **defines), lay
 
     def _tensor(self, tensor):
         if tensor is not None:
@@ -417,7 +427,7 @@ class FastDecode:
 
     def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
-             unroll: int = 2, rows: int = 0, lanes: int = 16) -> FastDecodePlan:
+             unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format)."""
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
@@ -434,7 +444,7 @@ class FastDecode:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes)
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:
