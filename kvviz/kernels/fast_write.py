@@ -54,13 +54,19 @@ F16_DEQUANT = KernelSpec("fast/f16_dequant.wgsl", bindings=ro("k_cache", "v_cach
                          immediates=Struct("P", "kvh hd bs wpt win0"))
 
 # The reductions over a lane group, pasted into write_common.wgsl ({{REDUCE}}).
-_REDUCE_SUBGROUP = """// red_min: min over the `span` aligned lanes of lid's group (span a power of two <= L), by subgroup shuffles.
+_REDUCE_SUBGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group (span a power of two <= L), by
+// subgroup shuffles (red_min2: two values, half the shuffles).
 fn red_min(v: vec4<u32>, lid: u32, span: u32) -> vec4<u32> {
   var m = v;
   for (var o = 1u; o < span; o = o << 1u) { m = min(m, subgroupShuffleXor(m, o)); }
   return m;
+}
+fn red_min2(v: vec2<u32>, lid: u32, span: u32) -> vec2<u32> {
+  var m = v;
+  for (var o = 1u; o < span; o = o << 1u) { m = min(m, subgroupShuffleXor(m, o)); }
+  return m;
 }"""
-_REDUCE_WORKGROUP = """// red_min: min over the `span` aligned lanes of lid's group, through workgroup memory (no subgroups).
+_REDUCE_WORKGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group, through workgroup memory (no subgroups).
 var<workgroup> s_red: array<vec4<u32>, 64>;
 fn red_min(v: vec4<u32>, lid: u32, span: u32) -> vec4<u32> {
   workgroupBarrier();
@@ -69,6 +75,16 @@ fn red_min(v: vec4<u32>, lid: u32, span: u32) -> vec4<u32> {
   let base = lid - lid % span;
   var m = v;
   for (var i = 0u; i < span; i = i + 1u) { m = min(m, s_red[base + i]); }
+  return m;
+}
+var<workgroup> s_red2: array<vec2<u32>, 64>;
+fn red_min2(v: vec2<u32>, lid: u32, span: u32) -> vec2<u32> {
+  workgroupBarrier();
+  s_red2[lid] = v;
+  workgroupBarrier();
+  let base = lid - lid % span;
+  var m = v;
+  for (var i = 0u; i < span; i = i + 1u) { m = min(m, s_red2[base + i]); }
   return m;
 }"""
 

@@ -5,9 +5,9 @@
 // invocations of a 64-invocation workgroup, R = 64 / L rows a workgroup. The grid is 2-D: workgroup
 // (x, y) is number y * gx + x (gx <= 65535), so any number of rows fits one dispatch.
 // Reductions over a lane group (amax, min / max of a group) are min reductions of u32 keys (a max is the
-// min of the complements), done by `red_min` from {{REDUCE_KIND}}: subgroupShuffleXor within the aligned
-// lane group (L never exceeds the adapter's smallest subgroup size, so a lane group lies inside one
-// subgroup), or workgroup memory on an adapter without subgroups.
+// min of the complements), done by `red_min` (4 values) / `red_min2` (2 values) from {{REDUCE_KIND}}:
+// subgroupShuffleXor within the aligned lane group (L never exceeds the adapter's smallest subgroup size,
+// so a lane group lies inside one subgroup), or workgroup memory on an adapter without subgroups.
 //
 // Exactness: a code is a step function f of the correctly rounded quotient x / s (int8, int4, KIVI:
 // round half to even; FP8: the saturating RNE encoder). The writers take q = x * inv (inv = 1/s on the

@@ -47,15 +47,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let src = row * nv4 + lane;
   var xk: array<vec4<f32>, NV>;
   var xv: array<vec4<f32>, NV>;
-  var m = vec4<u32>(0xFFFFFFFFu);
+  var m = vec2<u32>(0xFFFFFFFFu);
   for (var j = 0u; j < NV; j = j + 1u) {
     if (live) {
       xk[j] = key_in[src + j * L];
       xv[j] = val_in[src + j * L];
     }
-    m = min(m, vec4<u32>(amax_key4(xk[j]), amax_key4(xv[j]), 0xFFFFFFFFu, 0xFFFFFFFFu));
+    m = min(m, vec2<u32>(amax_key4(xk[j]), amax_key4(xv[j])));
   }
-  if (!PER_TENSOR) { m = red_min(m, lid, L); }
+  if (!PER_TENSOR) { m = red_min2(m, lid, L); }
   if (!live) { return; }
   var ak = ~m.x;
   var av = ~m.y;

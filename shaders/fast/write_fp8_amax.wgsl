@@ -2,7 +2,7 @@
 // #include "fast/write_common.wgsl"
 // Per-tensor amax for the fast FP8 writer's per_tensor mode: tensor[0] (K) / tensor[1] (V) = max |x| bits
 // over every real (non-padding) row and head (unsigned order of |x| bits = float order). Lane groups of L
-// lanes a row reduce by red_min, the rows of a workgroup through workgroup atomics, then one atomicMax a
+// lanes a row reduce by red_min2, the rows of a workgroup through workgroup atomics, then one atomicMax a
 // workgroup on the tensor words. tensor must be zeroed before. Grid: see write_common.wgsl.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
@@ -20,13 +20,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var live = row < p.rows;
   if (live) { live = slots[row / p.kvh] != PAD_SLOT; }
   let src = row * (p.hd / 4u) + lane;
-  var m = vec4<u32>(0xFFFFFFFFu);
+  var m = vec2<u32>(0xFFFFFFFFu);
   if (live) {
     for (var j = 0u; j < NV; j = j + 1u) {
-      m = min(m, vec4<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L]), 0xFFFFFFFFu, 0xFFFFFFFFu));
+      m = min(m, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
     }
   }
-  m = red_min(m, lid, L);
+  m = red_min2(m, lid, L);
   if (lid == 0u) {
     atomicStore(&s_amax[0], 0u);
     atomicStore(&s_amax[1], 0u);

@@ -7,7 +7,7 @@
 //                 clamp(round(x * inv), -127, 127), scale = amax / 127 (1 and codes 0 when amax = 0);
 //                 127 / amax and amax / 127 divided exactly (kvviz/oracles/paged.py's float32 arithmetic).
 // One lane group of L lanes per (token, KV head) row, K and V together: lane l loads the vec4s
-// l, l + L, ... of the row (NV = hd / (4L) each), amax by red_min, codes packed with pack4xI8.
+// l, l + L, ... of the row (NV = hd / (4L) each), amax by red_min2, codes packed with pack4xI8.
 // Cache u32 [num_blocks, kv_heads, block_size, wpt], wpt = hd/4 + 1; PAD_SLOT rows are skipped.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
@@ -42,15 +42,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let src = row * nv4 + lane;
   var xk: array<vec4<f32>, NV>;
   var xv: array<vec4<f32>, NV>;
-  var m = vec4<u32>(0xFFFFFFFFu);
+  var m = vec2<u32>(0xFFFFFFFFu);
   for (var j = 0u; j < NV; j = j + 1u) {
     if (live) {
       xk[j] = key_in[src + j * L];
       xv[j] = val_in[src + j * L];
     }
-    m = min(m, vec4<u32>(amax_key4(xk[j]), amax_key4(xv[j]), 0xFFFFFFFFu, 0xFFFFFFFFu));
+    m = min(m, vec2<u32>(amax_key4(xk[j]), amax_key4(xv[j])));
   }
-  m = red_min(m, lid, L);
+  m = red_min2(m, lid, L);
   if (!live) { return; }
   let t = row / p.kvh;
   let h = row % p.kvh;

@@ -31,15 +31,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let nv4 = p.hd / 4u;
   let src = row * nv4;
   var xv: array<vec4<f32>, NJ * VPU>;
-  var m = vec4<u32>(0xFFFFFFFFu);
+  var m = vec2<u32>(0xFFFFFFFFu);
   for (var j = 0u; j < NJ; j = j + 1u) {
     for (var i = 0u; i < VPU; i = i + 1u) {
       if (live) { xv[j * VPU + i] = val_in[src + (lane + j * L) * VPU + i]; }
       let a = minmax_keys4(xv[j * VPU + i]);
-      m = min(m, vec4<u32>(a.x, a.y, 0xFFFFFFFFu, 0xFFFFFFFFu));
+      m = min(m, a);
     }
   }
-  m = red_min(m, lid, L);
+  m = red_min2(m, lid, L);
   if (!live) { return; }
   let t = row / p.kvh;
   let h = row % p.kvh;
