@@ -279,7 +279,7 @@ class LabPanel(Panel):
         self.heat_img.setLookupTable(pg.colormap.get("inferno").getLookupTable(nPts=256))
         if run.info is not None:
             self._show_facts(run.info)
-        when = self.runs[-1][0]
+        when = f"#{len(self.runs)} {self.runs[-1][0]}"  # run number and time: rows of one run stay together
         for t in run.timings:
             self._rows.append((when, t, c if t.impl == "user" else None))
         self._fill_table()
@@ -337,12 +337,17 @@ class LabPanel(Panel):
 
     def _fill_table(self) -> None:
         t = self.table
-        headers = ["time", "kernel", "median us (min-p90)", "vs pinned built-in", "GB/s", "GFLOP/s", "check"]
+        headers = ["run", "kernel", "median us (min-p90)", "vs pinned built-in", "GB/s", "GFLOP/s", "check"]
         t.clear()
         t.setColumnCount(len(headers))
         t.setHorizontalHeaderLabels(headers)
         t.setRowCount(len(self._rows))
-        for i, (when, lt, c) in enumerate(reversed(self._rows)):
+        # the newest run first, each run's rows in order: the user's kernel, then the built-ins beside it
+        runs: dict = {}
+        for r in self._rows:
+            runs.setdefault(r[0], []).append(r)
+        ordered = [r for key in reversed(list(runs)) for r in runs[key]]
+        for i, (when, lt, c) in enumerate(ordered):
             tm = lt.timing
             gb = lt.bytes / (tm.median_us * 1e3) if tm.median_us > 0 else float("nan")
             gf = lt.flops / (tm.median_us * 1e3) if tm.median_us > 0 else float("nan")
@@ -365,7 +370,7 @@ class LabPanel(Panel):
                 for w, lt, c in self._rows]
         if not rows:
             return []
-        return [Table("kernel_lab", ["time", "kernel", "impl", "median_us", "min_us", "p90_us", "bytes", "flops", "ok",
+        return [Table("kernel_lab", ["run", "kernel", "impl", "median_us", "min_us", "p90_us", "bytes", "flops", "ok",
                                      "bad_elements", "max_err"], rows, f"Kernel lab runs of {self.path} ({self.slot_id})")]
 
 
