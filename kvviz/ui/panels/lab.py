@@ -277,6 +277,10 @@ class LabPanel(Panel):
         img = np.asarray(c.heat, np.float64).T
         self.heat_img.setImage(img, levels=(0, max(1.0, float(img.max()))))
         self.heat_img.setLookupTable(pg.colormap.get("inferno").getLookupTable(nPts=256))
+        self.heat.getPlotItem().setTitle(
+            f"{c.bad} of {c.total} elements outside the tolerance" + (" (bright: where)" if c.bad else ""), size="8pt")
+        self.heat.getPlotItem().setLabel("left", c.rows + " (binned)")
+        self.heat.getPlotItem().setLabel("bottom", c.cols + " (binned)")
         if run.info is not None:
             self._show_facts(run.info)
         when = f"#{len(self.runs)} {self.runs[-1][0]}"  # run number and time: rows of one run stay together
