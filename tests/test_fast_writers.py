@@ -248,6 +248,32 @@ def test_methods_write_through_the_fast_writer(ctx, mk, no_subgroups, monkeypatc
         bad.quantize(ctx, batch, k, v)
 
 
+@pytest.mark.parametrize("no_subgroups", [False, True], ids=["default", "no-subgroups"])
+@pytest.mark.parametrize("bits,recent", [(2, 0), (4, 16)])
+@pytest.mark.parametrize("shape", SHAPES, ids=SIDS)
+def test_kivi_fast_writer_words_equal_the_oracle(ctx, shape, bits, recent, no_subgroups, monkeypatch):
+    """KIVI's token and key-group writers over the shape grid (head 80 runs padded to 96): K (codes + side
+    streams), V records and residual rows equal kvviz/oracles/kivi.py write_buffers."""
+    from kvviz.oracles import kivi as okv
+
+    if no_subgroups:
+        monkeypatch.setattr(fw, "subgroups_available", lambda rt: False)
+    D, bs, lens, policy, pad_every, kvh = shape
+    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=D + bits)
+    rng = np.random.default_rng(D * bits + recent)
+    k, v = make_rows(rng, batch.num_tokens, kvh, D, "int4")
+    m = get_method("kivi", bits=bits, recent=recent)
+    qkv = m.quantize(ctx, batch, k, v)
+    assert qkv.device["cache"].extra["writer_impl"] == "fast"
+    kp, vp, _ = okv.pad_head(k, v)
+    ref = ofw.kivi(batch, kp, vp, bits, recent)
+    got = m.read_buffers(ctx, qkv)
+    np.testing.assert_array_equal(got["k"], ref["k"])
+    np.testing.assert_array_equal(got["v"], ref["v"])
+    n = ref["plan"].total_res
+    np.testing.assert_array_equal(got["res"][:n].view(np.uint32), ref["res"][:n].view(np.uint32))
+
+
 def test_kivi_key_group_written_when_it_fills(ctx):
     """The key-group writer takes any list of (sequence, group) with their token rows: a group written
     alone after its 32nd token arrives (a live append) gives the prefill's words."""
