@@ -170,9 +170,9 @@ def histogram(codes: np.ndarray, code_range, code_values: np.ndarray | None = No
         counts = np.bincount((c.astype(np.int64) - lo), minlength=len(bins)).astype(np.int64)
         return bins, bins.copy(), counts, "code"
     vals = np.asarray(code_values if code_values is not None else np.unique(c), np.float64)
-    vals = np.unique(vals[np.isfinite(vals)])
+    vals = np.unique(vals[np.isfinite(vals)]) + 0.0
     if c.size:
-        vals = np.union1d(vals, np.unique(c.astype(np.float64)))  # a value outside the declared set still shows
+        vals = np.union1d(vals, np.unique(c.astype(np.float64))) + 0.0  # a value outside the declared set still shows
     idx = np.searchsorted(vals, c.astype(np.float64))
     counts = np.bincount(idx, minlength=len(vals)).astype(np.int64)
     return np.arange(len(vals), dtype=np.int64), vals, counts, "code index"
@@ -288,7 +288,7 @@ def scaled_codes(x: np.ndarray, scales: np.ndarray) -> np.ndarray:
 def format_values(dtype) -> np.ndarray:
     """Every finite value of an 8-bit float dtype (ml_dtypes), in increasing order, -0 folded into 0."""
     v = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
-    return np.unique(v[np.isfinite(v)])
+    return np.unique(v[np.isfinite(v)]) + 0.0  # + 0.0: -0 reads as 0
 
 
 def levels_used(groups: np.ndarray, n_levels: int, axis: int) -> np.ndarray:

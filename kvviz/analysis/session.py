@@ -633,6 +633,11 @@ class Session:
         progress = progress or (lambda f, m: None)
         cancel = cancel or (lambda: False)
         cfg.validate()
+        values = list(values)
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1]
+        if bad or not values:
+            raise InvalidInput(f"sweep values must be integers >= 1, got {bad[0] if bad else 'none'!r}",
+                               "Give token counts (context) or sequence counts (batch), e.g. 64, 128, 256.")
         ctx = self.ctx(cfg.frontend)
         method = get_method(cfg.method, **cfg.method_options).for_layer(cfg.layer)
         points = []
@@ -654,6 +659,9 @@ class Session:
                 row = {"param": param, "value": int(val), "tokens": int(sum(lens)), "baseline_us": tb.median_us,
                        "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
                 for tk in checked(method.timed_kernels(ctx, batch, key, value, q, pcfg.scale), method.id):
+                    if cancel():  # stop within one kernel, dropping the incomplete point
+                        progress(1.0, "sweep cancelled")
+                        return points
                     t = ctx.rt.time(tk.dispatches, max(3, cfg.timing_runs))
                     row["method_kernels"][tk.name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us,
                                                       "bytes": tk.bytes, "role": tk.role, "impl": tk.impl}

@@ -27,6 +27,8 @@ PANEL_TITLES = {
     "timing": "GPU timing",
     "compare": "Method comparison",
     "block_inspector": "Block inspector",
+    "qjl_bias": "QJL bias",
+    "live": "Live decode",
 }
 
 

@@ -42,6 +42,29 @@ def save_png(widget: QWidget, path: str, dpr: float = 2.0) -> str:
     return str(path)
 
 
+class _VectorScatter:
+    """While painting into an SVG: scatter points as vector symbols. pyqtgraph draws them from a pixmap
+    atlas on screen (one embedded bitmap per point in an SVG); in export mode it draws each symbol."""
+
+    def __init__(self, widget: QWidget):
+        import pyqtgraph as pg
+
+        views = widget.findChildren(pg.GraphicsView)
+        if isinstance(widget, pg.GraphicsView):
+            views.append(widget)
+        self.items = [it for v in views if v.scene() is not None for it in v.scene().items()
+                      if isinstance(it, pg.ScatterPlotItem)]
+
+    def __enter__(self):
+        for it in self.items:
+            it.setExportMode(True, {"antialias": True})
+        return self
+
+    def __exit__(self, *exc):
+        for it in self.items:
+            it.setExportMode(False)
+
+
 def save_svg(widget: QWidget, path: str, title: str = "") -> str:
     _settle(widget)
     size = widget.size()
@@ -56,7 +79,8 @@ def save_svg(widget: QWidget, path: str, title: str = "") -> str:
         raise OSError(f"could not write {path}")
     try:
         p.fillRect(QRect(0, 0, size.width(), size.height()), Qt.white)
-        widget.render(p, QPoint(0, 0))
+        with _VectorScatter(widget):
+            widget.render(p, QPoint(0, 0))
     finally:
         p.end()
     return str(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import fields as dataclass_fields
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
@@ -419,8 +420,11 @@ class MainWindow(QMainWindow):
         self._debounce.stop()
         try:
             cfg = self.workload.config()
+            cfg.validate()  # every field's declared range before the worker: block size 0 is refused here
         except KvvizError as exc:
             self.show_error("Workload", exc)
+            self.mark_invalid(exc)
+            self.compute_failed.emit(exc)
             return
         session = self.session
         if cfg.source == "model" and cfg.model_path not in self.workload.model_infos:
@@ -599,6 +603,8 @@ class MainWindow(QMainWindow):
         if not isinstance(exc, KvvizError):
             log.error("unexpected error in %s:\n%s", task.label, getattr(exc, "__kvviz_traceback__", ""))
         self.show_error(kind.failure_title, exc)
+        if task.kind == "compute" and current:
+            self.mark_invalid(exc)
         if kind.failed is not None:
             kind.failed(self, task, exc)
 
@@ -613,6 +619,7 @@ class MainWindow(QMainWindow):
 
     def _show_results(self, res) -> None:
         self.results = res
+        self.workload.clear_invalid()
         self.state.set_results(res)
         self.last_good_config = res.config
         self.clear_error()
@@ -717,11 +724,9 @@ class MainWindow(QMainWindow):
             figures = {"window": "window.png"}
             save_png(self, os.path.join(stage, "window.png"), 1.0)
             tables = {}
-            for p in self.panels:
-                if p is self.inspector and not p.tables():
-                    continue
-                if p is self.compare and not p.tables():
-                    continue
+            for p in self.panels + [self.bias, self.live]:  # every panel (QJL bias and live decode too)
+                if p in (self.inspector, self.compare, self.live) and not p.tables():
+                    continue  # nothing shown yet (no block picked, no comparison, no live run)
                 name = f"{p.key}.png"
                 hidden = not p.isVisible()
                 if hidden:
@@ -746,15 +751,48 @@ class MainWindow(QMainWindow):
 
     def _load_config_clicked(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Load config", "", "JSON (*.json)")
-        if not path:
-            return
+        if path:
+            self.load_config(path)
+
+    def load_config(self, path: str) -> bool:
+        """Load a config file into the Workload panel and run it. A file that is not JSON gets its own
+        message (line and column); a refused value names its field, which is marked in the Workload panel
+        (the settings shown stay those of the last run). False when refused."""
         try:
             cfg = SessionConfig.load(path)
         except KvvizError as exc:
-            self.show_error("Load config", exc)
-            return
+            msg = str(exc).replace("--config: ", "", 1)
+            title = "Load config: JSON syntax error" if "is not valid JSON" in msg else "Load config"
+            self.show_error(title, type(exc)(msg, exc.hint))
+            field = self.invalid_field(exc)
+            if field:
+                self.workload.mark_invalid(field, f"{os.path.basename(path)}: {msg}")
+            return False
+        self.workload.clear_invalid()
         self.workload.set_config(cfg)
         self.request_compute()
+        return True
+
+    @staticmethod
+    def invalid_field(exc: BaseException) -> str | None:
+        """The SessionConfig field an InvalidInput names ("block_size must be ...", "method_options: ..."),
+        or None."""
+        import re
+
+        names = {f.name for f in dataclass_fields(SessionConfig)}
+        m = re.match(r"\s*(?:--set: |--config: )?(?:unknown setting )?'?(\w+)'?", str(exc))
+        if m and m.group(1) in names:
+            return m.group(1)
+        return None
+
+    def mark_invalid(self, exc: BaseException) -> None:
+        """Mark the field `exc` names in the Workload panel and tell every panel its results are stale."""
+        field = self.invalid_field(exc)
+        if field:
+            self.workload.mark_invalid(field, str(exc))
+        why = f"{field or 'the workload'} is invalid ({exc})" if isinstance(exc, KvvizError) else f"the last run failed ({exc})"
+        for p in self.panels + [self.bias]:
+            p.set_stale(why)
 
     def _save_config_clicked(self) -> None:
         path = self.ask_save_path("Save config", "kvviz-config.json", "JSON (*.json)")

@@ -17,12 +17,23 @@ PANEL_SIZES = {
     "attention": (1000, 760),
     "timing": (1000, 720),
     "compare": (900, 640),
+    "qjl_bias": (1000, 640),
 }
 
 
+def _quiet_qt(mode, context, message) -> None:
+    """Qt's own messages go to the log (debug), not to the terminal: the offscreen platform says
+    "This plugin does not support propagateSizeHints()" for every panel."""
+    import logging
+
+    logging.getLogger("kvviz.qt").debug("Qt: %s", message)
+
+
 def _app():
+    from PySide6.QtCore import qInstallMessageHandler
     from PySide6.QtWidgets import QApplication
 
+    qInstallMessageHandler(_quiet_qt)
     app = QApplication.instance()
     if app is None:
         app = QApplication(sys.argv[:1] or ["kvviz"])
@@ -30,18 +41,34 @@ def _app():
     return app
 
 
-def render_report_figures(res, out_dir: str, compare_rows=None, sweep_points=None) -> dict:
-    """{panel key: PNG file name} for every panel, written into out_dir."""
+def _draw_bias(panel, rt) -> None:
+    """The QJL bias panel's estimate for its default selection (sequence 0, head 0), computed here as the
+    window's worker would; a refusal is drawn as the panel's message."""
+    from kvviz.analysis.tq_bias import inner_product_bias
+    from kvviz.errors import KvvizError
+
+    seq, head = panel.selection()
+    try:
+        q, K, seed, layer = panel.inputs()
+        panel.set_bias(inner_product_bias(q, K, seed, layer, rt=rt), seq, head)
+    except KvvizError as exc:
+        panel.set_error(exc)
+
+
+def render_report_figures(res, out_dir: str, compare_rows=None, sweep_points=None, rt=None) -> dict:
+    """{panel key: PNG file name} for every panel, written into out_dir (the QJL bias estimate runs on `rt`,
+    a GpuRuntime, when given)."""
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QApplication
 
     from kvviz.ui.panels import AttentionPanel, CacheLayoutPanel, CodesPanel, ComparePanel, OverviewPanel, ScalesPanel, TimingPanel
+    from kvviz.ui.panels.qjl_bias import QjlBiasPanel
     from kvviz.ui.style import setup_pyqtgraph
 
     _app()
     setup_pyqtgraph()
     os.makedirs(out_dir, exist_ok=True)
-    classes = [OverviewPanel, CacheLayoutPanel, ScalesPanel, CodesPanel, AttentionPanel, TimingPanel]
+    classes = [OverviewPanel, CacheLayoutPanel, ScalesPanel, CodesPanel, AttentionPanel, TimingPanel, QjlBiasPanel]
     if compare_rows:
         classes.append(ComparePanel)
     figures = {}
@@ -57,6 +84,8 @@ def render_report_figures(res, out_dir: str, compare_rows=None, sweep_points=Non
             p.set_rows(compare_rows)
         if cls is TimingPanel and sweep_points:
             p.set_sweep(sweep_points)
+        if cls is QjlBiasPanel and not p.reason:
+            _draw_bias(p, rt)
         QApplication.processEvents()
         name = f"{cls.key}.png"
         p.export_png(os.path.join(out_dir, name))

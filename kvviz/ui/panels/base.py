@@ -73,6 +73,14 @@ class Panel(QWidget):
         self.export_button.setMenu(menu)
         bar.addWidget(self.export_button)
         outer.addLayout(bar)
+        # Said when the panel's results no longer match the Workload settings (an invalid field, a failed run).
+        self.stale_label = QLabel("")
+        self.stale_label.setObjectName("staleNote")
+        self.stale_label.setWordWrap(True)
+        self.stale_label.setStyleSheet("#staleNote { background: #fff4d6; color: #6b4a00; padding: 2px 4px; "
+                                       "border: 1px solid #e6c36a; border-radius: 3px; font-size: 8pt; }")
+        self.stale_label.hide()
+        outer.addWidget(self.stale_label)
         self.body = QVBoxLayout()
         self.body.setContentsMargins(0, 0, 0, 0)
         self.body.setSpacing(3)
@@ -81,7 +89,20 @@ class Panel(QWidget):
     # ---------------------------------------------------------------- data
     def set_results(self, res) -> None:
         self.res = res
+        self.set_stale(None)
         self.refresh()
+
+    def set_stale(self, why: str | None) -> None:
+        """Say that what the panel shows is stale (why), or nothing (None)."""
+        if why and self.res is not None:
+            self.stale_label.setText(f"Stale: these are the results of the last run; {why}")
+            self.stale_label.show()
+        else:
+            self.stale_label.hide()
+
+    @property
+    def is_stale(self) -> bool:
+        return not self.stale_label.isHidden()
 
     def refresh(self) -> None:
         """Rebuild the tables from `self.res` and the panel's selections, then draw them."""
@@ -105,10 +126,55 @@ class Panel(QWidget):
         raise ValueError(fmt)
 
     def export_png(self, path: str) -> str:
-        return save_png(self, path, 2.0)
+        with self.figure_mode():
+            return save_png(self, path, 2.0)
 
     def export_svg(self, path: str) -> str:
-        return save_svg(self, path, f"kvviz: {self.title}")
+        with self.figure_mode():
+            return save_svg(self, path, f"kvviz: {self.title}")
+
+    def controls(self) -> list:
+        """The widgets a figure leaves out: the tool row (selectors, the Export button, the elided info
+        line), buttons, combo boxes, check boxes, text fields, spin boxes, tab bars and the stale note;
+        with a plot in the panel also its tables (their numbers are the CSV)."""
+        import pyqtgraph as pg
+        from PySide6.QtWidgets import (
+            QAbstractButton, QAbstractItemView, QAbstractSpinBox, QComboBox, QLineEdit, QPlainTextEdit, QSlider,
+            QTabBar,
+        )
+
+        kinds = (QAbstractButton, QComboBox, QLineEdit, QAbstractSpinBox, QSlider, QTabBar, QPlainTextEdit,
+                 ElidedLabel)
+        out = [w for w in self.findChildren(QWidget) if isinstance(w, kinds)] + [self.stale_label]
+        if any(v.isVisible() for v in self.findChildren(pg.GraphicsView)):
+            out += [w for w in self.findChildren(QAbstractItemView) if not isinstance(w, pg.GraphicsView)]
+        for i in range(self.tools.count()):
+            w = self.tools.itemAt(i).widget()
+            if w is not None:
+                out.append(w)
+        return out
+
+    def figure_mode(self):
+        """Context manager: the panel as a figure, its controls hidden while it is painted."""
+        import contextlib
+
+        from PySide6.QtWidgets import QApplication
+
+        @contextlib.contextmanager
+        def cm():
+            hidden = [w for w in self.controls() if not w.isHidden()]
+            for w in hidden:
+                w.hide()
+            if self.layout() is not None:
+                self.layout().activate()
+            QApplication.processEvents()
+            try:
+                yield self
+            finally:
+                for w in hidden:
+                    w.show()
+
+        return cm()
 
     def export_csv(self, path: str) -> list:
         """The main table to `path`, every other table to `<stem>_<table>.csv` beside it."""

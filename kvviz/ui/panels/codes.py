@@ -30,15 +30,18 @@ def _text(val, unit: str) -> str:
     return f"{v:.4g}"
 
 
-def _value_ticks(vals: np.ndarray, n: int = 7) -> list:
-    """Ticks on a code-index axis naming the values: the ends, zero and a few between."""
+def _value_ticks(vals: np.ndarray, n: int = 9) -> list:
+    """Ticks on a code-index axis naming the values: the ends, zero and values that are powers of two
+    (+-1, +-16, ...) spread along the axis."""
     if len(vals) == 0:
         return []
-    idx = set(np.linspace(0, len(vals) - 1, min(n, len(vals))).round().astype(int).tolist())
-    zero = np.flatnonzero(vals == 0)
-    if zero.size:
-        idx.add(int(zero[0]))
-    return [(float(i), f"{vals[i]:.3g}") for i in sorted(idx)]
+    a = np.abs(vals)
+    with np.errstate(divide="ignore"):
+        nice = np.flatnonzero((vals == 0) | ((a > 0) & (np.mod(np.log2(np.where(a > 0, a, 1)), 1) == 0)))
+    if len(nice) > n:
+        nice = nice[np.unique(np.linspace(0, len(nice) - 1, n).round().astype(int))]
+    idx = sorted(set(nice.tolist()) | {0, len(vals) - 1} | set(np.flatnonzero(vals == 0)[:1].tolist()))
+    return [(float(i), f"{vals[i] + 0.0:g}") for i in idx]
 
 
 class CodesPanel(Panel):

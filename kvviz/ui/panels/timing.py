@@ -42,11 +42,19 @@ def log_ticks(values) -> list:
 
 
 def parse_values(text: str) -> list:
+    """Sweep values typed as "64, 128, 256": positive integers; ValueError naming the first bad one."""
     out = []
     for p in text.replace(";", ",").replace(" ", ",").split(","):
         p = p.strip()
-        if p:
-            out.append(int(p))
+        if not p:
+            continue
+        try:
+            v = int(p)
+        except ValueError:
+            raise ValueError(f"Sweep value {p!r} is not an integer: give positive integers separated by commas.") from None
+        if v < 1:
+            raise ValueError(f"Sweep value {v} is not a positive integer: give token counts or sequence counts >= 1.")
+        out.append(v)
     return out
 
 
@@ -290,9 +298,13 @@ class TimingPanel(Panel):
     def _sweep_clicked(self) -> None:
         try:
             values = parse_values(self.sweep_values.text())
-        except ValueError:
-            self.sweep_status.setText("Sweep values must be integers separated by commas.")
+        except ValueError as exc:
+            self.sweep_status.setText(str(exc))
+            self.sweep_values.setStyleSheet("border: 1px solid #c0392b;")
+            self.sweep_values.setToolTip(str(exc))
             return
+        self.sweep_values.setStyleSheet("")
+        self.sweep_values.setToolTip("Values of the swept parameter, comma separated")
         if not values:
             self.sweep_status.setText("Give at least one sweep value.")
             return

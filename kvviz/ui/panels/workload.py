@@ -483,5 +483,38 @@ class WorkloadPanel(QWidget):
             softmax_scale=getattr(self, "_softmax_scale", 0.0),
         )
 
+    # --------------------------------------------------------------- invalid fields
+    def field_widgets(self) -> dict:
+        """{SessionConfig field: the widget that edits it}."""
+        return {
+            "source": self.source, "preset": self.preset, "kv_file": self.kv_file, "model_path": self.model_path,
+            "prompt": self.prompt, "pre_rope_keys": self.pre_rope, "layer": self.layer,
+            "context_lens": self.context_lens, "seed": self.seed, "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads, "head_size": self.head_size, "block_size": self.block_size,
+            "num_blocks": self.num_blocks, "policy": self.policy, "method": self.method,
+            "method_options": self.options_editor, "frontend": self.frontend, "timing_runs": self.timing_runs,
+        }
+
+    def mark_invalid(self, field: str | None, message: str) -> QWidget | None:
+        """Mark the widget of `field` (a red frame, the message as its tooltip); None when no widget edits it."""
+        self.clear_invalid()
+        w = self.field_widgets().get(field or "")
+        if w is None:
+            return None
+        w.setProperty("kvvizInvalid", True)
+        w.setStyleSheet("border: 2px solid #c0392b;")
+        w._kvviz_tip = w.toolTip()
+        w.setToolTip(message)
+        self.invalid_field = field
+        return w
+
+    def clear_invalid(self) -> None:
+        for w in self.field_widgets().values():
+            if w.property("kvvizInvalid"):
+                w.setProperty("kvvizInvalid", False)
+                w.setStyleSheet("")
+                w.setToolTip(getattr(w, "_kvviz_tip", ""))
+        self.invalid_field = None
+
     def set_busy(self, busy: bool) -> None:
         self.cancel_button.setEnabled(busy)

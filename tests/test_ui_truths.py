@@ -1,0 +1,226 @@
+"""What the window shows is true and readable (issue 13): histograms with one bar per code, statistics
+with their definitions, exports that are figures (no controls, vector scatter points), a report folder
+with every panel in strict JSON, bad input named where it is (pytest-qt, offscreen)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvviz.analysis.session import Session
+from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session()
+
+
+def _strict_json(path):
+    """json.loads that refuses NaN/Infinity (as node's JSON.parse does)."""
+    def bad(name):
+        raise ValueError(f"{path}: non-standard JSON constant {name}")
+
+    with open(path) as fh:
+        return json.loads(fh.read(), parse_constant=bad)
+
+
+# ------------------------------------------------------------------------------ item 2: histograms
+def _bar_x(bars):
+    return np.asarray(bars.opts["x"], np.float64), float(np.asarray(bars.opts["width"]).max()), \
+        float(np.asarray(bars.opts["width"]).min())
+
+
+def test_one_histogram_bar_per_integer_code(qtbot, window):
+    w = window
+    res = w.results
+    lo, hi = res.qkv.code_range
+    for log in (False, True):
+        w.codes.log_y.setChecked(log)
+        for bars in (w.codes.k_bars, w.codes.v_bars):
+            x, wmax, wmin = _bar_x(bars)
+            # every integer code of the range has its bar (zero counts too), bars of width 1 tile the axis
+            np.testing.assert_array_equal(x, np.arange(lo, hi + 1))
+            assert wmax == wmin == 1.0
+        h = np.asarray(w.codes.k_bars.opts["height"], np.float64)
+        counts = w.codes.hist.column("k_count").astype(np.float64)
+        np.testing.assert_allclose(h, np.log10(counts + 1) if log else counts)
+    w.codes.log_y.setChecked(False)
+
+
+def test_fp8_histogram_on_a_code_index_axis_with_value_ticks(qtbot, settings, session):
+    w = open_window(qtbot, settings, session, small_config(method="fp8_e4m3"))
+    try:
+        x, wmax, wmin = _bar_x(w.codes.k_bars)
+        np.testing.assert_array_equal(x, np.arange(253))  # every finite E4M3 value, in order
+        assert wmax == wmin == 1.0
+        vals = w.codes.hist.column("code").astype(np.float64)
+        assert vals[0] == -448 and vals[-1] == 448 and np.all(np.diff(vals) > 0)
+        ticks = w.codes.v_plot.getAxis("bottom")._tickLevels[0]
+        labels = {lab for _, lab in ticks}
+        assert {"-448", "0", "448"} <= labels
+        assert "value" in w.codes.v_plot.getAxis("bottom").labelText
+    finally:
+        w.close()
+
+
+# ------------------------------------------------------------------------------ item 1: statistics
+def test_codes_table_names_and_defines_the_statistics(window):
+    w = window
+    res = w.results
+    t = w.codes.table
+    headers = [t.horizontalHeaderItem(j).text() for j in range(t.columnCount())]
+    assert "saturated" in headers and "clip rate" not in headers and "zeros" not in headers
+    j = headers.index("saturated")
+    assert t.item(0, j).text() == "0.00%"  # int8 per token on Gaussian-like data: nothing saturates
+    assert "beyond the code range" in t.horizontalHeaderItem(j).toolTip()
+    zj = headers.index("zeroed non-zeros")
+    assert t.item(0, zj).text() == res.k_stats.stats["zeroed"].text()
+    assert "dequantised value is exactly 0" in t.item(0, zj).toolTip()
+
+
+# ------------------------------------------------------------------------------ item 4: exports
+def test_panel_exports_hold_only_the_plots(qtbot, window, tmp_path):
+    w = window
+    svg = tmp_path / "codes.svg"
+    w.codes.export_svg(str(svg))
+    text = svg.read_text()
+    for control in ("Export", "log counts", w.codes.info.text()):
+        assert control not in text, control
+    assert "count" in text  # the plots' axis labels are there
+    assert not w.codes.log_y.isHidden() and not w.codes.export_button.isHidden()  # restored after export
+
+
+def test_svg_scatter_points_are_vector_shapes(qtbot, session, tmp_path):
+    from kvviz.analysis.tq_bias import inner_product_bias
+    from kvviz.ui.panels.qjl_bias import QjlBiasPanel
+
+    res = session.compute(small_config(head_size=128))
+    p = QjlBiasPanel(None)
+    qtbot.addWidget(p)
+    p.resize(900, 600)
+    p.show()
+    p.set_results(res)
+    q, K, seed, layer = p.inputs()
+    p.set_bias(inner_product_bias(q, K, seed, layer, rt=session.rt), 0, 0)
+    n = p.n_points()
+    assert n >= 40
+    path = tmp_path / "bias.svg"
+    p.export_svg(str(path))
+    text = path.read_text()
+    # pyqtgraph's pixmap atlas embeds one bitmap per point; vector symbols are one path each (the one
+    # image left is the view's blank background)
+    assert text.count("<image") <= 2
+    assert text.count("<path") >= n
+
+
+def test_report_folder_has_every_panel_and_strict_files(qtbot, window, tmp_path):
+    w = window
+    paths = w.export_report(str(tmp_path / "rep"))
+    rep = _strict_json(paths["json"])
+    for key in ("window", "overview", "cache_layout", "scales", "codes", "attention", "timing", "qjl_bias"):
+        assert os.path.exists(tmp_path / "rep" / rep["figures"][key]), key
+    assert rep["codes"]["K"]["definitions"]["saturated"]
+
+
+def test_kvviz_report_writes_strict_json_empty_csv_cells_and_no_qt_warnings(tmp_path):
+    out = tmp_path / "rep"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    p = subprocess.run([sys.executable, "-m", "kvviz", "report", "--out", str(out), "--set", "context_lens=40,17",
+                        "--set", "head_size=64", "--set", "num_heads=4", "--set", "timing_runs=3"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "propagateSizeHints" not in p.stderr and "QFont" not in p.stderr and "Qt" not in p.stderr
+    files = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs]
+    jsons = [f for f in files if f.endswith(".json")]
+    assert {"report.json", "trace.json"} <= {os.path.basename(f) for f in jsons}
+    for f in jsons:
+        _strict_json(f)
+    for f in (f for f in files if f.endswith(".csv")):
+        for cell in open(f).read().replace("\n", ",").split(","):
+            assert cell.strip().lower() not in ("nan", "inf", "-inf", "none"), (f, cell)
+    assert os.path.exists(out / "qjl_bias.png")
+
+
+# ------------------------------------------------------------------------------ item 5: bad input
+@pytest.mark.parametrize("text, field, words", [
+    ('{"num_heads": NaN}', "num_heads", "num_heads"),
+    ('{"head_size": "abc"}', "head_size", "head_size"),
+    ('{"block_size": 0}', "block_size", "block_size"),
+    ('{"softmax_scale": NaN}', None, "softmax_scale"),
+])
+def test_load_config_names_the_field(qtbot, window, tmp_path, capfd, text, field, words):
+    w = window
+    before = w.workload.block_size.value()
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    capfd.readouterr()
+    assert w.load_config(str(path)) is False
+    assert w.banner.isVisible() and words in w.banner.title.text()
+    assert "Load config" in w.banner.title.text()
+    assert "Traceback" not in capfd.readouterr().err
+    assert w.workload.block_size.value() == before  # block size 0 never becomes 1
+    if field:
+        wid = w.workload.field_widgets()[field]
+        assert wid.property("kvvizInvalid") and words in wid.toolTip()
+
+
+def test_load_config_json_syntax_error_has_its_own_message(qtbot, window, tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"num_heads": 8,\n')
+    assert window.load_config(str(path)) is False
+    title = window.banner.title.text()
+    assert "JSON syntax error" in title and "line 2" in title and "--config" not in title
+
+
+def test_invalid_field_is_marked_and_panels_say_stale(qtbot, window):
+    w = window
+    w.workload.context_lens.setText("0, -5")
+    w.request_compute()
+    assert "context_lens" in w.banner.title.text()
+    assert w.workload.context_lens.property("kvvizInvalid")
+    assert all(p.is_stale for p in (w.codes, w.attention, w.timing, w.overview))
+    assert "stale" in w.codes.stale_label.text().lower()
+    # a good value runs again and clears both
+    w.workload.context_lens.setText("40, 17")
+    with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+        w.request_compute()
+    assert not w.workload.context_lens.property("kvvizInvalid")
+    assert not w.codes.is_stale
+
+
+def test_sweep_values_must_be_positive(qtbot, window):
+    w = window
+    got = []
+    w.timing.sweep_requested.connect(lambda *a: got.append(a))
+    for text in ("0, -5", "64, x"):
+        w.timing.sweep_values.setText(text)
+        w.timing._sweep_clicked()
+        assert not got
+        assert "Sweep value" in w.timing.sweep_status.text()
+
+
+def test_sweep_cancel_stops_within_one_kernel(session):
+    from kvviz.errors import InvalidInput
+
+    cfg = small_config(method="int8_token")
+    rt = session.rt
+    calls = []
+    orig = rt.time
+
+    def timed(*a, **k):
+        calls.append(1)
+        return orig(*a, **k)
+
+    rt.time = timed
+    try:
+        pts = session.sweep(cfg, "context", [32, 64], cancel=lambda: len(calls) >= 1)
+    finally:
+        rt.time = orig
+    assert pts == [] and len(calls) == 1  # the baseline timing ran, no method kernel after the cancel
+    with pytest.raises(InvalidInput, match="sweep values"):
+        session.sweep(cfg, "context", [0, -5])
