@@ -224,3 +224,18 @@ def test_sweep_cancel_stops_within_one_kernel(session):
     assert pts == [] and len(calls) == 1  # the baseline timing ran, no method kernel after the cancel
     with pytest.raises(InvalidInput, match="sweep values"):
         session.sweep(cfg, "context", [0, -5])
+
+
+# ------------------------------------------------------------------------------ item 6: CLI hygiene
+def test_kvviz_live_exits_nonzero_when_a_method_fails(monkeypatch, capsys):
+    import kvviz.live.decode as decode
+    from kvviz.live import measure
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(decode, "run_live", broken)
+    rc = measure.main(["--methods", "int8_seed,kivi", "--n-new", "1", "--prompt", "Hello"])
+    out, err = capsys.readouterr()
+    assert rc == 1  # none ran
+    assert "2 of 2 method(s) failed" in err and "| int8_seed | failed: RuntimeError: boom |" in out
