@@ -158,6 +158,48 @@ def test_fast_writer_words_equal_the_oracle(rt, writer, shape, variant):
         np.testing.assert_array_equal(tensor[2:4].view(np.float32), [sk, sv])
 
 
+INEXACT = ["int8_token", "fp8_e4m3-per_token", "fp8_e5m2-per_token", "fp8_e4m3-per_tensor", "int4-32", "int4-128"]
+
+
+@pytest.mark.parametrize("ulps", [-3, 3])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3]], ids=[SIDS[1], SIDS[3]])
+@pytest.mark.parametrize("writer", INEXACT)
+def test_exact_codes_with_an_inexact_divider(rt, writer, shape, ulps):
+    """lavapipe divides exactly; a GPU's 1/scale may be 2.5 ulp off (Vulkan). With 1/scale moved +-3 ulp the
+    codes must still equal the oracle's: the 16-ulp check sends every near-boundary value (the rows' exact
+    ties and FP8 midpoints included) to the exact division."""
+    D, bs, lens, policy, pad_every, kvh = shape
+    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=D + bs)
+    k, v = make_rows(np.random.default_rng(D + ulps), batch.num_tokens, kvh, D, writer)
+    gk, gv, _, method = run_writer(rt, writer, batch, k, v, fw.Variant(rt, inv_ulps=ulps))
+    np.testing.assert_array_equal(gk, oracle_words(writer, batch, k, method))
+    np.testing.assert_array_equal(gv, oracle_words(writer, batch, v, method))
+
+
+def test_the_margin_is_what_keeps_the_codes_exact(rt):
+    """A divider 40 ulp off (beyond the 16-ulp margin) does change codes at exact ties: the check above can fail."""
+    batch = make_batch([40], 16)
+    k, v = make_rows(np.random.default_rng(1), 40, 1, 64, "int8_token")
+    gk, _, _, _ = run_writer(rt, "int8_token", batch, k, v, fw.Variant(rt, inv_ulps=40))
+    assert (gk != ofw.int8_token(batch, k)).any()
+
+
+@pytest.mark.parametrize("ulps", [-3, 3])
+def test_kivi_exact_with_an_inexact_divider(ctx, ulps, monkeypatch):
+    from kvviz.oracles import kivi as okv
+
+    real = fw.Variant
+    monkeypatch.setattr(fw, "Variant", lambda rt, subgroups=None, lanes=None: real(rt, subgroups, lanes, ulps))
+    batch = make_batch([70, 1, 45], 16, policy="scattered", pad_every=6, seed=2)
+    k, v = make_rows(np.random.default_rng(8), batch.num_tokens, 2, 64, "int4")
+    for bits, recent in ((2, 0), (4, 16)):
+        m = get_method("kivi", bits=bits, recent=recent)
+        got = m.read_buffers(ctx, m.quantize(ctx, batch, k, v))
+        ref = okv.write_buffers(batch, k, v, bits, recent)
+        np.testing.assert_array_equal(got["k"], ref["k"])
+        np.testing.assert_array_equal(got["v"], ref["v"])
+
+
 def test_lane_choice_nests_with_groups():
     assert fw.choose_lanes(32, 0, 32) == 32 and fw.choose_lanes(20, 0, 32) == 4 and fw.choose_lanes(15, 0, 32) == 1
     assert fw.choose_lanes(16, 4, 32) == 16  # int4 G=32 at D=128: a group is 4 lanes

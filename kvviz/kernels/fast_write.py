@@ -37,7 +37,7 @@ _ROW_IMM = Struct("P", "kvh hd bs wpt rows gx")
 _TOKENS = ro("key_in", "val_in", "slots")
 # Every spec carries representative defines (one lane, the workgroup-memory reduction, ...) so it renders
 # and checks on its own (tests/test_kernel_families.py); the launchers below always pass their own.
-_LANE_DEFAULTS = dict(LANES=1, REDUCE_KIND="workgroup memory", NV=1, NJ=1)
+_LANE_DEFAULTS = dict(LANES=1, REDUCE_KIND="workgroup memory", NV=1, NJ=1, INV_ULPS=0)
 _FP8_DEFAULTS = dict(MBITS=3, BIAS=7, MAX_BITS=0x43E00000, MAX_CODE=0x7E, FMAX="448.0", PER_TENSOR="false", NAME="fp8_e4m3fn")
 WRITE_INT8 = KernelSpec("fast/write_int8.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_ROW_IMM)
 WRITE_FP8 = KernelSpec("fast/write_fp8.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"), immediates=_ROW_IMM)
@@ -160,7 +160,9 @@ def input_chunks(rt: GpuRuntime, n: int, row_bytes: int) -> list[tuple[int, int]
 class Variant:
     """How one writer is compiled: subgroups or workgroup memory, lanes a row."""
 
-    def __init__(self, rt: GpuRuntime, subgroups: bool | None = None, lanes: int | None = None):
+    def __init__(self, rt: GpuRuntime, subgroups: bool | None = None, lanes: int | None = None, inv_ulps: int = 0):
+        """inv_ulps: move the hardware 1/scale by that many ulp (tests: an inexact divider on any device)."""
+        self.inv_ulps = int(inv_ulps)
         have = subgroups_available(rt)
         self.subgroups = have if subgroups is None else bool(subgroups)
         if self.subgroups and not have:
@@ -179,7 +181,7 @@ class Variant:
 
     def defines(self, lanes: int) -> dict:
         return {"LANES": lanes, "REDUCE": _REDUCE_SUBGROUP if self.subgroups else _REDUCE_WORKGROUP,
-                "REDUCE_KIND": "subgroup shuffles" if self.subgroups else "workgroup memory"}
+                "REDUCE_KIND": "subgroup shuffles" if self.subgroups else "workgroup memory", "INV_ULPS": self.inv_ulps}
 
 
 def _check_rows(key, value, sm):

@@ -22,6 +22,10 @@ const NEAR: u32 = 16u;
 
 {{REDUCE}}
 
+// 1 / s as the hardware divides it (Vulkan: within 2.5 ulp). INV_ULPS = {{INV_ULPS}} moves it that many ulp
+// (0 in the product): the tests emulate an inexact divider on a device that divides exactly.
+fn approx_inv(s: f32) -> f32 { return bitcast<f32>(u32(i32(bitcast<u32>(1.0 / s)) + ({{INV_ULPS}}))); }
+
 fn near_lo(m: vec4<u32>) -> vec4<u32> { return max(m, vec4<u32>(NEAR)) - vec4<u32>(NEAR); }
 fn near_hi(m: vec4<u32>) -> vec4<u32> { return min(m + vec4<u32>(NEAR), vec4<u32>(0x7F7FFFFFu)); }
 

@@ -20,17 +20,36 @@ const NV: u32 = {{NV}}u;
 
 fn enc(bits: u32) -> u32 { return f32_to_fp8(bits, {{MBITS}}u, {{BIAS}}, {{MAX_BITS}}u, {{MAX_CODE}}u); }
 
+// Whether every magnitude within NEAR ulp of the float bits m encodes to the same FP8 code: the encoder
+// rounds away `sh` low bits of the significand (sh = 23 - MBITS for an FP8 normal, more for a subnormal), so
+// its result changes only where those bits pass the midpoint 2^(sh-1); a binade edge is at least half a step
+// (>= 2^19 ulp) from any midpoint, saturation (beyond max) and flushing (far below the smallest subnormal)
+// are flat.
+fn fp8_sure(m: u32) -> bool {
+  if (m > {{MAX_BITS}}u) { return true; }
+  let e = i32(m >> 23u);
+  if (e == 0) { return true; }
+  let ue = e - 127;
+  var sh = 23u - {{MBITS}}u;
+  if (ue < 1 - {{BIAS}}) {
+    let s = 24 - {{BIAS}} - i32({{MBITS}}u) - ue;
+    if (s >= 26) { return true; }
+    sh = u32(s);
+  }
+  let rem = ((m & 0x7FFFFFu) | 0x800000u) & ((1u << sh) - 1u);
+  let half = 1u << (sh - 1u);
+  return max(rem, half) - min(rem, half) > NEAR;
+}
+
 // 4 FP8 codes (element l in byte l) of x / scale, inv ~ 1 / scale.
 fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
   let m = bitcast<vec4<u32>>(x * inv) & vec4<u32>(ABS_MASK);
-  let lo = near_lo(m);
-  let hi = near_hi(m);
   let sign = (bitcast<vec4<u32>>(x) >> vec4<u32>(24u)) & vec4<u32>(0x80u);
   let sub = any_subnormal(x);
   var word = 0u;
   for (var l = 0u; l < 4u; l = l + 1u) {
-    var c = enc(lo[l]);
-    if (sub || c != enc(hi[l])) { c = enc(div_rn_bits(x[l], scale) & ABS_MASK); }
+    var c = enc(m[l]);
+    if (sub || !fp8_sure(m[l])) { c = enc(div_rn_bits(x[l], scale) & ABS_MASK); }
     word = word | ((sign[l] | c) << (8u * l));
   }
   return word;
@@ -73,8 +92,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let h = row % p.kvh;
   let slot = slots[t];
   if (slot == PAD_SLOT) { return; }
-  let ik = 1.0 / sk;
-  let iv = 1.0 / sv;
+  let ik = approx_inv(sk);
+  let iv = approx_inv(sv);
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
   for (var j = 0u; j < NV; j = j + 1u) {
     k_cache[dst + lane + j * L] = codes(xk[j], sk, ik);

@@ -30,7 +30,7 @@ fn scale_inv(amax: f32) -> vec2<f32> {
     return vec2<f32>(1.0, 0.0);
   }
   let s = max(div_rn(amax, 127.0), 1e-8f);
-  return vec2<f32>(s, 1.0 / s);
+  return vec2<f32>(s, approx_inv(s));
 }
 
 @compute @workgroup_size(64)

@@ -64,7 +64,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       let s = asym_scale(z, bitcast<f32>(key_bits(mx[i][l])), LEVELS);
       zero[i][l] = z;
       scale[i][l] = s;
-      inv[i][l] = select(0.0, 1.0 / s, s != 0.0);
+      inv[i][l] = select(0.0, approx_inv(s), s != 0.0);
       let o = 2u * p.hd * g + 2u * (w * CPW + 4u * i + l);
       k_cache[side_word(seq, h, o)] = bitcast<u32>(s);
       k_cache[side_word(seq, h, o + 1u)] = bitcast<u32>(z);

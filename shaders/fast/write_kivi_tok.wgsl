@@ -69,7 +69,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   }
   let mn = bitcast<f32>(key_bits(m.x));
   let scale = asym_scale(mn, bitcast<f32>(key_bits(~m.y)), LEVELS);
-  let inv = select(0.0, 1.0 / scale, scale != 0.0);
+  let inv = select(0.0, approx_inv(scale), scale != 0.0);
   for (var j = 0u; j < NJ; j = j + 1u) {
     var word = 0u;
     for (var i = 0u; i < VPU; i = i + 1u) {
