@@ -1,7 +1,7 @@
 """Times every writer at the anchor shape (15 x 4096 tokens, 8 KV heads, d128, block 16, scattered blocks):
 the seed int8 writer, the first-wave writers and the fast writers (kvviz/kernels/fast_write.py) side by
-side, the fast ones in their variants (lanes a row, subgroups or workgroup memory), each checked word for
-word against the first-wave / seed output first. Prints GPU medians, GB/s on the writer's unique bytes and
+side, the fast ones in their variants (lanes a row, subgroups or workgroup memory); the fast seed-layout
+writer is checked word for word against the seed oracle. Prints GPU medians, GB/s on the writer's unique bytes and
 % of the copy shader measured in the same run. Timings are printed, never asserted. Run on the device:
     python3 tools/fast_write_bench.py [num_seqs ctx]
 """
