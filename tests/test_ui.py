@@ -394,6 +394,12 @@ def test_sweep_in_the_worker(qtbot, window):
     curves = w.timing.sweep_plot.getPlotItem().listDataItems()
     assert sum(len(c.getData()[0]) for c in curves) == len(w.timing.sweep_tab)
     assert len(curves) == 1 + len(points[0]["method_kernels"])
+    # p10-p90 of each kernel's runs drawn as error bars (log10 space), one item per kernel
+    import pyqtgraph as pg
+
+    bars = [it for it in w.timing.sweep_plot.getPlotItem().items if isinstance(it, pg.ErrorBarItem)]
+    assert len(bars) == len(curves)
+    assert all(p["baseline_p10_us"] <= p["baseline_us"] <= p["baseline_p90_us"] for p in points)
 
 
 def test_sweep_cancel_keeps_partial(qtbot, window):

@@ -657,14 +657,16 @@ class Session:
                 dd, _ = ctx.paged.decode_dispatches(base, q, batch, pcfg.scale)
                 tb = ctx.rt.time(dd, max(3, cfg.timing_runs))
                 row = {"param": param, "value": int(val), "tokens": int(sum(lens)), "baseline_us": tb.median_us,
+                       "baseline_p10_us": tb.p10_us, "baseline_p90_us": tb.p90_us,
                        "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
                 for tk in checked(method.timed_kernels(ctx, batch, key, value, q, pcfg.scale), method.id):
                     if cancel():  # stop within one kernel, dropping the incomplete point
                         progress(1.0, "sweep cancelled")
                         return points
                     t = ctx.rt.time(tk.dispatches, max(3, cfg.timing_runs))
-                    row["method_kernels"][tk.name] = {"median_us": t.median_us, "min_us": t.min_us, "p90_us": t.p90_us,
-                                                      "bytes": tk.bytes, "role": tk.role, "impl": tk.impl}
+                    row["method_kernels"][tk.name] = {"median_us": t.median_us, "min_us": t.min_us, "p10_us": t.p10_us,
+                                                      "p90_us": t.p90_us, "bytes": tk.bytes, "role": tk.role,
+                                                      "impl": tk.impl}
             points.append(row)
         progress(1.0, "sweep done")
         return points

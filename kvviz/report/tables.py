@@ -245,14 +245,16 @@ def history_table(entries) -> Table:
 
 def sweep_table(points) -> Table:
     """One row per plotted sweep point (value, kernel)."""
+    nan = float("nan")
     rows = []
     for p in points or []:
         rows.append([p["param"], p["value"], p["tokens"], "paged_attn_f32 (baseline)", p["baseline_us"],
-                     float("nan"), float("nan"), p["baseline_bytes"]])
+                     nan, p.get("baseline_p90_us", nan), p["baseline_bytes"], p.get("baseline_p10_us", nan)])
         for name, k in p["method_kernels"].items():
-            rows.append([p["param"], p["value"], p["tokens"], name, k["median_us"], k["min_us"], k["p90_us"], k["bytes"]])
-    return Table("sweep", ["param", "value", "tokens", "kernel", "median_us", "min_us", "p90_us", "bytes"], rows,
-                 "Latency sweep")
+            rows.append([p["param"], p["value"], p["tokens"], name, k["median_us"], k["min_us"], k["p90_us"], k["bytes"],
+                         k.get("p10_us", nan)])
+    return Table("sweep", ["param", "value", "tokens", "kernel", "median_us", "min_us", "p90_us", "bytes", "p10_us"], rows,
+                 "Latency sweep (p10-p90: the spread of the timed runs)")
 
 
 # ---------------------------------------------------------------------------------- compare

@@ -330,6 +330,13 @@ class TimingPanel(Panel):
             rows = [r for r in self.sweep_tab.rows if r[3] == k]
             spi.plot([float(r[1]) for r in rows], [float(r[4]) for r in rows], pen=pg.mkPen(kernel_color(i + 1), width=2),
                      symbol="o", symbolSize=6, symbolBrush=kernel_color(i + 1), name=k)
+            # p10-p90 of the timed runs as error bars, in the log10 space the axes plot in
+            pts = [(float(r[1]), float(r[4]), float(r[8]), float(r[6])) for r in rows
+                   if r[1] > 0 and np.isfinite(float(r[8])) and np.isfinite(float(r[6])) and float(r[8]) > 0]
+            if pts:
+                x, med, p10, p90 = (np.log10(np.array(c)) for c in zip(*pts))
+                spi.addItem(pg.ErrorBarItem(x=x, y=med, top=np.maximum(p90 - med, 0), bottom=np.maximum(med - p10, 0),
+                                            beam=0.02, pen=pg.mkPen(kernel_color(i + 1), width=1)))
         spi.getAxis("left").setTicks(log_ticks([float(r[4]) for r in self.sweep_tab.rows]))
         xs = sorted({float(p["value"]) for p in self.sweep_points if p["value"] > 0})
         spi.getAxis("bottom").setTicks([[(math.log10(v), f"{v:g}") for v in xs], []])  # log axis: ticks in log10
