@@ -239,3 +239,17 @@ def test_kvviz_live_exits_nonzero_when_a_method_fails(monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert rc == 1  # none ran
     assert "2 of 2 method(s) failed" in err and "| int8_seed | failed: RuntimeError: boom |" in out
+
+
+# ------------------------------------------------------------------------------ item 3: layouts
+def test_window_fits_1280x800_with_whole_cards(qtbot, window):
+    w = window
+    m = w.minimumSizeHint()
+    assert m.width() <= 1280 and m.height() <= 800, m
+    w.resize(1280, 800)
+    w._size_docks()
+    qtbot.wait(200)
+    ov = w.overview
+    assert ov.columns >= 2
+    for c in ov.cards.values():  # every card as wide as its value needs
+        assert c.width() >= c.value.fontMetrics().horizontalAdvance(c.value.text()) + 8, c.value.text()

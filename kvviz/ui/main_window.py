@@ -19,7 +19,7 @@ from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication, QDockWidget, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMenu, QMessageBox,
-    QProgressBar, QPushButton, QToolButton, QVBoxLayout, QWidget,
+    QProgressBar, QPushButton, QScrollArea, QToolButton, QVBoxLayout, QWidget,
 )
 
 from kvviz.analysis.session import Cancelled, Session, SessionConfig
@@ -94,6 +94,29 @@ class ErrorBanner(QFrame):
 
     def text(self) -> str:
         return f"{self.title.text()}\n{self.hint.text()}" if self.isVisible() else ""
+
+
+class PanelScroll(QScrollArea):
+    """A dock's panel in a scroll area: the panel takes the whole dock while the dock is at least the
+    panel's minimum size and scrolls when the dock is smaller, so no panel's minimum (the live decode's
+    controls, the timing tabs) sets the window's minimum size."""
+
+    MIN = (160, 90)
+
+    def __init__(self, panel: QWidget):
+        super().__init__()
+        self.setWidget(panel)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setObjectName(f"scroll_{getattr(panel, 'key', 'panel')}")
+
+    def sizeHint(self):  # noqa: N802 - Qt naming
+        return self.widget().sizeHint()
+
+    def minimumSizeHint(self):  # noqa: N802
+        from PySide6.QtCore import QSize
+
+        return QSize(*self.MIN)
 
 
 class MainWindow(QMainWindow):
@@ -177,11 +200,12 @@ class MainWindow(QMainWindow):
         for w in [self.workload] + self.panels[1:] + [self.bias, self.live, self.log_panel]:
             d = QDockWidget(w.title, self)
             d.setObjectName(f"dock_{w.key}")
-            d.setWidget(w)
+            d.setWidget(PanelScroll(w))  # a squeezed dock scrolls its panel: the window fits 1280x800
             d.setFeatures(QDockWidget.DockWidgetMovable | QDockWidget.DockWidgetFloatable | QDockWidget.DockWidgetClosable)
             self.docks[w.key] = d
         self._default_layout()
 
+        self.overview.reflowed.connect(lambda: QTimer.singleShot(0, self._fit_central))
         self.workload.changed.connect(self.schedule_compute)
         self.workload.run_requested.connect(self.request_compute)
         self.workload.cancel_requested.connect(self.cancel)
@@ -248,6 +272,25 @@ class MainWindow(QMainWindow):
 
     def reset_layout(self) -> None:
         self._default_layout()
+        self._size_docks()
+
+    def _size_docks(self) -> None:
+        """The default layout's dock sizes as shares of the window: at 1280x800 as at 1920x1080 the overview
+        keeps its cards whole and every panel gets room."""
+        d = self.docks
+        W, H = max(self.width(), 800), max(self.height(), 500)
+        left, right = max(270, int(W * 0.17)), int(W * 0.36)
+        mid = W - left - right
+        self.resizeDocks([d["workload"], d["attention"]], [left, right], Qt.Horizontal)
+        self.resizeDocks([d["scales"], d["codes"]], [mid // 2, mid - mid // 2], Qt.Horizontal)
+        self.resizeDocks([d["attention"], d["timing"]], [int(H * 0.46), int(H * 0.54)], Qt.Vertical)
+        self.resizeDocks([d["cache_layout"], d["scales"]], [int(H * 0.26), int(H * 0.45)], Qt.Vertical)
+
+    def showEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        super().showEvent(ev)
+        if getattr(self, "_size_docks_pending", False):
+            self._size_docks_pending = False
+            QTimer.singleShot(0, self._size_docks)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
@@ -371,8 +414,7 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1600, 1000)
         state = s.value("windowState")
-        if state is not None:
-            self.restoreState(state, STATE_VERSION)
+        self._size_docks_pending = not (state is not None and self.restoreState(state, STATE_VERSION))
         cfg = config
         if cfg is None:
             raw = s.value("config")

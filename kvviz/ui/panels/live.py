@@ -183,7 +183,7 @@ class LivePanel(Panel):
         self.stop_button.setEnabled(False)
         row1 = QHBoxLayout()
         row1.setSpacing(6)
-        for lab, w in (("New tokens", self.max_new_spin), ("Block size", self.block_spin), ("Allocation", self.policy)):
+        for lab, w in (("Tokens", self.max_new_spin), ("Block", self.block_spin), ("Policy", self.policy)):
             row1.addWidget(QLabel(lab))
             row1.addWidget(w)
         row1.addStretch(1)

@@ -1,7 +1,7 @@
 """Overview (the window's central widget): the headline numbers of the current results as cards."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout
 
 from kvviz.report.tables import Table
@@ -31,7 +31,7 @@ class _Card(QFrame):
         lay.setContentsMargins(8, 4, 8, 4)
         lay.setSpacing(0)
         self.value = QLabel("-")
-        self.value.setStyleSheet("font-size: 13pt; font-weight: 600; color: #1b2a3a;")
+        self.value.setStyleSheet("font-size: 12pt; font-weight: 600; color: #1b2a3a;")
         self.value.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.caption = QLabel(caption)
         self.caption.setStyleSheet("color: #5a6570; font-size: 8pt;")
@@ -45,6 +45,7 @@ class _Card(QFrame):
 class OverviewPanel(Panel):
     key = "overview"
     title = "Overview"
+    reflowed = Signal()  # the cards' rows or the headline's height changed: the window refits its centre
 
     def __init__(self, state=None, parent=None):
         super().__init__(state, parent)
@@ -64,15 +65,43 @@ class OverviewPanel(Panel):
         self.warn.setStyleSheet(f"background:{WARN_BG}; color:{WARN_FG}; padding:3px; border-radius:3px;")
         self.warn.hide()
         self.body.addWidget(self.warn)
-        grid = QGridLayout()
-        grid.setSpacing(6)
+        self.grid = QGridLayout()
+        self.grid.setSpacing(6)
         self.cards = {}
-        for i, (key, caption) in enumerate(CARDS):
-            c = _Card(caption)
-            self.cards[key] = c
-            grid.addWidget(c, i // 5, i % 5)
-        self.body.addLayout(grid)
+        for key, caption in CARDS:
+            self.cards[key] = _Card(caption)
+        self.columns = 0
+        self._reflow(5)
+        self.body.addLayout(self.grid)
         self.body.addStretch(1)
+
+    CARD_WIDTH = 128  # px a card needs for its value ("0.99996", "48.3 / 51.2 ms") and caption
+
+    def _reflow(self, cols: int) -> None:
+        """Cards in `cols` columns (rows as needed): a narrow window gets more rows, never cut cards."""
+        cols = max(2, min(len(CARDS), cols))
+        if cols == self.columns:
+            return
+        self.columns = cols
+        for c in self.cards.values():
+            self.grid.removeWidget(c)
+        for i, (key, _) in enumerate(CARDS):
+            self.grid.addWidget(self.cards[key], i // cols, i % cols)
+        for j in range(len(CARDS)):
+            self.grid.setColumnStretch(j, 1 if j < cols else 0)
+        self.reflowed.emit()
+
+    def _fit_headline(self) -> None:
+        w = max(100, self.headline.width())
+        h = self.headline.heightForWidth(w)
+        if h > 0 and h != self.headline.height():
+            self.headline.setFixedHeight(h)
+            self.reflowed.emit()
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        super().resizeEvent(ev)
+        self._reflow((ev.size().width() - 10) // (self.CARD_WIDTH + 6))
+        self._fit_headline()
 
     def refresh(self) -> None:
         res = self.res
@@ -111,6 +140,7 @@ class OverviewPanel(Panel):
             f"({', '.join(str(int(x)) for x in res.batch.context_lens)} tokens), {cfg.num_heads} query / "
             f"{cfg.num_kv_heads} KV heads x {res.key.shape[2]}, blocks of {res.batch.block_size} "
             f"({res.batch.policy}), {cfg.frontend}")
+        self._fit_headline()
         warnings = list(getattr(res, "warnings", None) or [])
         self.warn.setText("\n".join(f"\u26a0 {w}" for w in warnings))
         self.warn.setVisible(bool(warnings))
