@@ -105,3 +105,23 @@ def test_every_method_kernel_states_its_arithmetic(ctx):
             if tk.role == "decode":  # QK^T + PV as FMAs at least; the softmax's 4 a logit where the kernel counts it
                 qkpv = int(np.sum(batch.context_lens)) * 4 * 4 * 64
                 assert qkpv <= tk.flops <= arith.decode_flops(batch, 4, 64), (mid, tk.name, tk.flops)
+
+
+def test_report_has_the_roofline(tmp_path):
+    """The report folder of a window run: roofline.svg (every kernel stating FLOPs a point), its table in
+    report.json and csv/, the figure in report.md beside the panels' figures; the ceilings the window measured."""
+    from kvviz.analysis.session import Session, SessionConfig
+    from kvviz.lab.roofline import ceilings_from_results, measure_fma_gflops, points_from_results
+    from kvviz.report.writer import write_report
+
+    s = Session()
+    res = s.compute(SessionConfig(context_lens=(40, 17), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3))
+    res.roofline_ceilings = ceilings_from_results(res, measure_fma_gflops(s.rt, runs=2, warmup=1))
+    paths = write_report(str(tmp_path), res, figures={"window": "window.png"})
+    svg = (tmp_path / "roofline.svg").read_text()
+    drawn = [p for p in points_from_results(res) if p.flops > 0]
+    assert svg.count("<circle") == len(drawn) > 0 and "f32 FMA" in svg
+    assert "(roofline.svg)" in open(paths["md"]).read()
+    rows = json.load(open(paths["json"]))["panels"]["roofline"]["roofline"]
+    print(rows)
+    assert (tmp_path / "csv" / "roofline_roofline.csv").exists()

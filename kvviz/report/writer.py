@@ -29,6 +29,7 @@ PANEL_TITLES = {
     "block_inspector": "Block inspector",
     "qjl_bias": "QJL bias",
     "live": "Live decode",
+    "roofline": "Roofline (kernels at their arithmetic intensity under the device's ceilings)",
 }
 
 
@@ -261,6 +262,13 @@ def write_report(out_dir, res, tables: dict | None = None, figures: dict | None 
 def _write_report_files(out_dir, res, tables, compare_rows, sweep_points, history, figures) -> dict:
     if tables is None:
         tables = default_panel_tables(res, compare_rows, sweep_points, history)
+    if getattr(res, "timings", None):  # the roofline of the run's kernels (kvviz/lab/roofline.py), SVG + table
+        from kvviz.lab.roofline import write_roofline
+
+        name, rtab = write_roofline(out_dir, res)
+        tables = {**tables, "roofline": [rtab]}
+        if figures:  # beside the panels' figures (a report without them still has roofline.svg in its folder)
+            figures = {**figures, "roofline": name}
     csv_dir = os.path.join(out_dir, "csv")
     os.makedirs(csv_dir, exist_ok=True)
     csvs = []
