@@ -542,9 +542,11 @@ class MainWindow(QMainWindow):
             self.bias.set_error(exc)
             return
         from kvviz.analysis.tq_bias import inner_product_bias
+        from kvviz.ui.panels.qjl_bias import tq_setting
 
         session = self.session
-        self.runner.submit("bias", lambda p, c: inner_product_bias(q, K, seed, layer, rt=session.rt),
+        setting = tq_setting(res)  # the results' TurboQuant bits / outlier share (the seed configuration otherwise)
+        self.runner.submit("bias", lambda p, c: inner_product_bias(q, K, seed, layer, rt=session.rt, **setting),
                            f"QJL bias seq {seq} head {head}", (res, seq, head))
 
     # -------------------------------------------------------------- live decode

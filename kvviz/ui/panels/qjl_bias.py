@@ -44,6 +44,17 @@ def tq_params(res) -> tuple[int, int]:
     return int(opts.get("seed", DEFAULT_SEED)), int(getattr(res.method, "layer", 0))
 
 
+def tq_setting(res) -> dict:
+    """The TurboQuant setting the estimators are drawn at: the results' method's bits and outlier share when
+    it is TurboQuant (kvviz.analysis.tq_bias takes every setting), else the seed configuration ({})."""
+    try:
+        if res.method.id == "turboquant":
+            return {"bits": int(res.method.bits), "outlier_share": float(res.method.outlier_share)}
+    except AttributeError:
+        pass
+    return {}
+
+
 def bias_inputs(res, seq: int, head: int):
     """(q [d], K [n, d], positions [n], kv_head) of (seq, head) of the results, keys in position order."""
     H, kvh = res.q.shape[1], res.key.shape[1]
@@ -153,7 +164,7 @@ class QjlBiasPanel(Panel):
         self.seq.blockSignals(False)
         self.head.blockSignals(False)
         d = int(res.key.shape[2])
-        self.reason = unsupported_reason(d)
+        self.reason = unsupported_reason(d, **tq_setting(res))
         if self.reason:
             self.bias = self.shown = self.points = self.fits = None
             self.show_message(f"TurboQuant cannot take these keys (head size {d}), so there is no QJL bias to show.\n\n"
