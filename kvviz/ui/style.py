@@ -62,3 +62,16 @@ def plot_widget(title: str = "", left: str = "", bottom: str = "") -> pg.PlotWid
     pi.showGrid(x=True, y=True, alpha=0.25)
     w.setMinimumHeight(140)
     return w
+
+
+def color_bar(values=(0.0, 1.0), label: str = "") -> pg.ColorBarItem:
+    """A viridis colour bar (a legend of a heatmap drawn with lut_viridis over fixed levels): not linked to
+    the image, its axis runs 0 .. vmax; `set_bar_range` updates it."""
+    bar = pg.ColorBarItem(values=values, colorMap=pg.colormap.get("viridis"), interactive=False, width=12,
+                          label=label or None)
+    return bar
+
+
+def set_bar_range(bar: pg.ColorBarItem, vmax: float) -> None:
+    vmax = float(vmax) if vmax and np.isfinite(vmax) and vmax > 0 else 1.0
+    bar.setLevels((0.0, vmax))

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
 from kvviz.report.tables import attention_weights_table, head_metrics_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.scales import to_uint8
-from kvviz.ui.style import Q_COLOR, REF_COLOR, V_COLOR, lut_viridis
+from kvviz.ui.style import Q_COLOR, REF_COLOR, V_COLOR, color_bar, lut_viridis, set_bar_range
 
 METRICS = [("kl", "KL(f32 || quant)"), ("max_weight_err", "max |w err|"), ("rel_l2", "rel L2 of output"),
            ("cosine", "1 - cosine"), ("topk_overlap", "1 - top-k overlap")]
@@ -68,6 +68,8 @@ class AttentionPanel(Panel):
         self.h_sel = QGraphicsRectItem(0, 0, 1, 1)
         self.h_sel.setPen(pg.mkPen((255, 60, 60), width=2))
         self.h_plot.addItem(self.h_sel)
+        self.h_bar = color_bar()
+        self.glw.addItem(self.h_bar, row=1, col=2)
         self.glw.ci.layout.setColumnStretchFactor(0, 3)
         self.glw.ci.layout.setColumnStretchFactor(1, 1)
         split.addWidget(self.glw)
@@ -138,6 +140,9 @@ class AttentionPanel(Panel):
         self.h_img.setImage(to_uint8(a, vmax), levels=(0, 255), autoLevels=False)
         self.h_img.setRect(QRectF(0, 0, a.shape[1], a.shape[0]))
         self.h_plot.getAxis("left").setTicks([[(s + 0.5, f"s{s}") for s in range(a.shape[0])]])
+        step = max(1, -(-a.shape[1] // 8))  # head labels at the cells' centres, at most 8 of them
+        self.h_plot.getAxis("bottom").setTicks([[(h + 0.5, str(h)) for h in range(0, a.shape[1], step)]])
+        set_bar_range(self.h_bar, vmax)
         self.h_plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0)
         self.h_plot.setTitle(f"{self.metric_box.currentText()} (0 .. {vmax:.3g})", size="9pt")
         self._mark_selection()

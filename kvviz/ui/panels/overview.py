@@ -75,7 +75,7 @@ class OverviewPanel(Panel):
         self.body.addLayout(self.grid)
         self.body.addStretch(1)
 
-    CARD_WIDTH = 128  # px a card needs for its value ("0.99996", "48.3 / 51.2 ms") and caption
+    CARD_WIDTH = 150  # px a card needs for its value ("0.99996", "48.3 / 51.2 ms") and caption
 
     def _reflow(self, cols: int) -> None:
         """Cards in `cols` columns (rows as needed): a narrow window gets more rows, never cut cards."""

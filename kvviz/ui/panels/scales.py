@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QComboBox, QSpinBox
 from kvviz.analysis.metrics import outlier_ratio
 from kvviz.report.tables import channel_amax_table, token_scales_table
 from kvviz.ui.panels.base import Panel
-from kvviz.ui.style import K_COLOR, V_COLOR, lut_viridis
+from kvviz.ui.style import K_COLOR, V_COLOR, color_bar, lut_viridis, set_bar_range
 
 
 def to_uint8(a: np.ndarray, vmax: float) -> np.ndarray:
@@ -73,6 +73,9 @@ class ScalesPanel(Panel):
         self.k_heat_plot.addItem(self.k_sel)
         self.v_heat_plot.addItem(self.v_sel)
         self.v_heat_plot.setLabel("bottom", "channel")
+        self.k_bar, self.v_bar = color_bar(), color_bar()
+        self.glw.addItem(self.k_bar, row=1, col=1)
+        self.glw.addItem(self.v_bar, row=2, col=1)
         for r in range(3):
             self.glw.ci.layout.setRowStretchFactor(r, 1)
         self.body.addWidget(self.glw, 1)
@@ -107,6 +110,7 @@ class ScalesPanel(Panel):
             vmax = float(a.max()) if a.size else 0.0
             img.setImage(to_uint8(a, vmax), levels=(0, 255), autoLevels=False)
             img.setRect(QRectF(0, 0, a.shape[1], a.shape[0]))
+            set_bar_range(self.k_bar if which == "K" else self.v_bar, vmax)
             plot.getAxis("left").setTicks(ticks)
             ratio = outlier_ratio(arr) if a.size else float("nan")
             plot.setTitle(f"max|{which}| per channel (0..{vmax:.3g})", size="8pt")
