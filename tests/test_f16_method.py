@@ -76,7 +76,7 @@ def test_conformance(ctx, shape):
         want[sm[real] // bs, :, sm[real] % bs] = of16.dequantize(of16.quantize(x))[real]
         np.testing.assert_array_equal(f.view(np.uint32), want.view(np.uint32))
     np.testing.assert_array_equal(qkv.k_codes[real], of16.dequantize(of16.quantize(k))[real])
-    assert qkv.k_scales is None and qkv.v_scales is None
+    assert np.isnan(qkv.k_scales).all() and qkv.k_scales.shape == (batch.num_tokens, kvh)  # no scales
     q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
     scale = 1 / np.sqrt(D)
     out = m.attend(ctx, qkv, batch, q, scale)

@@ -61,7 +61,9 @@ class F16(PerTokenRecordMethod):
 
     def quantize(self, ctx, batch, key, value):
         qkv = super().quantize(ctx, batch, key, value)
-        qkv.k_scales = qkv.v_scales = None  # f16 keeps no scales
+        # f16 keeps no scales: NaN per token and KV head (what the panels show where a token has no scale)
+        qkv.k_scales = np.full(qkv.k_codes.shape[:-1], np.nan, np.float32)
+        qkv.v_scales = np.full(qkv.v_codes.shape[:-1], np.nan, np.float32)
         return qkv
 
     def token_scales(self, qkv, kv_head, n):
