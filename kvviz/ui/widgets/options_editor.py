@@ -37,6 +37,8 @@ def make_editor(spec, value, tip_prefix: str = "") -> QWidget:
             ed.addItem(str(c), c)
         i = ed.findData(value)
         ed.setCurrentIndex(i if i >= 0 else max(ed.findData(spec.default), 0))
+        ed.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # the longest choice shows whole ("reference")
+        ed.setMinimumWidth(ed.sizeHint().width())
     elif spec.type is bool:
         ed = QCheckBox()
         ed.setChecked(bool(value))
@@ -57,6 +59,7 @@ def make_editor(spec, value, tip_prefix: str = "") -> QWidget:
         ed.setValue(float(value))
     else:
         ed = QLineEdit(str(value))
+        ed.setMinimumWidth(min(240, ed.fontMetrics().horizontalAdvance(str(value)) + 16))
     ed.setToolTip(f"{tip_prefix}{spec.describe()}\n{spec.help}")
     return ed
 
