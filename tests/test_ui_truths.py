@@ -253,3 +253,16 @@ def test_window_fits_1280x800_with_whole_cards(qtbot, window):
     assert ov.columns >= 2
     for c in ov.cards.values():  # every card as wide as its value needs
         assert c.width() >= c.value.fontMetrics().horizontalAdvance(c.value.text()) + 8, c.value.text()
+
+
+def test_block_inspector_scale_before_codes(qtbot, settings, session):
+    w = open_window(qtbot, settings, session, small_config(method="int8_token"))
+    try:
+        qtbot.waitUntil(lambda: w.inspector.fields_table is not None, timeout=WAIT)
+        cols = w.inspector.fields_table.columns
+        assert cols.index("scale") < cols.index("codes")
+        j = cols.index("codes")
+        assert w.inspector.decoded.columnWidth(j) <= w.inspector.MAX_COLUMN
+        assert len(w.inspector.decoded.item(0, j).toolTip()) > 16  # the whole vector is its tooltip
+    finally:
+        w.close()

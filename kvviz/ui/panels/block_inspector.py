@@ -164,6 +164,9 @@ class BlockInspectorPanel(Panel):
             for k in r.fields:
                 if k not in fnames:
                     fnames.append(k)
+        # one-number fields (scale, zero, norm) before the per-element arrays (codes): a long codes column
+        # never pushes the scale out of view
+        fnames.sort(key=lambda k: any(np.ndim(r.fields.get(k, 0)) > 0 for r in self.records))
         frows = []
         for r in self.records:
             words = np.asarray(r.words, dtype=np.uint32).reshape(-1)
@@ -196,7 +199,10 @@ class BlockInspectorPanel(Panel):
         for j in range(2, len(table.columns)):
             longest = max((len(str(r[j])) for r in table.rows), default=0)
             longest = max(longest, len(str(table.columns[j])))
-            view.setColumnWidth(j, max(width, min(1400, fm.horizontalAdvance("0") * (longest + 2))))
+            # a long array column is capped (its full text is the cell's tooltip and in the CSV)
+            view.setColumnWidth(j, max(width, min(self.MAX_COLUMN, fm.horizontalAdvance("0") * (longest + 2))))
+
+    MAX_COLUMN = 360  # px
 
     def tables(self) -> list:
         return [t for t in (self.words_table, self.fields_table) if t is not None]
