@@ -266,3 +266,11 @@ def test_block_inspector_scale_before_codes(qtbot, settings, session):
         assert len(w.inspector.decoded.item(0, j).toolTip()) > 16  # the whole vector is its tooltip
     finally:
         w.close()
+
+
+def test_bandwidth_axis_labels_are_uniform(window):
+    ax = window.timing.bar_plot.getPlotItem().getAxis("bottom")
+    major = ax._tickLevels[0]
+    assert len(major) >= 2
+    for pos, label in major:
+        assert label == f"{10.0 ** pos:g}" and "\u00b9" not in label and "e" not in label

@@ -41,6 +41,14 @@ def log_ticks(values) -> list:
     return [major, []]
 
 
+def bandwidth_ticks(lo: float, hi: float) -> list:
+    """Decade ticks between log10 positions lo and hi, all labelled as plain numbers (no 10^n mix)."""
+    major = [(float(e), f"{10.0 ** e:g}") for e in range(math.ceil(lo), math.floor(hi) + 1)]
+    minor = [(math.log10(m * 10.0 ** e), "") for e in range(math.floor(lo), math.ceil(hi) + 1) for m in range(2, 10)
+             if lo <= math.log10(m * 10.0 ** e) <= hi]
+    return [major, minor]
+
+
 def parse_values(text: str) -> list:
     """Sweep values typed as "64, 128, 256": positive integers; ValueError naming the first bad one."""
     out = []
@@ -257,6 +265,8 @@ class TimingPanel(Panel):
         self.copy_line.label.setFormat(f"copy {res.copy_gbps:.3g} GB/s")
         bp.getAxis("left").setTicks([[(float(i), f"{t.kernel}") for i, t in enumerate(res.timings)]])
         bp.setRange(xRange=(lo, hi), yRange=(-0.6, len(g) - 0.4), padding=0)
+        # one label style on the log axis: every decade as a plain number ("0.1", "1", "10", "100")
+        bp.getAxis("bottom").setTicks(bandwidth_ticks(lo, hi))
         bp.setTitle("Bandwidth per kernel (unique bytes / median) vs buffer copy", size="9pt")
 
     # ---------------------------------------------------------------- pin
