@@ -25,7 +25,7 @@ from kvviz.kernels import quant as qk
 from kvviz.methods import get_method
 from kvviz.oracles import fast_write as ofw
 from kvviz.oracles import paged as op
-from kvviz.paging import PAD_SLOT, make_batch
+from kvviz.paging import make_batch
 
 # (head_size, block_size, context lens, policy, pad_every, kv_heads): ragged, empty and single-token
 # sequences, padding slots, scattered and fragmented blocks.

@@ -29,7 +29,6 @@ import numpy as np
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
-from kvviz.paging import PAD_SLOT
 
 log = logging.getLogger("kvviz.kernels.fast_write")
 
@@ -359,13 +358,6 @@ def method_dispatches(rt: GpuRuntime, method, qc, key, value, sm, variant: Varia
         log.info("%s: no fast writer for this shape (%s); the first-wave writer runs", method.id, exc)
         return None
     return None
-
-
-def rows_and_bytes(batch, key, record_words: int) -> int:
-    """Unique bytes of a writer: K and V of the real rows read, the slots read, K and V records written."""
-    real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
-    kvh, D = np.asarray(key).shape[1], np.asarray(key).shape[2]
-    return int(2 * real * kvh * D * 4 + batch.num_tokens * 4 + 2 * real * kvh * record_words * 4)
 
 
 def describe(rt: GpuRuntime) -> str:
