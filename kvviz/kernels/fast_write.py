@@ -156,6 +156,9 @@ def input_chunks(rt: GpuRuntime, n: int, row_bytes: int) -> list[tuple[int, int]
     return [(s, min(n, s + per)) for s in range(0, n, per)] or [(0, 0)]
 
 
+AUTO_LANES = 8  # lanes a row of the default variant where subgroups of 8 are not guaranteed
+
+
 class Variant:
     """How one writer is compiled: subgroups or workgroup memory, lanes a row."""
 
@@ -163,6 +166,12 @@ class Variant:
         """inv_ulps: move the hardware 1/scale by that many ulp (tests: an inexact divider on any device)."""
         self.inv_ulps = int(inv_ulps)
         have = subgroups_available(rt)
+        if subgroups is None and lanes is None and have and smallest_subgroup(rt) < AUTO_LANES:
+            # wgpu guarantees subgroups of fewer than 8 lanes (Vulkan adapters report 4, NVIDIA's included):
+            # 8 lanes a row through workgroup memory measured 2.5x faster on the H200 than 4 lanes through
+            # subgroup shuffles (int8 seed layout at the anchor shape: 378 vs 936 us,
+            # assets/bench/h200-2026-11-30-fast-writers.txt)
+            subgroups, lanes = False, AUTO_LANES
         self.subgroups = have if subgroups is None else bool(subgroups)
         if self.subgroups and not have:
             raise InvalidInput("fast writer: this adapter has no subgroup feature", "Use subgroups=False.")
