@@ -431,7 +431,12 @@ def install(win) -> LabPanel:
     win.lab = panel
     d = QDockWidget(panel.title, win)
     d.setObjectName(f"dock_{panel.key}")
-    d.setWidget(panel)
+    try:  # a squeezed dock scrolls its panel, like every dock of the window
+        from kvviz.ui.main_window import PanelScroll
+
+        d.setWidget(PanelScroll(panel))
+    except ImportError:
+        d.setWidget(panel)
     d.setFeatures(QDockWidget.DockWidgetMovable | QDockWidget.DockWidgetFloatable | QDockWidget.DockWidgetClosable)
     win.docks[panel.key] = d
     win.addDockWidget(Qt.RightDockWidgetArea, d)
