@@ -106,9 +106,29 @@ class PanelScroll(QScrollArea):
     def __init__(self, panel: QWidget):
         super().__init__()
         self.setWidget(panel)
-        self.setWidgetResizable(True)
+        # sized here, not by QScrollArea's widgetResizable: that asks a panel with word-wrapped labels for
+        # its height-for-width (its preferred height), so a dock that could show the panel whole scrolled
+        self.setWidgetResizable(False)
         self.setFrameShape(QFrame.NoFrame)
         self.setObjectName(f"scroll_{getattr(panel, 'key', 'panel')}")
+        panel.installEventFilter(self)
+
+    def fit(self) -> None:
+        w = self.widget()
+        vp = self.viewport().size()
+        m = w.minimumSizeHint().expandedTo(w.minimumSize())
+        w.resize(max(vp.width(), m.width()), max(vp.height(), m.height()))
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        super().resizeEvent(ev)
+        self.fit()
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802
+        from PySide6.QtCore import QEvent
+
+        if obj is self.widget() and ev.type() == QEvent.LayoutRequest:
+            QTimer.singleShot(0, self.fit)
+        return False
 
     def sizeHint(self):  # noqa: N802 - Qt naming
         return self.widget().sizeHint()

@@ -120,8 +120,10 @@ class LivePanel(Panel):
         self.table.verticalHeader().setDefaultSectionSize(19)
         self.tabs.addTab(self.table, "Steps")
         outer.addWidget(self.tabs)
-        outer.setStretchFactor(0, 1)
-        outer.setStretchFactor(1, 1)
+        outer.setStretchFactor(0, 3)  # the KL plot and the block pools get the room; texts/steps below
+        outer.setStretchFactor(1, 2)
+        outer.setCollapsible(0, False)
+        self.tabs.setMinimumHeight(60)
         self.view_read.connect(self._on_view_read)
         self.body.addWidget(outer, 1)
         self.info.setText("not started")
@@ -213,7 +215,7 @@ class LivePanel(Panel):
     def _build_kl_plot(self) -> pg.GraphicsLayoutWidget:
         """The per-step KL (log axis) with the running top-1 agreement on a right axis (0..1)."""
         self.glw = pg.GraphicsLayoutWidget()
-        self.glw.setMinimumHeight(110)
+        self.glw.setMinimumHeight(120)
         self.kl_plot = self.glw.addPlot(row=0, col=0)
         self.kl_plot.setLabel("left", "KL (nats)")
         self.kl_plot.getAxis("left").enableAutoSIPrefix(False)
