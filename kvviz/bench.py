@@ -220,6 +220,8 @@ def run_bench(
                                      flops=arith.decode_flops(batch, shape.num_heads, shape.head_size)))
                     if fe == frontends[0] or fmt == "f32":  # the fast decode reads the cache as is: once per format
                         rows.append(_fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, mid))
+                    if fmt == "q8" and fe == frontends[0]:  # the fast writer of the seed layout, beside the seed's
+                        rows += _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter)
                     werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
                     rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr, 2e-6, adapter, wnote or "correctness only"))
                 except KvvizError as exc:
@@ -269,6 +271,29 @@ def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapt
                 r["check"] = c.to_json()
             rows.append(r)
     return rows
+
+
+def _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter):
+    """The fast int8 writer of the seed layout, timed and its words compared with the seed oracle's."""
+    from kvviz.methods import get_method
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(rt)
+    out = []
+    try:
+        for tk in get_method("int8_seed").fast_writer_rows(ctx, cache, batch, key, value):
+            t = rt.time(tk.dispatches, runs, warmup)
+            d0 = tk.dispatches[0]
+            names = [b.name for b in d0.kernel.kspec.bindings]
+            kbuf = d0.buffers[names.index("k_cache")]  # the fast writer's own K cache: its words vs the seed oracle
+            words = rt.read(kbuf, np.uint32, cache.shape, nbytes=int(np.prod(cache.shape)) * 4)
+            err, tol, note = _writer_check(rt, "q8", words, key, batch)
+            out.append(_row(tk.name, "fast writer (seed layout)", shape, t, tk.bytes, copy_gbps, err, tol, adapter, note,
+                            method="int8_seed", role="writer", impl="fast"))
+    except (InvalidInput, DeviceLimitError) as exc:
+        out.append(_row("reshape_and_cache_q8 (fast, seed layout)", "fast writer", shape, None, 0, copy_gbps, None, None,
+                        adapter, f"skipped: {exc}", method="int8_seed", role="writer", impl="fast"))
+    return out
 
 
 def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, method):
