@@ -436,9 +436,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def ensure_runtime_dir() -> None:
+    """Mesa's Vulkan loader prints "error: XDG_RUNTIME_DIR is invalid or not set" twice when a device opens
+    without one (CI, ssh, containers): give the process a private one (0700, per user) when it has none."""
+    import os
+    import tempfile
+
+    cur = os.environ.get("XDG_RUNTIME_DIR")
+    if cur and os.path.isdir(cur):
+        return
+    path = os.path.join(tempfile.gettempdir(), f"kvviz-runtime-{os.getuid() if hasattr(os, 'getuid') else 'user'}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = path
+    except OSError:
+        pass  # only a warning on stderr is at stake
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", 0))
+    ensure_runtime_dir()
     from kvviz.errors import InvalidInput, KvvizError
 
     try:
