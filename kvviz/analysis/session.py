@@ -286,6 +286,25 @@ def parse_setting(name: str, text: str):
     return coerce_setting(name, val)
 
 
+def _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps) -> list:
+    """The fast split-K decode over the f32 baseline cache, beside paged_attn_f32 ([] where it cannot take
+    the shape: the first-wave row stands alone)."""
+    from kvviz.errors import UnsupportedShape
+    from kvviz.kernels import fast_decode as fd
+
+    S, H, D = np.asarray(q).shape
+    kvh = base.num_kv_heads
+    if H % kvh or fd.unsupported(fd.F32, D, H // kvh):
+        return []
+    try:
+        plan = ctx.fast.plan(fd.F32, base.k, base.v, kvh, q, batch, scale)
+    except UnsupportedShape:
+        return []
+    nbytes, _ = fd.decode_traffic(fd.F32, batch, H, kvh, D, plan.num_partitions)
+    return [TimingRow(f"fast_decode_f32 ({plan.num_partitions} partitions)", "f32 baseline", ctx.rt.time(plan.dispatches, runs),
+                      nbytes, copy_gbps, role="decode", impl="fast")]
+
+
 @dataclass
 class TimingRow:
     kernel: str
@@ -590,7 +609,9 @@ class Session:
         step(0.70, "timing: f32 baseline kernels")
         timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps))
         dd, _ = ctx.paged.decode_dispatches(base, q, batch, scale)
-        timings.append(TimingRow("paged_attn_f32", "f32 baseline", rt.time(dd, runs), decode_bytes(base, batch, q), copy_gbps))
+        timings.append(TimingRow("paged_attn_f32", "f32 baseline", rt.time(dd, runs), decode_bytes(base, batch, q), copy_gbps,
+                                 role="decode", impl="baseline"))
+        timings += _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps)
         step(0.82, f"timing: {method.label} kernels")
         for tk in checked(method.timed_kernels(ctx, batch, key, value, q, scale, qkv=qkv), method.id):
             step(0.85, f"timing {tk.name}")

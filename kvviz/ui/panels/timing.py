@@ -195,15 +195,18 @@ class TimingPanel(Panel):
     def _fill_table(self) -> None:
         t = self.table
         tab = self.timing_tab
-        headers = ["kernel", "median us (min-p90)", "vs pin", "GB/s", "% of copy", "bytes", "variant", "timing"]
+        # "impl": seed (as given), first-wave, fast or baseline (kvviz/kernels/timed.py), so a method's seed and
+        # fast kernels read side by side
+        headers = ["kernel", "median us (min-p90)", "vs pin", "GB/s", "% of copy", "bytes", "impl", "variant", "timing"]
         t.clear()
         t.setRowCount(len(tab.rows))
         t.setColumnCount(len(headers))
         t.setHorizontalHeaderLabels(headers)
         for i, r in enumerate(tab.rows):
             kernel, variant, med, mn, p90, runs, nbytes, gbps, pct, method, delta = r
+            impl = getattr(self.res.timings[i], "impl", "") if self.res is not None and i < len(self.res.timings) else ""
             cells = [kernel, f"{med:,.1f} ({mn:,.1f}-{p90:,.1f})", "" if math.isnan(delta) else f"{delta:+.1f}%",
-                     f"{gbps:.3g}", f"{pct:.1f}", f"{nbytes:,}", variant, f"{method} x{runs}"]
+                     f"{gbps:.3g}", f"{pct:.1f}", f"{nbytes:,}", impl, variant, f"{method} x{runs}"]
             for j, c in enumerate(cells):
                 it = QTableWidgetItem(c)
                 if 1 <= j <= 5:
