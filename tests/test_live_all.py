@@ -76,12 +76,27 @@ def test_run_all_saves_the_table_and_reuses_it(tmp_path, monkeypatch):
     # --reuse: nothing runs again (run_live would fail), every row comes back
     import kvviz.live.decode
 
-    monkeypatch.setattr(kvviz.live.decode, "run_live", lambda *x, **k: pytest.fail("re-ran a measured setting"))
+    real_run_live = kvviz.live.decode.run_live
+    with open(prefix + ".json") as f:  # drop one row: --reuse measures it again and keeps every other row
+        doc = json.load(f)
+    doc["rows"] = [r for r in doc["rows"] if r["spec"] != "int8_token"]
+    with open(prefix + ".json", "w") as f:
+        json.dump(doc, f)
+    ran = []
+
+    def only_int8(path, ids_, n_new, key, *x, **k):
+        ran.append(key)
+        if key != "int8_token":
+            pytest.fail("re-ran a measured setting")
+        return real_run_live(path, ids_, n_new, key, *x, **k)
+
+    monkeypatch.setattr(kvviz.live.decode, "run_live", only_int8)
     a2 = args("--methods", "all", "--n-new", "2", "--block-size", "4", "--save", prefix, "--reuse", "--model", str(path),
               "--prompt", "the cat sat on the mat and")
     assert M.run_all(a2, methods, model, str(path), ids, ctx) == 0
+    assert ran == ["int8_token"]
     with open(prefix + ".json") as f:
-        assert {r["spec"] for r in json.load(f)["rows"]} == set(keep)
+        assert [r["spec"] for r in json.load(f)["rows"]] == [s for s, _ in methods]  # every row, in order
 
 
 def test_pareto_front():

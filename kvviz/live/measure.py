@@ -335,6 +335,8 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
         if spec in old:
             rows.append(old[spec])
             print(_table([old[spec]])[-1] + " (reused)", flush=True)
+            if a.save:  # the file always holds every row so far, the reused ones included
+                _save(a.save, ident, rows, command, ids, model, ctx, layer, datetime.datetime.now(datetime.timezone.utc))
             continue
         t0 = time.perf_counter()
         row = {"spec": spec, "method": cfg.method, "options": dict(cfg.method_options)}
