@@ -245,6 +245,9 @@ class MainWindow(QMainWindow):
 
         self._build_status_bar()
         self._build_actions()
+        from kvviz.ui.panels.lab import install as install_lab
+
+        install_lab(self)  # the Kernel lab dock and the GPU timing panel's Roofline tab (kvviz/ui/panels/lab.py)
         self._restore(config)
         self.workload.set_busy(False)
         # the adapter's name goes in the status bar straight away, even if the first compute fails
