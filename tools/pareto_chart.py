@@ -68,9 +68,9 @@ def main(argv=None) -> int:
     pw = pg.PlotWidget()
     pw.resize(1500, 950)
     plot = pw.getPlotItem()
-    plot.setLogMode(x=False, y=True)
+    plot.setLogMode(x=True, y=True)  # both axes log: 2-bit to 26-bit settings and KL over 7 decades
     plot.showGrid(x=True, y=True, alpha=0.25)
-    plot.setLabel("bottom", "bits per element (K and V mean, scales included)")
+    plot.setLabel("bottom", "bits per element (K and V mean, scales included; log scale)")
     plot.setLabel("left", "mean next-token KL vs the f32 cache (nats)")
     plot.setTitle(f"{doc['model']}: {doc['prompt_tokens']}-token prompt, {doc['n_new']} tokens teacher-forced "
                   f"(f32: 32 bits, KL 0); dashed: the Pareto front", size="10pt")
@@ -82,18 +82,22 @@ def main(argv=None) -> int:
     on_front = {p[2] for p in front}
     font = QtGui.QFont()
     font.setPointSize(9)
+    small = QtGui.QFont()
+    small.setPointSize(7)
     for bits, kl, spec, method in pts:
         c = family_color(method)
         size = 11 if spec in on_front else 8
         plot.plot([bits], [kl], pen=None, symbol="o", symbolSize=size, symbolBrush=pg.mkBrush(*c, 220),
                   symbolPen=pg.mkPen("k" if spec in on_front else (*c, 255), width=1.2))
-        label = pg.TextItem(spec.replace("turboquant", "tq").replace("vllm_fp8", "vllm"), color=(*c, 255),
-                            anchor=(0, 0.5))
-        label.setFont(font)
-        label.setPos(bits + 0.08, math.log10(kl))
+        front_pt = spec in on_front
+        label = pg.TextItem(spec.replace("turboquant", "tq").replace("vllm_fp8", "vllm"),
+                            color=(*c, 255 if front_pt else 170), anchor=(0, 0.5))
+        label.setFont(font if front_pt else small)
+        label.setPos(math.log10(bits) + 0.006, math.log10(kl))  # view coordinates are log10 on both axes
         plot.addItem(label)
     ys = np.log10([p[1] for p in pts])
-    plot.setXRange(0, max(p[0] for p in pts) + 2.5, padding=0.02)
+    xs = np.log10([p[0] for p in pts])
+    plot.setXRange(float(xs.min()) - 0.03, float(xs.max()) + 0.12, padding=0)
     plot.setYRange(float(ys.min()) - 0.3, float(ys.max()) + 0.3, padding=0)
     pw.show()  # lay the widget out at its size before exporting (an unshown item exports a stale geometry)
     for _ in range(5):

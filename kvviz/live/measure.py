@@ -283,8 +283,9 @@ def _table(rows: list[dict]) -> list[str]:
             continue
         dq = f" (+ dequantise {r['dequant_us']:.0f} us)" if r.get("dequant_us") else ""
         note = "; ".join(r.get("warnings") or [])
+        mark = " (r)" if r.get("recovered_from_printed_table") else ""
         lines.append(
-            f"| `{r['spec']}` | {_num(r['bits_per_element'], '.2f')} | {_num(r['kl_mean'], '.3g')} | "
+            f"| `{r['spec']}`{mark} | {_num(r['bits_per_element'], '.2f')} | {_num(r['kl_mean'], '.3g')} | "
             f"{_num(r['kl_max'], '.3g')} | {_num(r['top1_agree_rate'], '.3f')} | {_num(r['decode_us'], '.0f')} us{dq} | "
             f"{', '.join(r.get('decode_kernels') or [])} ({r.get('impl', '')}) | {note} |")
     return lines
@@ -398,6 +399,9 @@ def _save(prefix, ident, rows, command, ids, model, ctx, layer, when) -> None:
         "",
         *_table(rows),
         "",
+        *(["(r): recovered from the run's printed table (3 significant digits, no per-step KL) after an earlier "
+           "`--reuse` pass had rewritten the JSON with only the rows it measured.", ""]
+          if any(r.get("recovered_from_printed_table") for r in rows) else []),
         "Prompt:",
         "",
         "> " + ident["prompt"].replace("\n", " "),
