@@ -332,12 +332,16 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
     rows, failed = [], []
     for line in _table([])[:2]:
         print(line, flush=True)
-    for spec, cfg in methods:
+    def later(i):  # rows of the reused file this run has not reached yet: an interrupted run keeps them
+        return [old[s] for s, _ in methods[i + 1:] if s in old]
+
+    for i, (spec, cfg) in enumerate(methods):
         if spec in old:
             rows.append(old[spec])
             print(_table([old[spec]])[-1] + " (reused)", flush=True)
             if a.save:  # the file always holds every row so far, the reused ones included
-                _save(a.save, ident, rows, command, ids, model, ctx, layer, datetime.datetime.now(datetime.timezone.utc))
+                _save(a.save, ident, rows + later(i), command, ids, model, ctx, layer,
+                      datetime.datetime.now(datetime.timezone.utc))
             continue
         t0 = time.perf_counter()
         row = {"spec": spec, "method": cfg.method, "options": dict(cfg.method_options)}
@@ -368,7 +372,8 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
             with open(a.out, "a") as f:
                 f.write(json.dumps(_strict(row), allow_nan=False) + "\n")
         if a.save:  # after every row: an interrupted run keeps what it measured (--reuse resumes)
-            _save(a.save, ident, rows, command, ids, model, ctx, layer, datetime.datetime.now(datetime.timezone.utc))
+            _save(a.save, ident, rows + later(i), command, ids, model, ctx, layer,
+                  datetime.datetime.now(datetime.timezone.utc))
     if failed:
         print(f"kvviz live: {len(failed)} of {len(methods)} setting(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
