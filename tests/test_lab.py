@@ -265,10 +265,7 @@ def _lab_window(qtbot, settings, session):
     from ui_windows import open_window
 
     win = open_window(qtbot, settings, session)
-    if getattr(win, "lab", None) is None:  # the window installs the lab itself once main_window hooks it
-        from kvviz.ui.panels.lab import install
-
-        install(win)
+    assert win.docks["kernel_lab"].widget() is not None and win.timing.tabs.indexOf(win.roofline) >= 0  # installed
     return win
 
 
