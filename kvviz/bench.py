@@ -289,7 +289,7 @@ def _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, co
             words = rt.read(kbuf, np.uint32, cache.shape, nbytes=int(np.prod(cache.shape)) * 4)
             err, tol, note = _writer_check(rt, "q8", words, key, batch)
             out.append(_row(tk.name, "fast writer (seed layout)", shape, t, tk.bytes, copy_gbps, err, tol, adapter, note,
-                            method="int8_seed", role="writer", impl="fast"))
+                            method="int8_seed", role="writer", impl="fast", flops=tk.flops))
     except (InvalidInput, DeviceLimitError) as exc:
         out.append(_row("reshape_and_cache_q8 (fast, seed layout)", "fast writer", shape, None, 0, copy_gbps, None, None,
                         adapter, f"skipped: {exc}", method="int8_seed", role="writer", impl="fast"))
