@@ -101,7 +101,7 @@ MIGRATIONS = {1: _v1}
 
 
 def shape_key(shape: dict) -> str:
-    return json.dumps({k: v for k, v in sorted((shape or {}).items()) if k != "name"}, sort_keys=True)
+    return json.dumps({k: v for k, v in sorted((shape or {}).items()) if k != "name"}, sort_keys=True, allow_nan=False)
 
 
 def shape_label(shape: dict) -> str:

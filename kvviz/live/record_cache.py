@@ -38,9 +38,9 @@ class RecordLiveCache(LiveCache):
                                      qk.alloc_words(ctx.rt, n, f"{method.id}_live_k"),
                                      qk.alloc_words(ctx.rt, n, f"{method.id}_live_v"))
                        for _ in range(n_layers)]
-        for qc in self.layers:  # a writer that binds a tensor buffer even without per-tensor scales (FP8)
-            tb = method._tensor_buffer(ctx)
-            if tb is not None:
+        tb = method._tensor_buffer(ctx)  # a writer that binds a tensor buffer even without per-tensor scales (FP8)
+        if tb is not None:  # one for every layer: it holds no per-token state here
+            for qc in self.layers:
                 qc.extra["tensor"] = tb
         fmt = method.fast_cache_format(head_size)
         self.fmt = None if fmt is None or unsupported(fmt, head_size, n_heads // n_kv_heads) else fmt

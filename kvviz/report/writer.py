@@ -74,7 +74,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
                  "times, not GPU times.")
     L.append(f"- **Source:** {res.source_note}")
     L.append(f"- **Method:** {res.method.label} (`{res.method.id}`)"
-             + (f", options {json.dumps(res.method.options())}" if res.method.options() else ""))
+             + (f", options {json.dumps(res.method.options(), allow_nan=False)}" if res.method.options() else ""))
     L.append(f"- **Computed in:** {res.elapsed_s:.2f} s")
     if getattr(res, "warnings", None):
         L.append("")
@@ -88,7 +88,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
     L.append("| setting | value |")
     L.append("|---|---|")
     for k, v in res.config.to_json().items():
-        L.append(f"| {k} | {json.dumps(v) if isinstance(v, (list, dict)) else v} |")
+        L.append(f"| {k} | {json.dumps(v, allow_nan=False) if isinstance(v, (list, dict)) else v} |")
     b = s["batch"]
     L.append("")
     L.append(f"Batch: {b['num_seqs']} sequences, {b['num_tokens']} tokens, {b['blocks_used']} of {b['num_blocks']} "
