@@ -146,12 +146,13 @@ def run_bench(
     warmup: int = 3,
     frontends=(FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL),
     compare_torch: bool = False,
-    methods: bool = True,
+    methods: bool | tuple = True,
     rt: GpuRuntime | None = None,
     log=print,
     kernels=(),
 ) -> dict:
-    """`kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
+    """`methods`: every registered method's kernels (True), none (False) or those named (registry ids).
+    `kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
     and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
     from kvviz.lab.roofline import Ceilings, bound
     from kvviz.kernels.fma import dtypes, measure_fma
@@ -227,7 +228,8 @@ def run_bench(
                 except KvvizError as exc:
                     rows.append(_row(f"{fmt} kernels", variant, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
         if methods:
-            rows += _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log)
+            rows += _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log,
+                                   None if methods is True else tuple(methods))
         if compare_torch:
             rows.append(_torch_row(shape, runs, warmup, copy_gbps, adapter))
     for r in rows:
@@ -316,7 +318,7 @@ def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, a
                     role="decode", impl="fast")
 
 
-def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log):
+def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log, only=None):
     """Every registered method's own kernels (the int8 seed is covered above), each method's decode
     output checked end to end against its numpy reference (the method's REFERENCE, found by name)."""
     from kvviz.methods import reference, registry
@@ -325,7 +327,7 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
     ctx = GpuContext(rt)
     rows = []
     for mkey, cls in sorted(registry().items()):
-        if mkey == "int8_seed":
+        if mkey == "int8_seed" or (only is not None and mkey not in only):
             continue
         m = cls()
         try:

@@ -8,6 +8,7 @@
   kvviz capture              a real model's Q/K/V for a prompt, saved as a KV dump file
   kvviz runs list|show|pin   the run history (every bench and window run, kept on disk)
   kvviz diff A B             two runs or bench JSON files, kernel by kernel: faster / slower / within noise
+  kvviz roofline BENCH.json  a bench run's kernels on the roofline of its measured ceilings (table, --svg)
   kvviz kernel list|new      kernel slots and their contracts; a starting file for your own kernel
 """
 from __future__ import annotations
@@ -138,10 +139,13 @@ def _cmd_bench(args) -> int:
         check_out_file(args.json, "--json")
     if args.sweep or args.values:
         return _bench_sweep(args)
+    methods = _bench_methods_arg(args)
+    if methods is None:
+        return EXIT_BAD_INPUT
     kernels = _user_kernels(args.kernel or [])
     runs = args.runs or (10 if args.quick else 30)
     result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
-                       methods=not args.no_methods, kernels=kernels)
+                       methods=methods, kernels=kernels)
     print(format_table(result))
     _record_bench(result)
     if args.json:
@@ -152,6 +156,56 @@ def _cmd_bench(args) -> int:
         print(f"\n{len(bad_rows)} kernel run(s) failed or outside tolerance vs the oracle: "
               + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr)
         return EXIT_FAILED
+    return 0
+
+
+def _bench_methods_arg(args):
+    """--no-methods / --methods as run_bench's `methods`: False, True (all) or a tuple of registry names; None
+    after printing why the value is refused."""
+    if args.methods is None:
+        return not args.no_methods
+    if args.no_methods:
+        print("kvviz bench: --methods and --no-methods contradict each other; give one", file=sys.stderr)
+        return None
+    from kvviz.methods import registry
+
+    names = tuple(dict.fromkeys(n.strip() for n in args.methods.split(",") if n.strip()))
+    unknown = [n for n in names if n not in registry()]
+    if unknown or not names:
+        print(f"kvviz bench: --methods: unknown method(s) {unknown or ['(none)']}; known: {', '.join(sorted(registry()))}",
+              file=sys.stderr)
+        return None
+    return names
+
+
+def _cmd_roofline(args) -> int:
+    """`kvviz roofline BENCH.json`: the roofline of a bench run (its kernels and the ceilings measured in the same
+    run) as a table, and as SVG with --svg."""
+    import json
+
+    from kvviz.checks import check_out_file
+    from kvviz.errors import InvalidInput
+    from kvviz.lab.roofline import bench_roofline, roofline_svg, roofline_table
+
+    if args.svg:
+        check_out_file(args.svg, "--svg")
+    try:
+        with open(args.file) as fh:
+            result = json.load(fh)
+    except OSError as exc:
+        raise InvalidInput(f"{args.file}: cannot read it: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{args.file}: not JSON: {exc}") from None
+    pts, c = bench_roofline(result, args.shape)
+    tab = roofline_table(pts, c)
+    print(tab.title)
+    print(f"{'kernel':<44} {'FLOP/B':>8} {'GFLOP/s':>10} {'median us':>10}  bound")
+    for kernel, _variant, _nb, _fl, inten, med, gfl, bnd in tab.rows:
+        print(f"{kernel:<44} {inten:8.3g} {gfl:10.4g} {med:10.1f}  {bnd}")
+    if args.svg:
+        with open(args.svg, "w") as fh:
+            fh.write(roofline_svg(pts, c, 960, 600))
+        print(f"wrote {args.svg}")
     return 0
 
 
@@ -380,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--frontends", default="glslang,naga-glsl", help="GLSL front ends for the seed kernels")
     b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
+    b.add_argument("--methods", default=None, metavar="NAME,NAME,...",
+                   help="time only these methods' kernels (registry names, kvviz info lists them; default: every "
+                        "method)")
     b.add_argument("--json", help="write results as JSON to this path")
     b.add_argument("--sweep", choices=("context", "batch"), default=None,
                    help="time the seed and fast decodes over context lengths (one sequence, 512..131072) or batch "
@@ -430,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("a", help="the reference: a run id or a bench JSON file")
     df.add_argument("b", help="the run compared with it: a run id or a bench JSON file")
     df.add_argument("--json", help="write the comparison as JSON to this path ('-': stdout)")
+    rf = command("roofline", "the roofline of a kvviz bench --json file: every kernel against the run's ceilings")
+    rf.add_argument("file", help="a file written by kvviz bench --json")
+    rf.add_argument("--shape", default=None, help="the bench shape to draw (default: the file's first)")
+    rf.add_argument("--svg", default=None, help="also write the chart as SVG to this path")
     g = command("gui", "open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")
@@ -476,6 +537,8 @@ def main(argv=None) -> int:
             return _cmd_diff(args)
         if args.cmd == "kernel":
             return _cmd_kernel(args)
+        if args.cmd == "roofline":
+            return _cmd_roofline(args)
         if args.cmd is None:
             args = build_parser().parse_args(["gui"] + list(argv or sys.argv[1:]))
         return _cmd_gui(args)

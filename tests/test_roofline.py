@@ -125,3 +125,30 @@ def test_report_has_the_roofline(tmp_path):
     rows = json.load(open(paths["json"]))["panels"]["roofline"]["roofline"]
     print(rows)
     assert (tmp_path / "csv" / "roofline_roofline.csv").exists()
+
+
+def test_bench_methods_subset_and_roofline_cli(rt, tmp_path, capsys):
+    """`kvviz bench --methods` times only the named methods; `kvviz roofline FILE` places every timed row of the
+    file that states its arithmetic (one SVG point each, duplicates named by method) under the file's ceilings."""
+    from kvviz.cli import main
+    from kvviz.lab.roofline import bench_roofline
+
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=2, warmup=1, frontends=("glslang",), methods=("q8_0", "f16"), rt=rt, log=lambda *a: None)
+    methods = {r["method"] for r in res["rows"]}
+    assert methods == {None, "int8_seed", "q8_0", "f16"}, methods
+    p = tmp_path / "b.json"
+    save_json(res, str(p))
+    pts, c = bench_roofline(json.loads(p.read_text()))
+    timed = [r for r in res["rows"] if r["gpu_us_median"] and r["flops"] is not None
+             and not r["kernel"].startswith(("fma_", "copy_buffer"))]
+    assert len(pts) == len(timed) and len({pt.kernel for pt in pts}) == len(pts)  # every name says whose it is
+    assert c is not None and math.isclose(c.mem_gbps, res["roofline"]["mem_gbps"])
+    svg = tmp_path / "r.svg"
+    assert main(["roofline", str(p), "--svg", str(svg)]) == 0
+    out = capsys.readouterr().out
+    drawn = [pt for pt in pts if pt.flops > 0]
+    assert svg.read_text().count("<circle") == len(drawn) and all(pt.kernel in out for pt in pts)
+    assert main(["roofline", str(p), "--shape", "nope"]) == 2
+    assert main(["bench", "--quick", "--methods", "q8_0,nope"]) == 2
+    assert main(["bench", "--quick", "--methods", "q8_0", "--no-methods"]) == 2

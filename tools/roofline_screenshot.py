@@ -2,6 +2,11 @@
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python tools/roofline_screenshot.py --out assets/roofline.png \
         [--method int8_token] [--seqs 15 --ctx 4096 --heads 32 --kv-heads 8 --head-size 128 --block-size 16]
+    QT_QPA_PLATFORM=offscreen .venv/bin/python tools/roofline_screenshot.py --out assets/roofline-h200.png \
+        --bench assets/bench/h200-....json [--shape decode-15x4096]
+
+With --bench it draws the app's Roofline tab (the same widget) over a `kvviz bench --json` file instead: the
+kernels and ceilings measured on the machine that ran the bench (a GPU machine without Qt), saved here.
 
 Opens the window on that workload, waits for its results and the FMA ceiling the Roofline tab measures on the
 same device, raises the Roofline tab of the GPU timing panel and saves that panel (2x). With --lab SLOT it also
@@ -30,7 +35,11 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--lab", default="", help="a slot to run in the Kernel lab too (say int8_token.writer)")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--bench", default="", help="draw this kvviz bench --json file instead of running the window")
+    ap.add_argument("--shape", default=None, help="with --bench: the bench shape (default: the file's first)")
     a = ap.parse_args()
+    if a.bench:
+        return bench_screenshot(a)
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
     from PySide6.QtCore import QElapsedTimer, QSettings
     from PySide6.QtWidgets import QApplication
@@ -86,6 +95,32 @@ def main() -> int:
             print(f"{t.name:<50} {t.impl:<10} {t.timing.median_us:10.1f} us")
         print(lab.last.check.summary())
     win.close()
+    return 0
+
+
+def bench_screenshot(a) -> int:
+    import json
+
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+    from PySide6.QtWidgets import QApplication
+
+    from kvviz.lab.roofline import bench_roofline
+    from kvviz.ui.export import save_png
+    from kvviz.ui.widgets.roofline import RooflineWidget
+
+    app = QApplication.instance() or QApplication([])
+    with open(a.bench) as fh:
+        result = json.load(fh)
+    pts, c = bench_roofline(result, a.shape)
+    w = RooflineWidget()
+    w.measure_button.hide()  # the ceilings are the bench's, measured in its run
+    w.set_data(pts, c)
+    w.resize(1400, 1000)
+    w.show()
+    app.processEvents()
+    print("wrote", save_png(w, a.out, 2.0))
+    for p in pts:
+        print(f"{p.kernel:<50} {p.intensity:8.3g} FLOP/B {p.gflops:10.4g} GFLOP/s {p.median_us:9.1f} us {p.bound(c)}")
     return 0
 
 

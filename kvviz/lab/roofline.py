@@ -212,3 +212,39 @@ def write_roofline(out_dir: str, res, name: str = "roofline.svg"):
     with open(os.path.join(out_dir, name), "w") as fh:
         fh.write(roofline_svg(pts, c))
     return name, roofline_table(pts, c)
+
+
+def bench_roofline(result: dict, shape: str | None = None) -> tuple[list[Point], Ceilings | None]:
+    """The roofline of a `kvviz bench --json` result: every timed row of one shape (the first one when `shape`
+    is None) as a point, the ceilings measured in the same run (the bench's copy shader and FMA rows)."""
+    from kvviz.errors import InvalidInput
+
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise InvalidInput("the file has no bench rows (expected the JSON that kvviz bench --json writes)")
+    names = [r.get("shape", {}).get("name") for r in rows if isinstance(r, dict)]
+    shapes = list(dict.fromkeys(n for n in names if n))
+    if shape is None:
+        shape = shapes[0] if shapes else None
+    elif shape not in shapes:
+        raise InvalidInput(f"shape {shape!r} is not in the file; it has {', '.join(shapes) or 'none'}")
+    keep = [r for r in rows if r.get("shape", {}).get("name") == shape and r.get("gpu_us_median")
+            and not str(r.get("kernel", "")).startswith(("copy_buffer", "fma_")) and r.get("flops") is not None]
+    # (the ceilings themselves are not points; rows stating no arithmetic cannot be placed)
+    seen = {}
+    for r in keep:
+        seen[r["kernel"]] = seen.get(r["kernel"], 0) + 1
+    pts = []
+    for r in keep:
+        k = str(r["kernel"])
+        if seen[k] > 1:  # e.g. every method's "paged_attn_f32 (over the dequantised cache)": say whose
+            k = f"{k} [{r.get('method') or r.get('variant', '')}]"
+        pts.append(Point(k, str(r.get("variant", "")), int(r.get("bytes_moved") or 0), float(r["flops"]),
+                         float(r["gpu_us_median"])))
+    c = result.get("roofline")
+    ceil = None
+    if isinstance(c, dict) and c.get("mem_gbps") and c.get("f32_gflops"):
+        ceil = Ceilings(float(c["mem_gbps"]), float(c["f32_gflops"]),
+                        float(c["f16_gflops"]) if c.get("f16_gflops") else None, str(c.get("adapter", "")),
+                        bool(c.get("is_software", False)))
+    return pts, ceil
