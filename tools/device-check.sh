@@ -25,6 +25,20 @@ for t in "$@"; do
       python3 -m pytest tests/test_live_model.py tests/test_live_decode.py -q -p no:cacheprovider -m "not slow" 2>&1 | tail -15 | tee "$OUT/live.txt" ;;
     bench)
       python3 -m kvviz bench --shape decode-15x4096 --compare-torch --json "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench_h200.txt" ;;
+    anchor-core)  # seed, first-wave, fast, f16, torch and two user kernels from `kvviz kernel new`, one run
+      python3 -m kvviz kernel new int8_token.writer_fast /tmp/mine_writer.wgsl
+      python3 -m kvviz kernel new fast.decode_f32 /tmp/mine_decode.wgsl
+      python3 -m kvviz bench --shape decode-15x4096 --compare-torch --frontends glslang \
+        --methods f16,int8_token,fp8_e4m3,fp8_e5m2,int4_group \
+        --kernel int8_token.writer_fast=/tmp/mine_writer.wgsl --kernel fast.decode_f32=/tmp/mine_decode.wgsl \
+        --json "$OUT/anchor-core.json" 2>&1 | tee "$OUT/anchor-core.txt" ;;
+    anchor-methods)  # the other methods one bench each (a slow oracle cannot take the others with it)
+      for m in ${KVVIZ_METHODS:-q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl mxfp4 nvfp4 vllm_fp8_e4m3 vllm_fp8_e5m2 kivi turboquant}; do
+        s=$(date +%s)
+        timeout "${KVVIZ_METHOD_TIMEOUT:-150}" python3 -m kvviz bench --shape decode-15x4096 --frontends glslang --methods "$m" \
+          --json "$OUT/anchor-$m.json" > "$OUT/anchor-$m.txt" 2>&1
+        echo "$m: rc=$? $(( $(date +%s) - s )) s"
+      done ;;
     bench-core)
       python3 -m kvviz bench --shape decode-15x4096 --compare-torch --no-methods --json "$OUT/bench_h200.json" 2>&1 | tee "$OUT/bench_h200.txt" ;;
   esac
