@@ -38,11 +38,15 @@ def test_every_slot_has_a_contract():
 
     s = slots()
     for sid in ("f32.writer", "f32.decode", "f32.reduce", "int8_seed.writer", "int8_seed.decode", "fast.decode_f32",
-                "fast.reduce", "int8_token.writer_fast", "int4_group.writer_fast", "fp8_e4m3.writer_fast"):
+                "fast.reduce", "int8_token.writer_fast", "int4_group.writer_fast", "fp8_e4m3.writer_fast",
+                "int8_seed.writer_fast", "fast.decode_f16", "fast.decode_int8", "fast.decode_fp8_e4m3",
+                "fast.decode_fp8_e5m2", "fast.decode_int4", "f16.writer_fast", "f16.dequantise",
+                "vllm_fp8_e4m3.writer", "vllm_fp8_e5m2.dequantise"):
         assert sid in s, sid
     for mid, cls in registry().items():
         if issubclass(cls, PerTokenRecordMethod) and cls.family in DEQUANT_ORACLES:
-            assert f"{mid}.writer" in s and f"{mid}.dequantise" in s, mid
+            writer = f"{mid}.writer" if cls.has_first_wave_writer else f"{mid}.writer_fast"
+            assert writer in s and f"{mid}.dequantise" in s, mid
     for sl in s.values():
         assert [(b.binding, b.name) for b in sl.buffers] == list(enumerate(b.name for b in sl.spec.bindings)), sl.id
         assert [b.access == "read_write" for b in sl.buffers] == [b.access == READ_WRITE for b in sl.spec.bindings]

@@ -27,7 +27,7 @@ from kvviz.gpu.kernel_spec import READ_WRITE
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_WGSL, ShaderSpec, declarations, render_wgsl_defines
 from kvviz.kernels import arith
-from kvviz.lab.slots import Slot, slot as get_slot
+from kvviz.lab.slots import EXACT_FAMILIES, Slot, slot as get_slot
 from kvviz.lab.source import (
     Diagnostic, KernelCompileError, SourceInfo, driver_code, parse_glslang, parse_naga, resolve, workgroup_bytes,
     workgroup_size,
@@ -237,9 +237,20 @@ def _untouched(rt, buf, shape, real_slots, block_size, dtype=np.uint32) -> int:
     return int(np.count_nonzero(got.transpose(0, 2, 1, 3)[~used] != SENTINEL))
 
 
-def _dequant_oracle(m, batch, x):
+def _dequant_oracle(m, batch, x, key=None, value=None, which: int = 0):
+    """The method family's numpy dequantised rows of x [tokens, kvh, D] (`key`, `value` and `which` (0 K,
+    1 V): a family whose scales come from the whole batch)."""
     fam = m.family
     D = x.shape[-1]
+    if fam == "f16":
+        from kvviz.oracles import f16 as o
+
+        return o.dequantize(o.quantize(x))
+    if fam == "fp8_vllm":
+        from kvviz.oracles import fp8 as o
+
+        s = o.vllm_method_scales(m, batch, key, value)[which]
+        return o.vllm_dequantize(o.vllm_quantize(x, s, m.fmt)[0], s, m.fmt)
     if fam == "int8":
         from kvviz.oracles import int8 as o
 
@@ -272,6 +283,68 @@ def _fused_tol(ref: np.ndarray) -> np.ndarray:
     return 2.0 ** -22 * (a + 2 * a.max(-1, keepdims=True))
 
 
+def _record_values(m, records: np.ndarray, D: int) -> np.ndarray:
+    """The method's numpy dequantisation of its cache records [..., wpt] u32 -> [..., D] float64 (the value
+    the fast decode must read from each record; per-token scales only)."""
+    u = m.unpack(records, D)
+    fam = m.family
+    if fam == "f16":
+        return np.asarray(u["codes"], np.float64)
+    if fam == "fp8" and not m.per_tensor:
+        from kvviz.oracles import fp8 as o
+
+        return o.dequantize(u["code_bits"], u["scale"], m.fmt).astype(np.float64)
+    if fam == "int4":
+        from kvviz.oracles import int4 as o
+
+        return o.dequantize_groups(u["codes"], u["scale"], u["zero"], m.group_for(D)).astype(np.float64)
+    raise InvalidInput(f"no numpy record dequantiser for method {m.id} (family {fam!r})")
+
+
+def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
+    """The cache a fast decode slot reads, written by its method's built-in writer: (CacheFormat, K buffer,
+    V buffer, tensor-scale buffer or None, (K, V) float64 [num_blocks, kvh, block_size, D]: the cache read
+    back and dequantised in numpy, what the oracle attends over)."""
+    from kvviz.errors import UnsupportedShape
+    from kvviz.kernels import fast_decode as fd
+    from kvviz.oracles import paged as op
+
+    rt, pk = ctx.rt, ctx.paged
+    T, kvh, D = key.shape
+    bs = batch.block_size
+    if slot.method is None:  # the f32 baseline cache, written by the baseline writer
+        cache = pk.allocate("f32", batch.num_blocks, kvh, bs, D)
+        rt.run(pk.write_dispatches(cache, key, value, batch.slot_mapping))
+        vals = tuple(pk.read(cache, w).astype(np.float64) for w in ("k", "v"))
+        return fd.F32, cache.k, cache.v, None, vals
+    from kvviz.methods import get_method
+
+    m = get_method(slot.method)
+    fmt = m.fast_cache_format(D)
+    why = "the method has no fast decode format" if fmt is None else fd.unsupported(fmt, D, H // kvh)
+    if why or fmt.name != slot.fmt:
+        raise UnsupportedShape(f"slot {slot.id}: the fast decode cannot read {slot.method}'s cache at head size {D}, "
+                               f"{H} heads over {kvh} KV heads: {why or f'its format is {fmt.name}'}")
+    if slot.method == "int8_seed":  # the seed writer's q8 paged cache
+        cache = pk.allocate("q8", batch.num_blocks, kvh, bs, D)
+        rt.run(pk.write_dispatches(cache, key, value, batch.slot_mapping))
+        vals = tuple(op.dequantize_cache_int8(pk.read(cache, w)).astype(np.float64) for w in ("k", "v"))
+        return fmt, cache.k, cache.v, None, vals
+    from kvviz.kernels import quant as qk
+
+    if hasattr(m, "writer_impl"):
+        m.writer_impl = "fast"
+    _, _, qc, _, wd, _ = m._build(ctx, batch, key, value)
+    rt.run(wd)
+    w = m.wpt(D)
+    vals = []
+    for which in ("K", "V"):
+        full = qk.read_cache(rt, qc, which)
+        recs = full[:, :, : bs * w].reshape(full.shape[0], full.shape[1], bs, w)
+        vals.append(_record_values(m, recs, D))
+    return fmt, qc.k, qc.v, qc.extra.get("tensor"), tuple(vals)
+
+
 def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int = 0, warmup: int = 2,
              builtin_timing: bool = True):
     """Run the slot's pipeline with `kernel` (None: the built-in) in the slot; returns (CheckResult,
@@ -290,7 +363,12 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         pk = ctx.paged
         fmt = slot.fmt
         cache = pk.allocate(fmt, batch.num_blocks, kvh, bs, D)
-        wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
+        if slot.case == "paged-writer" and slot.impl == "fast":  # the seed layout's fast writer (same bytes)
+            from kvviz.kernels import fast_write as fw
+
+            wd = fw.int8_dispatches(rt, key, value, batch.slot_mapping, cache.k, cache.v, bs, seed=True)
+        else:
+            wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
         if slot.case == "paged-writer":
             for buf in (cache.k, cache.v):
                 _fill_unused(rt, buf, cache.shape, rs, bs)
@@ -367,13 +445,13 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         if slot.case == "method-writer":
             untouched = sum(_untouched(rt, b, rec, rs, bs) for b in (qc.k, qc.v))
         gots, refs, tols = [], [], []
-        for which, x in (("k", key), ("v", value)):
+        for i, (which, x) in enumerate((("k", key), ("v", value))):
             f = ctx.paged.read(f32c, which)
             g = f[rs // bs, :, rs % bs]
-            r = np.asarray(_dequant_oracle(m, batch, x), np.float64)[real]
+            r = np.asarray(_dequant_oracle(m, batch, x, key, value, i), np.float64)[real]
             gots.append(g.reshape(len(rs), -1))
             refs.append(r.reshape(len(rs), -1))
-            tols.append((np.zeros_like(r) if m.family in ("int8", "fp8") else _fused_tol(r)).reshape(len(rs), -1))
+            tols.append((np.zeros_like(r) if m.family in EXACT_FAMILIES else _fused_tol(r)).reshape(len(rs), -1))
         res = compare(slot, kernel_name, np.concatenate(gots, 1), np.concatenate(refs, 1), np.concatenate(tols, 1),
                       "token rows", "K|V x KV head x dim", untouched=untouched)
         timed = [d for d in run if _is_slot(d, slot, kernel)]
@@ -387,14 +465,12 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         from kvviz.kernels import fast_decode as fd
         from kvviz.oracles import paged as op
 
-        cache = ctx.paged.allocate("f32", batch.num_blocks, kvh, bs, D)
-        rt.run(ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping))
-        plan = ctx.fast.plan(fd.F32, cache.k, cache.v, kvh, q, batch, scale)
+        fmt, kbuf, vbuf, tensor, (kf, vf) = _decode_cache(ctx, slot, batch, key, value, H)
+        plan = ctx.fast.plan(fmt, kbuf, vbuf, kvh, q, batch, scale, tensor=tensor)
         kernel = _resolve(kernel, plan.dispatches, slot)
         run = _swap(plan.dispatches, slot, kernel)
         rt.run(run)
         out = rt.read(plan.out, np.float32, plan.shape)
-        kf, vf = ctx.paged.read(cache, "k").astype(np.float64), ctx.paged.read(cache, "v").astype(np.float64)
         ref = op.decode(q, kf, vf, batch.block_tables, batch.context_lens, bs, scale)
         tol = 2e-5 * max(1.0, float(np.abs(vf).max(initial=0)))
         res = compare(slot, kernel_name, out.reshape(-1, D), ref.reshape(-1, D), tol, "(sequence, head)", "dim")
@@ -405,7 +481,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             nbytes = batch.num_seqs * H * P * (D + 2) * 4 + batch.num_seqs * H * D * 4
             flops = arith.reduce_flops(batch.num_seqs, H, D, P)
         else:
-            nbytes, _ = fd.decode_traffic(fd.F32, batch, H, kvh, D, P)
+            nbytes, _ = fd.decode_traffic(fmt, batch, H, kvh, D, P)
             flops = arith.decode_flops(batch, H, D)
     else:
         raise KvvizError(f"slot {slot.id}: unknown case {slot.case!r}")

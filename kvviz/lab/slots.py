@@ -135,6 +135,13 @@ _IMM = {
     "scale": "softmax scale applied to q.k", "num_partitions": "partitions per (sequence, head) in partials",
     "kvh": "KV heads", "hd": "head size", "bs": "tokens per cache block", "wpt": "u32 words of one token's record",
     "win0": "first block of the bound f32 cache window (out index = block - win0)",
+    "rows": "(token, KV head) rows of this dispatch", "gx": "workgroups along x of the 2-D grid (w = y * gx + x)",
+    "items": "work items of this dispatch (the grid covers them, 64 a workgroup)",
+    "max_blocks": "columns of block_tables", "partition_tokens": "context positions per partition",
+    "scale_log2": "softmax scale * log2(e) (the query is pre-scaled; exp2 in place of exp)",
+    "mbits": "FP8 mantissa bits", "bias": "FP8 exponent bias", "max_bits": "f32 bits of the FP8 format's largest value",
+    "max_code": "FP8 code of the largest magnitude", "sat_bits": "f32 bits past which |x / scale| saturates",
+    "per_head": "1: one scale per KV head, 0: one per tensor",
 }
 _F32_CACHE = "f32 [num_blocks, num_kv_heads, block_size, head_size]: element (block, head, offset, d)"
 
@@ -227,11 +234,36 @@ def _paged_slots() -> None:
     ))
 
 
+# the families whose dequantised value is one float32 operation on the code: compared exactly
+EXACT_FAMILIES = ("int8", "fp8", "fp8_vllm", "f16")
+
+
 def _dequant_rule(family: str) -> tuple[str, str]:
-    if family in ("int8", "fp8"):
+    if family == "f16":
+        return "exact (0): the half widened to f32", "exact"
+    if family in EXACT_FAMILIES:
         return "exact (0): one float32 multiply code * scale", "exact"
     return ("|got - ref| <= 2^-22 * (|ref| + 2 max|ref| of the token's head vector): code * scale + zero may be "
             "contracted into an fma by a driver (Vulkan allows it)", "fused")
+
+
+# the side buffers of a family's writer / dequantiser (kvviz/kernels/fp8_vllm.py ScaleBuffers)
+_SIDE_BUFFERS = {
+    "fp8_vllm": {
+        "scales": ("u32", "[2 * kv_heads]", "f32 scale bits, index which * kv_heads + head (which 0 K, 1 V); per-tensor "
+                   "mode reads index which * kv_heads; written by the calibration kernels before the writer runs"),
+        "sat": ("u32", "[2 * kv_heads]", "saturated elements written so far, per (K|V, KV head): the writer adds the "
+                "elements whose x / scale has no finite FP8 code (atomicAdd)"),
+    },
+}
+_WRITER_GRID = {
+    "f16": "2-D (gx, gy, 1), workgroup w = y * gx + x: one invocation per (token row, KV head, vec4 of the head "
+           "vector), 64 a workgroup, K and V together: items = rows x kv_heads x head_size / 4",
+}
+_WRITER_NOTES = {
+    "fp8_vllm": ("the calibration kernels (quant/fp8_vllm_amax.wgsl, fp8_vllm_scale.wgsl) run before the writer and "
+                 "stay the built-in ones; the slot is the writer that encodes with the scales they leave",),
+}
 
 
 def _method_slots() -> None:
@@ -250,16 +282,23 @@ def _method_slots() -> None:
         oracle = (f"{DEQUANT_ORACLES[cls.family]}: the f32 cache rows of every real token, K and V, after the "
                   "writer and the dequantiser ran")
         ws, ds = m.writer_spec(), m.dequant_spec()
+        bufs = {"k_cache": cache, "v_cache": cache, **_SIDE_BUFFERS.get(cls.family, {})}
+        if cls.has_first_wave_writer:
+            wid, wtitle, wimpl, wtimed = f"{mid}.writer", f"{m.label} writer", "first-wave", f"{mid} writer"
+        else:  # the fast writer is the method's only writer (f16): a fast slot, beside no first-wave one
+            wid, wtitle, wimpl, wtimed = f"{mid}.writer_fast", f"{m.label} fast writer", "fast", f"{mid} writer (fast)"
         register(Slot(
-            f"{mid}.writer", f"{m.label} writer", "writer", "first-wave", ws, mid, "method-writer",
-            buffers=_buffers(ws, {"k_cache": cache, "v_cache": cache}), immediates=_imm(ws),
-            grid="(rows, kv_heads, 2): one workgroup per (token row, KV head, K|V: z = 0 K, 1 V) writes the row's record",
+            wid, wtitle, "writer", wimpl, ws, mid, "method-writer",
+            buffers=_buffers(ws, bufs), immediates=_imm(ws),
+            grid=_WRITER_GRID.get(cls.family, "(rows, kv_heads, 2): one workgroup per (token row, KV head, K|V: z = 0 K, "
+                                  "1 V) writes the row's record"),
             oracle=oracle + " (the built-in dequantiser reads what the writer wrote)",
-            tolerance=tol + "; cache slots no row maps to must keep their contents", timed_name=f"{mid} writer",
+            tolerance=tol + "; cache slots no row maps to must keep their contents", timed_name=wtimed,
+            notes=_WRITER_NOTES.get(cls.family, ()),
         ))
         register(Slot(
             f"{mid}.dequantise", f"{m.label} dequantise", "dequantise", "first-wave", ds, mid, "method-dequant",
-            buffers=_buffers(ds, {"k_cache": cache, "v_cache": cache}), immediates=_imm(ds),
+            buffers=_buffers(ds, bufs), immediates=_imm(ds),
             grid="(used blocks, kv_heads, 2): one workgroup per (work item = used physical block, KV head, K|V) "
                  "expands the block's records into the f32 cache window",
             oracle=oracle + " (the built-in writer wrote the records)", tolerance=tol, timed_name=f"{mid} dequantise",
@@ -286,19 +325,70 @@ def _fast_slots() -> None:
                  "a lane group of LANES lanes per (token, KV head) row",
             oracle=base.oracle, tolerance=base.tolerance, timed_name=f"{mid} writer (fast)", template=True,
         ))
+    # the seed layout's fast writer (fast_write.int8_dispatches(seed=True)): the seed writer's bytes
+    if "int8_seed" in registry():
+        base = _SLOTS["int8_seed.writer"]
+        q8 = next((b.elem, b.shape, b.layout) for b in base.buffers if b.name == "key_cache")
+        register(Slot(
+            "int8_seed.writer_fast", "seed int8 layout fast writer (write_int8, SEED=true)", "writer", "fast",
+            fw.WRITE_INT8.define(SEED="true"), "int8_seed", "paged-writer", "q8",
+            _buffers(fw.WRITE_INT8, {"k_cache": q8, "v_cache": q8}),
+            _imm(fw.WRITE_INT8),
+            "2-D (gx, gy, 1), workgroup w = y * gx + x: one workgroup per `rows` token rows (K and V together), "
+            "a lane group of LANES lanes per (token, KV head) row",
+            base.oracle, base.tolerance, timed_name="int8_seed writer (fast)", template=True,
+        ))
     f32 = ("f32", "[num_blocks, num_kv_heads, block_size, head_size]", _F32_CACHE)
     part = ("f32", "[num_seqs, num_heads, num_partitions, head_size + 2]",
             "per partition: max logit m (base 2), sum of 2^(l - m), then sum of 2^(l - m) v over head_size")
-    oracle = ("kvviz.oracles.paged.decode in float64 over the f32 cache the baseline writer wrote; the checked output "
-              "is the attention output [num_seqs, num_heads, head_size] after the split kernel and the reduce")
+    grid = ("(num_partitions, num_kv_heads, num_seqs): one workgroup per (partition, KV head, sequence) for the KV "
+            "head's whole GQA group")
+    checked = ("; the checked output is the attention output [num_seqs, num_heads, head_size] after the split kernel "
+               "and the built-in reduce")
+    oracle = "kvviz.oracles.paged.decode in float64 over the f32 cache the baseline writer wrote" + checked
     tol = "|out - ref| <= 2e-5 * max(1, max|V|) (f32 accumulation vs float64)"
-    bufs = {"kc": f32, "vc": f32, "partials": part}
+    bufs = {"kc": f32, "vc": f32, "partials": part,
+            "tensor": ("u32", "[4]", "per-tensor words (f32 bits) [amax K, amax V, scale K, scale V]; formats without "
+                       "per-tensor scales get [0, 0, 1.0, 1.0], which the kernel does not read")}
     register(Slot(
         "fast.decode_f32", "fast split-K decode over the f32 cache (decode_split)", "decode", "fast", fd.SPLIT, None,
         "fast-decode", "f32", _buffers(fd.SPLIT, bufs), _imm(fd.SPLIT),
-        "(num_partitions, num_kv_heads, num_seqs): one workgroup per (partition, KV head, sequence) for the KV head's "
-        "whole GQA group", oracle, tol, timed_name="fast_decode_f32", template=True,
+        grid, oracle, tol, timed_name="fast_decode_f32", template=True,
     ))
+    # The same template over every packed cache the fast decode reads in place (fast_decode.render fills it per
+    # CacheFormat), each over the cache its method's built-in writer wrote. Tolerance: the fast decode's
+    # conformance tests' (tests/test_fast_decode.py), with max|V| of the dequantised V cache.
+    for fmt_name, mid, writer, deq in (
+        ("f16", "f16", "the f16 fast writer (fast/write_f16.wgsl)", "the halves widened to f64"),
+        ("int8", "int8_seed", "the seed int8 writer (reshape_and_cache_q8)",
+         "kvviz.oracles.paged.dequantize_cache_int8: code * scale"),
+        ("fp8_e4m3", "fp8_e4m3", "the fp8_e4m3 fast writer (per-token scale)",
+         "kvviz.oracles.fp8.dequantize: float32(fp8) * the token's scale"),
+        ("fp8_e5m2", "fp8_e5m2", "the fp8_e5m2 fast writer (per-token scale)",
+         "kvviz.oracles.fp8.dequantize: float32(fp8) * the token's scale"),
+        ("int4", "int4_group", "the int4_group fast writer (per group)",
+         "kvviz.oracles.int4.dequantize_groups: code * scale + zero per group"),
+    ):
+        if mid not in registry():
+            continue
+        m = get_method(mid)
+        fmt = m.fast_cache_format(REF_HEAD_SIZE)
+        lay = m.layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)[0]
+        cache = ("u32", f"[num_blocks, num_kv_heads, block_size, wpt] (wpt = {fmt.wpt(REF_HEAD_SIZE)} at head size "
+                 f"{REF_HEAD_SIZE})", _layout_text(lay))
+        ref = m.REFERENCE.replace(":", ".")
+        register(Slot(
+            f"fast.decode_{fmt_name}", f"fast split-K decode over the {fmt_name} cache of {mid} (decode_split)",
+            "decode", "fast", fd.SPLIT, mid, "fast-decode", fmt_name,
+            _buffers(fd.SPLIT, {**bufs, "kc": cache, "vc": cache}), _imm(fd.SPLIT), grid,
+            f"{ref}'s attention (kvviz.oracles.paged.decode in float64) over the cache {writer} wrote, read back and "
+            f"dequantised in numpy ({deq})" + checked,
+            "|out - ref| <= 2e-5 * max(1, max|V|), V the dequantised V cache (f32 accumulation vs float64; the "
+            "tolerance of tests/test_fast_decode.py for every format)",
+            (f"the template is the same for every format: `kvviz kernel new` writes it with its placeholders, which are "
+             f"filled with fast_decode.render()'s values for the {fmt_name} format at the shape being run",),
+            timed_name=f"fast_decode_{fmt_name}", template=True,
+        ))
     register(Slot(
         "fast.reduce", "fast decode reduce (decode_reduce)", "reduce", "fast", fd.REDUCE, None, "fast-decode", "f32",
         _buffers(fd.REDUCE, bufs), _imm(fd.REDUCE),
@@ -311,6 +401,9 @@ DEQUANT_ORACLES = {
     "int8": "kvviz.oracles.int8 dequantize(quantize(x))",
     "int4": "kvviz.oracles.int4 dequantize_groups(quantize_groups(x, G))",
     "fp8": "kvviz.oracles.fp8 dequantize(quantize(x))",
+    "fp8_vllm": ("kvviz.oracles.fp8 vllm_dequantize(vllm_quantize(x, s), s) with s = vllm_method_scales (amax of the "
+                 "calibration rows / fp8 max, computed in numpy)"),
+    "f16": "kvviz.oracles.f16 dequantize(quantize(x)) (numpy astype(float16), widened back)",
     "ggml": "kvviz.oracles.ggml dequantize(quantize(x)) (gguf's codes)",
     "fp4": "kvviz.oracles.fp4 dequantize(quantize(x, tensor scale of the real rows))",
 }

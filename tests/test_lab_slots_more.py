@@ -1,0 +1,136 @@
+"""Kernel lab slots of issue 12 item 1 beyond the first ones: the fast decode over every cache format it
+reads (f16, the int8 seed layout, FP8 E4M3 / E5M2 with per-token scales, int4 per group), the f16 method's
+kernels, the vLLM FP8 writers and dequantisers, the seed layout's fast writer.
+
+`kvviz kernel new` output passing its own slot's check is tests/test_lab.py::test_kernel_new_passes_its_slot,
+parametrised over every slot (these included). Here: their contracts, and deliberately wrong kernels failing
+the oracle check with the right count of bad elements, in the right place.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvviz.bench import BenchShape, make_inputs
+from kvviz.cli import main
+from kvviz.lab import check
+from kvviz.lab.slots import slot, slots
+from kvviz.paging import PAD_SLOT
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = BenchShape("lab-test", (37, 20), 4, 2, 64, 16, "scattered")
+DECODES = {"fast.decode_f32": (None, "f32"), "fast.decode_f16": ("f16", "f16"), "fast.decode_int8": ("int8_seed", "int8"),
+           "fast.decode_fp8_e4m3": ("fp8_e4m3", "fp8_e4m3"), "fast.decode_fp8_e5m2": ("fp8_e5m2", "fp8_e5m2"),
+           "fast.decode_int4": ("int4_group", "int4")}
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return make_inputs(SHAPE)
+
+
+def test_fast_decode_slots_cover_every_format():
+    """One slot per cache format the fast decode reads, each over its method's cache, the template slot's
+    contract with the method's CacheLayout for kc / vc and the conformance tests' tolerance."""
+    from kvviz.kernels import fast_decode as fd
+    from kvviz.methods import get_method
+
+    s = slots()
+    assert {k for k, v in s.items() if v.spec.path == fd.SPLIT.path} == set(DECODES)
+    for sid, (mid, fmt) in DECODES.items():
+        sl = s[sid]
+        assert (sl.method, sl.fmt, sl.case, sl.role, sl.impl, sl.template) == (mid, fmt, "fast-decode", "decode", "fast", True)
+        assert "2e-5 * max(1, max|V|)" in sl.tolerance and "kvviz.oracles.paged.decode" in sl.oracle
+        if mid:
+            assert get_method(mid).fast_cache_format(64).name == fmt
+            assert all("Words:" in b.layout for b in sl.buffers if b.name in ("kc", "vc")), sid
+            assert get_method(mid).REFERENCE.replace(":", ".") in sl.oracle, sid  # the method's own oracle
+    # the slot's method's other decode is timed beside a user's fast decode (the seed decode for int8)
+    from kvviz.lab.slots import siblings
+
+    assert [x.id for x in siblings("fast.decode_int8")] == ["int8_seed.decode"]
+    assert "fast.decode_int8" in [x.id for x in siblings("int8_seed.decode")]
+    # f16 has one writer, the fast one: a writer_fast slot and no first-wave slot
+    assert "f16.writer" not in s and s["f16.writer_fast"].impl == "fast" and s["f16.dequantise"].method == "f16"
+    # vLLM FP8: the side buffers are in the contract
+    w = s["vllm_fp8_e4m3.writer"]
+    assert [b.name for b in w.buffers][-2:] == ["scales", "sat"] and all(b.layout for b in w.buffers)
+    assert "exact (0)" in w.tolerance and "vllm_quantize" in w.oracle
+
+
+def test_kernel_new_writes_the_template(tmp_path):
+    """A fast decode slot's starting file is the template, its placeholders kept (filled per format)."""
+    path = tmp_path / "d.wgsl"
+    assert main(["kernel", "new", "fast.decode_int8", str(path)]) == 0
+    text = path.read_text()
+    assert "{{WRITE}}" in text and "{{STEP}}" in text and "slot fast.decode_int8" in text
+
+
+def _plus_one_on_sequence_0(src: str, G: int) -> str:
+    """The split kernel with every output element of sequence 0 made one higher: each partition's
+    accumulator gets its softmax sum l added, so the reduce's out = sum acc / sum l grows by exactly 1."""
+    at = src.index("{{WRITE}}") + len("{{WRITE}}")
+    adds = "\n".join(f"        partials[pb{g} + 2u + lane * DPL + d] = partials[pb{g} + 2u + lane * DPL + d] + l{g};"
+                     for g in range(G))
+    wrong = ("\n    if (seq == 0u) {  // deliberately wrong\n      for (var d = 0u; d < DPL; d = d + 1u) {\n"
+             + adds + "\n      }\n    }")
+    return src[:at] + wrong + src[at:]
+
+
+@pytest.mark.parametrize("sid", sorted(DECODES))
+def test_wrong_fast_decode_fails_with_the_right_count(ctx, inputs, tmp_path, sid):
+    """Every output element of sequence 0 one too high: exactly num_heads x head_size elements are outside
+    the tolerance, all in sequence 0's rows; the kernel was compiled for the slot's cache format."""
+    batch, key, value, q = inputs
+    S, H, D = q.shape
+    G = H // key.shape[1]
+    s = slot(sid)
+    path = tmp_path / "wrong.wgsl"
+    path.write_text(_plus_one_on_sequence_0(s.starting_source(), G))
+    run = check.lab_run(ctx, sid, inputs, path=str(path), runs=1, warmup=0)
+    c = run.check
+    print(c.summary())
+    assert not c.ok
+    assert c.bad == H * D and c.total == S * H * D
+    assert all(row < H for row, _ in c.where)  # rows are (sequence, head): sequence 0's are 0..H-1
+    assert 0.99 < c.max_err < 1.01
+    assert c.heat.sum() == c.bad
+    assert f"// Format: {s.fmt}" in run.info.driver_code  # the user's template, filled for this format
+
+
+def test_wrong_f16_writer_fails_with_the_right_count(ctx, inputs, tmp_path):
+    """The f16 writer with the lowest mantissa bit of every K element 4i flipped: exactly real tokens x KV
+    heads x head_size / 4 elements are off (the exact tolerance), all K, all channels 4i."""
+    s = slot("f16.writer_fast")
+    src = s.starting_source()
+    needle = "k_cache[dst] = pack4(key_in[item]);"
+    assert needle in src
+    path = tmp_path / "wrong.wgsl"
+    path.write_text(src.replace(needle, "k_cache[dst] = pack4(key_in[item]) ^ vec2<u32>(1u, 0u);"))
+    batch, key, value, q = inputs
+    real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
+    kvh, D = key.shape[1], key.shape[2]
+    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    print(c.summary())
+    assert not c.ok and not c.untouched
+    assert c.bad == real * kvh * D // 4 and c.total == 2 * real * kvh * D
+    assert all(col < kvh * D and col % 4 == 0 for _, col in c.where)  # K, element 4i of a head vector
+
+
+def test_wrong_vllm_writer_fails(ctx, inputs, tmp_path):
+    """The vLLM FP8 writer reading the K scale for V too: V's codes are off wherever the V scale differs
+    (calibrated separately), so V elements fail and K ones do not."""
+    s = slot("vllm_fp8_e4m3.writer")
+    src = s.starting_source()
+    needle = "let scale = bitcast<f32>(scales[which * p.kvh + g]);"
+    assert needle in src
+    path = tmp_path / "wrong.wgsl"
+    path.write_text(src.replace(needle, "let scale = bitcast<f32>(scales[g]);"))
+    batch, key, value, q = inputs
+    kvh, D = key.shape[1], key.shape[2]
+    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    print(c.summary())
+    assert not c.ok and c.bad > 0
+    assert all(col >= kvh * D for _, col in c.where)  # V's columns only
+    assert c.heat.shape[1] % 2 == 0 and c.heat[:, : c.heat.shape[1] // 2].sum() == 0  # no K element anywhere
