@@ -134,3 +134,80 @@ def test_wrong_vllm_writer_fails(ctx, inputs, tmp_path):
     assert not c.ok and c.bad > 0
     assert all(col >= kvh * D for _, col in c.where)  # V's columns only
     assert c.heat.shape[1] % 2 == 0 and c.heat[:, : c.heat.shape[1] // 2].sum() == 0  # no K element anywhere
+
+
+# ------------------------------------------------------------------------------ KIVI
+KIVI = ("kivi.writer_tokens", "kivi.writer_key_groups", "kivi.writer_tokens_fast", "kivi.writer_key_groups_fast",
+        "kivi.dequantise")
+
+
+def test_kivi_slots():
+    """KIVI's writer kernels (token and key-group, first-wave and fast) and its dequantiser are slots, run with
+    recent 0 so both writer kernels have work at short contexts; a token kernel is timed beside token kernels."""
+    from kvviz.lab.slots import KIVI_OPTIONS, siblings
+
+    s = slots()
+    for sid in KIVI:
+        assert s[sid].method == "kivi" and s[sid].options == KIVI_OPTIONS, sid
+        assert "kvviz.oracles.kivi dequantize_cache" in s[sid].oracle
+    assert [x.id for x in siblings("kivi.writer_tokens")] == ["kivi.writer_tokens_fast"]
+    assert [x.id for x in siblings("kivi.writer_key_groups_fast")] == ["kivi.writer_key_groups"]
+    assert "keep their contents" in s["kivi.writer_tokens"].tolerance
+
+
+def test_wrong_kivi_residual_copy_fails_with_the_right_count(ctx, inputs, tmp_path):
+    """The token writer copying residual K rows one too high: exactly residual rows x KV heads x head size
+    elements are off, all in K's columns."""
+    from kvviz.formats import kivi as layout
+
+    s = slot("kivi.writer_tokens")
+    src = s.starting_source()
+    needle = "res[rk + d] = key_in[src + d];"
+    assert needle in src
+    path = tmp_path / "wrong.wgsl"
+    path.write_text(src.replace(needle, "res[rk + d] = key_in[src + d] + 1.0;"))
+    batch, key, value, q = inputs
+    kvh, D = key.shape[1], key.shape[2]
+    n_res = layout.plan(batch.context_lens, 0).total_res
+    assert 0 < n_res < batch.num_tokens  # both residual and quantised rows at this shape
+    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    print(c.summary())
+    assert not c.ok and not c.untouched
+    assert c.bad == n_res * kvh * D and 0.99 < c.max_err < 1.01
+    assert all(col < kvh * D for _, col in c.where)
+
+
+def test_kivi_writer_outside_its_words_is_caught(ctx, inputs, tmp_path):
+    """The token writer zeroing a residual row's K code words and the KW words after them. Those are the next
+    residual row's code words (zeroed anyway) except after a sequence's last token (a slot no token maps to)
+    and after a block's last offset (the block's side-stream words, which a sequence without key groups never
+    writes): there, and only there, KW words per KV head change where the built-in writes nothing."""
+    from kvviz.formats import kivi as layout
+
+    s = slot("kivi.writer_tokens")
+    src = s.starting_source()
+    needle = "if (w < kw) { k_cache[kdst + w] = 0u; }"
+    assert needle in src
+    path = tmp_path / "oob.wgsl"
+    path.write_text(src.replace(needle, "if (w < kw) { k_cache[kdst + w] = 0u; k_cache[kdst + kw + w] = 0u; }"))
+    batch, key, value, q = inputs
+    kvh, D = key.shape[1], key.shape[2]
+    bs = batch.block_size
+    plan = layout.plan(batch.context_lens, 0)
+    mapped = set(int(x) for x in batch.slot_mapping if x != PAD_SLOT)
+    spill = 0  # residual rows whose next KW code words the built-in leaves unwritten
+    for seq in range(batch.num_seqs):
+        L, nq = int(batch.context_lens[seq]), int(plan.n_q[seq])
+        for pos in range(nq, L):
+            sl = batch.slot(seq, pos)
+            if sl % bs == bs - 1:
+                assert nq == 0  # the block's side words hold no key group of this sequence
+                spill += 1
+            elif pos == L - 1:
+                assert sl + 1 not in mapped
+                spill += 1
+    assert spill >= 2
+    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    print(c.summary())
+    assert c.bad == 0 and c.untouched == spill * kvh * (D * 2 // 32)
+    assert not c.ok

@@ -345,6 +345,80 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
     return fmt, qc.k, qc.v, qc.extra.get("tensor"), tuple(vals)
 
 
+def _kivi_case(ctx, slot: Slot, kernel_name: str, batch, key, value, kernel):
+    """KIVI (the slot's options) with `kernel` in the slot: the f32 cache rows after the writer kernels and the
+    built-in dequantiser against kvviz.oracles.kivi.dequantize_cache; writer slots also count the words the
+    kernel changed where the built-in writer writes nothing (K, V and the residual buffer prefilled with
+    SENTINEL; the built-in's unwritten words found by running it first over the same prefill).
+    Returns (CheckResult, ([timed dispatches], kernel), base dispatches, unique bytes, flops)."""
+    from kvviz.formats import kivi as layout
+    from kvviz.methods import get_method
+    from kvviz.oracles import kivi as okv
+
+    rt = ctx.rt
+    m = get_method(slot.method, **dict(slot.options))
+    m.writer_impl = "fast" if slot.impl == "fast" else "first-wave"
+    key_p, value_p, qc, f32c, wd, dd, row_res = m._prepare(ctx, batch, key, value)
+    T, kvh, D = key_p.shape
+    bs = batch.block_size
+    sm = np.asarray(batch.slot_mapping).astype(np.int64)
+    real = sm != PAD_SLOT
+    rs = sm[real]
+    plan = qc.extra["plan"]
+    if "key_groups" in slot.id and not any(int(n) >= layout.GROUP for n in plan.n_q):
+        from kvviz.errors import UnsupportedShape
+
+        raise UnsupportedShape(f"slot {slot.id}: no sequence of this shape holds a whole {layout.GROUP}-token key group "
+                               f"(recent {m.recent}), so the key-group writer has nothing to write",
+                               f"Use a context of at least {layout.GROUP + m.recent} tokens.")
+    bufs = [(qc.k, int(np.prod(qc.shape("K")))), (qc.v, int(np.prod(qc.shape("V")))),
+            (qc.extra["res"], max(1, plan.total_res) * 2 * kvh * D)]
+    untouched = None
+    if slot.case == "kivi-writer":
+        for b, n in bufs:
+            rt.write(b, np.full(n, SENTINEL, np.uint32))
+        rt.run(wd)
+        unused = [rt.read(b, np.uint32, nbytes=n * 4) == SENTINEL for b, n in bufs]
+        for b, n in bufs:
+            rt.write(b, np.full(n, SENTINEL, np.uint32))
+    kernel = _resolve(kernel, wd + dd, slot)
+    run = _swap(wd + dd, slot, kernel)
+    rt.run(run)
+    if slot.case == "kivi-writer":
+        untouched = int(sum(np.count_nonzero(rt.read(b, np.uint32, nbytes=n * 4)[u] != SENTINEL)
+                            for (b, n), u in zip(bufs, unused)))
+    kf, vf = okv.dequantize_cache(batch, key_p, value_p, m.bits, m.recent)
+    gots, refs, tols = [], [], []
+    for which, rf in (("k", kf), ("v", vf)):
+        g = ctx.paged.read(f32c, which)[rs // bs, :, rs % bs]
+        r = np.asarray(rf, np.float64)[rs // bs, :, rs % bs]
+        gots.append(g.reshape(len(rs), -1))
+        refs.append(r.reshape(len(rs), -1))
+        tols.append(_fused_tol(r).reshape(len(rs), -1))
+    res = compare(slot, kernel_name, np.concatenate(gots, 1), np.concatenate(refs, 1), np.concatenate(tols, 1),
+                  "token rows", "K|V x KV head x dim", untouched=untouched)
+    timed = [d for d in run if _is_slot(d, slot, kernel)]
+    # unique bytes of the kernel in the slot (what it must read and write), flops at the kivi rates
+    KW = layout.kw(D, m.bits)
+    n_q = int(sum(int(plan.n_q[s]) for s in range(batch.num_seqs)))
+    n_res = int(plan.total_res)
+    groups = int(sum(int(plan.n_q[s]) // layout.GROUP for s in range(batch.num_seqs)))
+    if slot.case == "kivi-dequant":
+        k_lay, v_lay = m.layouts_for_batch(batch, D)
+        stored = int(round(len(rs) * kvh * (k_lay.bytes_per_token_per_head + v_lay.bytes_per_token_per_head)))
+        nblk = sum(len(b) for b in batch.seq_blocks)
+        nbytes = stored + 2 * nblk * kvh * bs * D * 4
+        flops = arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT["kivi"])
+    elif "key_groups" in slot.id:  # the quantised K rows in; their code words and per-channel side words out
+        nbytes = n_q * kvh * D * 4 + n_q * 4 * 2 + groups * 16 + n_q * kvh * KW * 4 + groups * kvh * 2 * D * 4
+        flops = arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT["kivi"]) / 2 * (n_q / max(1, len(rs)))
+    else:  # V of every row and K of the residual rows in; V records, residual rows and zeroed code slots out
+        nbytes = (T * kvh * D * 4 + n_res * kvh * D * 4 + 2 * T * 4 + n_q * kvh * (KW + 2) * 4
+                  + n_res * kvh * (2 * D + 2 * KW + 2) * 4)
+        flops = arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT["kivi"]) / 2 * (n_q / max(1, len(rs)))
+    return res, (timed, kernel), wd + dd, nbytes, flops
+
+
 def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int = 0, warmup: int = 2,
              builtin_timing: bool = True):
     """Run the slot's pipeline with `kernel` (None: the built-in) in the slot; returns (CheckResult,
@@ -483,6 +557,10 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         else:
             nbytes, _ = fd.decode_traffic(fmt, batch, H, kvh, D, P)
             flops = arith.decode_flops(batch, H, D)
+    elif slot.case in ("kivi-writer", "kivi-dequant"):
+        res, timed, base, nbytes, flops = _kivi_case(ctx, slot, kernel_name, batch, key, value, kernel)
+        kernel = timed[1]
+        timed = timed[0]
     else:
         raise KvvizError(f"slot {slot.id}: unknown case {slot.case!r}")
     res.grids = [tuple(d.grid) for d in timed]

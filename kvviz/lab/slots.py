@@ -1,7 +1,10 @@
 """Kernel slots: every replaceable kernel of kvviz with its written contract, as data.
 
 A slot is one kernel a user may swap for their own: the f32 baseline writer / decode / reduce, the seed
-int8 writer / decode, each per-token-record method's writer and dequantiser. Its contract says:
+int8 writer / decode, each per-token-record method's writer and dequantiser (f16 and vLLM FP8 included),
+KIVI's two writer kernels and its dequantiser, the fast writers, and the fast split-K decode over every cache
+format it reads (f32, f16, the int8 seed layout, FP8 E4M3 / E5M2 per-token, int4 per group) with its reduce.
+Its contract says:
   - bindings: index, name, access, element type, shape, and how each buffer is laid out (a cache's
     layout is the method's CacheLayout, the block inspector's data, at the reference head size);
   - immediates: each field, its type and meaning (packed by the slot's KernelSpec struct);
@@ -65,6 +68,8 @@ class Slot:
     # `kernel new` writes it with its {{NAME}} placeholders, and a user kernel's placeholders are filled with
     # the built-in's values at the shape being run
     template: bool = False
+    # the method's options the slot's pipeline runs with ((name, value), ...; () the method's defaults)
+    options: tuple = ()
 
     @property
     def language(self) -> str:
@@ -104,6 +109,7 @@ class Slot:
             "immediates": [f.__dict__ for f in self.immediates],
             "immediates_bytes": self.spec.immediate_size,
             "grid": self.grid, "oracle": self.oracle, "tolerance": self.tolerance, "notes": list(self.notes),
+            "options": dict(self.options),
         }
 
 
@@ -135,6 +141,8 @@ _IMM = {
     "scale": "softmax scale applied to q.k", "num_partitions": "partitions per (sequence, head) in partials",
     "kvh": "KV heads", "hd": "head size", "bs": "tokens per cache block", "wpt": "u32 words of one token's record",
     "win0": "first block of the bound f32 cache window (out index = block - win0)",
+    "kstride": "u32 words of one (block, KV head) of the K cache: block_size * KW codes, then the side stream",
+    "bt_off": "first word of the block tables in info", "mbs": "columns of the block tables in info",
     "rows": "(token, KV head) rows of this dispatch", "gx": "workgroups along x of the 2-D grid (w = y * gx + x)",
     "items": "work items of this dispatch (the grid covers them, 64 a workgroup)",
     "max_blocks": "columns of block_tables", "partition_tokens": "context positions per partition",
@@ -396,6 +404,76 @@ def _fast_slots() -> None:
     ))
 
 
+KIVI_OPTIONS = (("bits", 2), ("recent", 0))
+
+
+def _kivi_slots() -> None:
+    """KIVI's writer is two kernels (the token kernel: V codes and the residual rows; the key-group kernel:
+    K codes per channel over 32-token groups), in a first-wave and a fast implementation, and one
+    dequantiser. Each is a slot; the pipeline runs KIVI 2-bit with recent 0, so every whole 32-token group
+    is quantised and both writer kernels run at short contexts."""
+    from kvviz.kernels import fast_write as fw
+    from kvviz.kernels import quant as qk
+    from kvviz.methods import get_method, registry
+
+    if "kivi" not in registry():
+        return
+    m = get_method("kivi", **dict(KIVI_OPTIONS))
+    k_lay, v_lay = m.layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)
+    kw = REF_HEAD_SIZE * 2 // 32
+    caches = {
+        "k_cache": ("u32", f"[num_blocks, kv_heads, kstride] (kstride = block_size * KW + side words; KW = {kw} at head "
+                    f"size {REF_HEAD_SIZE}, 2 bits)", _layout_text(k_lay)),
+        "v_cache": ("u32", f"[num_blocks, kv_heads, block_size, KW + 2] (KW + 2 = {kw + 2} at head size {REF_HEAD_SIZE})",
+                    _layout_text(v_lay)),
+        "res": ("f32", "[residual rows, 2 (K, V), kv_heads, head_size]",
+                "the float32 rows of positions >= n_q of each sequence, sequence by sequence (res_off in info)"),
+        "row_res": ("u32", "[rows]", "residual row of each token row, 0xFFFFFFFF: a quantised (or padding) row"),
+        "info": ("u32", "[4 * num_seqs + num_seqs * max_num_blocks_per_seq]",
+                 "per sequence (context_len, n_q, res_off, 0), then the block tables from word bt_off"),
+        "groups": ("vec4<u32>", "[key groups]", "(sequence, group, 0, 0) of every whole quantised 32-token key group"),
+        "grows": ("u32", "[key groups, 32]", "the token rows of each group (indices into key_in)"),
+        "key_g": ("f32", "[key groups * 32, kv_heads, head_size]", "the K rows of each group, gathered on the host"),
+        "slots_g": ("u32", "[key groups * 32]", "the cache slot of each gathered row"),
+    }
+    oracle = ("kvviz.oracles.kivi dequantize_cache (KIVI 2-bit, recent 0: the oracle's K per channel over 32-token "
+              "groups, V per token, the residual rows kept): the f32 cache rows of every real token, K and V, after "
+              "the writer kernels and the dequantiser ran")
+    tol = ("|got - ref| <= 2^-22 * (|ref| + 2 max|ref| of the token's head vector): code * scale + zero may be "
+           "contracted into an fma by a driver (Vulkan allows it); residual rows exact")
+    untouched = ("; words the built-in writer leaves unwritten (in K, V and the residual buffer) must keep their "
+                 "contents")
+    tok_grid = "(rows, kv_heads, 1): one workgroup per (token row, KV head) writes its V record or its residual K and V rows"
+    kg_grid = ("(key groups, kv_heads, 1): one workgroup per (whole 32-token key group, KV head) writes the group's K "
+               "codes and its per-channel (scale, zero) side words")
+    fast_row = ("2-D (gx, gy, 1), workgroup w = y * gx + x: one workgroup per `rows` token rows, a lane group of LANES "
+                "lanes per (token, KV head) row: its V record or its residual K and V rows")
+    fast_kg = ("2-D (gx, gy, 1), workgroup w = y * gx + x: one invocation per work item (key group, KV head, K code word), "
+               "64 a workgroup; the group's rows read in place through grows")
+    for sid, title, impl, spec, grid, tmpl, timed in (
+        ("kivi.writer_tokens", "KIVI token writer (V codes, residual rows)", "first-wave",
+         qk.KIVI_WRITE_TOK.define(BITS=2), tok_grid, False, "kivi writer (tokens + key groups)"),
+        ("kivi.writer_key_groups", "KIVI key-group writer (K per channel)", "first-wave",
+         qk.KIVI_WRITE_KGROUP.define(BITS=2), kg_grid, False, "kivi writer (tokens + key groups)"),
+        ("kivi.writer_tokens_fast", "KIVI fast token writer", "fast", fw.WRITE_KIVI_TOK, fast_row, True,
+         "kivi writer (tokens + key groups, fast)"),
+        ("kivi.writer_key_groups_fast", "KIVI fast key-group writer", "fast", fw.WRITE_KIVI_KGROUP, fast_kg, True,
+         "kivi writer (tokens + key groups, fast)"),
+    ):
+        register(Slot(sid, title, "writer", impl, spec, "kivi", "kivi-writer", buffers=_buffers(spec, caches),
+                      immediates=_imm(spec), grid=grid, oracle=oracle + " (the built-in dequantiser and the other "
+                      "writer kernel are the built-in ones)", tolerance=tol + untouched, template=tmpl,
+                      options=KIVI_OPTIONS,
+                      notes=(f"the lab times this kernel alone; the window's and the bench's `{timed}` row times both "
+                             "writer kernels together, so it is not this slot's pinned baseline",)))
+    register(Slot("kivi.dequantise", "KIVI dequantise", "dequantise", "first-wave", qk.KIVI_DEQUANT.define(BITS=2), "kivi",
+                  "kivi-dequant", buffers=_buffers(qk.KIVI_DEQUANT, caches), immediates=_imm(qk.KIVI_DEQUANT),
+                  grid="(used blocks, kv_heads, 2): one workgroup per (work item = used physical block, KV head, K|V) "
+                       "expands the block's codes (and residual rows) into the f32 cache window",
+                  oracle=oracle + " (the built-in writers wrote the cache)", tolerance=tol, timed_name="kivi dequantise",
+                  options=KIVI_OPTIONS))
+
+
 # family -> the numpy dequantised-rows oracle the method slots are checked against (kvviz/lab/check.py)
 DEQUANT_ORACLES = {
     "int8": "kvviz.oracles.int8 dequantize(quantize(x))",
@@ -417,6 +495,7 @@ def _load() -> None:
         _loaded = True
         _paged_slots()
         _method_slots()
+        _kivi_slots()
         _fast_slots()
 
 
@@ -436,7 +515,12 @@ def siblings(slot_id: str) -> list[Slot]:
     """The other built-in implementations of the same job (same method and role: the seed, first-wave and fast
     writers of a method; the f32 decode and the fast decode), timed beside a user kernel of this slot."""
     me = slot(slot_id)
-    return [s for s in slots().values() if s.id != me.id and s.method == me.method and s.role == me.role]
+
+    def job(s: Slot) -> str:  # KIVI's writer is two kernels: a token kernel is timed beside token kernels only
+        return s.id.split(".", 1)[1].removesuffix("_fast") if s.case == "kivi-writer" else ""
+
+    return [s for s in slots().values()
+            if s.id != me.id and s.method == me.method and s.role == me.role and job(s) == job(me)]
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -457,7 +541,8 @@ def render_markdown() -> str:
     for s in slots().values():
         L += ["", f"## `{s.id}`: {s.title}", "",
               f"Built-in: `shaders/{s.spec.path}`, entry `{s.spec.entry}`, {s.impl}"
-              + (f", method `{s.method}`" if s.method else "") + ".", "",
+              + (f", method `{s.method}`" if s.method else "")
+              + (" with " + ", ".join(f"`{k}={v}`" for k, v in s.options) if s.options else "") + ".", "",
               "| binding | name | access | type | shape | layout |", "|---|---|---|---|---|---|"]
         for b in s.buffers:
             L.append(f"| {b.binding} | `{b.name}` | {b.access} | {b.elem} | {b.shape} | {b.layout.replace('|', '/')} |")
@@ -479,7 +564,10 @@ def render_text(slot_id: str | None = None) -> str:
         w = max(len(s.id) for s in slots().values())
         return "\n".join(f"{s.id:<{w}}  {s.role:<10} {s.impl:<10} {s.spec.path}" for s in slots().values())
     s = slot(slot_id)
-    L = [f"{s.id}: {s.title}", f"  built-in: shaders/{s.spec.path}:{s.spec.entry} ({s.impl}, {s.language})", "  bindings:"]
+    L = [f"{s.id}: {s.title}", f"  built-in: shaders/{s.spec.path}:{s.spec.entry} ({s.impl}, {s.language})"]
+    if s.options:
+        L.append(f"  method: {s.method} with " + ", ".join(f"{k}={v}" for k, v in s.options))
+    L.append("  bindings:")
     for b in s.buffers:
         L.append(f"    {b.binding} {b.name} ({b.access}, {b.elem} {b.shape}): {b.layout}")
     L.append(f"  immediates ({s.spec.immediate_size} bytes): "
