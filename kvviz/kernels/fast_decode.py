@@ -50,6 +50,83 @@ KERNELS = (SPLIT, REDUCE, SUBGROUP_PROBE)
 # (the FP8 per-tensor writer's layout: [amax K, amax V, scale K, scale V]).
 _ONES = np.array([0.0, 0.0, 1.0, 1.0], np.float32).view(np.uint32)
 
+# ---------------------------------------------------------------------------------- variants
+# Two measured variants of the split kernel, both off by default (the exact f32 kernel is what every
+# other module uses). Each has its own oracle and tolerance (tests/test_fast_decode_variants.py):
+#
+# qk="i8": each query head is quantised to int8 on the host (symmetric, scale max(amax/127, 1e-8), codes
+#   rint(q / scale) clamped to [-128, 127], round half to even: kvviz/oracles/int8.quantize) and uploaded
+#   as int8 records [S, H, D/4 + 1] u32 (the int8 cache's record shape); the logit is
+#   f32(sum of dot4I8Packed(q word, K word)) * (q_scale * scale*log2 e) * k_scale. The integer dot is
+#   exact, so against its own oracle (the f32 decode of the dequantised int8 query) it is as exact as the
+#   f32 kernel: same tolerance. Only formats whose K codes are int8 words (int8 / int8_token).
+# pv="f16": P.V accumulated in vec4<f16> (two f16x2 FMAs in hardware), V scales folded into the f16 V
+#   values once per token (shared by the G heads), weights p * 2^-shift; the f16 accumulator is rescaled
+#   with the online max in f16 and flushed into the f32 accumulator every `pv_flush` steps (U tokens of
+#   a row group each) and after the loop. Per flush, not per page: a row group's tokens are not a page's
+#   (RG row groups interleave in every page), and the flush period is the knob that trades the f16 error
+#   bound (pv_tolerance: linear in it) against the flush's f32 work (G * D/L FMAs a lane). Needs the
+#   adapter feature shader-f16; without it plan() refuses (UnsupportedShape) instead of silently running
+#   another kernel than the one asked for. V must lie in the f16 range (|V| <= 65504): beyond it the
+#   output is inf / NaN, which callers refuse as non-finite.
+QK_VARIANTS = ("f32", "i8")
+PV_VARIANTS = ("f32", "f16")
+PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
+F16_EPS = 2.0 ** -11  # f16 unit roundoff
+
+
+def pv_shift(unroll: int, pv_flush: int) -> int:
+    """Weights enter the f16 accumulator times 2^-shift, 2^shift >= the tokens between flushes, so the
+    accumulator stays within max|V| (no f16 overflow before V itself overflows)."""
+    return max(0, math.ceil(math.log2(unroll * pv_flush)))
+
+
+def variant_name(qk: str = "f32", pv: str = "f32", pv_flush: int = PV_FLUSH, unroll: int = 2) -> str:
+    """What a timing row calls the variant: "f32", "int8 q, dot4I8Packed", "f16 P.V (flush 4 steps)", ..."""
+    parts = (["int8 q, dot4I8Packed"] if qk == "i8" else []) + ([f"f16 P.V, flush every {pv_flush} steps"] if pv == "f16" else [])
+    return "; ".join(parts) or "f32"
+
+
+def quantize_query(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q [S, H, D] f32 -> (codes int8 [S, H, D], scales f32 [S, H]): int8_token's quantiser
+    (kvviz/oracles/int8.quantize, float32 ops, round half to even), one scale a query head."""
+    from kvviz.formats.int8 import QMAX, SCALE_FLOOR
+
+    q = np.asarray(q, dtype=np.float32)
+    scales = np.maximum(np.abs(q).max(axis=-1) / QMAX, SCALE_FLOOR).astype(np.float32)
+    codes = np.clip(np.rint((q / scales[..., None]).astype(np.float32)), -128, 127).astype(np.int8)
+    return codes, scales
+
+
+def query_records_i8(q: np.ndarray) -> np.ndarray:
+    """The int8 query the qk="i8" kernel reads: [S, H, D/4 + 1] u32, codes 4 a word then the f32 scale."""
+    codes, scales = quantize_query(q)
+    S, H, D = codes.shape
+    return np.concatenate([codes.reshape(S, H, D).view(np.uint32), scales.view(np.uint32)[..., None]], -1)
+
+
+def pv_tolerance(max_abs_v: float, tokens: int, unroll: int = 2, pv_flush: int = PV_FLUSH,
+                 softmax_sum: float | np.ndarray = 1.0):
+    """Error bound of the f16 P.V accumulation over the f32 kernel's (add F32_TOL on top), first order
+    in the f16 unit roundoff u = 2^-11, for max|V| = M, U tokens a step and a flush every F steps:
+      - rounding: a term is rounded when its weight and its V value become f16 (1 + 2: the int8 scale
+        multiply), by its own step's FMA chain (<= U) and, in each later step before the flush, by the
+        rescale (f16(alpha) and the multiply) and that step's U FMAs: n = 3 + U + (F - 1)(U + 2)
+        roundings, each relative u of a term; the terms sum to at most l * M, divided by l in the reduce:
+        n * u * M;
+      - underflow: an f16 op whose result is subnormal errs by up to 2^-25 absolute (x 2^shift unscaled);
+        at most 5 such ops a token (weight, product, rescale, alpha, V value) over all the sequence's
+        tokens, divided by the softmax sum l >= 1 (pass the oracle's l for a tighter bound):
+        5 * tokens * 2^(shift - 25) * max(1, M) / l."""
+    n = 3 + unroll + (pv_flush - 1) * (unroll + 2)
+    under = 5 * tokens * 2.0 ** (pv_shift(unroll, pv_flush) - 25) * max(1.0, max_abs_v) / np.asarray(softmax_sum)
+    return n * F16_EPS * max_abs_v + under
+
+
+def f32_tolerance(max_abs_v: float) -> float:
+    """The f32 kernel's (and the int8-q variant's, against its own oracle) bound: 2e-5 x max(1, max|V|)."""
+    return 2e-5 * max(1.0, max_abs_v)
+
 
 @dataclass(frozen=True)
 class CacheFormat:
@@ -198,13 +275,30 @@ def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None) -> str:
     raise ValueError(fmt)
 
 
+def _vec16(fmt: CacheFormat, w: str, i: int, grp, vs: str | None) -> str:
+    """The i-th vec4 of V values in f16 for the f16-P.V variant, the V scale (an f32 expression `vs`)
+    folded in: f16 halves widen and narrow back (exact; naga 0.32 rejects bitcast<vec2<f16>>(u32) and a
+    vec2<u32> -> vec4<f16> bitcast), int8 codes convert exactly and take the
+    token's scale as an f16 multiply (vsh{u}), the rest round their f32 value once."""
+    if fmt.name == "f16":
+        return f"vec4<f16>({_vec(fmt, w, i, None)})"  # naga 0.32 rejects bitcast<vec2<f16>>(u32)
+    if fmt.name == "int8":
+        return f"vec4<f16>(unpack4xI8({w}_{i})) * vsh{w[2:]}"
+    v = _vec(fmt, w, i, grp)
+    return f"vec4<f16>({v} * {vs})" if vs else f"vec4<f16>({v})"
+
+
 def _join(parts, sep=" + "):
     return sep.join(parts) if parts else "0.0"
 
 
-def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
-    """The {{...}} values of fast/decode_split.wgsl for one format and shape."""
+def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
+           pv_flush: int = PV_FLUSH) -> dict:
+    """The {{...}} values of fast/decode_split.wgsl for one format and shape (and variant: QK_VARIANTS,
+    PV_VARIANTS; the defaults render the exact f32 kernel)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    i8, h16 = qk == "i8", pv == "f16"
+    qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
     dpl = lay.dims_per_lane
     nv = dpl // 4
     wpl = dpl // fmt.elems_per_word
@@ -214,14 +308,27 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
     pro, step, merge, write = [], [], [], []
     I = "  "
     # ---- prologue: the G query slices (pre-scaled), the online-softmax states
+    if i8:
+        pro.append(f"{I}let qhb = (seq * p.num_heads + kvh * {G}u) * {qrec}u;  // this GQA group's int8 query records")
     for g in range(G):
-        for i in range(nv):
-            o = g * D + 4 * i
-            pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
+        if i8:  # this lane's code words of head g, and the head's scale folded with scale*log2(e)
+            for w in range(wpl):
+                pro.append(f"{I}let qw{g}_{w} = q[qhb + lw + {g * qrec + w}u];")
+            pro.append(f"{I}let qs{g} = bitcast<f32>(q[qhb + {g * qrec + D // 4}u]) * p.scale_log2;")
+        else:
+            for i in range(nv):
+                o = g * D + 4 * i
+                pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
         pro.append(f"{I}var m{g} = EMPTY;")
         pro.append(f"{I}var l{g} = 0.0;")
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
+        if h16:  # the f16 accumulator of the steps since the last flush, and the f32 rescale over them
+            for i in range(nv):
+                pro.append(f"{I}var ah{g}_{i} = vec4<f16>(0.0h);")
+            pro.append(f"{I}var cum{g} = 1.0;")
+    if h16:
+        pro.append(f"{I}var steps = 0u;")
     if fmt.scale == "tensor":
         pro.append(f"{I}let ks_t = bitcast<f32>(tensor[2u]);")
         pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
@@ -252,14 +359,24 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
         k = (4 * i) // gs if dpl > gs else 0
         return (f"{which}gs{u}_{k}", f"{which}gz{u}_{k}")
 
-    for u in range(U):
-        for i in range(nv):
-            step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i))};")
+    if not i8:
+        for u in range(U):
+            for i in range(nv):
+                step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i))};")
     ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
     vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
     for g in range(G):
         for u in range(U):
             s = f"s{g}_{u}"
+            if i8:  # an exact integer dot (|sum| <= D * 128 * 128 < 2^24, so f32(si) is exact too)
+                si = f"si{g}_{u}"
+                step.append(f"{J}var {si} = {_join([f'dot4I8Packed(qw{g}_{w}, kw{u}_{w})' for w in range(wpl)])};")
+                x = 1
+                while x < L:
+                    step.append(f"{J}{si} = {si} + subgroupShuffleXor({si}, {x}u);")
+                    x *= 2
+                step.append(f"{J}let {s} = select(MASKED, f32({si}) * qs{g} * {ks.format(u=u)}, tt{u} < t1);")
+                continue
             step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
             x = 1
             while x < L:
@@ -268,8 +385,13 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
             scaled = f"{s} * {ks.format(u=u)}" if ks else s
             step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
     for u in range(U):
+        if h16 and fmt.name == "int8":
+            step.append(f"{J}let vsh{u} = f16({vs.format(u=u)});")
         for i in range(nv):
-            step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i))};")
+            if h16:  # the V value in f16, its per-token / tensor scale folded in (shared by the G heads)
+                step.append(f"{J}let vh{u}_{i} = {_vec16(fmt, f'vw{u}', i, grp('v', u, i), vs and vs.format(u=u))};")
+            else:
+                step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i))};")
     for g in range(G):
         mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
         step.append(f"{J}let mn{g} = max(m{g}, {mx});")
@@ -278,6 +400,17 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
             step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
         step.append(f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
         step.append(f"{J}m{g} = mn{g};")
+        if h16:
+            step.append(f"{J}let alh{g} = f16(al{g});")
+            step.append(f"{J}cum{g} = cum{g} * al{g};")
+            for u in range(U):
+                step.append(f"{J}let w{g}_{u} = f16(p{g}_{u} * {2.0 ** -pv_shift(U, pv_flush)!r});")
+            for i in range(nv):
+                acc = f"ah{g}_{i} * alh{g}"
+                for u in range(U):
+                    acc = f"fma(vec4<f16>(w{g}_{u}), vh{u}_{i}, {acc})"
+                step.append(f"{J}ah{g}_{i} = {acc};")
+            continue
         for u in range(U):
             wv = f"p{g}_{u} * {vs.format(u=u)}" if vs else f"p{g}_{u}"
             step.append(f"{J}let w{g}_{u} = {wv};")
@@ -286,6 +419,19 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
             for u in range(U):
                 acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
             step.append(f"{J}a{g}_{i} = {acc};")
+    if h16:  # every pv_flush steps, and once after the loop: a = a * cum + ah * 2^shift, in f32
+        flush = []
+        for g in range(G):
+            for i in range(nv):
+                flush.append(f"a{g}_{i} = fma(vec4<f32>(ah{g}_{i}), vec4<f32>({2.0 ** pv_shift(U, pv_flush)!r}), a{g}_{i} * cum{g});")
+                flush.append(f"ah{g}_{i} = vec4<f16>(0.0h);")
+            flush.append(f"cum{g} = 1.0;")
+        step.append(f"{J}steps = steps + 1u;")
+        step.append(f"{J}if (steps == {pv_flush}u) {{")
+        step.append(f"{J}  steps = 0u;")
+        step += [f"{J}  {x}" for x in flush]
+        step.append(f"{J}}}")
+        merge += [f"{I}{x}" for x in flush]
     # ---- merge of the row groups, a tree over workgroup memory
     st = RG // 2
     while st >= 1:
@@ -331,6 +477,9 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout) -> dict:
         # a driver that ran this pipeline with fewer lanes a subgroup than L would sum the wrong lanes:
         # the partition then says NaN, and the result is refused as non-finite instead of wrong
         "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
+        "VARIANT": variant_name(qk, pv, pv_flush, U),
+        "ENABLES": "enable f16;" if h16 else "",
+        "Q_TYPE": "u32" if i8 else "f32",
         "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
     }
 
@@ -346,11 +495,13 @@ class FastDecodePlan:
     partition_tokens: int
     num_partitions: int
     layout: Layout
+    variant: str = "f32"  # variant_name(qk, pv, ...): "f32" is the exact default kernel
 
     def describe(self) -> str:
         L = self.layout
+        v = "" if self.variant == "f32" else f", {self.variant}"
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
-                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step)")
+                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step){v}")
 
 
 def plan_partitions(num_seqs: int, num_kv_heads: int, max_len: int, tokens_per_step: int,
@@ -404,11 +555,14 @@ class FastDecode:
         return choose_layout(fmt, head_size, group, sub, limit, unroll, rows)
 
     def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
-               rows: int = 0, lanes: int = 16, checks: bool = True):
+               rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32", pv: str = "f32",
+               pv_flush: int = PV_FLUSH):
         """checks=False: the shader module without naga's runtime checks (kvviz/gpu/trusted.py), a
-        measured variant; the host has validated every index the kernel reads."""
+        measured variant; the host has validated every index the kernel reads. qk / pv: the variants
+        (QK_VARIANTS, PV_VARIANTS above)."""
+        self.check_variant(fmt, qk, pv, pv_flush)
         lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
-        defines = render(fmt, head_size, group, lay)
+        defines = render(fmt, head_size, group, lay, qk, pv, pv_flush)
         if not checks:
             from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
 
@@ -417,6 +571,19 @@ class FastDecode:
                                        "Keep the runtime checks (the default).")
             defines[RUNTIME_CHECKS_OFF[0]] = RUNTIME_CHECKS_OFF[1]
         return self.rt.compile(SPLIT, **defines), lay
+
+    def check_variant(self, fmt: CacheFormat, qk: str, pv: str, pv_flush: int) -> None:
+        if qk not in QK_VARIANTS or pv not in PV_VARIANTS:
+            raise InvalidInput(f"fast decode variant qk={qk!r}, pv={pv!r}: qk is one of {QK_VARIANTS}, pv one of {PV_VARIANTS}")
+        if qk == "i8" and fmt.name != "int8":
+            raise UnsupportedShape(f"fast decode qk='i8' (dot4I8Packed) needs K codes that are int8 words; {fmt.name} has none",
+                                   "Use qk='f32' (the default) for this format.")
+        if pv == "f16":
+            if "shader-f16" not in self.rt.features:
+                raise UnsupportedShape("fast decode pv='f16' needs the adapter feature shader-f16, which this adapter lacks",
+                                       "Use pv='f32' (the default).")
+            if int(pv_flush) != pv_flush or not 1 <= pv_flush <= 64:
+                raise InvalidInput(f"pv_flush must be 1..64 steps between flushes of the f16 accumulator, got {pv_flush}")
 
     def _tensor(self, tensor):
         if tensor is not None:
@@ -427,9 +594,11 @@ class FastDecode:
 
     def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
-             unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True) -> FastDecodePlan:
+             unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32",
+             pv: str = "f32", pv_flush: int = PV_FLUSH) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
-        block_size, wpt] u32 words, or f32 for the f32 format)."""
+        block_size, wpt] u32 words, or f32 for the f32 format). qk="i8" / pv="f16": the variants
+        (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32."""
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
         S, H, D = q.shape
         if S != batch.num_seqs:
@@ -444,7 +613,7 @@ class FastDecode:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks)
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:
@@ -465,12 +634,13 @@ class FastDecode:
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_partials")
         out = self.rt.empty(S * H * D * 4, "fast_decode_out")
-        bufs = [self.rt.upload(q, "q"), k, v, self.rt.upload(bt, "block_tables"),
+        qbuf = self.rt.upload(query_records_i8(q) if qk == "i8" else q, "q")
+        bufs = [qbuf, k, v, self.rt.upload(bt, "block_tables"),
                 self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), self._tensor(tensor), partials]
         imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
         d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
              self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
-        return FastDecodePlan(d, out, (S, H, D), pt, P, lay)
+        return FastDecodePlan(d, out, (S, H, D), pt, P, lay, variant_name(qk, pv, pv_flush, unroll))
 
     def _check_loops(self, pt: int, lay: Layout, P: int) -> None:
         """The split kernel loops pt / (RG*U) times, the reduce 3 loops of P: both must fit a software

@@ -12,8 +12,11 @@
 // an online softmax in base 2 (the query is pre-scaled by scale*log2(e)) keeps (m, l, acc).
 // The RG row groups merge through workgroup memory; row group 0 writes the partition's unnormalised
 // [m, l, acc[0..D)] to `partials`, and fast/decode_reduce.wgsl combines the partitions.
-// Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
-@group(0) @binding(0) var<storage, read> q: array<f32>;
+// Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}; variant: {{VARIANT}}.
+// Variants (default off): q as int8 records (codes + f32 scale, like the int8 cache) dotted with dot4I8Packed;
+// P.V accumulated in f16 and flushed to the f32 accumulator every few steps (fast_decode.py says how).
+{{ENABLES}}
+@group(0) @binding(0) var<storage, read> q: array<{{Q_TYPE}}>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
 @group(0) @binding(2) var<storage, read> vc: array<u32>;
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;
