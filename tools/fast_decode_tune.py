@@ -1,7 +1,15 @@
 """Times the fast decode at the anchor shape (15 x 4096, 32/8 heads, d128, block 16, scattered) over
 partition lengths, tokens per step and the no-subgroup variant, for the int8 (seed layout), f16 and
 f32 caches; prints GPU medians and GB/s against the copy shader. Run on the device:
-    python3 tools/fast_decode_tune.py [num_seqs ctx]
+    python3 tools/fast_decode_tune.py [num_seqs ctx [policy [formats]]]
+
+Variant mode (any --qk / --pv / --flush / --checks flag, or --variants for all of them): the default layout
+of each format in `formats` (default int8,f16) for every combination of the kernel variants
+(kvviz/kernels/fast_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
+`flush` steps, naga's runtime checks on | off), each output checked against its own oracle and tolerance
+(int8 / f16 / f32 caches), then a table of median GPU us (pass timestamps). E.g. on the H200:
+    python3 tools/fast_decode_tune.py 15 4096 scattered int8,f16 --variants
+    python3 tools/fast_decode_tune.py --qk=f32,i8 --pv=f32,f16 --flush=2,4,8 --checks=on,off
 """
 import sys
 
@@ -12,10 +20,14 @@ from kvviz.kernels import fast_decode as fd
 from kvviz.kernels.copy import measure_copy
 from kvviz.paging import make_batch
 
-S, T = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (15, 4096)
-POLICY = sys.argv[3] if len(sys.argv) > 3 else "scattered"  # how blocks are handed out: contiguous / scattered
-ONLY = sys.argv[4].split(",") if len(sys.argv) > 4 else None  # formats to time, e.g. int8,f16
+FLAGS = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:] if a.startswith("--"))
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
+POLICY = ARGS[2] if len(ARGS) > 2 else "scattered"  # how blocks are handed out: contiguous / scattered
+VARIANT_MODE = bool({"variants", "qk", "pv", "flush", "checks"} & set(FLAGS))
+ONLY = ARGS[3].split(",") if len(ARGS) > 3 else (["int8", "f16"] if VARIANT_MODE else None)  # formats to time
 H, KVH, D, BS = 32, 8, 128, 16
+SCALE = 0.088
 rt = GpuRuntime()
 print(rt.summary.line())
 copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)
@@ -25,12 +37,75 @@ print(f"{S} x {T} tokens, {POLICY} blocks")
 rng = np.random.default_rng(0)
 fast = fd.FastDecode(rt)
 q = rng.standard_normal((S, H, D)).astype(np.float32)
+
+
+def values(fmt, words):
+    """What the tool's random cache words decode to (float64 [blocks, kvh, bs, D]), for the formats the
+    variant mode checks; None for the others."""
+    w = words.reshape(batch.num_blocks, KVH, BS, fmt.wpt(D))
+    if fmt.name == "int8":
+        return w[..., :D // 4].copy().view(np.int8).astype(np.float64) * w[..., D // 4:].view(np.float32).astype(np.float64)
+    if fmt.name == "f16":
+        return w.copy().view(np.float16).astype(np.float64)
+    if fmt.name == "f32":
+        return w.view(np.float32).astype(np.float64)
+    return None
+
+
+def variant_table(fmt, k, v, kw, vw):
+    """Every requested variant combination of `fmt` at the default layout: checked, timed, tabled."""
+    from kvviz.oracles import paged as O
+
+    every = "variants" in FLAGS
+    qks = FLAGS.get("qk") or ("f32,i8" if every else "f32")
+    pvs = FLAGS.get("pv") or ("f32,f16" if every else "f32")
+    flushes = [int(x) for x in (FLAGS.get("flush") or ("2,4,8" if every else str(fd.PV_FLUSH))).split(",")]
+    checks_list = [c == "on" for c in (FLAGS.get("checks") or ("on,off" if every else "on")).split(",")]
+    kf, vf = values(fmt, kw), values(fmt, vw)
+    M = float(np.abs(vf).max()) if vf is not None else 0.0
+    refs, rows = {}, []
+    for qk in qks.split(","):
+        if qk == "i8" and fmt.name != "int8":
+            continue
+        for pv in pvs.split(","):
+            for flush in (flushes if pv == "f16" else [fd.PV_FLUSH]):
+                for checks in checks_list:
+                    name = fd.variant_name(qk, pv, flush)
+                    try:
+                        plan = fast.plan(fmt, k, v, KVH, q, batch, SCALE, checks=checks, qk=qk, pv=pv, pv_flush=flush)
+                    except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
+                        print(f"{fmt.name} {name} checks={checks}: {exc}")
+                        continue
+                    verdict = "-"
+                    if kf is not None:
+                        if qk not in refs:
+                            qr = q
+                            if qk == "i8":
+                                c, s = fd.quantize_query(q)
+                                qr = c.astype(np.float64) * s[..., None].astype(np.float64)
+                            refs[qk] = O.decode(qr, kf, vf, batch.block_tables, batch.context_lens, BS, SCALE)
+                        rt.run(plan.dispatches)
+                        err = float(np.abs(fast.read(plan) - refs[qk]).max())
+                        tol = fd.f32_tolerance(M) + (float(fd.pv_tolerance(M, T, 2, flush)) if pv == "f16" else 0.0)
+                        verdict = f"{err:.2e} {'ok' if err <= tol else 'OVER'} (tol {tol:.1e})"
+                    t = rt.time(plan.dispatches, 30, 5)
+                    nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
+                    rows.append((fmt.name, name, checks, t.median_us, nb / (t.median_us * 1e3), verdict))
+                    print(f"{fmt.name:5s} {name:50s} checks={checks!s:5s} {t.median_us:8.1f} us  error {verdict}", flush=True)
+    return rows
+
+
+table = []
 for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_format(32)):
     if ONLY and fmt.name not in ONLY:
         continue
     n = batch.num_blocks * KVH * BS * fmt.wpt(D)
-    k = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "k")
-    v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C), "v")
+    kw = rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C)
+    vw = rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3C)
+    k, v = rt.upload(kw, "k"), rt.upload(vw, "v")
+    if VARIANT_MODE:
+        table += variant_table(fmt, k, v, kw, vw)
+        continue
     cases = [(True, ln, u, r, pt, True) for ln in (8, 16, 32) for r in (0, 16) for u in (1, 2) for pt in (None, 1024, 2048)]
     if fmt not in (fd.INT8, fd.F16):
         cases = [(True, ln, 2, 0, pt, True) for ln in (8, 16, 32) for pt in (None, 1024)]
@@ -38,7 +113,7 @@ for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_forma
         cases = [(True, 16, 2, 0, None, True), (True, 16, 2, 0, None, False)]
     for sub, lanes, unroll, rows, pt, checks in cases:
         try:
-            plan = fast.plan(fmt, k, v, KVH, q, batch, 0.088, partition_tokens=pt, subgroups=sub, unroll=unroll,
+            plan = fast.plan(fmt, k, v, KVH, q, batch, SCALE, partition_tokens=pt, subgroups=sub, unroll=unroll,
                              rows=rows, lanes=lanes, checks=checks)
         except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
             print(f"{fmt.name} sub={sub} U={unroll} rows={rows} pt={pt}: {exc}")
@@ -48,3 +123,10 @@ for fmt in (fd.INT8, fd.F16, fd.F32, fd.fp8_format("e4m3", False), fd.int4_forma
         gbps = nb / (t.median_us * 1e3)
         print(f"{fmt.name:9s} subgroups={sub!s:5s} checks={checks!s:5s} {plan.describe():80s} {t.median_us:8.1f} us "
               f"{gbps:7.0f} GB/s {100 * gbps / copy_gbps:5.1f}% of copy")
+
+if table:
+    print(f"\nmedian GPU time of split + reduce, {S} x {T}, {H}/{KVH} heads, d{D}, block {BS}, {POLICY}; default layout")
+    print(f"| format | variant | runtime checks | median us | GB/s | % of copy | max error vs its oracle |")
+    print("|---|---|---|---|---|---|---|")
+    for name, var, checks, us, gbps, verdict in table:
+        print(f"| {name} | {var} | {'on' if checks else 'off'} | {us:.1f} | {gbps:.0f} | {100 * gbps / copy_gbps:.1f} | {verdict} |")
