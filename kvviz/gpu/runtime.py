@@ -23,6 +23,8 @@ from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec, Struct, ro, rw
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec, compile_shader, declarations
 from kvviz.gpu.timing import MAX_WARMUP_SPANS, TimingResult, kernel_sources
 
+WARMUP_BATCH_MAX = 1024  # passes in one warm-up submit (2 timestamps each: within wgpu's 4096-query sets)
+
 log = logging.getLogger("kvviz.gpu")
 
 # Features used when the adapter offers them. Timestamps for honest GPU times; immediates for the
@@ -590,14 +592,16 @@ class GpuRuntime:
             # vs 2.1 ms warm, which wall-clock throughput confirmed).
             if self.summary.is_software:
                 warmup_ms = 0.0  # a CPU rasteriser has no GPU clocks to ramp up
-            t_end = time.perf_counter() + warmup_ms / 1e3
+            t_start = time.perf_counter()
+            t_end = t_start + warmup_ms / 1e3
             done = 0
-            n = max(1, warmup)
+            n = min(max(1, warmup), WARMUP_BATCH_MAX) if warmup_ms > 0 else max(1, warmup)
             warm = collections.deque(maxlen=MAX_WARMUP_SPANS)  # (start, end) in ns on the timing clock
             wq = None
             while done < warmup or time.perf_counter() < t_end:
                 if stamps and wq is None:
-                    wq = self._timestamp_slots(n, "kvviz-warmup-timestamps")
+                    # room for the largest batch below: the set is made once
+                    wq = self._timestamp_slots(WARMUP_BATCH_MAX if warmup_ms > 0 else n, "kvviz-warmup-timestamps")
                 enc = self.device.create_command_encoder()
                 t0 = time.perf_counter_ns()
                 for j in range(n):
@@ -614,8 +618,14 @@ class GpuRuntime:
                     self._wait()
                     warm.append((t0, time.perf_counter_ns()))
                 done += n
-                if done >= 1000 * max(1, warmup):
-                    break
+                # Keep the GPU busy, not idling between tiny submits: with 3 passes a submit and a wait after
+                # each, a 120 us kernel kept an H200 at ~30 % duty and its first timing in a process read
+                # 2.5x slow (314 vs 123 us, tools/diag_seed_cache.py). Grow the batch until a submit lasts
+                # ~20 ms of wall time.
+                if warmup_ms > 0 and (time.perf_counter_ns() - t0) < 20e6:
+                    n = min(2 * n, WARMUP_BATCH_MAX)
+                if time.perf_counter() - t_start > 4 * max(warmup_ms, 250.0) / 1e3:
+                    break  # a pathological device: never spin for long
             if wq is not None:
                 wq[0].destroy()
             if not stamps:
@@ -667,7 +677,7 @@ class GpuRuntime:
         enc.resolve_query_set(qs, 0, 2 * passes, resolve_buf, 0)
         enc.copy_buffer_to_buffer(resolve_buf, 0, out, 0, 16 * passes)
         self.queue.submit([enc.finish()])
-        return self.read(out, np.uint64).reshape(passes, 2)
+        return self.read(out, np.uint64, nbytes=16 * passes).reshape(passes, 2)  # the set may hold more
 
 
 def _timing_result(samples_us, starts, warm, period_ns: float, warmup_runs: int, sources, method: str) -> TimingResult:
