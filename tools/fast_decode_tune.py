@@ -6,10 +6,10 @@ f32 caches; prints GPU medians and GB/s against the copy shader. Run on the devi
 Variant mode (any --qk / --pv / --flush / --checks flag, or --variants for all of them): the default layout
 of each format in `formats` (default int8,f16) for every combination of the kernel variants
 (kvviz/kernels/fast_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
-`flush` steps, naga's runtime checks on | off), each output checked against its own oracle and tolerance
+`flush` steps, naga's runtime checks on | off; --lanes / --unroll: layouts, default 16 / 2), each output checked against its own oracle and tolerance
 (int8 / f16 / f32 caches), then a table of median GPU us (pass timestamps). E.g. on the H200:
     python3 tools/fast_decode_tune.py 15 4096 scattered int8,f16 --variants
-    python3 tools/fast_decode_tune.py --qk=f32,i8 --pv=f32,f16 --flush=2,4,8 --checks=on,off
+    python3 tools/fast_decode_tune.py --qk=f32,i8 --pv=f32,f16 --flush=2,4,8 --checks=on,off --lanes=8,16
 """
 import sys
 
@@ -24,7 +24,7 @@ FLAGS = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
 POLICY = ARGS[2] if len(ARGS) > 2 else "scattered"  # how blocks are handed out: contiguous / scattered
-VARIANT_MODE = bool({"variants", "qk", "pv", "flush", "checks"} & set(FLAGS))
+VARIANT_MODE = bool({"variants", "qk", "pv", "flush", "checks", "lanes", "unroll"} & set(FLAGS))
 ONLY = ARGS[3].split(",") if len(ARGS) > 3 else (["int8", "f16"] if VARIANT_MODE else None)  # formats to time
 H, KVH, D, BS = 32, 8, 128, 16
 SCALE = 0.088
@@ -61,6 +61,7 @@ def variant_table(fmt, k, v, kw, vw):
     pvs = FLAGS.get("pv") or ("f32,f16" if every else "f32")
     flushes = [int(x) for x in (FLAGS.get("flush") or ("2,4,8" if every else str(fd.PV_FLUSH))).split(",")]
     checks_list = [c == "on" for c in (FLAGS.get("checks") or ("on,off" if every else "on")).split(",")]
+    layouts = [(int(ln), int(u)) for ln in (FLAGS.get("lanes") or "16").split(",") for u in (FLAGS.get("unroll") or "2").split(",")]
     kf, vf = values(fmt, kw), values(fmt, vw)
     M = float(np.abs(vf).max()) if vf is not None else 0.0
     refs, rows = {}, []
@@ -68,30 +69,31 @@ def variant_table(fmt, k, v, kw, vw):
         if qk == "i8" and fmt.name != "int8":
             continue
         for pv in pvs.split(","):
-            for flush in (flushes if pv == "f16" else [fd.PV_FLUSH]):
-                for checks in checks_list:
-                    name = fd.variant_name(qk, pv, flush)
-                    try:
-                        plan = fast.plan(fmt, k, v, KVH, q, batch, SCALE, checks=checks, qk=qk, pv=pv, pv_flush=flush)
-                    except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
-                        print(f"{fmt.name} {name} checks={checks}: {exc}")
-                        continue
-                    verdict = "-"
-                    if kf is not None:
-                        if qk not in refs:
-                            qr = q
-                            if qk == "i8":
-                                c, s = fd.quantize_query(q)
-                                qr = c.astype(np.float64) * s[..., None].astype(np.float64)
-                            refs[qk] = O.decode(qr, kf, vf, batch.block_tables, batch.context_lens, BS, SCALE)
-                        rt.run(plan.dispatches)
-                        err = float(np.abs(fast.read(plan) - refs[qk]).max())
-                        tol = fd.f32_tolerance(M) + (float(fd.pv_tolerance(M, T, 2, flush)) if pv == "f16" else 0.0)
-                        verdict = f"{err:.2e} {'ok' if err <= tol else 'OVER'} (tol {tol:.1e})"
-                    t = rt.time(plan.dispatches, 30, 5)
-                    nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
-                    rows.append((fmt.name, name, checks, t.median_us, nb / (t.median_us * 1e3), verdict))
-                    print(f"{fmt.name:5s} {name:50s} checks={checks!s:5s} {t.median_us:8.1f} us  error {verdict}", flush=True)
+            for (lanes, unroll), flush, checks in [(lay, f, c) for lay in layouts for f in (flushes if pv == "f16" else [fd.PV_FLUSH])
+                                                   for c in checks_list]:
+                name = fd.variant_name(qk, pv, flush) + ("" if (lanes, unroll) == (16, 2) else f" [L<={lanes}, U={unroll}]")
+                try:
+                    plan = fast.plan(fmt, k, v, KVH, q, batch, SCALE, checks=checks, qk=qk, pv=pv, pv_flush=flush,
+                                     lanes=lanes, unroll=unroll)
+                except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
+                    print(f"{fmt.name} {name} checks={checks}: {exc}")
+                    continue
+                verdict = "-"
+                if kf is not None:
+                    if qk not in refs:
+                        qr = q
+                        if qk == "i8":
+                            c, s = fd.quantize_query(q)
+                            qr = c.astype(np.float64) * s[..., None].astype(np.float64)
+                        refs[qk] = O.decode(qr, kf, vf, batch.block_tables, batch.context_lens, BS, SCALE)
+                    rt.run(plan.dispatches)
+                    err = float(np.abs(fast.read(plan) - refs[qk]).max())
+                    tol = fd.f32_tolerance(M) + (float(fd.pv_tolerance(M, T, unroll, flush)) if pv == "f16" else 0.0)
+                    verdict = f"{err:.2e} {'ok' if err <= tol else 'OVER'} (tol {tol:.1e})"
+                t = rt.time(plan.dispatches, 30, 5)
+                nb, _ = fd.decode_traffic(fmt, batch, H, KVH, D, plan.num_partitions)
+                rows.append((fmt.name, name, checks, t.median_us, nb / (t.median_us * 1e3), verdict))
+                print(f"{fmt.name:5s} {name:50s} checks={checks!s:5s} {t.median_us:8.1f} us  error {verdict}", flush=True)
     return rows
 
 
