@@ -6,12 +6,14 @@ f32 caches; prints GPU medians and GB/s against the copy shader. Run on the devi
 Variant mode (any --qk / --pv / --flush / --checks flag, or --variants for all of them): the default layout
 of each format in `formats` (default int8,f16) for every combination of the kernel variants
 (kvviz/kernels/fast_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
-`flush` steps, naga's runtime checks on | off; --lanes / --unroll: layouts, default 16 / 2), each output checked against its own oracle and tolerance
+`flush` steps, naga's runtime checks on | off; --lanes / --unroll: layouts, default 16 / 2; --budget=S: start no
+new plan after S seconds), each output checked against its own oracle and tolerance
 (int8 / f16 / f32 caches), then a table of median GPU us (pass timestamps). E.g. on the H200:
     python3 tools/fast_decode_tune.py 15 4096 scattered int8,f16 --variants
     python3 tools/fast_decode_tune.py --qk=f32,i8 --pv=f32,f16 --flush=2,4,8 --checks=on,off --lanes=8,16
 """
 import sys
+import time
 
 import numpy as np
 
@@ -26,6 +28,8 @@ S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
 POLICY = ARGS[2] if len(ARGS) > 2 else "scattered"  # how blocks are handed out: contiguous / scattered
 VARIANT_MODE = bool({"variants", "qk", "pv", "flush", "checks", "lanes", "unroll"} & set(FLAGS))
 ONLY = ARGS[3].split(",") if len(ARGS) > 3 else (["int8", "f16"] if VARIANT_MODE else None)  # formats to time
+BUDGET_S = float(FLAGS.get("budget") or 0)  # variant mode: start no new plan after this many seconds (0: no limit)
+STARTED = time.monotonic()
 H, KVH, D, BS = 32, 8, 128, 16
 SCALE = 0.088
 rt = GpuRuntime()
@@ -72,6 +76,9 @@ def variant_table(fmt, k, v, kw, vw):
             for (lanes, unroll), flush, checks in [(lay, f, c) for lay in layouts for f in (flushes if pv == "f16" else [fd.PV_FLUSH])
                                                    for c in checks_list]:
                 name = fd.variant_name(qk, pv, flush) + ("" if (lanes, unroll) == (16, 2) else f" [L<={lanes}, U={unroll}]")
+                if BUDGET_S and time.monotonic() - STARTED > BUDGET_S:
+                    print(f"{fmt.name} {name} checks={checks}: skipped, past the --budget of {BUDGET_S:.0f} s")
+                    continue
                 try:
                     plan = fast.plan(fmt, k, v, KVH, q, batch, SCALE, checks=checks, qk=qk, pv=pv, pv_flush=flush,
                                      lanes=lanes, unroll=unroll)

@@ -18,6 +18,10 @@ int8_token shares: 4 codes a word + an f32 scale word), "fp8_e4m3"/"fp8_e5m2" (p
 per-tensor scales), "int4" (8 codes a word, an f32 (scale, zero) pair per group). A shape the generator
 cannot lay out (say head size 100 for int4) is refused by `unsupported()`; callers then keep the
 first-wave path. Adapters without subgroups get the L = 1 variant (a lane per token row, no shuffles).
+
+Measured variants, off by default (plan/decode keywords qk="i8", pv="f16", pv_flush; see "variants" below):
+an int8 query dotted with dot4I8Packed, and f16 P.V accumulation; tests/test_fast_decode_variants.py,
+timed by tools/fast_decode_tune.py --variants.
 """
 from __future__ import annotations
 
