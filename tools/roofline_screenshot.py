@@ -106,17 +106,22 @@ def bench_screenshot(a) -> int:
 
     from kvviz.lab.roofline import bench_roofline
     from kvviz.ui.export import save_png
+    from kvviz.ui.style import setup_pyqtgraph
     from kvviz.ui.widgets.roofline import RooflineWidget
 
     app = QApplication.instance() or QApplication([])
+    setup_pyqtgraph()  # the app's look (white plots)
     with open(a.bench) as fh:
         result = json.load(fh)
     pts, c = bench_roofline(result, a.shape)
     w = RooflineWidget()
     w.measure_button.hide()  # the ceilings are the bench's, measured in its run
     w.set_data(pts, c)
-    w.resize(1400, 1000)
+    w.resize(1400, 1500)
     w.show()
+    from PySide6.QtWidgets import QSplitter
+
+    w.findChild(QSplitter).setSizes([700, 800])  # the chart and every row of the table
     app.processEvents()
     print("wrote", save_png(w, a.out, 2.0))
     for p in pts:

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvviz.bench import SHAPES, make_inputs
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels.copy import copy_shader_dispatches
+from kvviz.kernels.copy import time_copy_shader
 from kvviz.kernels.timed import checked
 from kvviz.methods import get_method, method_class
 from kvviz.methods.context import GpuContext
@@ -33,8 +33,7 @@ def main() -> int:
     shape = SHAPES[a.shape]
     batch, key, value, q = make_inputs(shape)
     scale = float(1 / np.sqrt(shape.head_size))
-    d, nbytes = copy_shader_dispatches(rt, 2 * key.nbytes)
-    ct = rt.time(d, a.runs)
+    ct, nbytes = time_copy_shader(rt, 2 * key.nbytes, a.runs, 3)  # the bench's memory roof: read + write bytes
     copy = ct.gbps(nbytes)
     print(f"adapter: {rt.summary.line()}\nshape: {a.shape}; copy shader {copy:.0f} GB/s (median {ct.median_us:.1f} us)")
     print(f"{'method':<40} {'kernel':<46} {'median us':>10} {'p90 us':>9} {'GB/s':>8} {'%copy':>6}")

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.lab.roofline import roofline_table
-from kvviz.ui.style import kernel_color
+from kvviz.ui.style import kernel_color, qcolor
 
 
 class RooflineWidget(QWidget):
@@ -26,6 +26,7 @@ class RooflineWidget(QWidget):
         self.points: list = []
         self.ceilings = None
         self.table_data = None
+        self.numbers: dict = {}  # id(point) -> its number on the chart and in the table
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()
@@ -69,7 +70,7 @@ class RooflineWidget(QWidget):
         pts = [p for p in self.points if p.flops > 0 and p.bytes > 0 and p.gflops > 0 and math.isfinite(p.gflops)]
         xs = [p.intensity for p in pts] + ([c.ridge] if c else [])
         if c:
-            lo = min(xs + [1e-3]) / 4
+            lo = min(xs) / 4 if xs else 1e-3  # the roof from a little left of the leftmost kernel
             hi = max(xs + [10.0]) * 4
             for peak, name, color in ((c.f32_gflops, "f32 FMA", (200, 40, 40)), (c.f16_gflops, "f16 FMA", (140, 60, 170))):
                 if not peak:
@@ -78,24 +79,37 @@ class RooflineWidget(QWidget):
                 xr = [lo, min(max(ridge, lo), hi), hi]
                 yr = [min(peak, c.mem_gbps * x) for x in xr]
                 pi.plot(xr, yr, pen=pg.mkPen(color, width=2), name=f"{name} {peak:.3g} GFLOP/s / copy {c.mem_gbps:.3g} GB/s")
+        # Points are numbered (the table's # column) rather than listed in the legend: a bench holds ~40
+        # kernels, a legend of that many covers the chart and repeats its colours.
+        self.numbers = {}
         for i, p in enumerate(pts):
             col = kernel_color(i + 1)
-            pi.plot([p.intensity], [p.gflops], pen=None, symbol="o", symbolSize=9, symbolBrush=col, name=p.kernel)
-        pi.setTitle("Roofline: every kernel at its intensity and achieved FLOP/s; lines: the device's ceilings", size="9pt")
+            self.numbers[id(p)] = i + 1
+            pi.plot([p.intensity], [p.gflops], pen=None, symbol="o", symbolSize=9, symbolBrush=col)
+            label = pg.TextItem(str(i + 1), color=col, anchor=(-0.15, 0.5))
+            label.setPos(math.log10(p.intensity), math.log10(p.gflops))  # log-mode view coordinates
+            pi.addItem(label)
+        pi.setTitle("Roofline: every kernel (numbered as in the table) at its intensity and achieved FLOP/s; "
+                    "lines: the device's ceilings", size="9pt")
 
     def _fill(self) -> None:
         t = self.table
         tab = self.table_data
-        headers = ["kernel", "FLOP/B", "GFLOP/s", "bound", "FLOPs", "bytes", "median us", "variant"]
+        headers = ["#", "kernel", "FLOP/B", "GFLOP/s", "bound", "FLOPs", "bytes", "median us", "variant"]
         t.clear()
         t.setColumnCount(len(headers))
         t.setHorizontalHeaderLabels(headers)
         t.setRowCount(len(tab.rows))
+        numbers = getattr(self, "numbers", {})
         for i, (kernel, variant, nbytes, flops, inten, med, gfl, bnd) in enumerate(tab.rows):
-            cells = [kernel, f"{inten:.3g}", f"{gfl:.3g}", bnd, f"{flops:,.0f}", f"{nbytes:,}", f"{med:,.1f}", variant]
+            num = numbers.get(id(self.points[i]))  # blank: not drawn (0 FLOPs on log axes)
+            cells = [str(num or ""), kernel, f"{inten:.3g}", f"{gfl:.3g}", bnd, f"{flops:,.0f}", f"{nbytes:,}",
+                     f"{med:,.1f}", variant]
             for j, v in enumerate(cells):
                 it = QTableWidgetItem(v)
-                if 1 <= j <= 6:
+                if num and j == 0:
+                    it.setForeground(qcolor(kernel_color(num)))
+                if j == 0 or 2 <= j <= 7:
                     it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 t.setItem(i, j, it)
         t.resizeColumnsToContents()
