@@ -490,6 +490,12 @@ def test_llama_like_keys_per_channel_beats_per_token(ctx):
     rows = compare_methods(ctx, batch, k, v, q, float(1 / np.sqrt(D)), methods)
     print("\nllama-like keys (4 of 128 channels ~10x), 2 seqs (256, 192 tokens), 2 KV heads, 4 heads, block 16")
     print(format_table(rows, f32_bytes_per_token=2 * kvh * D * 4))
+    for r in rows:  # decode time (the comparison's third axis): the fast decode where the method has one
+        assert r["decode_us"] > 0 and r["decode_impl"], r
+        assert (r["decode_impl"] == "fast") == (r["dequant_us"] is None), r
+        assert r["decode_total_us"] == pytest.approx(r["decode_us"] + (r["dequant_us"] or 0.0))
+        if r["method"] in ("int8_token", "fp8_e4m3", "fp8_e5m2", "int4_group"):
+            assert r["decode_impl"] == "fast", r
     by = {(r["method"], tuple(sorted(r["options"].items()))): r for r in rows}
     kivi4 = by[("kivi", (("bits", 4), ("context_len", 4096), ("recent", 0)))]
     int4_32 = by[("int4_group", (("group_size", 32),))]

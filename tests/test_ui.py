@@ -427,6 +427,16 @@ def test_method_comparison(qtbot, window):
     assert w.compare.table.rowCount() == len(rows)
     mine = [r for r in rows if r["method"] == w.results.method.id]
     assert mine and mine[0]["kl_mean"] == pytest.approx(float(w.results.metrics.kl.mean()), rel=0.05, abs=1e-7)
+    # decode time as the x axis: every method with a timed decode is a point at its GPU time (log axis)
+    timed = [r for r in rows if r.get("decode_total_us") and np.isfinite(r.get("kl_mean", np.nan))]
+    assert timed and all(r["decode_us"] > 0 for r in timed)
+    w.compare.x_axis.setCurrentIndex(w.compare.x_axis.findData("decode"))
+    assert w.compare.n_points() == len(timed)
+    assert "decode time" in w.compare.plot.getPlotItem().getAxis("bottom").labelText
+    xs = sorted(p.pos().x() for p in w.compare.scatter.points())
+    assert xs == pytest.approx(sorted(np.log10([r["decode_total_us"] for r in timed])))
+    w.compare.x_axis.setCurrentIndex(w.compare.x_axis.findData("bits"))
+    assert w.compare.n_points() == len(finite)
 
 
 # -------------------------------------------------------------- settings, shortcuts

@@ -19,6 +19,11 @@ Per method (dict keys):
   out_cos_mean, out_cos_min   cosine of o_method and o_f32 per (sequence, head)
   top8_overlap       mean over (sequence, head) of |top8(w_f32) & top8(w_method)| / min(8, context)
   seconds            host wall time of quantise + attend + weights (lavapipe: CPU time, not GPU time)
+  decode_us          GPU-timestamp median of the method's decode on this batch (kvviz.kernels.timed.decode_time:
+                     its fast split-K decode where it has one, else its decode kernels), dequant_us the
+                     dequantise pass a first-wave decode needs first (None otherwise), decode_impl which;
+                     decode_total_us = decode_us + dequant_us (the comparison's time axis). With
+                     time_decode=False these are None.
 """
 from __future__ import annotations
 
@@ -74,8 +79,10 @@ def baseline(ctx, batch, key, value, q, scale):
     return cache, ctx.paged.decode(cache, q, batch, scale), ctx.paged.weights(cache, q, batch, scale)
 
 
-def compare_methods(ctx, batch, key, value, q, scale, methods) -> list[dict]:
+def compare_methods(ctx, batch, key, value, q, scale, methods, time_decode: bool = True, runs: int = 5) -> list[dict]:
     """Run the f32 baseline and every method on the same KV; one dict per method (see module doc)."""
+    from kvviz.kernels.timed import checked, decode_time
+
     key = np.asarray(key)
     kvh, D = key.shape[1], key.shape[2]
     _, o_ref, w_ref = baseline(ctx, batch, key, value, q, scale)
@@ -96,6 +103,11 @@ def compare_methods(ctx, batch, key, value, q, scale, methods) -> list[dict]:
         }
         row.update(attention_errors(w_ref, w, o_ref, o, batch.context_lens))
         row["seconds"] = dt
+        t = {"decode_us": None, "dequant_us": None, "impl": None}
+        if time_decode:  # the kernels over the caches `quantize` filled (nothing is quantised again)
+            t = decode_time(ctx.rt, checked(m.timed_kernels(ctx, batch, key, value, q, scale, qkv), m.id), runs)
+        row["decode_us"], row["dequant_us"], row["decode_impl"] = t["decode_us"], t["dequant_us"], t["impl"]
+        row["decode_total_us"] = (None if t["decode_us"] is None else t["decode_us"] + (t["dequant_us"] or 0.0))
         rows.append(row)
     return rows
 

@@ -39,3 +39,26 @@ def checked(items, owner: str) -> list[TimedKernel]:
         if not isinstance(it, TimedKernel):
             raise TypeError(f"{owner}.timed_kernels must return kvviz.kernels.timed.TimedKernel records, got {it!r:.80}")
     return out
+
+
+def decode_kernels(rows: list[TimedKernel]) -> tuple[list[TimedKernel], list[TimedKernel], str]:
+    """What a method's decode costs, from its timed kernels: the fast decode rows where the method has them
+    (plus a rotate row of another implementation, e.g. TurboQuant's query rotation), else every decode /
+    rotate / reduce row; and, for a method without a fast decode, its dequantise rows apart. Returns
+    (decode rows, dequantise rows, impl)."""
+    dec = [r for r in rows if r.role in ("decode", "rotate", "reduce")]
+    fast = [r for r in dec if r.impl == "fast"]
+    pick = fast + [r for r in dec if r.role == "rotate" and r.impl != "fast"] if fast else dec
+    impl = "fast" if fast else ",".join(sorted({r.impl for r in dec}))
+    deq = [] if fast else [r for r in rows if r.role == "dequantise"]
+    return pick, deq, impl
+
+
+def decode_time(rt, rows: list[TimedKernel], runs: int = 10, warmup_ms: float = 50.0) -> dict:
+    """GPU-timestamp medians of a method's decode (decode_kernels): decode_us (the decode kernels summed),
+    dequant_us (a first-wave method's dequantise pass, None otherwise), the kernels' names and impl."""
+    pick, deq, impl = decode_kernels(rows)
+    times = [rt.time(r.dispatches, runs, 2, warmup_ms=warmup_ms) for r in pick]
+    deq_us = sum(rt.time(r.dispatches, runs, 2, warmup_ms=warmup_ms).median_us for r in deq) if deq else None
+    return {"decode_us": float(sum(t.median_us for t in times)) if times else None, "dequant_us": deq_us,
+            "kernels": [r.name for r in pick], "impl": impl, "timing": times[0].method if times else "none"}

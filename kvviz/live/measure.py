@@ -240,7 +240,7 @@ def decode_timing(ctx, method_id: str, options: dict, cap, layer: int, block_siz
     """GPU-timestamp times of a method's decode kernels on one layer of a captured prompt (K/V of every
     position, the last position's query): the fast decode rows where the method has them, else its other
     decode rows; rotate / reduce rows of the same implementation count in; dequantise rows are listed apart."""
-    from kvviz.kernels.timed import checked
+    from kvviz.kernels.timed import checked, decode_time
     from kvviz.methods.base import get_method
     from kvviz.paging import make_batch
 
@@ -257,17 +257,7 @@ def decode_timing(ctx, method_id: str, options: dict, cap, layer: int, block_siz
         return {"decode_us": t.median_us, "dequant_us": None, "kernels": ["paged_attn_f32"], "impl": "baseline",
                 "timing": t.method}
     m = get_method(method_id, **options).for_layer(layer)
-    rows = checked(m.timed_kernels(ctx, batch, key, value, q, scale), method_id)
-    dec = [r for r in rows if r.role in ("decode", "rotate", "reduce")]
-    fast = [r for r in dec if r.impl == "fast"]
-    pick = fast + [r for r in dec if r.role == "rotate" and r.impl != "fast"] if fast else dec
-    impl = "fast" if fast else ",".join(sorted({r.impl for r in dec}))
-    times = [rt.time(r.dispatches, runs, 2, warmup_ms=50.0) for r in pick]
-    deq = [r for r in rows if r.role == "dequantise"]
-    deq_us = sum(rt.time(r.dispatches, runs, 2, warmup_ms=50.0).median_us for r in deq) if deq and not fast else None
-    return {"decode_us": float(sum(t.median_us for t in times)), "dequant_us": deq_us,
-            "kernels": [r.name for r in pick], "impl": impl,
-            "timing": times[0].method if times else "none"}
+    return decode_time(rt, checked(m.timed_kernels(ctx, batch, key, value, q, scale), method_id), runs)
 
 
 def _num(x, fmt: str) -> str:
