@@ -1,5 +1,7 @@
 """TurboQuant (arXiv:2504.19874) as a kvviz method. The seed configuration (the default): 2-bit PolarQuant +
-1-bit QJL keys, 2-bit PolarQuant values, attention by the UNMODIFIED seed kernel flash_attention_tq.wgsl.
+1-bit QJL keys, 2-bit PolarQuant values. Decode (`attend`) by the fast split-K decode over the seed cache
+(kvviz/kernels/fast_decode_tq.py, shaders/fast/decode_tq*.wgsl; per-sequence caches, not paged); the
+UNMODIFIED seed kernel flash_attention_tq.wgsl stays as the reference (its own timed row, beside the fast one).
 
 The paper's settings (options bits, v_bits, outlier_share; head sizes other than 32/64/128, up to 256) run
 through the general kernels (shaders/turboquant/tq_general_*.wgsl; kvviz/formats/turboquant.py "general
@@ -35,7 +37,7 @@ class TurboQuantMethod(KVMethod):
     label = "TurboQuant 2-bit polar + 1-bit QJL (seed WGSL)"
     family = "turboquant"
     nominal_bits = 2.75  # mean of K (3.25) and V (2.25) bits per element at head size 128, norms included
-    attend_kernel = "flash_attention_tq (seed)"
+    attend_kernel = "fast_decode_tq (split-K over the seed cache; flash_attention_tq is the reference)"
     weights_kernel = "tq_scores"
 
     OPTIONS = (
@@ -310,11 +312,26 @@ class TurboQuantMethod(KVMethod):
             out.append((s, ds, buf))
         return out
 
+    def fast_plan(self, ctx, qkv, batch, q, scale):
+        """The fast split-K decode over the seed caches (kvviz/kernels/fast_decode_tq.py), or None where it
+        cannot take the shape (the seed kernel then serves)."""
+        from kvviz.kernels import fast_decode_tq as fdq
+
+        H, D = np.asarray(q).shape[1:]
+        lens = [int(L) for L in batch.context_lens]
+        if not any(lens) or fdq.unsupported(D, H // qkv.num_kv_heads):
+            return None
+        return fdq.TQFastDecode(ctx.rt).plan(qkv.device["caches"], q, lens, scale, self.qjl_scale)
+
     def attend(self, ctx, qkv, batch, q, scale):
         if "general" in qkv.device:
             return ctx.paged.decode(qkv.device["f32"], q, batch, scale)
         q = self._check_q(qkv, batch, q)
         S, H, D = q.shape
+        plan = self.fast_plan(ctx, qkv, batch, q, scale)
+        if plan is not None:  # the fast split-K decode; the seed flash_attention_tq stays the timed reference row
+            ctx.rt.run(plan.rotate + plan.dispatches)
+            return ctx.rt.read(plan.out, np.float32, plan.shape)
         jobs = self.attend_dispatches(qkv, batch, q, scale)
         ctx.rt.run([d for _, ds, _ in jobs for d in ds])
         res = np.zeros((S, H, D), np.float32)
@@ -431,9 +448,23 @@ class TurboQuantMethod(KVMethod):
             TimedKernel("tq_rotate_q", rot, rot_b, "rotate", "first-wave",
                         float(sum(1 for L in lens if L) * H * d * (lg + 1))),
             TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed", arith.decode_flops(batch, H, d)),
+        ] + self._fast_rows(ctx, qkv, batch, q, scale) + [
             TimedKernel("tq_scores (weights)", sc, sc_b, "weights", "first-wave",
                         float(tokens * H * (2 * d + arith.SOFTMAX_PER_LOGIT))),
         ]
+
+    def _fast_rows(self, ctx, qkv, batch, q, scale):
+        """The fast split-K decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
+        from kvviz.kernels import fast_decode_tq as fdq
+
+        plan = self.fast_plan(ctx, qkv, batch, q, scale)
+        if plan is None:
+            return []
+        ctx.rt.run(plan.rotate)  # the rotated query the timed split reads (timed in its own row, tq_rotate_q)
+        nbytes, flops = fdq.decode_traffic(qkv.device["caches"], batch.context_lens, q.shape[1], q.shape[2],
+                                           plan.num_partitions)
+        return [TimedKernel(f"fast_decode_tq ({plan.num_partitions} partitions)", plan.dispatches, nbytes, "decode",
+                            "fast", flops)]
 
     # ================================================================== the paper's settings (general kernels)
     def _general_layouts(self, head_size, block_size):

@@ -1,0 +1,326 @@
+"""The fast TurboQuant decode: split-K ("flash-decoding") attention over TurboQuant's SEED cache (2-bit polar
+keys + 1-bit QJL residual signs + f16 norms, 2-bit polar values + f16 norm), read in place. Shaders
+fast/decode_tq.wgsl (split, rendered here) + fast/decode_tq_reduce.wgsl (combine + inverse rotation);
+the seed flash_attention_tq stays as the reference. Numpy reference: the method's own
+(kvviz/oracles/turboquant.attention_oracle, float64, over the same packed words); tests
+tests/test_fast_decode_tq.py.
+
+NOT paged. TurboQuant's cache today is per sequence (kvviz/kernels/turboquant.TQCache: one buffer pair per
+sequence, slot = kv_head * cache_cap + position, in regions); this decode reads that layout as it is, with
+no block table: one split dispatch per non-empty sequence (its own buffers; grid (its partitions,
+num_kv_heads, 1)) and one reduce for the batch. Laying the TurboQuant cache out in pages would change the
+compressor, the seed kernel's input and the method; it is not done here.
+
+What it does:
+  - the query is rotated once per decode by the seed's tq_rotate_q (q_rot, q_jl), all sequences in one
+    dispatch; the split kernel pre-scales q_rot by scale*log2(e) and q_jl by qjl_scale*scale*log2(e);
+  - per token: logit = n_k * (<q_rot, c[idx]> + rn * <q_jl, 2 bits - 1>) (the seed's estimator), the 4
+    centroids selected per 2-bit code (vec4 selects), the QJL term as a sign flip of q_jl (xor of the f32
+    sign bit), online softmax in base 2;
+  - values accumulate n_v * p * c[vidx] in the rotated space; the reduce combines the partitions
+    (M, L, acc), divides by L and applies the inverse RHT (WHT / sqrt(D), then the polar signs) once per
+    output row, as the seed's epilogue and the oracle do;
+  - the context of each sequence is split into partitions (fast_decode.plan_partitions: ~480 workgroups
+    over the batch's (sequence, KV head) pairs), one workgroup per (partition, KV head, sequence) serving
+    the G query heads of the KV head's GQA group; L lanes share a token row (L = D/16 or the subgroup
+    size, whichever is smaller; 1 without subgroups: the fallback), partial logits summed by
+    subgroupShuffleXor; the row groups of a workgroup merge through workgroup memory.
+
+Tolerance against the float64 oracle over the same codes: 2e-5 * max(1, max |V^|) absolute, V^ = the
+dequantised values n_v * RHT^-1(c[vidx]) (the f32 fast decodes' bound; f32 accumulation in another order,
+exp2, f32 centroids).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.formats import turboquant as tqf
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch
+from kvviz.kernels import fast_decode as fd
+
+LOG2E = fd.LOG2E
+
+SPLIT = KernelSpec(
+    "fast/decode_tq.wgsl",
+    bindings=ro("qrot", "kc", "vc") + rw("partials"),
+    immediates=Struct("P", "num_heads num_kv_heads cache_cap seq_len seq partition_tokens num_partitions q_region "
+                      "scale_log2:f32 qjl_log2:f32 c0:f32 c1:f32 c2:f32 c3:f32"),
+)
+REDUCE = KernelSpec("fast/decode_tq_reduce.wgsl", bindings=ro("partials", "signs") + rw("out"),
+                    immediates=Struct("P", "num_heads head_size num_partitions sign_off inv_sqrt_d:f32"))
+KERNELS = (SPLIT, REDUCE)
+
+# the generator's record: 16 two-bit codes a polar word (fd.choose_layout then gives lanes owning whole words)
+TQ_FORMAT = fd.CacheFormat("turboquant", 16)
+
+
+def tolerance(max_abs_v: float) -> float:
+    """2e-5 x max(1, max |V^|): the f32 fast decodes' bound (fast_decode.f32_tolerance)."""
+    return fd.f32_tolerance(max_abs_v)
+
+
+def unsupported(head_size: int, group: int) -> str:
+    """Why this decode cannot take the shape ("" when it can): the seed layout's head sizes, GQA 1..16."""
+    if head_size not in tqf.SEED_HEAD_SIZES:
+        return f"head size {head_size} is not one of the seed layout's {tqf.SEED_HEAD_SIZES}"
+    if group < 1 or group > 16:
+        return f"a GQA group of {group} query heads per KV head is outside 1..16"
+    return ""
+
+
+def render(head_size: int, group: int, lay: fd.Layout) -> dict:
+    """The {{...}} values of fast/decode_tq.wgsl."""
+    D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    dpl = lay.dims_per_lane
+    nv = dpl // 4
+    wpl = dpl // 16
+    stride = D + 2
+    pro, step, merge, write = [], [], [], []
+    I, J = "  ", "    "
+    for g in range(G):
+        for i in range(nv):
+            o = g * D + 4 * i
+            pro.append(f"{I}let qr{g}_{i} = vec4<f32>(qrot[qb + {o}u], qrot[qb + {o + 1}u], qrot[qb + {o + 2}u], "
+                       f"qrot[qb + {o + 3}u]) * p.scale_log2;")
+            pro.append(f"{I}let qj{g}_{i} = vec4<f32>(qrot[p.q_region + qb + {o}u], qrot[p.q_region + qb + {o + 1}u], "
+                       f"qrot[p.q_region + qb + {o + 2}u], qrot[p.q_region + qb + {o + 3}u]) * p.qjl_log2;")
+        pro.append(f"{I}var m{g} = EMPTY;")
+        pro.append(f"{I}var l{g} = 0.0;")
+        for i in range(nv):
+            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
+    # ---- one step: U tokens per row group; every load before any arithmetic
+    for u in range(U):
+        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
+        step.append(f"{J}let sl{u} = sbase + min(tt{u}, t1 - 1u);")
+    for u in range(U):
+        for w in range(wpl):
+            step.append(f"{J}let kw{u}_{w} = kc[sl{u} * PW + lw + {w}u];")
+        if wpl == 1:  # this lane's 16 QJL bits: half of a word shared with the neighbouring lane
+            step.append(f"{J}let jb{u}_0 = kc[jl_off + sl{u} * JW + lane / 2u] >> (16u * (lane & 1u));")
+        else:
+            for j in range(wpl // 2):
+                step.append(f"{J}let jw{u}_{j} = kc[jl_off + sl{u} * JW + lane * {wpl // 2}u + {j}u];")
+            for w in range(wpl):
+                step.append(f"{J}let jb{u}_{w} = jw{u}_{w // 2}" + (" >> 16u;" if w % 2 else ";"))
+        step.append(f"{J}let kn{u} = unpack2x16float(kc[kn_off + sl{u}]);")
+        for w in range(wpl):
+            step.append(f"{J}let vw{u}_{w} = vc[sl{u} * PW + lw + {w}u];")
+        step.append(f"{J}let vn{u} = unpack2x16float(vc[vn_off + sl{u}]).x;")
+
+    def shifts(i, per):  # the 4 elements of vec i within its 16-element word, `per` bits each
+        b = 4 * (i % 4)
+        return "vec4<u32>(" + ", ".join(f"{per * (b + c)}u" for c in range(4)) + ")"
+
+    for u in range(U):
+        for i in range(nv):
+            w = i // 4
+            step.append(f"{J}let kq{u}_{i} = cents((vec4<u32>(kw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
+            step.append(f"{J}let jm{u}_{i} = vec4<u32>(jb{u}_{w}) >> {shifts(i, 1)};")
+    for g in range(G):
+        for u in range(U):
+            s = f"s{g}_{u}"
+            polar = " + ".join(f"dot(qr{g}_{i}, kq{u}_{i})" for i in range(nv))
+            qjl = " + ".join(f"dot(flip(qj{g}_{i}, jm{u}_{i}), ONE)" for i in range(nv))
+            step.append(f"{J}var {s} = {polar} + kn{u}.y * ({qjl});")
+            x = 1
+            while x < L:
+                step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
+                x *= 2
+            step.append(f"{J}{s} = select(MASKED, {s} * kn{u}.x, tt{u} < t1);")
+    for u in range(U):
+        for i in range(nv):
+            w = i // 4
+            step.append(f"{J}let vq{u}_{i} = cents((vec4<u32>(vw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
+    for g in range(G):
+        mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+        step.append(f"{J}let mn{g} = max(m{g}, {mx});")
+        step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
+        for u in range(U):
+            step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
+        step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
+        step.append(f"{J}m{g} = mn{g};")
+        for u in range(U):
+            step.append(f"{J}let w{g}_{u} = p{g}_{u} * vn{u};")
+        for i in range(nv):
+            acc = f"a{g}_{i} * al{g}"
+            for u in range(U):
+                acc = f"fma(vec4<f32>(w{g}_{u}), vq{u}_{i}, {acc})"
+            step.append(f"{J}a{g}_{i} = {acc};")
+    # ---- merge of the row groups (fast_decode.render's tree)
+    st = RG // 2
+    while st >= 1:
+        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
+        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
+            for i in range(nv):
+                for c in range(4):
+                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        merge.append(f"{I}if (rg < {st}u) {{")
+        merge.append(f"{I}  let o = rg * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
+            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
+            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
+            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
+            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
+            merge.append(f"{I}  m{g} = mm{g};")
+            for i in range(nv):
+                b = g * stride + 2 + 4 * i
+                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
+                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        st //= 2
+    for g in range(G):
+        write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
+        for i in range(nv):
+            for c in range(4):
+                write.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    return {
+        "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
+        "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
+        "SHARED": str(max(1, RG // 2) * G * stride),
+        "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
+        # a pipeline run with fewer lanes a subgroup than L would sum the wrong lanes: NaN, refused as non-finite
+        "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
+        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+    }
+
+
+@dataclass
+class TQDecodePlan:
+    """One fast TurboQuant decode: the rotation (run first; the seed's tq_rotate_q), the split + reduce
+    dispatches (what a timing row times), where the output lands and how the context was split."""
+
+    rotate: list
+    dispatches: list
+    out: object  # [S, H, D] f32 buffer
+    shape: tuple[int, int, int]
+    partition_tokens: int
+    num_partitions: int  # the most partitions of any sequence (the partials' stride)
+    layout: fd.Layout
+
+    def describe(self) -> str:
+        L = self.layout
+        return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
+                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step), per-sequence caches")
+
+
+class TQFastDecode:
+    """Compiles and dispatches the fast TurboQuant decode on one runtime."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self._fast = fd.FastDecode(rt)  # the subgroup probe and the loop-budget check
+
+    def layout(self, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
+               rows: int = 0, lanes: int = 16) -> fd.Layout:
+        return self._fast.layout(TQ_FORMAT, head_size, group, subgroups, unroll, rows, lanes)
+
+    def kernel(self, head_size: int, group: int, **kw):
+        lay = self.layout(head_size, group, **kw)
+        return self.rt.compile(SPLIT, **render(head_size, group, lay)), lay
+
+    def plan(self, caches, q, context_lens, scale: float, qjl_scale="reference", *, partition_tokens: int | None = None,
+             subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16) -> TQDecodePlan:
+        """Decode of one query per sequence (q [S, H, D] f32) at its last position, attending over positions
+        [0, context_lens[s]) of `caches[s]` (TQCache, kvviz.kernels.turboquant; None or length 0: no tokens,
+        output 0)."""
+        from kvviz.kernels import turboquant as tqk
+
+        q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+        S, H, D = q.shape
+        lens = [int(x) for x in np.asarray(context_lens).reshape(-1)]
+        if len(caches) != S or len(lens) != S:
+            raise InvalidInput(f"q has {S} sequences, {len(caches)} caches and {len(lens)} context lengths were given")
+        live = [c for c, n in zip(caches, lens) if c is not None and n > 0]
+        if not live:
+            raise InvalidInput("no sequence has a context: nothing to attend to")
+        kvh = live[0].n_kv_heads
+        params = live[0].params
+        for s, (c, n) in enumerate(zip(caches, lens)):
+            if n < 0:
+                raise InvalidInput(f"sequence {s} has a negative context length {n}")
+            if c is None or n == 0:
+                continue
+            if c.n_kv_heads != kvh or c.head_size != D or c.params != params:
+                raise InvalidInput(f"sequence {s}'s cache ({c.n_kv_heads} KV heads, head size {c.head_size}, seed "
+                                   f"{c.seed}, layer {c.layer}) differs from the batch's ({kvh}, {D}, {params.seed}, "
+                                   f"{params.layer})")
+            if n > c.cache_cap or not c.written[:n].all():
+                raise InvalidInput(f"sequence {s}: positions [0, {n}) are not all written in its cache of "
+                                   f"{c.cache_cap} positions", "Compress every position the query attends to first.")
+        tqk.check_gqa(H, kvh)
+        G = H // kvh
+        why = unsupported(D, G)
+        if why:
+            raise UnsupportedShape(f"fast TurboQuant decode: {why}", "The seed flash_attention_tq takes this shape.")
+        if not np.isfinite(scale) or scale <= 0:
+            raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
+        qs = float(np.float32(tqk.resolve_qjl_scale(qjl_scale, D)))
+        if unroll not in (1, 2, 4):
+            raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
+        kern, lay = self.kernel(D, G, subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
+        mcl = max(lens)
+        pt = partition_tokens or fd.plan_partitions(S, kvh, mcl, lay.tokens_per_step)
+        if pt <= 0:
+            raise InvalidInput(f"partition_tokens must be positive, got {pt}")
+        pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)
+        P = max(1, math.ceil(mcl / pt))
+        for what, n in (("partitions", P), ("KV heads", kvh), ("query heads", H), ("sequences", S)):
+            if n > self.rt.max_grid:
+                raise DeviceLimitError(f"fast TurboQuant decode: {n} {what} exceed the adapter's {self.rt.max_grid} "
+                                       "workgroups per grid dimension", "Use longer partitions or fewer sequences.")
+        self._fast._check_loops(pt, lay, P)
+        rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, live[0].signs)
+        q_region = q_cap * H * D
+        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_tq_partials")  # zero-filled: l = 0, skipped
+        out = self.rt.empty(S * H * D * 4, "fast_decode_tq_out")
+        c = [float(x) for x in params.centroids]
+        sl2 = float(scale) * LOG2E
+        ds = []
+        for s, (cache, n) in enumerate(zip(caches, lens)):
+            if cache is None or n == 0:
+                continue
+            ps = math.ceil(n / pt)
+            imm = kern.pack(H, kvh, cache.cache_cap, n, s, pt, P, q_region, sl2, qs * sl2, *c)
+            ds.append(Dispatch(kern, [qrot, cache.k, cache.v, partials], (ps, kvh, 1), imm))
+        ds.append(self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, live[0].signs, out], H, D, P,
+                                                   params.sign_off, float(tqf.inv_sqrt_d(D))))
+        return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay)
+
+    def read(self, plan: TQDecodePlan) -> np.ndarray:
+        return self.rt.read(plan.out, np.float32, plan.shape)
+
+    def decode(self, caches, q, context_lens, scale: float, qjl_scale="reference", **kw) -> np.ndarray:
+        """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
+        plan = self.plan(caches, q, context_lens, scale, qjl_scale, **kw)
+        self.rt.run(plan.rotate + plan.dispatches)
+        return self.read(plan)
+
+
+def decode_traffic(caches, context_lens, num_heads: int, head_size: int, num_partitions: int) -> tuple[int, float]:
+    """(unique bytes, flops) of the split + reduce: every context token's K record (polar + QJL words + norm
+    word) and V record (polar words + norm word) of each KV head read once, the rotated query (q_rot, q_jl)
+    read, the partials written and read back, the signs and the output; flops = 2 x D x (QK + PV) per
+    (token, query head)."""
+    D = head_size
+    lens = [int(x) for x in np.asarray(context_lens).reshape(-1)]
+    kvh = next((c.n_kv_heads for c, n in zip(caches, lens) if c is not None and n), 0)
+    tokens = sum(lens)
+    S = len(lens)
+    rec = tqf.key_bytes_per_vector(D) + tqf.value_bytes_per_vector(D)
+    kv = tokens * kvh * rec
+    q = sum(1 for n in lens if n) * num_heads * 2 * D * 4
+    partials = 2 * S * num_heads * num_partitions * (D + 2) * 4
+    out = S * num_heads * D * 4 + D * 4
+    return int(kv + q + partials + out), float(4 * D * num_heads * tokens)

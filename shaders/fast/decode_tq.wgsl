@@ -1,0 +1,84 @@
+// Split-K decode ("flash-decoding") over TurboQuant's seed cache, read in place: kvviz's fast TurboQuant decode.
+// kvviz/kernels/fast_decode_tq.py renders it for one head size, GQA group and lane layout; the {{...}} blocks are
+// generated there, unrolled per query head and per token (naga clamps dynamic indices of private arrays).
+//
+// The cache is the seed's (kvviz/formats/turboquant.py): ONE sequence per buffer, NOT paged, regions
+//   keys   [polar: slot*PW words | jl: slot*JW words | norms: pack2x16float(n, rn) at slot]
+//   values [polar: slot*PW words | norms: pack2x16float(n, 0) at slot],   slot = kv_head * cache_cap + t.
+// One dispatch per sequence (its own buffers); grid (partitions of that sequence, num_kv_heads, 1).
+// One workgroup = one partition of one sequence for one KV head and the G query heads of its GQA group.
+//
+// Per token (the seed flash_attention_tq's estimator, arXiv:2504.19874):
+//   logit = n * (<q_rot, c[idx]> + rn * qjl_scale * sum_j q_jl[j] * (2 bit_j - 1)) * scale
+// q_rot / q_jl come from tq_rotate_q (rotated once per decode); here pre-scaled by scale*log2(e)
+// (and qjl_scale), so the online softmax is in base 2. The 2-bit codes select one of 4 centroids;
+// the QJL bits flip the sign of q_jl (xor of the f32 sign bit). Values accumulate n_v * p * c[vidx]
+// in the ROTATED space; fast/decode_tq_reduce.wgsl combines the partitions and applies the inverse
+// rotation once per output (as the seed's epilogue does).
+// Lanes: L lanes share a token row, lane l owns DPL = D/L consecutive rotated dims (a multiple of 16: whole
+// polar words); the L partial logits are summed by subgroupShuffleXor. L = 1 without subgroups.
+// Shape: D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
+@group(0) @binding(0) var<storage, read> qrot: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<u32>;
+@group(0) @binding(2) var<storage, read> vc: array<u32>;
+@group(0) @binding(3) var<storage, read_write> partials: array<f32>;
+struct P { num_heads: u32, num_kv_heads: u32, cache_cap: u32, seq_len: u32, seq: u32, partition_tokens: u32, num_partitions: u32, q_region: u32, scale_log2: f32, qjl_log2: f32, c0: f32, c1: f32, c2: f32, c3: f32 }
+var<immediate> p: P;
+
+const D: u32 = {{D}}u;
+const L: u32 = {{L}}u;
+const RG: u32 = {{RG}}u;
+const U: u32 = {{U}}u;
+const PW: u32 = {{PW}}u;     // polar words of one vector (16 codes a word)
+const JW: u32 = {{JW}}u;     // QJL words of one key (32 bits a word)
+const DPL: u32 = {{DPL}}u;   // dims per lane
+const WPL: u32 = {{WPL}}u;   // polar words per lane
+const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory / partials: m, l, acc[D]
+const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
+const MASKED: f32 = -3.0e38;  // logit of a step's token past the partition's end
+var<workgroup> sh: array<f32, {{SHARED}}>;
+
+// 4 two-bit codes -> their centroids
+fn cents(i: vec4<u32>, c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32>) -> vec4<f32> {
+  return select(select(c0, c1, i == vec4<u32>(1u)), select(c2, c3, i == vec4<u32>(3u)), i >= vec4<u32>(2u));
+}
+
+// x with its sign flipped where the bit is 0: x * (2 bit - 1)
+fn flip(x: vec4<f32>, bits: vec4<u32>) -> vec4<f32> {
+  return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ ((~bits & vec4<u32>(1u)) << vec4<u32>(31u)));
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
+  let part = wid.x;
+  let kvh = wid.y;
+  let seq = p.seq;
+  let lane = li % L;
+  let rg = li / L;
+  let t0 = part * p.partition_tokens;
+  let t1 = min(p.seq_len, t0 + p.partition_tokens);
+  let vecs = p.num_kv_heads * p.cache_cap;
+  let jl_off = vecs * PW;
+  let kn_off = jl_off + vecs * JW;
+  let vn_off = vecs * PW;
+  let sbase = kvh * p.cache_cap;
+  let qb = (seq * p.num_heads + kvh * {{G}}u) * D + lane * DPL;
+  let lw = lane * WPL;
+  let cv0 = vec4<f32>(p.c0);
+  let cv1 = vec4<f32>(p.c1);
+  let cv2 = vec4<f32>(p.c2);
+  let cv3 = vec4<f32>(p.c3);
+  let ONE = vec4<f32>(1.0);
+{{PROLOGUE}}
+  // Every row group runs the same number of steps (uniform control flow for the shuffles);
+  // tokens past t1 are clamped for the loads and masked in the logit.
+  for (var tb = t0; tb < t1; tb = tb + RG * U) {
+{{STEP}}
+  }
+  // Merge the row groups: a tree over workgroup memory, all heads at once.
+{{MERGE}}
+  {{SG_GUARD}}
+  if (rg == 0u) {
+{{WRITE}}
+  }
+}
