@@ -9,7 +9,10 @@ NOT paged. TurboQuant's cache today is per sequence (kvviz/kernels/turboquant.TQ
 sequence, slot = kv_head * cache_cap + position, in regions); this decode reads that layout as it is, with
 no block table: one split dispatch per non-empty sequence (its own buffers; grid (its partitions,
 num_kv_heads, 1)) and one reduce for the batch. Laying the TurboQuant cache out in pages would change the
-compressor, the seed kernel's input and the method; it is not done here.
+compressor, the seed kernel's input and the method; it is not done here. Cost of that: wgpu orders
+consecutive dispatches that write the same buffer (the partials) with a barrier, so the sequences' splits
+run one after another; each is sized to fill the device alone (partitions from the longest sequence as if it
+were the batch). A batch of one sequence (the long-context case) is one split + one reduce.
 
 What it does:
   - the query is rotated once per decode by the seed's tq_rotate_q (q_rot, q_jl), all sequences in one
@@ -21,7 +24,7 @@ What it does:
     (M, L, acc), divides by L and applies the inverse RHT (WHT / sqrt(D), then the polar signs) once per
     output row, as the seed's epilogue and the oracle do;
   - the context of each sequence is split into partitions (fast_decode.plan_partitions: ~480 workgroups
-    over the batch's (sequence, KV head) pairs), one workgroup per (partition, KV head, sequence) serving
+    over one sequence's KV heads), one workgroup per (partition, KV head, sequence) serving
     the G query heads of the KV head's GQA group; L lanes share a token row (L = D/16 or the subgroup
     size, whichever is smaller; 1 without subgroups: the fallback), partial logits summed by
     subgroupShuffleXor; the row groups of a workgroup merge through workgroup memory.
@@ -120,13 +123,13 @@ def render(head_size: int, group: int, lay: fd.Layout) -> dict:
         for i in range(nv):
             w = i // 4
             step.append(f"{J}let kq{u}_{i} = cents((vec4<u32>(kw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
-            step.append(f"{J}let jm{u}_{i} = vec4<u32>(jb{u}_{w}) >> {shifts(i, 1)};")
+            step.append(f"{J}let jm{u}_{i} = ((~(vec4<u32>(jb{u}_{w}) >> {shifts(i, 1)})) & vec4<u32>(1u)) << vec4<u32>(31u);")
     for g in range(G):
         for u in range(U):
             s = f"s{g}_{u}"
             polar = " + ".join(f"dot(qr{g}_{i}, kq{u}_{i})" for i in range(nv))
-            qjl = " + ".join(f"dot(flip(qj{g}_{i}, jm{u}_{i}), ONE)" for i in range(nv))
-            step.append(f"{J}var {s} = {polar} + kn{u}.y * ({qjl});")
+            qjl = " + ".join(f"flip(qj{g}_{i}, jm{u}_{i})" for i in range(nv))
+            step.append(f"{J}var {s} = {polar} + kn{u}.y * dot({qjl}, ONE);")
             x = 1
             while x < L:
                 step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
@@ -271,7 +274,9 @@ class TQFastDecode:
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         kern, lay = self.kernel(D, G, subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
         mcl = max(lens)
-        pt = partition_tokens or fd.plan_partitions(S, kvh, mcl, lay.tokens_per_step)
+        # each sequence is its own dispatch, and consecutive dispatches that write the partials are ordered by
+        # barriers: each one must fill the device by itself (~480 workgroups over its KV heads)
+        pt = partition_tokens or fd.plan_partitions(1, kvh, mcl, lay.tokens_per_step)
         if pt <= 0:
             raise InvalidInput(f"partition_tokens must be positive, got {pt}")
         pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)

@@ -43,9 +43,9 @@ fn cents(i: vec4<u32>, c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32
   return select(select(c0, c1, i == vec4<u32>(1u)), select(c2, c3, i == vec4<u32>(3u)), i >= vec4<u32>(2u));
 }
 
-// x with its sign flipped where the bit is 0: x * (2 bit - 1)
-fn flip(x: vec4<f32>, bits: vec4<u32>) -> vec4<f32> {
-  return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ ((~bits & vec4<u32>(1u)) << vec4<u32>(31u)));
+// x * (2 bit - 1): `m` is the f32 sign bit where the QJL bit is 0 (computed once per token, shared by the G heads)
+fn flip(x: vec4<f32>, m: vec4<u32>) -> vec4<f32> {
+  return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ m);
 }
 
 @compute @workgroup_size({{WG}})
