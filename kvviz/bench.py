@@ -65,6 +65,8 @@ SHAPES = {
     # The performance anchor (docs/kernels.md, "Measured on the H200"): 15 x 4096 tokens, 32/8 heads, head 128, block 16.
     "decode-15x4096": BenchShape("decode-15x4096", (4096,) * 15, 32, 8, 128, 16),
     "decode-1x32768": BenchShape("decode-1x32768", (32768,), 32, 8, 128, 16),
+    # one long sequence: the anchor's 61440 tokens in a single context (the TurboQuant fast decode's target shape)
+    "decode-1x61440": BenchShape("decode-1x61440", (61440,), 32, 8, 128, 16),
 }
 QUICK = ("quick-ragged", "quick-d64-mha")
 FULL = ("decode-15x4096",)
