@@ -5,7 +5,8 @@ results (and the block inspector's first read), grabs itself to PATH and quits: 
 when there is no display (under Xvfb). KVVIZ_SETTINGS=FILE.ini keeps the window's settings in that
 file instead of the user's QSettings (handy for screenshots and tests). With KVVIZ_SCREENSHOT_LIVE=N (or
 N:METHOD) as well, the screenshot is taken after a live decode of N tokens (of the method, default
-int8_seed), with the Live decode and QJL bias panels raised and widened.
+int8_seed), with the Live decode and QJL bias panels raised and widened. KVVIZ_SCREENSHOT_AUDIT=1 also
+prints every widget whose text is cut (kvviz.ui.audit). tools/window_screenshots.py takes the README's four.
 """
 from __future__ import annotations
 
@@ -61,6 +62,20 @@ def main(args=None) -> int:
             try:
                 win.save_screenshot(screenshot)
                 print(f"kvviz: window saved to {screenshot}")
+                if os.environ.get("KVVIZ_SCREENSHOT_AUDIT"):
+                    from kvviz.ui.audit import cut_text
+
+                    try:
+                        from kvviz.ui.audit import scrolling_docks
+
+                        cuts = cut_text(win)
+                        print(f"kvviz: {len(cuts)} widget(s) with cut text" + "".join(f"\n  {c}" for c in cuts))
+                        wide = scrolling_docks(win)
+                        print(f"kvviz: {len(wide)} dock(s) scroll sideways" + "".join(f"\n  {c}" for c in wide))
+                    except Exception:  # noqa: BLE001 - the audit must not keep the window open
+                        import traceback
+
+                        traceback.print_exc()
             except OSError as exc:
                 print(f"kvviz: {exc}", file=sys.stderr)
                 code = 1
@@ -84,19 +99,11 @@ def main(args=None) -> int:
         live_method = live_spec.split(":", 1)[1] if ":" in live_spec else None
         if live_n > 0:
             def start_live(*_):
-                from PySide6.QtCore import Qt
-
                 if state.get("live"):
                     return
                 state["live"] = True
                 win.live.set_config(max_new=live_n, method=live_method, block_size=8, policy="scattered")
-                d = win.docks
-                for key in ("qjl_bias", "live"):
-                    d[key].show()
-                    d[key].raise_()
-                win.resizeDocks([d["workload"], d["live"]], [275, int(win.width() * 0.46)], Qt.Horizontal)
-                win.resizeDocks([d["live"], d["qjl_bias"]], [int(win.height() * 0.55), int(win.height() * 0.4)],
-                                Qt.Vertical)
+                win.show_live_layout()
                 win.start_live()
 
             win.results_ready.connect(start_live)

@@ -257,6 +257,9 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, self.request_compute)
 
     # ----------------------------------------------------------------- layout
+    _PLACED = frozenset({"workload", "cache_layout", "block_inspector", "attention", "timing", "compare", "qjl_bias",
+                         "live", "scales", "codes", "log"})  # the docks _default_layout places by name
+
     def _default_layout(self) -> None:
         d = self.docks
         for dock in d.values():
@@ -280,6 +283,9 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.BottomDockWidgetArea, d["codes"])
         self.splitDockWidget(d["scales"], d["codes"], Qt.Horizontal)
         self.tabifyDockWidget(d["codes"], d["log"])
+        for key, dock in d.items():  # docks installed later (the kernel lab) go back to the timing group
+            if key not in self._PLACED:
+                self.tabifyDockWidget(d["timing"], dock)
         d["codes"].raise_()
         d["cache_layout"].raise_()
         d["timing"].raise_()
@@ -297,20 +303,87 @@ class MainWindow(QMainWindow):
         self._default_layout()
         self._size_docks()
 
+    COMPACT = (1500, 950)  # below this width or height the default layout tabs the bottom panels together
+
+    def is_compact(self) -> bool:
+        return self.width() < self.COMPACT[0] or self.height() < self.COMPACT[1]
+
+    def unelide_tabs(self) -> None:
+        """The dock tab bars show their titles whole and scroll (arrows) when they do not fit: an elided
+        "S..." or "Cache ..." said nothing."""
+        from PySide6.QtWidgets import QTabBar
+
+        for tb in self.findChildren(QTabBar):
+            if tb.parentWidget() is self:
+                tb.setElideMode(Qt.ElideNone)
+                tb.setUsesScrollButtons(True)
+
+    def workload_min_width(self) -> int:
+        """The Workload dock's width that shows its fields whole (its form scrolls inside the panel)."""
+        inner = self.workload.findChild(QScrollArea)
+        w = inner.widget().minimumSizeHint().width() if inner is not None and inner.widget() is not None else 0
+        sb = self.style().pixelMetric(self.style().PixelMetric.PM_ScrollBarExtent)
+        return max(self.workload.minimumSizeHint().width(), w + sb + 12)
+
+    def _compact_tabs(self) -> None:
+        """At 1280x800 three panels side by side under the overview got ~200 px of height each: the cache
+        layout, block inspector, scales, code histogram and log become one tab group under the overview
+        (each with the middle column's whole width and the height the overview leaves)."""
+        d = self.docks
+        self.addDockWidget(Qt.BottomDockWidgetArea, d["cache_layout"])
+        for key in ("block_inspector", "scales", "codes", "log"):
+            self.tabifyDockWidget(d["cache_layout"], d[key])
+        d["cache_layout"].raise_()
+        # the right column: one tab group of the whole height (attention's three plots and table, the timing
+        # tabs over the bandwidth plot each got too little of a split at 800 px)
+        for key in ["timing", "compare", "qjl_bias"] + [k for k in d if k not in self._PLACED]:
+            self.tabifyDockWidget(d["attention"], d[key])
+        d["attention"].raise_()
+
     def _size_docks(self) -> None:
         """The default layout's dock sizes as shares of the window: at 1280x800 as at 1920x1080 the overview
-        keeps its cards whole and every panel gets room."""
+        keeps its cards whole and every panel gets room. Below COMPACT the panels under the overview share
+        one tab group (see _compact_tabs)."""
         d = self.docks
         W, H = max(self.width(), 800), max(self.height(), 500)
-        left, right = max(270, int(W * 0.17)), int(W * 0.36)
+        left_min = self.workload_min_width()
+        if self.is_compact():
+            self._compact_tabs()
+            left = min(max(left_min, int(W * 0.17)), int(W * 0.26))
+            right = int(W * 0.38)
+            self.resizeDocks([d["workload"], d["attention"]], [left, right], Qt.Horizontal)
+            self.resizeDocks([d["cache_layout"]], [H], Qt.Vertical)
+            self.unelide_tabs()
+            return
+        left, right = min(max(left_min, int(W * 0.17)), int(W * 0.26)), int(W * 0.36)
         mid = W - left - right
         self.resizeDocks([d["workload"], d["attention"]], [left, right], Qt.Horizontal)
         self.resizeDocks([d["scales"], d["codes"]], [mid // 2, mid - mid // 2], Qt.Horizontal)
         self.resizeDocks([d["attention"], d["timing"]], [int(H * 0.46), int(H * 0.54)], Qt.Vertical)
         self.resizeDocks([d["cache_layout"], d["scales"]], [int(H * 0.26), int(H * 0.45)], Qt.Vertical)
+        self.unelide_tabs()
+
+    def show_live_layout(self) -> None:
+        """The live decode and the QJL bias panels raised, the live decode's column wide and tall enough for
+        its controls and a KL plot of real height (the View menu's "Live decode layout", the screenshots)."""
+        d = self.docks
+        compact = self.is_compact() and d["qjl_bias"] in self.tabifiedDockWidgets(d["live"])
+        if compact:  # the live decode takes the right column's whole height, the QJL bias the middle's tabs
+            self.tabifyDockWidget(d["cache_layout"], d["qjl_bias"])
+        for key in ("qjl_bias", "live"):
+            d[key].show()
+            d[key].raise_()
+        W, H = max(self.width(), 800), max(self.height(), 500)
+        left = min(max(self.workload_min_width(), int(W * 0.15)), int(W * 0.26))
+        right = int(W * (0.5 if self.is_compact() else 0.46))
+        self.resizeDocks([d["workload"], d["live"]], [left, right], Qt.Horizontal)
+        if not compact:
+            self.resizeDocks([d["live"], d["qjl_bias"]], [int(H * 0.64), int(H * 0.36)], Qt.Vertical)
+        self.unelide_tabs()
 
     def showEvent(self, ev) -> None:  # noqa: N802 - Qt naming
         super().showEvent(ev)
+        QTimer.singleShot(0, self.unelide_tabs)  # a restored arrangement's tab bars too
         if getattr(self, "_size_docks_pending", False):
             self._size_docks_pending = False
             QTimer.singleShot(0, self._size_docks)
@@ -378,6 +451,7 @@ class MainWindow(QMainWindow):
             act(m_view, f"Show {self.docks[key].windowTitle()}", lambda k=key: self._raise_dock(k), (f"Alt+{i}",))
         m_view.addSeparator()
         act(m_view, "Reset &layout", self.reset_layout)
+        act(m_view, "Live decode la&yout", self.show_live_layout)
         self.act_pin = act(m_run, "&Pin timings as baseline", self.timing.pin_current, ("Ctrl+P",))
         self.act_sweep = act(m_run, "Run the timing s&weep", self._sweep_shortcut, ("Ctrl+Shift+W",))
         self.act_compare.setShortcuts([QKeySequence("Ctrl+M")])

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QEvent, QObject
+from PySide6.QtGui import QColor, QFont, QFontMetricsF
 
 # Sequence colours (Tableau 20 order, strong tones first), free blocks grey.
 SEQ_COLORS = [
@@ -75,3 +76,127 @@ def color_bar(values=(0.0, 1.0), label: str = "") -> pg.ColorBarItem:
 def set_bar_range(bar: pg.ColorBarItem, vmax: float) -> None:
     vmax = float(vmax) if vmax and np.isfinite(vmax) and vmax > 0 else 1.0
     bar.setLevels((0.0, vmax))
+
+
+
+def fit_title(plot, parts, size: str = "9pt", share: float = 1.0) -> None:
+    """Set a plot's title from `parts`: joined with ", " on one line while that fits, broken into as many
+    lines as it needs otherwise, so that a narrow dock never cuts it. The room is `share` of its view's
+    width (the plot's part of it) less the plot's axes (pyqtgraph makes a title's width its plot's minimum
+    width, so the plot's own width cannot say);
+    the title is fitted again whenever the view is resized."""
+    parts = [str(p) for p in parts if str(p)]
+    plot._fit_title = (parts, size, share)
+    view = _view_of(plot)
+    if view is not None and getattr(view, "_title_fitter", None) is None:
+        view._title_fitter = _TitleFitter(view)
+    if view is not None:
+        view._title_fitter.plots[id(plot)] = plot
+    if not getattr(plot, "_fit_title_hooked", False):  # the axes' widths settle after the view's resize
+        plot._fit_title_hooked = True
+        plot.vb.sigResized.connect(lambda *_: _refit_later(plot))
+        plot.geometryChanged.connect(lambda: _refit_later(plot))
+    _refit_title(plot)
+
+
+def _refit_later(plot) -> None:
+    """Refit once the current layout pass is over (coalesced)."""
+    from PySide6.QtCore import QTimer
+
+    if getattr(plot, "_fit_title_pending", False):
+        return
+    plot._fit_title_pending = True
+
+    def run():
+        plot._fit_title_pending = False
+        try:
+            _refit_title(plot)
+        except RuntimeError:  # the plot is gone (the window closed)
+            pass
+
+    QTimer.singleShot(0, run)
+
+
+def _scroll_of(view):
+    """The scroll area (a dock's PanelScroll) the view is in, if any."""
+    from PySide6.QtWidgets import QScrollArea
+
+    p = view.parentWidget()
+    while p is not None:
+        if isinstance(p, QScrollArea) and p.widget() is not None and p.widget().isAncestorOf(view):
+            return p
+        p = p.parentWidget()
+    return None
+
+
+def _view_of(plot):
+    sc = plot.scene()
+    views = sc.views() if sc is not None else []
+    return views[0] if views else None
+
+
+class _TitleFitter(QObject):
+    def __init__(self, view):
+        super().__init__(view)
+        self.plots = {}
+        self.view = view
+        self.hooked = None
+        self.pending = False
+        view.installEventFilter(self)
+
+    def hook_scroll(self) -> None:
+        """Also refit when the dock's scroll area is resized (a panel held wide by its titles does not shrink)."""
+        sc = _scroll_of(self.view)
+        if sc is not None and sc is not self.hooked:
+            self.hooked = sc
+            sc.viewport().installEventFilter(self)
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802 - Qt naming
+        if ev.type() in (QEvent.Resize, QEvent.Show):
+            for plot in list(self.plots.values()):  # once the view's own resize has laid the plots out
+                _refit_later(plot)
+        return False
+
+
+def title_lines(parts, font, room: float) -> list[str]:
+    """`parts` joined with ", " into lines no wider than `room` (a part wider than that is a line of its own)."""
+    fm = QFontMetricsF(font)
+    lines: list[str] = []
+    for p in parts:
+        if lines and fm.horizontalAdvance(lines[-1] + ", " + p) <= room:
+            lines[-1] += ", " + p
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.append(p)
+    return lines
+
+
+def _refit_title(plot) -> None:
+    import html
+
+    parts, size, share = getattr(plot, "_fit_title", ([], "9pt", 1.0))
+    if not parts:
+        return
+    view = _view_of(plot)
+    width = view.viewport().width() if view is not None else plot.width()
+    if view is not None:
+        fitter = getattr(view, "_title_fitter", None)
+        if fitter is not None:
+            fitter.hook_scroll()
+        sc = _scroll_of(view)
+        if sc is not None:  # the panel is wider than its dock: the title gets the part of the view on screen
+            width -= max(0, sc.widget().width() - sc.viewport().width())
+    font = QFont(plot.titleLabel.item.font())
+    font.setPointSizeF(float(size.rstrip("pt")))
+    axes = max(0.0, plot.width() - plot.vb.width())  # the title spans the plot's view box, not its axes
+    lines = title_lines(parts, font, max(60.0, width * share - axes - 8))
+    text = "<br>".join(html.escape(x, quote=False) for x in lines)
+    if text != plot.titleLabel.text:
+        plot.setTitle(text, size=size)
+        h = max(30.0, plot.titleLabel.item.boundingRect().height() + 2)  # pyqtgraph fixes the row at 30 px: one line
+        plot.titleLabel.setMaximumHeight(h)
+        plot.layout.setRowFixedHeight(0, h)
+        ci = getattr(view, "centralWidget", None) if view is not None else None
+        if ci is not None and getattr(view, "range", None) is not None:
+            ci.setGeometry(view.range)  # the view's plots back to the view's width (a wider title had held them)

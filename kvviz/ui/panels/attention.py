@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
 from kvviz.report.tables import attention_weights_table, head_metrics_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.scales import to_uint8
-from kvviz.ui.style import Q_COLOR, REF_COLOR, V_COLOR, color_bar, lut_viridis, set_bar_range
+from kvviz.ui.style import Q_COLOR, REF_COLOR, V_COLOR, color_bar, fit_title, lut_viridis, set_bar_range
 
 METRICS = [("kl", "KL(f32 || quant)"), ("max_weight_err", "max |w err|"), ("rel_l2", "rel L2 of output"),
            ("cosine", "1 - cosine"), ("topk_overlap", "1 - top-k overlap")]
@@ -54,7 +54,8 @@ class AttentionPanel(Panel):
         self.ref_curve = self.w_plot.plot(pen=pg.mkPen(REF_COLOR, width=1.5), name="f32")
         self.q_curve = self.w_plot.plot(pen=pg.mkPen(Q_COLOR, width=1.2, style=Qt.DashLine), name="quantised")
         self.d_plot = self.glw.addPlot(row=1, col=0)
-        self.d_plot.setLabel("left", "quant - f32")
+        self.d_plot.setLabel("left", "\u0394w")  # quant - f32 (the axis is short: a long label overflowed it)
+        self.d_plot.getAxis("left").setToolTip("quantised weight - f32 weight")
         self.d_plot.setLabel("bottom", "position")
         self.d_plot.showGrid(x=True, y=True, alpha=0.25)
         self.d_curve = self.d_plot.plot(pen=pg.mkPen(V_COLOR, width=1.0))
@@ -144,7 +145,7 @@ class AttentionPanel(Panel):
         self.h_plot.getAxis("bottom").setTicks([[(h + 0.5, str(h)) for h in range(0, a.shape[1], step)]])
         set_bar_range(self.h_bar, vmax)
         self.h_plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0)
-        self.h_plot.setTitle(f"{self.metric_box.currentText()} (0 .. {vmax:.3g})", size="9pt")
+        fit_title(self.h_plot, [self.metric_box.currentText(), f"0 .. {vmax:.3g}"], "9pt", share=0.3)
         self._mark_selection()
 
     def _mark_selection(self) -> None:
@@ -170,9 +171,8 @@ class AttentionPanel(Panel):
         self.q_curve.setData(x, np.maximum(self.weights.column("w_quant").astype(np.float64), floor))
         self.d_curve.setData(x, self.weights.column("diff").astype(np.float64))
         m = res.metrics
-        self.w_plot.setTitle(
-            f"seq {s}, head {h}: KL {m.kl[s, h]:.3g}, max |err| {m.max_weight_err[s, h]:.3g}, "
-            f"cos {m.cosine[s, h]:.5f}, top-{m.k} {m.topk_overlap[s, h]:.2f}", size="9pt")
+        fit_title(self.w_plot, [f"seq {s}, head {h}: KL {m.kl[s, h]:.3g}", f"max |err| {m.max_weight_err[s, h]:.3g}",
+                                f"cos {m.cosine[s, h]:.5f}", f"top-{m.k} {m.topk_overlap[s, h]:.2f}"], "9pt", share=0.78)
         self.w_plot.enableAutoRange()
         self.d_plot.enableAutoRange()
         self._mark_selection()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
@@ -40,6 +40,85 @@ class ElidedLabel(QLabel):
         p.drawText(r, int(self.alignment()) | Qt.AlignVCenter, fm.elidedText(self.text(), Qt.ElideRight, r.width()))
 
 
+class InfoLabel(QLabel):
+    """A panel's info line: word-wrapped, small, hidden while empty (the full text always shows)."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(text, parent)
+        self.setObjectName("panelInfo")
+        self.setWordWrap(True)
+        self.setTextFormat(Qt.PlainText)
+        self.setStyleSheet("#panelInfo { color: #333; }")
+        self.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.setVisible(bool(text))
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt naming
+        super().setText(text)
+        self.setVisible(bool(text))
+
+
+def keep_whole(layout) -> None:
+    """The widgets of a tool row never narrower than their text: combo boxes sized to their longest item,
+    spin boxes, buttons and check boxes at their size hint (a dock narrower than the row scrolls it)."""
+    from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLabel as _QLabel
+
+    for i in range(layout.count()):
+        item = layout.itemAt(i)
+        w = item.widget()
+        if w is None:
+            if item.layout() is not None:
+                keep_whole(item.layout())
+            continue
+        if isinstance(w, QComboBox):
+            w.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        if isinstance(w, (QComboBox, QAbstractSpinBox, QAbstractButton)) or (
+                isinstance(w, _QLabel) and not w.wordWrap() and not isinstance(w, ElidedLabel)):
+            pol = w.sizePolicy()
+            pol.setHorizontalPolicy(QSizePolicy.Fixed)
+            w.setSizePolicy(pol)
+
+
+class _CurrentTextFit(QObject):
+    """Keeps a combo box's minimum width at its current text's (see fit_current_text)."""
+
+    def __init__(self, combo):
+        super().__init__(combo)
+        self.combo = combo
+        self.text = None
+        combo.installEventFilter(self)
+        combo.currentIndexChanged.connect(self.update)
+        combo.currentTextChanged.connect(self.update)
+        self.update()
+
+    def update(self, *_) -> None:
+        from PySide6.QtCore import QSize
+        from PySide6.QtWidgets import QStyle, QStyleOptionComboBox
+
+        combo = self.combo
+        self.text = combo.currentText()
+        opt = QStyleOptionComboBox()
+        combo.initStyleOption(opt)
+        text_w = combo.fontMetrics().horizontalAdvance(self.text)
+        if combo.count() and not combo.itemIcon(max(combo.currentIndex(), 0)).isNull():
+            text_w += combo.iconSize().width() + 4
+        h = combo.sizeHint().height()
+        size = combo.style().sizeFromContents(QStyle.CT_ComboBox, opt, QSize(text_w + 2, h), combo)
+        if combo.minimumWidth() != size.width():
+            combo.setMinimumWidth(size.width())
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802 - Qt naming
+        # an index set with the combo's signals blocked (a panel filling its fields) is caught here
+        if ev.type() in (QEvent.Paint, QEvent.Show, QEvent.FontChange) and obj.currentText() != self.text:
+            self.update()
+        return False
+
+
+def fit_current_text(combo) -> None:
+    """A combo box never narrower than its current item's text (it may grow; a longer item's text needs
+    no room until it is chosen): the minimum width follows the selection."""
+    combo._current_text_fit = _CurrentTextFit(combo)
+
+
 class Panel(QWidget):
     key = ""
     title = ""
@@ -60,9 +139,10 @@ class Panel(QWidget):
         self.tools = QHBoxLayout()
         self.tools.setSpacing(6)
         bar.addLayout(self.tools)
-        self.info = ElidedLabel("")
-        self.info.setAlignment(Qt.AlignRight)
-        bar.addWidget(self.info, 1)
+        bar.addStretch(1)
+        # The info line under the tool row, wrapped: never cut, whatever the dock's width (an elided line
+        # beside the selectors showed "3..." in a narrow dock).
+        self.info = InfoLabel("")
         self.export_button = QToolButton()
         self.export_button.setText("Export")
         self.export_button.setToolTip(f"Export the {self.title} panel: PNG (2x), SVG, CSV of the plotted data")
@@ -73,6 +153,7 @@ class Panel(QWidget):
         self.export_button.setMenu(menu)
         bar.addWidget(self.export_button)
         outer.addLayout(bar)
+        outer.addWidget(self.info)
         # Said when the panel's results no longer match the Workload settings (an invalid field, a failed run).
         self.stale_label = QLabel("")
         self.stale_label.setObjectName("staleNote")
@@ -85,6 +166,17 @@ class Panel(QWidget):
         self.body.setContentsMargins(0, 0, 0, 0)
         self.body.setSpacing(3)
         outer.addLayout(self.body, 1)
+
+    def showEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        if not getattr(self, "_tools_kept_whole", False):
+            self._tools_kept_whole = True
+            keep_whole(self.tools)
+            bar = self.layout().itemAt(0).layout()
+            keep_whole(bar)
+            if self.tools.count() == 0:  # no selectors: the info line goes beside the Export button (a row saved)
+                self.layout().removeWidget(self.info)
+                bar.insertWidget(1, self.info, 1)
+        super().showEvent(ev)
 
     # ---------------------------------------------------------------- data
     def set_results(self, res) -> None:
@@ -145,7 +237,7 @@ class Panel(QWidget):
 
         kinds = (QAbstractButton, QComboBox, QLineEdit, QAbstractSpinBox, QSlider, QTabBar, QPlainTextEdit,
                  ElidedLabel)
-        out = [w for w in self.findChildren(QWidget) if isinstance(w, kinds)] + [self.stale_label]
+        out = [w for w in self.findChildren(QWidget) if isinstance(w, kinds)] + [self.stale_label, self.info]
         if any(v.isVisible() for v in self.findChildren(pg.GraphicsView)):
             out += [w for w in self.findChildren(QAbstractItemView) if not isinstance(w, pg.GraphicsView)]
         for i in range(self.tools.count()):

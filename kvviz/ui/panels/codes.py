@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QAbstractItemView, QCheckBox, QTableWidget, QTable
 
 from kvviz.report.tables import code_hist_table, code_stats_table
 from kvviz.ui.panels.base import Panel
-from kvviz.ui.style import K_COLOR, V_COLOR
+from kvviz.ui.style import K_COLOR, V_COLOR, fit_title
 
 
 def _pct(x: float) -> str:
@@ -44,6 +44,38 @@ def _value_ticks(vals: np.ndarray, n: int = 9) -> list:
     return [(float(i), f"{vals[i] + 0.0:g}") for i in idx]
 
 
+MAX_BARS = 1024  # more representable codes than this (f16: 63,488) are binned on the value axis
+
+
+def nice_width(span: float, n: int = 200) -> float:
+    """A bin width of 1, 2 or 5 x 10^k giving about `n` bins over `span`."""
+    if not span > 0:
+        return 1.0
+    raw = span / n
+    e = np.floor(np.log10(raw))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        if m * 10.0 ** e >= raw:
+            return float(m * 10.0 ** e)
+    return float(10.0 ** (e + 1))
+
+
+def value_bins(values: np.ndarray, k_counts: np.ndarray, v_counts: np.ndarray, n: int = 200):
+    """A value-axis histogram of a format with too many codes for one bar each: (edges, k, v, width),
+    bins of one `width` over the values that occur, each code's count in the bin of its value."""
+    vals = np.asarray(values, np.float64)
+    seen = (np.asarray(k_counts) + np.asarray(v_counts)) > 0
+    if not seen.any():
+        seen = np.ones(len(vals), bool)
+    lo, hi = float(vals[seen].min()), float(vals[seen].max())
+    w = nice_width(hi - lo, n)
+    start = np.floor(lo / w) * w
+    nb = max(1, int(np.floor((hi - start) / w)) + 1)
+    edges = start + w * np.arange(nb + 1, dtype=np.float64)
+    k = np.histogram(vals, bins=edges, weights=np.asarray(k_counts, np.float64))[0]
+    v = np.histogram(vals, bins=edges, weights=np.asarray(v_counts, np.float64))[0]
+    return edges, k, v, w
+
+
 class CodesPanel(Panel):
     key = "codes"
     title = "Code histogram"
@@ -51,6 +83,7 @@ class CodesPanel(Panel):
     def __init__(self, state=None, parent=None):
         super().__init__(state, parent)
         self.hist = self.stats = None
+        self.binned = None  # (edges, K counts, V counts, width) when the codes are binned on the value axis
         self.log_y = QCheckBox("log counts")
         self.log_y.toggled.connect(lambda *_: self.refresh())
         self.tools.addWidget(self.log_y)
@@ -86,7 +119,11 @@ class CodesPanel(Panel):
         x = self.hist.column("bin").astype(np.float64)
         vals = self.hist.column("code").astype(np.float64)
         integral = res.k_stats.axis == "code" and res.v_stats.axis == "code"
-        ticks = None if integral else [_value_ticks(vals), []]
+        # A format with more codes than MAX_BARS (f16) is binned on its value axis, drawn as one step curve
+        # per K / V: a bar per code (63,488 of them) took seconds to draw and showed nothing a bar could.
+        self.binned = None if integral or len(x) <= MAX_BARS else value_bins(
+            vals, self.hist.column("k_count"), self.hist.column("v_count"))
+        ticks = None if integral or self.binned is not None else [_value_ticks(vals), []]
         self.bar_x = x
         log = self.log_y.isChecked()
         for which, plot, col, st, counts, attr in (
@@ -96,21 +133,34 @@ class CodesPanel(Panel):
             old = getattr(self, attr)
             if old is not None:
                 plot.removeItem(old)
+            if self.binned is not None:
+                edges, kb, vb, _w = self.binned
+                counts = kb if which == "K" else vb
             h = counts.astype(np.float64)
             if log:
                 h = np.log10(np.maximum(h, 0) + 1.0)
-            bars = pg.BarGraphItem(x=x, height=h, width=1.0, brush=pg.mkBrush(*col, 200), pen=pg.mkPen(None))
+            if self.binned is not None:
+                bars = pg.PlotDataItem(self.binned[0], h, stepMode="center", fillLevel=0,
+                                       brush=pg.mkBrush(*col, 160), pen=pg.mkPen(col, width=1))
+            else:
+                bars = pg.BarGraphItem(x=x, height=h, width=1.0, brush=pg.mkBrush(*col, 200), pen=pg.mkPen(None))
             plot.addItem(bars)
             setattr(self, attr, bars)
             plot.setLabel("left", f"{which}: log10(n+1)" if log else f"{which} count")
             head = list(st.stats.values())[:2]
-            plot.setTitle(f"{which}: " + ", ".join(f"{t.label} {t.text()}" for t in head), size="8pt")
+            fit_title(plot, [f"{which}: " + (f"{head[0].label} {head[0].text()}" if head else "")]
+                      + [f"{t.label} {t.text()}" for t in head[1:]], "8pt")
             plot.getAxis("bottom").setTicks(ticks)
             plot.enableAutoRange()
         lo, hi = res.qkv.code_range
         n_seen = int(np.count_nonzero(self.hist.column("k_count") + self.hist.column("v_count")))
         self.info.setText(f"{res.method.id}: codes {lo:g} .. {hi:g}, {n_seen} of {len(self.hist)} values occur")
-        self.v_plot.setLabel("bottom", "code" if integral else "code (index of the format's values; ticks: value)")
+        if integral:
+            self.v_plot.setLabel("bottom", "code")
+        elif self.binned is not None:
+            self.v_plot.setLabel("bottom", f"value (bin width {self.binned[3]:g})")
+        else:
+            self.v_plot.setLabel("bottom", "code (index of the format's values; ticks: value)")
         t = self.table
         t.clear()
         t.setRowCount(2)

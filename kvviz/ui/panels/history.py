@@ -68,6 +68,7 @@ class HistoryView(QWidget):
         self.run_list: list = []
         self.comparison: dict | None = None
         self.runs_tab: Table | None = None
+        self.curves: list = []  # (PlotDataItem, shape key) of the plotted series
         self.compare_tab: Table | None = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
@@ -97,7 +98,11 @@ class HistoryView(QWidget):
         pi.setLabel("bottom", "run")
         pi.setLabel("left", "median us, p10-p90 bars (log)")
         pi.showGrid(x=True, y=True, alpha=0.25)
-        self.legend = pi.addLegend(offset=(-5, 5), labelTextSize="7pt")
+        # The legend under the plot, in the plot item's own layout: it never covers the data.
+        self.legend = pg.LegendItem(labelTextSize="7pt", colCount=2)
+        self.legend.setParentItem(pi)
+        pi.layout.addItem(self.legend, 4, 1)
+        pi.legend = self.legend  # pi.plot(name=...) adds its curve here
         split.addWidget(self.plot)
         cmp = QWidget()
         cl = QVBoxLayout(cmp)
@@ -249,6 +254,7 @@ class HistoryView(QWidget):
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()
+        self.curves = []
         rid = self.selected_run()
         if self.db is None or rid is None:
             return
@@ -256,6 +262,13 @@ class HistoryView(QWidget):
         if run is FAILED:
             return
         values, xs_all = [], set()
+        from collections import Counter
+
+        from kvviz.history.db import shape_label
+
+        # one curve per (kernel, variant, shape): a kernel timed on several shapes gets a curve per shape,
+        # never one line through all of them, and its legend entry names the shape
+        many = Counter((k.name, k.variant) for k in run.kernels[:MAX_PLOTTED_KERNELS])
         for i, k in enumerate(run.kernels[:MAX_PLOTTED_KERNELS]):
             series = self._guard("reading a kernel's history", self.db.kernel_series, k.name, k.variant, k.shape_key)
             if series is FAILED or not series:
@@ -263,8 +276,12 @@ class HistoryView(QWidget):
             x = np.array([s[0] for s in series], np.float64)
             p10, med, p90 = (np.log10(np.maximum([s[j] for s in series], 1e-9)) for j in (1, 2, 3))
             color = kernel_color(i)
-            pi.plot(x, med, pen=pg.mkPen(color, width=1.5), symbol="o", symbolSize=5, symbolBrush=color,
-                    name=k.name)
+            name = k.name + (f" [{k.variant}]" if k.variant else "")
+            if many[(k.name, k.variant)] > 1:
+                name += f" ({shape_label(k.shape)})"
+            curve = pi.plot(x, med, pen=pg.mkPen(color, width=1.5), symbol="o", symbolSize=5, symbolBrush=color,
+                            name=name)
+            self.curves.append((curve, k.shape_key))
             pi.addItem(pg.ErrorBarItem(x=x, y=med, top=p90 - med, bottom=med - p10, beam=0.12, pen=pg.mkPen(color)))
             values += [s[j] for s in series for j in (1, 2, 3)]
             xs_all.update(int(v) for v in x)

@@ -32,9 +32,9 @@ from PySide6.QtWidgets import (
 
 from kvviz.live.config import DEFAULT_PROMPT, LiveConfig
 from kvviz.live.run import CacheViewState, LiveRun, describe_model
-from kvviz.ui.panels.base import Panel
+from kvviz.ui.panels.base import Panel, fit_current_text, keep_whole
 from kvviz.ui.panels.workload import GGUF_FILTER, MODEL_PLACEHOLDER, method_choices
-from kvviz.ui.style import REF_COLOR
+from kvviz.ui.style import REF_COLOR, fit_title
 from kvviz.ui.widgets.cache_view import CacheView
 from kvviz.ui.widgets.options_editor import OptionsEditor
 from kvviz.ui.widgets.pool_grid import PoolGrid
@@ -120,7 +120,7 @@ class LivePanel(Panel):
         self.table.verticalHeader().setDefaultSectionSize(19)
         self.tabs.addTab(self.table, "Steps")
         outer.addWidget(self.tabs)
-        outer.setStretchFactor(0, 3)  # the KL plot and the block pools get the room; texts/steps below
+        outer.setStretchFactor(0, 5)  # the KL plot and the block pools get 5/7 of the room; texts/steps below
         outer.setStretchFactor(1, 2)
         outer.setCollapsible(0, False)
         self.tabs.setMinimumHeight(60)
@@ -161,6 +161,7 @@ class LivePanel(Panel):
             self.method.setItemData(self.method.count() - 1, key, Qt.ToolTipRole)
         self.method.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.method.setMinimumContentsLength(12)
+        fit_current_text(self.method)  # the chosen method's name is never cut
         row0.addWidget(QLabel("Method"))
         row0.addWidget(self.method, 2)
         controls.addLayout(row0)
@@ -191,6 +192,7 @@ class LivePanel(Panel):
         row1.addStretch(1)
         row1.addWidget(self.start_button)
         row1.addWidget(self.stop_button)
+        keep_whole(row1)
         controls.addLayout(row1)
         self.options = OptionsEditor("row")
         self.cache_note = QLabel("")
@@ -222,13 +224,14 @@ class LivePanel(Panel):
         self.kl_plot.setLabel("bottom", "step")
         self.kl_plot.setLogMode(x=False, y=True)
         self.kl_plot.showGrid(x=True, y=True, alpha=0.25)
-        self.kl_plot.setTitle("next-token KL(f32 || quant), teacher-forced", size="9pt")
+        fit_title(self.kl_plot, ["next-token KL(f32 || quant)", "teacher-forced"], "9pt")
         self.agree_vb = pg.ViewBox(enableMouse=False)
         self.kl_plot.showAxis("right")
         self.kl_plot.scene().addItem(self.agree_vb)
         right = self.kl_plot.getAxis("right")
         right.linkToView(self.agree_vb)
-        right.setLabel("running top-1", color=f"rgb{AGREE_COLOR}")
+        right.setLabel("top-1", color=f"rgb{AGREE_COLOR}")  # the running top-1 agreement (short: so is the axis)
+        right.setToolTip("running top-1 agreement of the quantised and f32 greedy picks")
         right.setPen(pg.mkPen(AGREE_COLOR))
         right.setTextPen(pg.mkPen(AGREE_COLOR))
         right.setLogMode(False, False)  # the KL axis is logarithmic, the agreement is not

@@ -57,6 +57,9 @@ class OverviewPanel(Panel):
         self.headline.setStyleSheet("font-size: 10pt;")
         self.info.hide()
         self.tools.addWidget(self.headline, 1)
+        bar = self.layout().itemAt(0).layout()  # the headline takes the row's width (not the spacer before Export)
+        bar.setStretch(0, 1)
+        bar.setStretch(1, 0)
         # what the method could not represent (Results.warnings): a yellow line, hidden when there is none
         self.warn = QLabel("")
         self.warn.setWordWrap(True)

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 from kvviz.analysis.tq_bias import DEFAULT_SEED, ESTIMATORS, unsupported_reason  # noqa: F401 (re-exported)
 from kvviz.report.tables import Table
 from kvviz.ui.panels.base import Panel
-from kvviz.ui.style import SEQ_COLORS
+from kvviz.ui.style import SEQ_COLORS, fit_title
 
 EST_LABELS = {
     "reference": "reference  \u221a(\u03c0/2)/d",
@@ -237,8 +237,8 @@ class QjlBiasPanel(Panel):
             lab = legend.getLabel(self.curves[e]) if legend is not None else None
             if lab is not None:
                 lab.setText(f"{EST_LABELS[e]}: slope {bias.slopes[e]:.3f}", size="8pt")
-        self.plot.getPlotItem().setTitle(
-            f"seq {seq}, head {head} \u2192 KV head {kv_head}: {n} keys, d = {bias.d}", size="9pt")
+        fit_title(self.plot.getPlotItem(), [f"seq {seq}, head {head} \u2192 KV head {kv_head}: {n} keys", f"d = {bias.d}"],
+                  "9pt")
         self.plot.getPlotItem().enableAutoRange()
         self._fill_table()
         seed, layer = self.params()

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QComboBox, QSpinBox
 from kvviz.analysis.metrics import outlier_ratio
 from kvviz.report.tables import channel_amax_table, token_scales_table
 from kvviz.ui.panels.base import Panel
-from kvviz.ui.style import K_COLOR, V_COLOR, color_bar, lut_viridis, set_bar_range
+from kvviz.ui.style import K_COLOR, V_COLOR, color_bar, fit_title, lut_viridis, set_bar_range
 
 
 def to_uint8(a: np.ndarray, vmax: float) -> np.ndarray:
@@ -45,6 +45,8 @@ class ScalesPanel(Panel):
         self.s_plot = self.glw.addPlot(row=0, col=0)
         self.s_plot.setLabel("bottom", "position")
         self.s_plot.setLabel("left", "K scale", color="#1f77b4")
+        for side in ("left", "right"):  # plain tick values: a "(x0.001)" suffix made the labels longer than the axes
+            self.s_plot.getAxis(side).enableAutoSIPrefix(False)
         self.s_plot.showGrid(x=True, y=True, alpha=0.25)
         self.k_curve = self.s_plot.plot(pen=pg.mkPen(K_COLOR, width=1.5), name="K")
         self.v_view = pg.ViewBox()
@@ -113,7 +115,7 @@ class ScalesPanel(Panel):
             set_bar_range(self.k_bar if which == "K" else self.v_bar, vmax)
             plot.getAxis("left").setTicks(ticks)
             ratio = outlier_ratio(arr) if a.size else float("nan")
-            plot.setTitle(f"max|{which}| per channel (0..{vmax:.3g})", size="8pt")
+            fit_title(plot, [f"max|{which}| per channel", f"0..{vmax:.3g}"], "8pt", share=0.86)
             plot.getAxis("left").setToolTip("rows: sequence x KV head")
             ratios.append(f"{which} max/median {ratio:.1f}")
             plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0)
@@ -135,7 +137,7 @@ class ScalesPanel(Panel):
         x = self.scale_table.column("position").astype(np.float64)
         self.k_curve.setData(x, self.scale_table.column("k_scale").astype(np.float64))
         self.v_curve.setData(x, self.scale_table.column("v_scale").astype(np.float64))
-        self.s_plot.setTitle(f"scale per token, seq {s} / KV head {h}", size="8pt")
+        fit_title(self.s_plot, ["scale per token", f"seq {s} / KV head {h}"], "8pt")
         self.s_plot.enableAutoRange()
         self.v_view.enableAutoRange(axis=pg.ViewBox.YAxis)
         self._sync_views()

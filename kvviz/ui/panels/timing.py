@@ -21,7 +21,7 @@ from kvviz.report.tables import history_entry, history_table, sweep_table, timin
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.history import HistoryView
 from kvviz.ui.widgets.timeline import TimelineWidget
-from kvviz.ui.style import WARN_BG, WARN_FG, kernel_color
+from kvviz.ui.style import WARN_BG, WARN_FG, fit_title, kernel_color
 
 SOFTWARE_FLAG = "lavapipe: CPU timings, not GPU"
 
@@ -98,6 +98,7 @@ class TimingPanel(Panel):
         self.warn.setStyleSheet(f"background:{WARN_BG}; color:{WARN_FG}; padding:3px; font-weight:bold;"
                                 f" border:1px solid #e0b000;")
         self.warn.setVisible(False)
+        self.warn.setWordWrap(True)  # the adapter's name may be long: the line wraps, never cut
         self.body.addWidget(self.warn)
 
         self.tabs = QTabWidget()
@@ -118,6 +119,8 @@ class TimingPanel(Panel):
         self.copy_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((200, 30, 30), width=2, style=Qt.DashLine),
                                          label="copy {value:.3g}", labelOpts={"position": 0.95, "color": (200, 30, 30)})
         bp.addItem(self.copy_line)
+        bp.vb.sigResized.connect(lambda *_: self._place_bar_labels())
+        self._bar_geom = None  # (lg, lo, hi0, y) of the drawn bars: their labels are placed to fit the view
         self.bars = None
         kern.addWidget(self.bar_plot)
         kern.setStretchFactor(0, 2)
@@ -256,21 +259,49 @@ class TimingPanel(Panel):
         self._bar_errors = pg.ErrorBarItem(x=lg, y=y, left=np.maximum(lg - lo_g, 0), right=np.maximum(hi_g - lg, 0),
                                            beam=0.25, pen=pg.mkPen((20, 20, 20), width=1.2))
         bp.addItem(self._bar_errors)
-        hi = max(hi_g.max(), lg.max(), math.log10(max(res.copy_gbps, 1e-6))) + 1.0
+        hi = max(hi_g.max(), lg.max(), math.log10(max(res.copy_gbps, 1e-6))) + 0.3
         for i, t in enumerate(res.timings):
-            inside = (lg[i] - lo) > 0.6 * (hi - lo)  # long bars carry their label inside, right-aligned
-            ti = pg.TextItem(f"{t.gbps:.3g} GB/s ({t.pct_of_copy:.1f}%)", color=(255, 255, 255) if inside else (30, 30, 30),
-                             anchor=(1, 0.5) if inside else (0, 0.5))
+            ti = pg.TextItem(f"{t.gbps:.3g} GB/s ({t.pct_of_copy:.1f}%)", color=(30, 30, 30), anchor=(0, 0.5))
             ti.setPos(lg[i], y[i])
             bp.addItem(ti)
             self._bar_texts.append(ti)
         self.copy_line.setValue(math.log10(max(res.copy_gbps, 1e-6)))
         self.copy_line.label.setFormat(f"copy {res.copy_gbps:.3g} GB/s")
         bp.getAxis("left").setTicks([[(float(i), f"{t.kernel}") for i, t in enumerate(res.timings)]])
-        bp.setRange(xRange=(lo, hi), yRange=(-0.6, len(g) - 0.4), padding=0)
-        # one label style on the log axis: every decade as a plain number ("0.1", "1", "10", "100")
-        bp.getAxis("bottom").setTicks(bandwidth_ticks(lo, hi))
-        bp.setTitle("Bandwidth per kernel (unique bytes / median) vs buffer copy", size="9pt")
+        bp.setYRange(-0.6, len(g) - 0.4, padding=0)
+        self._bar_geom = (lg, np.maximum(hi_g, lg), lo, max(hi, hi_g.max()), y)
+        self._place_bar_labels()
+        fit_title(bp, ["Bandwidth per kernel", "unique bytes / median", "vs buffer copy"], "9pt")
+
+    def _place_bar_labels(self) -> None:
+        """Each bar's "GB/s (% of copy)" label inside its bar (white, right-aligned) where the bar is long enough
+        for it, else just past the bar's end (and past its p10-p90 whisker); the axis reaches far enough right
+        for every outside label to show whole at the view's width (re-placed when the plot is resized)."""
+        if self._bar_geom is None or not self._bar_texts:
+            return
+        lg, ends, lo, hi0, y = self._bar_geom  # ends: the bars' p10-p90 whisker ends (outside labels start there)
+        bp = self.bar_plot.getPlotItem()
+        width = max(bp.vb.width(), 40.0)
+        fm = self.bar_plot.fontMetrics()
+        texts = [ti.textItem.toPlainText() for ti in self._bar_texts]
+        tw = np.array([fm.horizontalAdvance(t) + 8 for t in texts], np.float64)
+        hi = hi0
+        for _ in range(3):  # the decades per pixel depend on hi: settle it
+            px = width / (hi - lo)  # pixels per decade
+            inside = (lg - lo) * px >= tw + 4
+            need = [ends[i] + tw[i] / px for i in range(len(lg)) if not inside[i]]
+            if not need or max(need) <= hi:
+                break
+            # hi so that end + tw * (hi - lo) / width <= hi for every outside label
+            hi = max(hi, *[lo + (ends[i] - lo) * width / max(width - tw[i], width * 0.1)
+                           for i in range(len(lg)) if not inside[i]])
+        for i, ti in enumerate(self._bar_texts):
+            ti.setColor((255, 255, 255) if inside[i] else (30, 30, 30))
+            ti.setAnchor((1, 0.5) if inside[i] else (0, 0.5))
+            ti.setPos(lg[i] if inside[i] else ends[i], y[i])
+        if abs(bp.vb.viewRange()[0][1] - hi) > 1e-9 or abs(bp.vb.viewRange()[0][0] - lo) > 1e-9:
+            bp.setXRange(lo, hi, padding=0)
+            bp.getAxis("bottom").setTicks(bandwidth_ticks(lo, hi))  # every decade as a plain number
 
     # ---------------------------------------------------------------- pin
     def pin_current(self) -> None:
@@ -353,7 +384,8 @@ class TimingPanel(Panel):
         spi.getAxis("left").setTicks(log_ticks([float(r[4]) for r in self.sweep_tab.rows]))
         xs = sorted({float(p["value"]) for p in self.sweep_points if p["value"] > 0})
         spi.getAxis("bottom").setTicks([[(math.log10(v), f"{v:g}") for v in xs], []])  # log axis: ticks in log10
-        spi.setTitle(f"Kernel latency vs {param} ({self.res.config.method if self.res else ''}, median of runs)", size="9pt")
+        fit_title(spi, [f"Kernel latency vs {param}", f"{self.res.config.method if self.res else ''}", "median of runs"],
+                  "9pt")
         n = len(self.sweep_points)
         self.sweep_status.setText(f"{n} point(s)" + (" - cancelled, partial sweep" if cancelled else "")
                                   + f"; {len(self.sweep_tab)} plotted points")

@@ -22,6 +22,7 @@ from kvviz.errors import InvalidInput
 from kvviz.gpu.shaders import GLSL_FRONTENDS
 from kvviz.live.run import describe_model
 from kvviz.paging import POLICIES
+from kvviz.ui.panels.base import fit_current_text
 from kvviz.ui.widgets.options_editor import OptionsEditor
 
 
@@ -275,6 +276,9 @@ class WorkloadPanel(QWidget):
         for combo in (self.source, self.preset, self.policy, self.method, self.frontend):
             combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
             combo.setMinimumContentsLength(10)
+            fit_current_text(combo)  # the chosen item's text is never cut (a long one wraps the row)
+        for form in self.findChildren(QFormLayout):
+            form.setRowWrapPolicy(QFormLayout.WrapLongRows)
         self._fill_methods()
         self.set_config(SessionConfig())
 

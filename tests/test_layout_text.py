@@ -1,0 +1,168 @@
+"""No cut text at 1280x800 (issue 13, item 3): every visible combo box, label, button, field and plot
+title of every panel shows its whole text in the default layout and the live-decode layout; the panels
+under the overview and the live decode's KL plot get real height; the f16 code histogram is binned on its
+value axis (a few hundred points, not 63,488 bars); the History tab's legend sits outside the data and a
+kernel timed on two shapes gets a line per shape (pytest-qt, offscreen)."""
+import numpy as np
+import pyqtgraph as pg
+import pytest
+from PySide6.QtWidgets import QComboBox
+
+from kvviz.analysis.session import Session, SessionConfig
+from kvviz.ui.audit import cut_text, scrolling_docks
+from ui_windows import WAIT, open_window, settings, small_config  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def session():
+    return Session()
+
+
+def _at(qtbot, w, width, height):
+    w.resize(width, height)
+    qtbot.wait(50)
+    w._default_layout()
+    w._size_docks()
+    qtbot.wait(300)
+
+
+def _each_tab(w):
+    """Raise every dock in turn (each tab of each group), yielding its key."""
+    for key, d in w.docks.items():
+        if not d.isVisible() and not d.isFloating():
+            continue
+        d.raise_()
+        yield key
+
+
+def test_audit_finds_a_cut_combo(qtbot):
+    """The audit itself can fail: a combo squeezed below its text is reported, one that fits is not."""
+    from PySide6.QtWidgets import QHBoxLayout, QWidget
+
+    box = QWidget()
+    qtbot.addWidget(box)
+    lay = QHBoxLayout(box)
+    combo = QComboBox()
+    combo.addItem("seq 0 (300 tok, 19 blocks)")
+    combo.setMinimumContentsLength(3)
+    combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+    combo.setFixedWidth(60)
+    lay.addWidget(combo)
+    box.show()
+    qtbot.waitExposed(box)
+    assert any("seq 0 (300 tok" in c for c in cut_text(box))
+    combo.setFixedWidth(combo.sizeHint().width() + 200)
+    qtbot.wait(20)
+    assert cut_text(box) == []
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_no_cut_text_in_any_panel(qtbot, settings, session, size):  # noqa: F811
+    cfg = SessionConfig(timing_runs=3)  # the default workload (its labels: "seq 0 (300 tok)", ...)
+    w = open_window(qtbot, settings, session, cfg)
+    try:
+        _at(qtbot, w, *size)
+        cuts = cut_text(w)
+        assert cuts == [], "\n".join(cuts)
+        for key in _each_tab(w):
+            qtbot.wait(150)
+            cuts = cut_text(w.docks[key])
+            assert cuts == [], f"{key}:\n" + "\n".join(cuts)
+        # the combos with a sequence in them are as wide as their text in every panel
+        for combo in w.findChildren(QComboBox):
+            if combo.isVisible() and combo.currentText().startswith("seq "):
+                need = combo.fontMetrics().horizontalAdvance(combo.currentText())
+                assert combo.width() > need, (combo.currentText(), combo.width(), need)
+    finally:
+        w.close()
+
+
+def test_default_layout_at_1280x800_gives_the_panels_height(qtbot, settings, session):  # noqa: F811
+    w = open_window(qtbot, settings, session, small_config())
+    try:
+        _at(qtbot, w, 1280, 800)
+        w.docks["cache_layout"].raise_()
+        qtbot.wait(100)
+        assert scrolling_docks(w) == []
+        for key, glw in (("scales", w.scales.glw), ("codes", w.codes.glw)):
+            w.docks[key].raise_()
+            qtbot.wait(150)
+            assert glw.height() >= 250, (key, glw.height())  # was ~150 under the overview, two side by side
+            assert scrolling_docks(w) == [], key
+        w.show_live_layout()
+        qtbot.wait(300)
+        assert w.docks["live"].isVisible() and w.live.glw.height() >= 150, w.live.glw.height()
+        cuts = cut_text(w)
+        assert cuts == [], "\n".join(cuts)
+    finally:
+        w.close()
+
+
+def test_f16_histogram_is_binned_on_its_value_axis(qtbot, settings, session):  # noqa: F811
+    w = open_window(qtbot, settings, session, small_config(method="f16"))
+    try:
+        cp = w.codes
+        res = w.results
+        assert len(cp.hist) > 60_000  # the table (CSV) keeps one row per f16 code
+        assert cp.binned is not None
+        edges, kb, vb, width = cp.binned
+        assert len(edges) <= 600 and np.allclose(np.diff(edges), width)
+        for item, counts, st in ((cp.k_bars, kb, res.k_stats), (cp.v_bars, vb, res.v_stats)):
+            assert isinstance(item, pg.PlotDataItem) and not isinstance(item, pg.BarGraphItem)
+            assert len(item.xData) <= 600  # one step per bin, drawn fast
+            assert int(round(counts.sum())) == int(st.counts.sum())  # every code counted once
+        # every bin holds exactly the codes whose value falls in it
+        vals = cp.hist.column("code").astype(np.float64)
+        kc = cp.hist.column("k_count")
+        i = int(np.argmax(kb))
+        inside = (vals >= edges[i]) & (vals < edges[i + 1])
+        assert kb[i] == kc[inside].sum()
+        label = cp.v_plot.getAxis("bottom").labelText
+        assert "value" in label and f"{width:g}" in label
+        # integer codes keep one bar per code
+        w.workload.set_config(small_config(method="int8_token"))
+        with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+            w.request_compute()
+        assert cp.binned is None and isinstance(cp.k_bars, pg.BarGraphItem)
+    finally:
+        w.close()
+
+
+def test_history_legend_outside_the_data_and_a_line_per_shape(qtbot, tmp_path):
+    from kvviz.history.db import HistoryDB, KernelRecord, shape_key
+    from kvviz.ui.panels.history import HistoryView
+
+    shapes = [dict(num_seqs=2, context_lens=64, num_heads=4, num_kv_heads=2, head_size=64, block_size=16),
+              dict(num_seqs=8, context_lens=4096, num_heads=32, num_kv_heads=8, head_size=128, block_size=16)]
+    rng = np.random.default_rng(0)
+    path = tmp_path / "runs.sqlite3"
+    adapter = {"name": "test adapter", "driver": "t", "backend": "Vulkan", "is_software": True}
+    with HistoryDB(path) as db:
+        for r in range(4):
+            ks = [KernelRecord("paged_attn_f32", "f32 baseline", tuple(rng.normal(100 * (1 + 9 * j), 2, 8)),
+                               "gpu-timestamps", sh, None, "decode", "baseline", "abc", 4096, 3)
+                  for j, sh in enumerate(shapes)]
+            db.record("bench", adapter, ks)
+    hv = HistoryView()
+    qtbot.addWidget(hv)
+    hv.resize(700, 700)
+    hv.show()
+    assert hv.open(path)
+    hv.runs_table.selectRow(0)
+    qtbot.wait(100)
+    assert len(hv.curves) == 2  # one line per shape, never one line through both
+    keys = {shape_key(s) for s in shapes}
+    seen = set()
+    for curve, key in hv.curves:
+        x, y = curve.getData()
+        assert len(x) == 4 and key in keys
+        seen.add(key)
+        # a line of one shape: its medians stay within its shape's range (~100 us or ~1000 us)
+        assert np.ptp(y) < 0.5, (key, y)
+    assert seen == keys
+    names = [lab.text for _s, lab in hv.legend.items]
+    assert len(set(names)) == 2  # the legend names the shapes apart
+    vb = hv.plot.getPlotItem().vb
+    assert not hv.legend.sceneBoundingRect().intersects(vb.sceneBoundingRect())  # legend not over the data
