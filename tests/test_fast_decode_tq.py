@@ -184,3 +184,29 @@ def test_method_attend_and_timed_rows(rt):
     plan = m.fast_plan(ctx, qkv, batch, q, scale)
     rt.run(plan.rotate + plan.dispatches)
     np.testing.assert_array_equal(rt.read(plan.out, np.float32, plan.shape), out)
+
+
+def test_batch_equals_one_sequence_at_a_time_and_splits_write_own_buffers(tq, fast):
+    """The batch plan (per-sequence partials, overlapping splits) gives bit for bit what each sequence
+    decoded alone gives (same partition length), on a ragged batch with an empty sequence; and no two split
+    dispatches of the plan write the same buffer (wgpu would order them with a barrier)."""
+    rng = np.random.default_rng(7)
+    lens, kvh, G, d = [300, 0, 1, 777, 64], 2, 4, 64
+    caches = _caches(tq, rng, lens, kvh, d)
+    H = kvh * G
+    q = rng.standard_normal((len(lens), H, d)).astype(np.float32)
+    scale = 1.0 / math.sqrt(d)
+    plan = fast.plan(caches, q, lens, scale, partition_tokens=128)
+    splits = [x for x in plan.dispatches if x.kernel is plan.dispatches[0].kernel]  # the split kernel's dispatches
+    assert len(splits) == sum(1 for n in lens if n)
+    written = [id(x.buffers[-1]) for x in splits]  # the split's only read_write binding: its partials
+    assert len(set(written)) == len(written), "two split dispatches write the same partials buffer"
+    tq.rt.run(plan.rotate + plan.dispatches)
+    out = fast.read(plan)
+    assert not out[1].any()
+    for s, L in enumerate(lens):
+        if L == 0:
+            continue
+        one = fast.plan([caches[s]], q[s:s + 1], [L], scale, partition_tokens=plan.partition_tokens)
+        tq.rt.run(one.rotate + one.dispatches)
+        assert np.array_equal(fast.read(one)[0], out[s]), f"sequence {s} differs from its one-sequence decode"

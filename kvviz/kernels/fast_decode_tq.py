@@ -7,12 +7,13 @@ tests/test_fast_decode_tq.py.
 
 NOT paged. TurboQuant's cache today is per sequence (kvviz/kernels/turboquant.TQCache: one buffer pair per
 sequence, slot = kv_head * cache_cap + position, in regions); this decode reads that layout as it is, with
-no block table: one split dispatch per non-empty sequence (its own buffers; grid (its partitions,
-num_kv_heads, 1)) and one reduce for the batch. Laying the TurboQuant cache out in pages would change the
-compressor, the seed kernel's input and the method; it is not done here. Cost of that: wgpu orders
-consecutive dispatches that write the same buffer (the partials) with a barrier, so the sequences' splits
-run one after another; each is sized to fill the device alone (partitions from the longest sequence as if it
-were the batch). A batch of one sequence (the long-context case) is one split + one reduce.
+no block table: one split dispatch per non-empty sequence (its own cache buffers AND its own partials buffer;
+grid (its partitions, num_kv_heads, 1)), then one small reduce per non-empty sequence (grid (num_heads, 1, 1))
+into the shared output. Laying the TurboQuant cache out in pages would change the
+compressor, the seed kernel's input and the method; it is not done here. wgpu orders consecutive dispatches
+that write the same buffer with a barrier; since no two splits write the same buffer, the sequences' splits
+overlap, and the partitions are sized for the whole batch (~480 workgroups over all sequences' KV heads).
+Only the reduces (tiny) are ordered among themselves. A per-sequence reduce avoids copying the partials together. A batch of one sequence (the long-context case) is one split + one reduce.
 
 What it does:
   - the query is rotated once per decode by the seed's tq_rotate_q (q_rot, q_jl), all sequences in one
@@ -24,7 +25,7 @@ What it does:
     (M, L, acc), divides by L and applies the inverse RHT (WHT / sqrt(D), then the polar signs) once per
     output row, as the seed's epilogue and the oracle do;
   - the context of each sequence is split into partitions (fast_decode.plan_partitions: ~480 workgroups
-    over one sequence's KV heads), one workgroup per (partition, KV head, sequence) serving
+    over all live sequences' KV heads), one workgroup per (partition, KV head, sequence) serving
     the G query heads of the KV head's GQA group; L lanes share a token row (L = D/16 or the subgroup
     size, whichever is smaller; 1 without subgroups: the fallback), partial logits summed by
     subgroupShuffleXor; the row groups of a workgroup merge through workgroup memory.
@@ -55,7 +56,7 @@ SPLIT = KernelSpec(
                       "scale_log2:f32 qjl_log2:f32 c0:f32 c1:f32 c2:f32 c3:f32"),
 )
 REDUCE = KernelSpec("fast/decode_tq_reduce.wgsl", bindings=ro("partials", "signs") + rw("out"),
-                    immediates=Struct("P", "num_heads head_size num_partitions sign_off inv_sqrt_d:f32"))
+                    immediates=Struct("P", "num_heads head_size num_partitions sign_off out_seq inv_sqrt_d:f32"))
 KERNELS = (SPLIT, REDUCE)
 
 # the generator's record: 16 two-bit codes a polar word (fd.choose_layout then gives lanes owning whole words)
@@ -183,7 +184,7 @@ def render(head_size: int, group: int, lay: fd.Layout) -> dict:
         merge.append(f"{I}workgroupBarrier();")
         st //= 2
     for g in range(G):
-        write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        write.append(f"{J}let pb{g} = ((kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
         write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
         for i in range(nv):
             for c in range(4):
@@ -209,7 +210,7 @@ class TQDecodePlan:
     out: object  # [S, H, D] f32 buffer
     shape: tuple[int, int, int]
     partition_tokens: int
-    num_partitions: int  # the most partitions of any sequence (the partials' stride)
+    num_partitions: int  # the most partitions of any sequence (each sequence's partials hold its own)
     layout: fd.Layout
 
     def describe(self) -> str:
@@ -274,9 +275,10 @@ class TQFastDecode:
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         kern, lay = self.kernel(D, G, subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
         mcl = max(lens)
-        # each sequence is its own dispatch, and consecutive dispatches that write the partials are ordered by
-        # barriers: each one must fill the device by itself (~480 workgroups over its KV heads)
-        pt = partition_tokens or fd.plan_partitions(1, kvh, mcl, lay.tokens_per_step)
+        # each sequence's split writes its OWN partials buffer: no two splits share a written buffer, so wgpu
+        # puts no barrier between them and they overlap; partitions are sized for the whole batch (~480 workgroups
+        # over every live sequence's KV heads, fast_decode.plan_partitions)
+        pt = partition_tokens or fd.plan_partitions(len(live), kvh, mcl, lay.tokens_per_step)
         if pt <= 0:
             raise InvalidInput(f"partition_tokens must be positive, got {pt}")
         pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)
@@ -288,19 +290,23 @@ class TQFastDecode:
         self._fast._check_loops(pt, lay, P)
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, live[0].signs)
         q_region = q_cap * H * D
-        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_tq_partials")  # zero-filled: l = 0, skipped
-        out = self.rt.empty(S * H * D * 4, "fast_decode_tq_out")
+        out = self.rt.empty(S * H * D * 4, "fast_decode_tq_out")  # zero-filled: a sequence without tokens is 0
         c = [float(x) for x in params.centroids]
         sl2 = float(scale) * LOG2E
-        ds = []
+        red = self.rt.compile(REDUCE)
+        splits, reduces = [], []
         for s, (cache, n) in enumerate(zip(caches, lens)):
             if cache is None or n == 0:
                 continue
             ps = math.ceil(n / pt)
-            imm = kern.pack(H, kvh, cache.cache_cap, n, s, pt, P, q_region, sl2, qs * sl2, *c)
-            ds.append(Dispatch(kern, [qrot, cache.k, cache.v, partials], (ps, kvh, 1), imm))
-        ds.append(self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, live[0].signs, out], H, D, P,
-                                                   params.sign_off, float(tqf.inv_sqrt_d(D))))
+            # this sequence's partials [H, ps, D + 2]: its own buffer (zero-filled: l = 0, skipped)
+            partials = self.rt.empty(H * ps * (D + 2) * 4, f"fast_decode_tq_partials_{s}")
+            imm = kern.pack(H, kvh, cache.cache_cap, n, s, pt, ps, q_region, sl2, qs * sl2, *c)
+            splits.append(Dispatch(kern, [qrot, cache.k, cache.v, partials], (ps, kvh, 1), imm))
+            # the reduces all write `out` (ordered after every split; H workgroups each, small)
+            reduces.append(red.dispatch((H, 1, 1), [partials, live[0].signs, out], H, D, ps,
+                                        params.sign_off, s, float(tqf.inv_sqrt_d(D))))
+        ds = splits + reduces
         return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay)
 
     def read(self, plan: TQDecodePlan) -> np.ndarray:

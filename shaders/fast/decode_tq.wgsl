@@ -5,7 +5,8 @@
 // The cache is the seed's (kvviz/formats/turboquant.py): ONE sequence per buffer, NOT paged, regions
 //   keys   [polar: slot*PW words | jl: slot*JW words | norms: pack2x16float(n, rn) at slot]
 //   values [polar: slot*PW words | norms: pack2x16float(n, 0) at slot],   slot = kv_head * cache_cap + t.
-// One dispatch per sequence (its own buffers); grid (partitions of that sequence, num_kv_heads, 1).
+// One dispatch per sequence (its own cache buffers and its own partials [H, P_s, D+2], so the splits carry no
+// write-after-write hazard and overlap); grid (partitions of that sequence, num_kv_heads, 1).
 // One workgroup = one partition of one sequence for one KV head and the G query heads of its GQA group.
 //
 // Per token (the seed flash_attention_tq's estimator, arXiv:2504.19874):

@@ -1,14 +1,14 @@
 // Combines the partitions of fast/decode_tq.wgsl and rotates the result back, once per output.
-// partials[(seq, head, part)] = [m, l, acc[0..D)] in base 2, acc in the ROTATED space; a partition
+// partials[(head, part)] (one sequence's own buffer; output row out_seq) = [m, l, acc[0..D)] in base 2, acc in the ROTATED space; a partition
 // without tokens (l = 0: never written, zero-filled) is skipped:
 //   M = max m_p;  L = sum l_p 2^(m_p - M);  y[d] = (sum acc_p[d] 2^(m_p - M)) / L
 //   out = RHT^-1(y) = WHT(y / sqrt(D)) * signs_polar   (the seed flash_attention_tq's epilogue, same order)
-// 0 for a sequence without tokens. Grid (num_heads, num_seqs, 1), 128 threads (D <= 128); thread t owns dim t.
+// 0 for a sequence without tokens. Grid (num_heads, 1, 1), one dispatch per sequence, 128 threads (D <= 128); thread t owns dim t.
 // The butterflies' barriers sit at entry-point scope (naga miscompiles a barrier reached through a call in a loop).
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read> signs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-struct P { num_heads: u32, head_size: u32, num_partitions: u32, sign_off: u32, inv_sqrt_d: f32 }
+struct P { num_heads: u32, head_size: u32, num_partitions: u32, sign_off: u32, out_seq: u32, inv_sqrt_d: f32 }
 var<immediate> p: P;
 
 var<workgroup> acc: array<f32, 128>;
@@ -16,10 +16,10 @@ var<workgroup> acc: array<f32, 128>;
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   let head = wid.x;
-  let seq = wid.y;
+  let seq = p.out_seq;
   let D = p.head_size;
   let stride = D + 2u;
-  let base = (seq * p.num_heads + head) * p.num_partitions * stride;
+  let base = head * p.num_partitions * stride;
   var m = -3.0e38;
   for (var i = 0u; i < p.num_partitions; i = i + 1u) {
     if (partials[base + i * stride + 1u] > 0.0) {
