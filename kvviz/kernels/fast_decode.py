@@ -296,6 +296,41 @@ def _join(parts, sep=" + "):
     return sep.join(parts) if parts else "0.0"
 
 
+def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
+    """WGSL lines merging the RG row groups' online-softmax states (m, l and the nv vec4 accumulators of each of
+    the G heads) by a tree over workgroup memory `sh` (stride floats a head), into row group 0. Shared by the
+    split kernels of fast_decode and fast_decode_tq."""
+    merge = []
+    st = RG // 2
+    while st >= 1:
+        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
+        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
+            for i in range(nv):
+                for c in range(4):
+                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        merge.append(f"{I}if (rg < {st}u) {{")
+        merge.append(f"{I}  let o = rg * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
+            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
+            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
+            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
+            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
+            merge.append(f"{I}  m{g} = mm{g};")
+            for i in range(nv):
+                b = g * stride + 2 + 4 * i
+                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
+                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        st //= 2
+    return merge
+
+
 def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
            pv_flush: int = PV_FLUSH) -> dict:
     """The {{...}} values of fast/decode_split.wgsl for one format and shape (and variant: QK_VARIANTS,
@@ -437,33 +472,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         step.append(f"{J}}}")
         merge += [f"{I}{x}" for x in flush]
     # ---- merge of the row groups, a tree over workgroup memory
-    st = RG // 2
-    while st >= 1:
-        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
-        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
-        for g in range(G):
-            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
-            for i in range(nv):
-                for c in range(4):
-                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
-        merge.append(f"{I}}}")
-        merge.append(f"{I}workgroupBarrier();")
-        merge.append(f"{I}if (rg < {st}u) {{")
-        merge.append(f"{I}  let o = rg * {G * stride}u;")
-        for g in range(G):
-            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
-            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
-            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
-            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
-            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
-            merge.append(f"{I}  m{g} = mm{g};")
-            for i in range(nv):
-                b = g * stride + 2 + 4 * i
-                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
-                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
-        merge.append(f"{I}}}")
-        merge.append(f"{I}workgroupBarrier();")
-        st //= 2
+    merge += merge_tree(G, nv, stride, RG, I)
     # ---- row group 0 writes the partition's state
     for g in range(G):
         write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")

@@ -156,33 +156,7 @@ def render(head_size: int, group: int, lay: fd.Layout) -> dict:
                 acc = f"fma(vec4<f32>(w{g}_{u}), vq{u}_{i}, {acc})"
             step.append(f"{J}a{g}_{i} = {acc};")
     # ---- merge of the row groups (fast_decode.render's tree)
-    st = RG // 2
-    while st >= 1:
-        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
-        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
-        for g in range(G):
-            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
-            for i in range(nv):
-                for c in range(4):
-                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
-        merge.append(f"{I}}}")
-        merge.append(f"{I}workgroupBarrier();")
-        merge.append(f"{I}if (rg < {st}u) {{")
-        merge.append(f"{I}  let o = rg * {G * stride}u;")
-        for g in range(G):
-            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
-            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
-            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
-            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
-            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
-            merge.append(f"{I}  m{g} = mm{g};")
-            for i in range(nv):
-                b = g * stride + 2 + 4 * i
-                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
-                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
-        merge.append(f"{I}}}")
-        merge.append(f"{I}workgroupBarrier();")
-        st //= 2
+    merge += fd.merge_tree(G, nv, stride, RG, I)
     for g in range(G):
         write.append(f"{J}let pb{g} = ((kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
         write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
