@@ -80,7 +80,7 @@ def test_appends_match_requantising(ctx, bits, recent, kvh):
     assert bit_equal, f"outputs differ by up to {worst} (tolerance {tol})"
     assert a.length == P + steps
     assert a.layers[0].nq == n_quantised(P + steps, recent)
-    assert a.attend_reads_f32 is not None
+    assert a.decode_path in ("fast", "first-wave")  # the decode ran in the step's submit
     # the views read through the method's hooks agree with the re-quantising cache's
     for li in range(n_layers):
         assert np.array_equal(a.weights(li, q, a.length), b.weights(li, q, b.length))
@@ -99,8 +99,8 @@ def test_appends_match_requantising(ctx, bits, recent, kvh):
 @pytest.mark.parametrize("writer_impl", ["fast", "first-wave"])
 def test_padded_head_and_long_prompt(ctx, writer_impl):
     """A head size KIVI runs padded (40 -> 48), a prompt written in two chunks (as the prefill's 512-token
-    chunks arrive), both of the method's writers, and the unfused path (the method's own attend after the
-    writer's submit, what runs when the method's attend does not read the dequantised f32 cache)."""
+    chunks arrive), both of the method's writers, and each decode path: the one the cache picks, the
+    method's own attend after the writer's submit, the first-wave decode fused into the step's submit."""
     rng = np.random.default_rng(7)
     m = get_method("kivi", bits=2, recent=20)
     m.writer_impl = writer_impl
@@ -109,19 +109,23 @@ def test_padded_head_and_long_prompt(ctx, writer_impl):
     for c in (a, b):
         c.extend(0, k[:, :50], v[:, :50], 0)
         c.extend(0, k[:, 50:], v[:, 50:], 50)
-    for pos in range(75, 110):
+    paths = set()
+    for pos in range(75, 125):
         (sk, sv), = _kv(rng, 1, 2, 1, d=40)
         q = rng.standard_normal((4, 40)).astype(np.float32)
-        if pos == 90:  # from here on the other path than the one the probe chose
-            probed = a.attend_reads_f32
-            a.attend_reads_f32 = not probed
+        if pos == 90:  # no fused fast decode: the method's attend (probed), then what the probe found
+            a.fuse_fast, a.attend_reads_f32 = False, None
+        if pos == 105:  # the first-wave decode fused, whatever the method's attend runs
+            a.attend_reads_f32 = True
         oa = a.append_attend(0, q, sk[:, 0], sv[:, 0], pos)
         ob = b.append_attend(0, q, sk[:, 0], sv[:, 0], pos)
+        paths.add(a.decode_path)
         assert oa.shape == (4, 40)
-        if pos < 90:  # the method's own decode path: the same floats
-            assert np.array_equal(oa, ob), (pos, float(np.abs(oa - ob).max()))
-        else:  # the same path today; another decode (first-wave vs fast) once Kivi.attend has one
+        if pos < 105:  # the method's own decode: the same floats
+            assert np.array_equal(oa, ob), (pos, a.decode_path, float(np.abs(oa - ob).max()))
+        else:  # the same decode while Kivi.attend is first-wave; another (fast vs first-wave) once it is not
             assert np.abs(oa - ob).max() <= 2e-5 * max(1.0, float(np.abs(v).max()), float(np.abs(sv).max()))
+    assert {"the method's attend", "first-wave"} <= paths
     _same_words(a, b, 0)
 
 

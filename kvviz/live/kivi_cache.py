@@ -99,6 +99,8 @@ class KiviLiveCache(LiveCache):
         self._dequant = rt.compile(qk.KIVI_DEQUANT, BITS=method.bits)
         # None: not known yet; True: the method's attend reads the f32 cache (fused into the step's submit)
         self.attend_reads_f32: bool | None = None
+        self.fuse_fast = True  # False: never take the method's fast decode plan into the step's submit
+        self.decode_path = ""  # the decode the last attend ran: "fast", "first-wave" or "the method's attend"
         self.last_write: dict = {}  # what the last write dispatched (rows of the token writer, group rows)
         self.label = f"{method.label}, appended token by token (a key group quantised when it fills)"
 
@@ -220,14 +222,28 @@ class KiviLiveCache(LiveCache):
                                f"attend over all {n}")
 
     def _fused(self, layer: int, q: np.ndarray, batch):
-        """(dispatches, read) of the first-wave decode (f32 paged decode over the dequantised cache, as
-        Kivi.attend runs it: q padded to the kernels' head size, the output cut back)."""
-        paged, H = self.ctx.paged, self.n_heads
+        """(dispatches, read) of the decode the method's attend runs, for the step's submit, or None (then the
+        method's attend runs after the writer's submit): the method's fast decode plan where it has one for
+        the shape (Kivi._fast_plan: the split-K decode over the packed cache), else, once the method's attend
+        was seen reading the dequantised f32 cache, its first-wave decode (the f32 paged decode over that
+        cache, q padded to the kernels' head size, the output cut back), as Kivi.attend runs them."""
+        rt, H, D0 = self.ctx.rt, self.n_heads, self.head_size
         qp = self.method._pad_q(np.asarray(q, _F32)[None], self.Dp)
+        fast = getattr(self.method, "_fast_plan", None)
+        if fast is not None and self.fuse_fast:
+            plan = fast(self.ctx, self.layers[layer].qc, batch, qp, self.scale)
+            if plan is not None:
+                self.decode_path = "fast"
+                return plan.dispatches, lambda: rt.read(plan.out, np.float32, plan.shape)[0, :, :D0]
+        if not self.attend_reads_f32:
+            return None
+        self.decode_path = "first-wave"
+        paged = self.ctx.paged
         d, outs = paged.decode_dispatches(self.layers[layer].f32, qp, batch, self.scale)
-        return d, lambda: paged._collect(outs, 1, H * self.Dp, (H, self.Dp))[0, :, : self.head_size]
+        return d, lambda: paged._collect(outs, 1, H * self.Dp, (H, self.Dp))[0, :, :D0]
 
     def _method_attend(self, layer: int, q: np.ndarray, batch) -> np.ndarray:
+        self.decode_path = "the method's attend"
         qkv = self._view(layer)
         out = self.method.attend(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale)
         if self.attend_reads_f32 is None:
@@ -237,21 +253,21 @@ class KiviLiveCache(LiveCache):
     def attend(self, layer, q, context_len):
         self._check_len(layer, context_len)
         batch = self.table.batch(context_len)
-        if self.attend_reads_f32:
-            d, read = self._fused(layer, q, batch)
-            self.ctx.rt.run(d)
-            return read()
-        return self._method_attend(layer, q, batch)
+        fused = self._fused(layer, q, batch)
+        if fused is None:
+            return self._method_attend(layer, q, batch)
+        self.ctx.rt.run(fused[0])
+        return fused[1]()
 
     def append_attend(self, layer, q, k, v, pos):
         self._pos_limit_pool(pos + 1)
         self.table.ensure(pos + 1)
         w = self._write_dispatches(layer, k[:, None, :], v[:, None, :], pos)
         batch = self.table.batch(pos + 1)
-        if self.attend_reads_f32:  # writer, dequantise and decode in one submit (WebGPU orders them)
-            d, read = self._fused(layer, q, batch)
-            self.ctx.rt.run(w + d)
-            out = read()
+        fused = self._fused(layer, q, batch)
+        if fused is not None:  # writer, dequantise and decode in one submit (WebGPU orders the dispatches)
+            self.ctx.rt.run(w + fused[0])
+            out = fused[1]()
         else:
             self.ctx.rt.run(w)
             out = self._method_attend(layer, q, batch)
@@ -335,5 +351,5 @@ class KiviLiveCache(LiveCache):
     def describe(self) -> dict:
         d = super().describe()
         d.update(n_quantised=[st.nq for st in self.layers], residual_rows=[st.n - st.nq for st in self.layers],
-                 attend="fused first-wave decode" if self.attend_reads_f32 else "the method's attend")
+                 decode=self.decode_path)
         return d
