@@ -15,13 +15,16 @@ whole-sequence `quantize` writes for the same positions (tests/test_live_kivi.py
 
 Attention: the method's dequantise kernel keeps a per-layer f32 paged cache up to date block by block
 (only the blocks whose values changed: the new token's, and on a group step the group's and the
-window's), and the method's own `attend` runs over a QuantizedKV view of these buffers (device "cache"
-with extra res / info / plan, device "f32"). Where the method's attend reads that f32 cache (KIVI's
-first-wave decode: the f32 paged decode over the dequantised cache), the cache sees it on its first
-attend and from then on records the writer, the dequantise and the f32 paged decode of a step in ONE
-submit; a method whose attend does not read it (a fast KIVI decode over the packed cache) keeps being
-called as it is, after the writer's submit. `RequantCache` (kvviz/live/cache.py), which quantises the
-whole sequence again each step, is the cross-check (`make_live_cache(..., incremental=False)`).
+window's; Kivi.weights and the first-wave decode read it). The decode is the method's, over a QuantizedKV
+view of these buffers (device "cache": the QuantCache with extra res / info / plan, as Kivi._prepare sets
+them; device "f32"), recorded in the step's submit after the writer where the cache can:
+  - the method's fast decode plan (Kivi._fast_plan(ctx, qc, batch, q_padded, scale), the split-K decode
+    over the packed cache) where the method has one for the shape;
+  - else, once the method's attend was seen reading the f32 cache (KIVI's first-wave decode), the f32
+    paged decode over it (q padded to the kernels' head size, the output cut back, as Kivi.attend does);
+  - else the method's own `attend`, after the writer's submit (decode_path says which ran).
+`RequantCache` (kvviz/live/cache.py), which quantises the whole sequence again each step, is the
+cross-check (`make_live_cache(..., incremental=False)`): the same words, the same outputs bit for bit.
 
 Rewrites: writing again from a position p < L (the live decoder retries a cancelled step at the same
 position; a prefill restarted at 0) rolls the layer back to p first. The host keeps the f32 rows of the
