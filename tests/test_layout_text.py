@@ -166,3 +166,82 @@ def test_history_legend_outside_the_data_and_a_line_per_shape(qtbot, tmp_path):
     assert len(set(names)) == 2  # the legend names the shapes apart
     vb = hv.plot.getPlotItem().vb
     assert not hv.legend.sceneBoundingRect().intersects(vb.sceneBoundingRect())  # legend not over the data
+
+
+def _live_plot_as_after_a_run(lp):
+    """The live panel's KL plot as after the screenshots' 8-step int8_seed decode: KL 4e-4 .. 1e-6 on its log
+    axis (tick labels 10^-5, 10^-6 widen the left axis), the running top-1 agreement 1.0 on the right axis."""
+    kl = np.array([1.3e-4, 4.5e-5, 1.0e-4, 1.6e-4, 5.0e-5, 1.2e-4, 4.1e-4, 1.0e-6])
+    x = np.arange(len(kl), dtype=np.float64)
+    lp.kl_curve.setData(x, kl)
+    lp.agree_curve.setData(x, np.ones_like(x))
+    lp.agree_vb.setYRange(0, 1.05, padding=0)
+    lp._sync_views()
+    lp.kl_plot.setXRange(-0.5, len(kl) - 0.5, padding=0.02)
+    lp.kl_plot.enableAutoRange(axis="y")
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_no_clipped_plots_in_the_live_layout(qtbot, settings, session, size):  # noqa: F811
+    """Issue 13 item 3: no view's plots are wider than the view. A plot title used to hold its plot (and the
+    view's whole layout) at the title's one-line width: the live KL plot at 1280x800 needed 391 px in a 377 px
+    view (its right "top-1" axis cut), the Scales plots at 1920x1080 387 px in 357 px."""
+    cfg = SessionConfig(timing_runs=3)  # the screenshots' default workload
+    w = open_window(qtbot, settings, session, cfg)
+    try:
+        _at(qtbot, w, *size)
+        w.show_live_layout()
+        _live_plot_as_after_a_run(w.live)
+        qtbot.wait(300)
+        cuts = cut_text(w)
+        assert cuts == [], "\n".join(cuts)
+        for key in _each_tab(w):
+            qtbot.wait(150)
+            cuts = cut_text(w.docks[key])
+            assert cuts == [], f"{key}:\n" + "\n".join(cuts)
+        for view in w.findChildren(pg.GraphicsView):
+            ci = getattr(view, "centralWidget", None)
+            if view.isVisible() and ci is not None and view.viewport().width() > 150:
+                assert ci.geometry().width() <= view.viewport().width() + 1, (view.parentWidget().objectName(),
+                                                                             ci.geometry().width())
+    finally:
+        w.close()
+
+
+def test_a_fitted_title_never_holds_its_plot_wider_than_the_view(qtbot):
+    """fit_title wraps a title to its plot's view box, and the title's width is no minimum width of the plot:
+    however narrow the view, the plot and its right axis stay inside it and the title inside the plot."""
+    from PySide6.QtWidgets import QApplication
+
+    from kvviz.ui.style import fit_title
+
+    glw = pg.GraphicsLayoutWidget()
+    qtbot.addWidget(glw)
+    plot = glw.addPlot(row=0, col=0)
+    plot.setLabel("left", "KL (nats)")
+    plot.setLabel("bottom", "step")
+    plot.showAxis("right")
+    plot.getAxis("right").setLabel("top-1")
+    plot.setLogMode(y=True)
+    plot.plot([0, 1, 2, 3], [1e-4, 1e-6, 3e-5, 2e-4])
+    bar = pg.ColorBarItem(values=(0, 1), colorMap=pg.colormap.get("viridis"), interactive=False, width=12)
+    glw.addItem(bar, row=0, col=1)
+    fit_title(plot, ["next-token KL(f32 || quant)", "teacher-forced", "a much longer third part of the title"], "9pt")
+    glw.resize(700, 300)
+    glw.show()
+    qtbot.waitExposed(glw)
+    lines = []
+    for width in (700, 420, 377, 320, 700):
+        glw.resize(width, 300)
+        for _ in range(5):
+            qtbot.wait(30)
+            QApplication.processEvents()
+        vw = glw.viewport().width()
+        assert glw.ci.geometry().width() <= vw + 1, (width, glw.ci.geometry().width(), vw)
+        assert plot.getAxis("right").sceneBoundingRect().right() <= vw + 1, width
+        title = plot.titleLabel.item.sceneBoundingRect()
+        assert title.left() >= plot.vb.sceneBoundingRect().left() - 2, width
+        assert title.right() <= plot.vb.sceneBoundingRect().right() + 2, width
+        assert cut_text(glw) == [], width
+        lines.append(plot.titleLabel.text.count("<br>") + 1)
+    assert lines[0] < lines[3] and lines[-1] == lines[0], lines  # wraps when narrow, unwraps when wide again

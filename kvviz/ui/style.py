@@ -81,12 +81,14 @@ def set_bar_range(bar: pg.ColorBarItem, vmax: float) -> None:
 
 def fit_title(plot, parts, size: str = "9pt", share: float = 1.0) -> None:
     """Set a plot's title from `parts`: joined with ", " on one line while that fits, broken into as many
-    lines as it needs otherwise, so that a narrow dock never cuts it. The room is `share` of its view's
-    width (the plot's part of it) less the plot's axes (pyqtgraph makes a title's width its plot's minimum
-    width, so the plot's own width cannot say);
-    the title is fitted again whenever the view is resized."""
+    lines as it needs otherwise (a part wider than the plot at its spaces, the font down to 7pt if a word
+    still is), so that a narrow dock never cuts it. The room is the plot's view box (the title's column):
+    the title itself holds no width (see `_title_holds_no_width`), so the plot's width is the view's and the
+    view box's width says how much there is. Before the plot is laid out, `share` of its view's width
+    less its axes stands in. The title is fitted again whenever the view or the view box is resized."""
     parts = [str(p) for p in parts if str(p)]
     plot._fit_title = (parts, size, share)
+    _title_holds_no_width(plot.titleLabel)
     view = _view_of(plot)
     if view is not None and getattr(view, "_title_fitter", None) is None:
         view._title_fitter = _TitleFitter(view)
@@ -97,6 +99,30 @@ def fit_title(plot, parts, size: str = "9pt", share: float = 1.0) -> None:
         plot.vb.sigResized.connect(lambda *_: _refit_later(plot))
         plot.geometryChanged.connect(lambda: _refit_later(plot))
     _refit_title(plot)
+
+
+def _title_holds_no_width(label) -> None:
+    """pyqtgraph's LabelItem makes its text's width its minimum width (LabelItem.updateMin, run on every
+    setText and every resize). A plot's title then holds the plot, and with it the view's whole layout,
+    at the width of the title's text: where that is wider than the view the layout overflows the view and
+    its right part (a right axis, a colour bar) is clipped, and a title wrapped later to a narrower width
+    leaves the layout as wide as it was until the view is resized again. A fitted title keeps its height
+    as its minimum but no width: fit_title wraps the text to the width the plot gets instead."""
+    if getattr(label, "_holds_no_width", False):
+        return
+    from PySide6.QtCore import Qt
+
+    def update_min():
+        h = label.itemRect().height()
+        label.setMinimumWidth(0)
+        label.setMinimumHeight(h)
+        label._sizeHint = {Qt.SizeHint.MinimumSize: (0, h), Qt.SizeHint.PreferredSize: (0, h),
+                           Qt.SizeHint.MaximumSize: (-1, -1), Qt.SizeHint.MinimumDescent: (0, 0)}
+        label.updateGeometry()
+
+    label.updateMin = update_min  # the instance's own: LabelItem.setText/resizeEvent call self.updateMin()
+    label._holds_no_width = True
+    update_min()
 
 
 def _refit_later(plot) -> None:
@@ -159,44 +185,95 @@ class _TitleFitter(QObject):
 
 
 def title_lines(parts, font, room: float) -> list[str]:
-    """`parts` joined with ", " into lines no wider than `room` (a part wider than that is a line of its own)."""
+    """`parts` joined with ", " into lines no wider than `room`; a part wider than that is broken at its spaces
+    (a single word wider than `room` is a line of its own: the caller shrinks the font for it)."""
     fm = QFontMetricsF(font)
-    lines: list[str] = []
+    pieces: list[tuple[str, bool]] = []  # (text, whether it begins a part)
     for p in parts:
-        if lines and fm.horizontalAdvance(lines[-1] + ", " + p) <= room:
-            lines[-1] += ", " + p
+        words = p.split(" ")
+        if fm.horizontalAdvance(p) <= room or len(words) == 1:
+            pieces.append((p, True))
+            continue
+        line, first = words[0], True
+        for wd in words[1:]:
+            if fm.horizontalAdvance(line + " " + wd) > room:
+                pieces.append((line, first))
+                line, first = wd, False
+            else:
+                line += " " + wd
+        pieces.append((line, first))
+    lines: list[str] = []
+    for text, starts in pieces:
+        if not lines:
+            lines.append(text)
+        elif not starts:  # the rest of a part broken at a space
+            lines.append(text)
+        elif fm.horizontalAdvance(lines[-1] + ", " + text) <= room:
+            lines[-1] += ", " + text
         else:
-            if lines:
-                lines[-1] += ","
-            lines.append(p)
+            lines[-1] += ","
+            lines.append(text)
     return lines
+
+
+def _title_room(plot, share: float) -> float:
+    """Pixels of text a fitted title may take: its view box's width (the title's column) less the title item's
+    document margins, less the part of the panel scrolled out of its dock."""
+    view = _view_of(plot)
+    doc = plot.titleLabel.item.document().documentMargin() * 2
+    off = 0.0
+    if view is not None:
+        sc = _scroll_of(view)
+        if sc is not None:  # the panel is wider than its dock: the title gets the part of the view on screen
+            off = max(0, sc.widget().width() - sc.viewport().width())
+    vbw = plot.vb.width()
+    if vbw >= 1 and plot.width() >= 1:
+        return vbw - doc - off
+    # not laid out yet: the plot's share of its view, less its axes (and the layouts' margins)
+    width = view.viewport().width() if view is not None else plot.width()
+    axes = sum(plot.getAxis(s).width() for s in ("left", "right") if plot.getAxis(s).isVisible())
+    return width * share - axes - doc - off - 20
 
 
 def _refit_title(plot) -> None:
     import html
+    import time
 
     parts, size, share = getattr(plot, "_fit_title", ([], "9pt", 1.0))
     if not parts:
         return
     view = _view_of(plot)
-    width = view.viewport().width() if view is not None else plot.width()
     if view is not None:
         fitter = getattr(view, "_title_fitter", None)
         if fitter is not None:
             fitter.hook_scroll()
-        sc = _scroll_of(view)
-        if sc is not None:  # the panel is wider than its dock: the title gets the part of the view on screen
-            width -= max(0, sc.widget().width() - sc.viewport().width())
+    room = max(40.0, _title_room(plot, share))
+    pt = float(size.rstrip("pt"))
     font = QFont(plot.titleLabel.item.font())
-    font.setPointSizeF(float(size.rstrip("pt")))
-    axes = max(0.0, plot.width() - plot.vb.width())  # the title spans the plot's view box, not its axes
-    lines = title_lines(parts, font, max(60.0, width * share - axes - 8))
+    while True:  # the given size while every line fits, smaller (down to 7pt) for a word wider than the plot
+        font.setPointSizeF(pt)
+        lines = title_lines(parts, font, room)
+        fm = QFontMetricsF(font)
+        if pt <= 7 or max(fm.horizontalAdvance(x) for x in lines) <= room:
+            break
+        pt -= 0.5
     text = "<br>".join(html.escape(x, quote=False) for x in lines)
-    if text != plot.titleLabel.text:
-        plot.setTitle(text, size=size)
+    new_size = f"{pt:g}pt"
+    if text != plot.titleLabel.text or new_size != plot.titleLabel.opts.get("size"):
+        # a title whose line count flips back and forth (its height changes the axes' tick labels, their
+        # width the room) settles on the narrower text
+        now, hist = time.monotonic(), getattr(plot, "_fit_title_history", [])
+        hist = [(t, x) for t, x in hist if now - t < 1.0] + [(now, text)]
+        plot._fit_title_history = hist[-8:]
+        if len(hist) >= 6 and len({x for _, x in hist[-6:]}) <= 2:
+            text = max((x for _, x in hist[-6:]), key=lambda x: x.count("<br>"))
+            if text == plot.titleLabel.text:
+                return
+        plot.setTitle(text, size=new_size)
         h = max(30.0, plot.titleLabel.item.boundingRect().height() + 2)  # pyqtgraph fixes the row at 30 px: one line
         plot.titleLabel.setMaximumHeight(h)
         plot.layout.setRowFixedHeight(0, h)
-        ci = getattr(view, "centralWidget", None) if view is not None else None
-        if ci is not None and getattr(view, "range", None) is not None:
-            ci.setGeometry(view.range)  # the view's plots back to the view's width (a wider title had held them)
+    ci = getattr(view, "centralWidget", None) if view is not None else None
+    rng = getattr(view, "range", None) if view is not None else None
+    if ci is not None and rng is not None and ci.geometry().width() > rng.width() + 0.5:
+        ci.setGeometry(rng)  # the view's plots back to the view's width (a title's minimum had held them wider)

@@ -71,7 +71,9 @@ class AttentionPanel(Panel):
         self.h_plot.addItem(self.h_sel)
         self.h_bar = color_bar()
         self.glw.addItem(self.h_bar, row=1, col=2)
-        self.glw.ci.layout.setColumnStretchFactor(0, 3)
+        # the per-head heatmap a third of the row: its title no longer holds it wider than its share (a title
+        # holds no width, kvviz.ui.style.fit_title), and a quarter left 8 heads ~80 px at 1280x800
+        self.glw.ci.layout.setColumnStretchFactor(0, 2)
         self.glw.ci.layout.setColumnStretchFactor(1, 1)
         split.addWidget(self.glw)
         self.table = QTableWidget()

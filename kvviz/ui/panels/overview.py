@@ -94,6 +94,16 @@ class OverviewPanel(Panel):
             self.grid.setColumnStretch(j, 1 if j < cols else 0)
         self.reflowed.emit()
 
+    def card_width(self) -> int:
+        """px the widest card needs: CARD_WIDTH, or more for a value or caption wider than that holds (a slow
+        decode's "179.6 / 171.9 ms"), with the card's margins and border."""
+        need = self.CARD_WIDTH
+        for c in self.cards.values():
+            for lab in (c.value, c.caption):
+                lab.ensurePolished()  # the style sheet's font (12pt bold values)
+                need = max(need, lab.fontMetrics().horizontalAdvance(lab.text()) + 8 + 8 + 2 + 2)
+        return need
+
     def _fit_headline(self) -> None:
         w = max(100, self.headline.width())
         h = self.headline.heightForWidth(w)
@@ -103,7 +113,7 @@ class OverviewPanel(Panel):
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt naming
         super().resizeEvent(ev)
-        self._reflow((ev.size().width() - 10) // (self.CARD_WIDTH + 6))
+        self._reflow((ev.size().width() - 10) // (self.card_width() + 6))
         self._fit_headline()
 
     def refresh(self) -> None:
@@ -136,6 +146,7 @@ class OverviewPanel(Panel):
         for k, v in values.items():
             self.cards[k].value.setText(v)
         self.cards["topk"].caption.setText(f"top-{res.metrics.k} overlap (mean)")
+        self._reflow((self.width() - 10) // (self.card_width() + 6))  # fewer columns for a wider value
         self.cards["method"].setToolTip(res.method.label)
         cfg = res.config
         self.headline.setText(

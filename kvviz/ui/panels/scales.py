@@ -54,6 +54,10 @@ class ScalesPanel(Panel):
         self.s_plot.scene().addItem(self.v_view)
         self.s_plot.getAxis("right").linkToView(self.v_view)
         self.s_plot.getAxis("right").setLabel("V scale", color="#d62728")
+        # its view box at least as tall as the labels that run along its axes ("K scale", "V scale"): a short
+        # dock (the live layout's tabs at 1280x800) gave it 34 px for 55 px of label
+        self.s_plot.vb.setMinimumHeight(4 + max(self.s_plot.getAxis(side).label.boundingRect().width()
+                                                for side in ("left", "right")))
         self.v_view.setXLink(self.s_plot)
         self.v_curve = pg.PlotDataItem(pen=pg.mkPen(V_COLOR, width=1.5), name="V")
         self.v_view.addItem(self.v_curve)

@@ -271,6 +271,11 @@ class TimingPanel(Panel):
         bp.setYRange(-0.6, len(g) - 0.4, padding=0)
         self._bar_geom = (lg, np.maximum(hi_g, lg), lo, max(hi, hi_g.max()), y)
         self._place_bar_labels()
+        # a row per kernel at least as tall as its label's line (and the first and last label, 0.6 row from the
+        # view's edge, inside it), plus the title and the bottom axis: a short dock scrolls rather than stacking
+        # the labels on each other (set after _bar_geom: the resize re-places the labels)
+        row = self.bar_plot.fontMetrics().height() + 4
+        self.bar_plot.setMinimumHeight(int((len(g) + 0.2) * row) + 95)
         fit_title(bp, ["Bandwidth per kernel", "unique bytes / median", "vs buffer copy"], "9pt")
 
     def _place_bar_labels(self) -> None:
@@ -286,11 +291,11 @@ class TimingPanel(Panel):
         texts = [ti.textItem.toPlainText() for ti in self._bar_texts]
         tw = np.array([fm.horizontalAdvance(t) + 8 for t in texts], np.float64)
         hi = hi0
-        for _ in range(3):  # the decades per pixel depend on hi: settle it
+        for _ in range(12):  # the decades per pixel depend on hi: settle it (a wider axis can move a label out)
             px = width / (hi - lo)  # pixels per decade
             inside = (lg - lo) * px >= tw + 4
             need = [ends[i] + tw[i] / px for i in range(len(lg)) if not inside[i]]
-            if not need or max(need) <= hi:
+            if not need or max(need) <= hi + 1e-9:
                 break
             # hi so that end + tw * (hi - lo) / width <= hi for every outside label
             hi = max(hi, *[lo + (ends[i] - lo) * width / max(width - tw[i], width * 0.1)
