@@ -214,3 +214,39 @@ def test_unchecked_module_variant_same_output(rt):
     a, _, _ = run_case(rt, fd.INT8, [37, 300, 1], 8, 2, 128, 16)
     b, _, _ = run_case(rt, fd.INT8, [37, 300, 1], 8, 2, 128, 16, checks=False)
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f.name}-{f.scale}-{f.group_size}")
+def test_prefetch_and_constant_block_bit_identical(rt, fmt):
+    """The software-pipelined kernel (next step's loads issued before this step's arithmetic), the block size
+    rendered as a constant and the integer codes converted by the 2^23 mantissa trick do the same
+    arithmetic as the plain kernel: equal bit for bit, over
+    ragged lengths with an empty sequence, a single token, a partition past the end and a partial step."""
+    lens = [37, 0, 300, 1, 129, 16]
+    base, ref, _ = run_case(rt, fmt, lens, 8, 2, 128, 16, tensor=(0.02, 0.5), prefetch=False, const_block=False,
+                            partition_tokens=64)
+    got, _, _ = run_case(rt, fmt, lens, 8, 2, 128, 16, tensor=(0.02, 0.5), prefetch=True, const_block=True,
+                         partition_tokens=64, magic=True)
+    np.testing.assert_array_equal(got, base)
+
+
+@pytest.mark.parametrize("unroll,lanes,bs", [(1, 16, 8), (2, 8, 32), (2, 4, 5)])
+def test_prefetch_layouts(rt, unroll, lanes, bs):
+    """Prefetch over other layouts (1 token a row per step, 8 and 4 lanes a row) and a block size that is not
+    a power of two, against the oracle and bit for bit against the plain kernel. Every layout here takes
+    the prefetch (fast_decode.prefetch_fits), so the comparison is not of a kernel with itself."""
+    lay = fd.FastDecode(rt).layout(fd.INT8, 64, 4, unroll=unroll, lanes=lanes)
+    assert fd.prefetch_fits(fd.INT8, 64, lay)
+    lens = [1, 250, 0, 77]
+    a, _, _ = run_case(rt, fd.INT8, lens, 8, 2, 64, bs, unroll=unroll, lanes=lanes, prefetch=True, partition_tokens=96,
+                       magic=True)
+    b, _, _ = run_case(rt, fd.INT8, lens, 8, 2, 64, bs, unroll=unroll, lanes=lanes, prefetch=False, partition_tokens=96)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", [fd.F32, fd.INT8, fd.int4_format(32)], ids=lambda f: f.name)
+def test_lazy_rescale(rt, fmt):
+    """Rescaling only when the running max grows: against the oracle (run_case's f32 tolerance), over large
+    logits (the max jumps often) and ragged lengths, with and without prefetch."""
+    run_case(rt, fmt, [1, 0, 333, 64], 8, 2, 128, 16, q_amp=20.0, lazy=True, partition_tokens=128)
+    run_case(rt, fmt, [257, 5], 4, 4, 64, 8, lazy=True, prefetch=True)

@@ -75,6 +75,26 @@ _ONES = np.array([0.0, 0.0, 1.0, 1.0], np.float32).view(np.uint32)
 #   output is inf / NaN, which callers refuse as non-finite.
 QK_VARIANTS = ("f32", "i8")
 PV_VARIANTS = ("f32", "f16")
+# Defaults chosen by measurement on the H200 at the anchor shape (tools/device-pipeline.sh, 2026-12-01, two
+# passes within 0.5 us): prefetch int8 110.1 -> 107.0 us, f16 105.2 -> 91.9, int4 113.9 -> 106.5; the 2^23
+# conversion on top, int8 107.0 -> 102.3 but int4 106.5 -> 110.8 (so int8 only); lazy rescale mixed (f16 with
+# prefetch 91.9 -> 101.4), so off. Rendering the block size as a constant: int8 123 -> 110 us.
+PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decode_tune.py --prefetch)
+# ... when a lane's words of one step fit this many registers: the prefetch holds two steps' words, and a
+# wide lane (the one-lane layout without subgroups: a whole head a lane) would double a shader that is already
+# huge (lavapipe's LLVM took over 10 minutes to compile the f16 head-64 one-lane kernel with it).
+PREFETCH_MAX_WORDS = 32
+
+
+def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
+    """Whether the prefetching kernel is used for this layout (PREFETCH_MAX_WORDS)."""
+    wpl = lay.dims_per_lane // fmt.elems_per_word
+    extra = 2 if fmt.scale == "token" else 0
+    if fmt.group_size:
+        extra = 4 * max(1, lay.dims_per_lane // fmt.group_size)
+    return lay.unroll * (2 * wpl + extra) <= PREFETCH_MAX_WORDS
+MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
+LAZY_RESCALE = False  # rescale only when the running max grows (render's lazy; tools/fast_decode_tune.py --lazy)
 PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
 F16_EPS = 2.0 ** -11  # f16 unit roundoff
 
@@ -240,9 +260,25 @@ _FP8 = {
 }
 
 
-def _helpers(fmt: CacheFormat) -> str:
+# Integer codes -> f32 without the int-to-float instruction (a quarter-rate op on NVIDIA): a byte or
+# nibble n OR-ed into the mantissa of 2^23 is the float 2^23 + n, and subtracting 2^23 leaves n exactly
+# (signed bytes: flip the sign bit first, n + 128, and subtract 2^23 + 128). Exact, so the same values as
+# unpack4xI8 / vec4<f32>(u32): render(..., magic=True), bit-identical outputs (tests/test_fast_decode.py).
+_MAGIC = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
+fn i8x4(w: u32) -> vec4<f32> {
+  let b = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
+  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0);
+}
+// 4 nibbles of w from bit `sh` (element l in bits sh+4l..) -> f32 exactly, by the same trick
+fn u4x4(w: u32, sh: u32) -> vec4<f32> {
+  let b = (vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u);
+  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
+}"""
+
+
+def _helpers(fmt: CacheFormat, magic: bool = False) -> str:
     if not fmt.fp8:
-        return ""
+        return _MAGIC if magic and fmt.elems_per_word in (4, 8) else ""
     mb, off, step = _FP8[fmt.fp8]
     return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: a normal code's exponent and mantissa
 // shift into f32 bit positions and the exponent is rebiased; a subnormal (exponent field 0) is m * 2^{round(math.log2(step))}.
@@ -258,9 +294,9 @@ fn fp8x4(w: u32) -> vec4<f32> {{
 }}"""
 
 
-def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None) -> str:
+def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None, magic: bool = False) -> str:
     """Expression of the i-th vec4 of dequantised codes of one lane (without a per-token scale), from
-    its code words named {w}_0, {w}_1, ..."""
+    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by _MAGIC's helpers)."""
     e = fmt.elems_per_word
     if fmt.name == "f32":
         return f"bitcast<vec4<f32>>(vec4<u32>({w}_{4 * i}, {w}_{4 * i + 1}, {w}_{4 * i + 2}, {w}_{4 * i + 3}))"
@@ -269,10 +305,11 @@ def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None) -> str:
     if fmt.fp8:
         return f"fp8x4({w}_{i})"
     if e == 4:  # int8, two's complement bytes
-        return f"vec4<f32>(unpack4xI8({w}_{i}))"
+        return f"i8x4({w}_{i})" if magic else f"vec4<f32>(unpack4xI8({w}_{i}))"
     if e == 8:  # uint4 nibbles: element 8w+l in bits 4l..4l+3
         word, sh = i // 2, 16 * (i % 2)
-        c = (f"vec4<f32>((vec4<u32>({w}_{word}) >> vec4<u32>({sh}u, {sh + 4}u, {sh + 8}u, {sh + 12}u)) "
+        c = (f"u4x4({w}_{word}, {sh}u)" if magic else
+             f"vec4<f32>((vec4<u32>({w}_{word}) >> vec4<u32>({sh}u, {sh + 4}u, {sh + 8}u, {sh + 12}u)) "
              f"& vec4<u32>(15u))")
         s, z = grp
         return f"fma({c}, vec4<f32>({s}), vec4<f32>({z}))"
@@ -332,9 +369,23 @@ def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
 
 
 def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
-           pv_flush: int = PV_FLUSH) -> dict:
+           pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
+           magic: bool = False) -> dict:
     """The {{...}} values of fast/decode_split.wgsl for one format and shape (and variant: QK_VARIANTS,
-    PV_VARIANTS; the defaults render the exact f32 kernel)."""
+    PV_VARIANTS; the defaults render the exact f32 kernel).
+
+    block_size > 0 renders the block size as a constant (token -> block and offset become a shift and a
+    mask for powers of two instead of an integer division a token); 0 reads it from the immediates.
+    prefetch: software pipelining. Each step issues the NEXT step's block-table reads and K/V loads before
+    it computes on the words loaded one step earlier, so the two dependent memory latencies of a step
+    (block table -> cache words) overlap the arithmetic instead of stalling it; the last step re-loads
+    its partition's last token (in bounds, unused). The arithmetic is the same, so are the outputs (bit for
+    bit: tests/test_fast_decode.py).
+    lazy: the accumulators and l are rescaled only in the steps where the running max grows (a branch,
+    uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
+    the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only.
+    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (_MAGIC) instead of the int-to-float
+    conversion; exact, bit-identical outputs."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     i8, h16 = qk == "i8", pv == "f16"
     qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
@@ -376,21 +427,48 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         pro.append(f"{I}let gi = (lane * DPL) / {gs}u;  // this lane's first (scale, zero) group")
     # ---- one step: U tokens per row group
     J = "    "
+    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
+
+    def loads(I, base, last, decl, pre, sfx):
+        """Lines computing the U rows of the step starting at token `base` (clamped to `last`) and loading
+        their words into `{decl} {pre}name` (decl "let" / "var"); (lines, the names loaded)."""
+        out, names = [], []
+
+        def load(name, expr):
+            names.append(name)
+            out.append(f"{I}{decl} {pre}{name} = {expr};")
+
+        for u in range(U):
+            out.append(f"{I}let tc{u}{sfx} = min({base} + rg * U + {u}u, {last});")
+            out.append(f"{I}let row{u}{sfx} = ((block_tables[bt + tc{u}{sfx} / {bsx}] * p.num_kv_heads + kvh) * {bsx} "
+                       f"+ tc{u}{sfx} % {bsx}) * WPT;")
+        for u in range(U):  # every load of the step is issued before any arithmetic
+            r = f"row{u}{sfx}"
+            for wname, buf in (("kw", "kc"), ("vw", "vc")):
+                for w in range(wpl):
+                    load(f"{wname}{u}_{w}", f"{buf}[{r} + lw + {w}u]")
+            if fmt.scale == "token":
+                load(f"ks{u}", f"bitcast<f32>(kc[{r} + {cw}u])")
+                load(f"vs{u}", f"bitcast<f32>(vc[{r} + {cw}u])")
+            for k in range(groups_per_lane):
+                for wname, buf in (("k", "kc"), ("v", "vc")):
+                    load(f"{wname}gs{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u)])")
+                    load(f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")
+        return out, names
+
     for u in range(U):
         step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-        step.append(f"{J}let tc{u} = min(tt{u}, t1 - 1u);")
-        step.append(f"{J}let row{u} = ((block_tables[bt + tc{u} / p.block_size] * p.num_kv_heads + kvh) * p.block_size + tc{u} % p.block_size) * WPT;")
-    for u in range(U):  # every load of the step is issued before any arithmetic
-        for wname, buf in (("kw", "kc"), ("vw", "vc")):
-            for w in range(wpl):
-                step.append(f"{J}let {wname}{u}_{w} = {buf}[row{u} + lw + {w}u];")
-        if fmt.scale == "token":
-            step.append(f"{J}let ks{u} = bitcast<f32>(kc[row{u} + {cw}u]);")
-            step.append(f"{J}let vs{u} = bitcast<f32>(vc[row{u} + {cw}u]);")
-        for k in range(groups_per_lane):
-            for wname, buf in (("k", "kc"), ("v", "vc")):
-                step.append(f"{J}let {wname}gs{u}_{k} = bitcast<f32>({buf}[row{u} + {cw}u + 2u * (gi + {k}u)]);")
-                step.append(f"{J}let {wname}gz{u}_{k} = bitcast<f32>({buf}[row{u} + {cw}u + 2u * (gi + {k}u) + 1u]);")
+    if prefetch:
+        # the first step's words before the loop (an empty partition or sequence clamps to a token that
+        # exists, or to block-table entry 0 of the sequence, and never uses them)
+        pro.append(f"{I}let tlast = max(t1, 1u) - 1u;")
+        pro += loads(I, "t0", "tlast", "var", "", "p")[0]
+        nxt, names = loads(J, "tb + RG * U", "tlast", "let", "n", "n")
+        step += nxt
+        rotate = [f"{J}{n} = n{n};" for n in names]
+    else:
+        step += loads(J, "tb", "t1 - 1u", "let", "", "")[0]
+        rotate = []
 
     def grp(which, u, i):
         if not gs:
@@ -401,7 +479,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     if not i8:
         for u in range(U):
             for i in range(nv):
-                step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i))};")
+                step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i), magic)};")
     ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
     vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
     for g in range(G):
@@ -430,9 +508,31 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             if h16:  # the V value in f16, its per-token / tensor scale folded in (shared by the G heads)
                 step.append(f"{J}let vh{u}_{i} = {_vec16(fmt, f'vw{u}', i, grp('v', u, i), vs and vs.format(u=u))};")
             else:
-                step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i))};")
+                step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
     for g in range(G):
         mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+        if lazy and not h16:
+            # rescale l and the accumulators only when the running max grows (uniform over the row
+            # group's lanes: they share the logits); otherwise alpha would be exactly 1
+            step.append(f"{J}let mn{g} = max(m{g}, {mx});")
+            step.append(f"{J}if (mn{g} > m{g}) {{")
+            step.append(f"{J}  let al{g} = exp2(m{g} - mn{g});")
+            step.append(f"{J}  l{g} = l{g} * al{g};")
+            for i in range(nv):
+                step.append(f"{J}  a{g}_{i} = a{g}_{i} * al{g};")
+            step.append(f"{J}  m{g} = mn{g};")
+            step.append(f"{J}}}")
+            for u in range(U):
+                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - m{g});")
+            step.append(f"{J}l{g} = l{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
+            for u in range(U):
+                step.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vs.format(u=u)}' if vs else f'p{g}_{u}'};")
+            for i in range(nv):
+                acc = f"a{g}_{i}"
+                for u in range(U):
+                    acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
+                step.append(f"{J}a{g}_{i} = {acc};")
+            continue
         step.append(f"{J}let mn{g} = max(m{g}, {mx});")
         step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
         for u in range(U):
@@ -458,6 +558,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             for u in range(U):
                 acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
             step.append(f"{J}a{g}_{i} = {acc};")
+    step += rotate  # the prefetched words become the next step's
     if h16:  # every pv_flush steps, and once after the loop: a = a * cum + ah * 2^shift, in f32
         flush = []
         for g in range(G):
@@ -485,7 +586,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
         "SHARED": str(max(1, RG // 2) * G * stride),
-        "HELPERS": _helpers(fmt),
+        "HELPERS": _helpers(fmt, magic),
         "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
         # a driver that ran this pipeline with fewer lanes a subgroup than L would sum the wrong lanes:
         # the partition then says NaN, and the result is refused as non-finite instead of wrong
@@ -569,13 +670,15 @@ class FastDecode:
 
     def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
                rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32", pv: str = "f32",
-               pv_flush: int = PV_FLUSH):
+               pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
+               magic: bool = False):
         """checks=False: the shader module without naga's runtime checks (kvviz/gpu/trusted.py), a
         measured variant; the host has validated every index the kernel reads. qk / pv: the variants
         (QK_VARIANTS, PV_VARIANTS above)."""
         self.check_variant(fmt, qk, pv, pv_flush)
         lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
-        defines = render(fmt, head_size, group, lay, qk, pv, pv_flush)
+        prefetch = prefetch and prefetch_fits(fmt, head_size, lay)
+        defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic)
         if not checks:
             from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
 
@@ -608,7 +711,8 @@ class FastDecode:
     def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
              unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32",
-             pv: str = "f32", pv_flush: int = PV_FLUSH) -> FastDecodePlan:
+             pv: str = "f32", pv_flush: int = PV_FLUSH, prefetch: bool | None = None,
+             const_block: bool = True, lazy: bool | None = None, magic: bool | None = None) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format). qk="i8" / pv="f16": the variants
         (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32."""
@@ -626,7 +730,9 @@ class FastDecode:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush)
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush,
+                                batch.block_size if const_block else 0, PREFETCH if prefetch is None else prefetch,
+                                LAZY_RESCALE if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:

@@ -190,7 +190,9 @@ def run(a) -> int:
               f"{r['timings']['step_s_mean']:.2f} |", flush=True)
         if a.out:
             with open(a.out, "a") as f:
-                f.write(json.dumps(r) + "\n")
+                from kvviz.report.tables import clean  # strict JSON lines: NaN / inf become null
+
+                f.write(json.dumps(clean(r), allow_nan=False) + "\n")
     if failed:
         print(f"kvviz live: {len(failed)} of {len(methods)} method(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -178,7 +178,7 @@ def _write_safetensors_raw(path: Path, arrays: Mapping[str, np.ndarray], meta: M
         header[name] = {"dtype": names[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
+    h = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     h += b" " * (-len(h) % 8)  # the format pads the header to 8 bytes
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h)
@@ -310,7 +310,7 @@ def save_kv(path: str | Path, k: np.ndarray, v: np.ndarray, q: np.ndarray | None
         meta = {str(a): str(b) for a, b in (metadata or {}).items()}
         meta["layout"] = "k,v,k_pre_rope: [layers, kv_heads, tokens, head_size]; q: [layers, heads, tokens, head_size]"
         if dump.token_strings is not None:
-            meta["token_strings"] = json.dumps(dump.token_strings, ensure_ascii=False)
+            meta["token_strings"] = json.dumps(dump.token_strings, ensure_ascii=False, allow_nan=False)
         from safetensors.numpy import save_file
 
         try:
@@ -333,6 +333,6 @@ def capture_to_kv(capture) -> dict[str, np.ndarray]:
 def save_capture(capture, path: str | Path, dtype: str = "float32") -> Path:
     """Write a Capture (tensors, token ids, token strings; config in the safetensors metadata)."""
     arrays = capture_to_kv(capture)
-    meta = {"config": json.dumps(asdict(capture.config)), "start_pos": str(capture.start_pos)}
+    meta = {"config": json.dumps(asdict(capture.config), allow_nan=False), "start_pos": str(capture.start_pos)}
     return save_kv(path, arrays["k"], arrays["v"], arrays["q"], k_pre_rope=arrays["k_pre_rope"],
                    tokens=arrays["tokens"], token_strings=list(capture.token_strings), dtype=dtype, metadata=meta)
