@@ -43,6 +43,7 @@ class Kivi(DequantisedAttention, KVMethod):
     label = "KIVI (K per channel, V per token)"
     family = "kivi"
     nominal_bits = 2.0
+    attend_kernel = "fast/decode_kivi + decode_reduce over the packed cache (or paged_attn_f32 over the dequantised cache)"
     OPTIONS = (
         OptionSpec("bits", int, 2, "bits of every quantised K and V code (16 2-bit or 8 4-bit codes a word: a head size "
                    "that is not a multiple of 16, e.g. 120, runs padded to the next one, K with zero channels, V "
@@ -100,8 +101,39 @@ class Kivi(DequantisedAttention, KVMethod):
         return np.ascontiguousarray(np.concatenate([q, np.zeros(q.shape[:-1] + (Dp - q.shape[-1],), np.float32)], -1))
 
     def attend(self, ctx, qkv, batch, q, scale):
-        Dp = qkv.device["cache"].head_size
-        return DequantisedAttention.attend(self, ctx, qkv, batch, self._pad_q(q, Dp), scale)[..., : qkv.head_size]
+        """The fast split-K decode over the packed cache (kvviz/kernels/fast_decode_kivi.py) where it takes the
+        shape; otherwise the first-wave path: the f32 paged decode over the dequantised cache."""
+        qc = qkv.device["cache"]
+        qp = self._pad_q(q, qc.head_size)
+        plan = self._fast_plan(ctx, qc, batch, qp, scale)
+        if plan is not None:
+            ctx.rt.run(plan.dispatches)
+            return ctx.rt.read(plan.out, np.float32, plan.shape)[..., : qkv.head_size]
+        return DequantisedAttention.attend(self, ctx, qkv, batch, qp, scale)[..., : qkv.head_size]
+
+    def _fast_plan(self, ctx, qc, batch, qp, scale):
+        """The fast KIVI decode's plan over the cache `qc` (qp: the query padded to its head size), or None
+        where it cannot take the shape (fast_decode_kivi.unsupported: head size, GQA group, block size)."""
+        from kvviz.kernels import fast_decode_kivi as fdk
+
+        H = np.shape(qp)[1] if np.ndim(qp) == 3 else 0
+        kvh = qc.num_kv_heads
+        if not H or H % kvh or fdk.unsupported(self.bits, qc.head_size, H // kvh, batch.block_size):
+            return None
+        return fdk.KiviFastDecode(ctx.rt).plan(self.bits, qc.k, qc.v, qc.extra["res"], kvh, qp, batch, scale,
+                                               seq_plan=qc.extra["plan"], info=qc.extra["info"])
+
+    def _fast_rows(self, ctx, qc, batch, q, scale):
+        """The fast KIVI decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
+        from kvviz.kernels import fast_decode_kivi as fdk
+
+        plan = self._fast_plan(ctx, qc, batch, q, scale)
+        if plan is None:
+            return []
+        nbytes, flops = fdk.decode_traffic(batch, qc.extra["plan"], self.bits, q.shape[1], qc.num_kv_heads, qc.head_size,
+                                           plan.num_partitions)
+        return [TimedKernel(f"fast_decode_kivi ({plan.num_partitions} partitions)", plan.dispatches, nbytes, "decode",
+                            "fast", flops)]
 
     def weights(self, ctx, qkv, batch, q, scale):
         return DequantisedAttention.weights(self, ctx, qkv, batch, self._pad_q(q, qkv.device["cache"].head_size), scale)
@@ -474,4 +506,4 @@ class Kivi(DequantisedAttention, KVMethod):
                         arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT["kivi"])),
             TimedKernel("paged_attn_f32 (over the dequantised cache)", dec, decode_bytes(f32c, batch, q), "decode",
                         "first-wave", arith.decode_flops(batch, q.shape[1], D)),
-        ]
+        ] + self._fast_rows(ctx, qc, batch, q, scale)
