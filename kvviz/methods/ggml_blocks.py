@@ -20,8 +20,10 @@ Documented departures and limits (kvviz/oracles/ggml.py has the detail):
     q8_0..q5_1 compute the scale on the host exactly as ggml does; iq4_nl, whose scale comes out of its
     search (about amax/113 .. amax/127), refuses max |x| >= 65504 * 100 = 6.6e6 and quantize also checks
     the scales it stored; mxfp4's E8M0 scale covers every finite float32.
-Shaders: ggml/ggml_write.wgsl, ggml/ggml_dequant.wgsl. Attention: the dequantised f32 cache through
-the f32 paged decode (quant_common.DequantisedAttention).
+Shaders: ggml/ggml_write.wgsl, ggml/ggml_dequant.wgsl. Attention: the fast split-K decode over the packed
+cache (kvviz/kernels/fast_decode_ggml.py, shaders/fast/decode_ggml.wgsl) where it takes the type and shape;
+otherwise the dequantised f32 cache through the f32 paged decode (quant_common.DequantisedAttention).
+timed_kernels lists both.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from kvviz.errors import InvalidInput
 from kvviz.formats import ggml as fg
 from kvviz.kernels import ggml as gk
 from kvviz.kernels import quant as qk
-from kvviz.methods.base import CacheLayout, LayoutField, register
-from kvviz.methods.quant_common import PerTokenRecordMethod
+from kvviz.methods.base import CacheLayout, LayoutField, QuantizedKV, register
+from kvviz.methods.quant_common import DequantisedAttention, PerTokenRecordMethod
 from kvviz.paging import PAD_SLOT
 
 F16_INF_FROM = np.float32(65520.0)  # the smallest float32 that rounds to an f16 inf (ties to even)
@@ -53,7 +55,7 @@ class GgmlBlockMethod(PerTokenRecordMethod):
 
     family = "ggml"
     type_name = ""
-    attend_kernel = "paged_attn_f32 (over the method's dequantised cache)"
+    attend_kernel = "fast/decode_ggml + decode_reduce over the packed cache (or paged_attn_f32 over the dequantised cache)"
     REFERENCE = "kvviz.oracles.ggml:reference_attention"
     head_multiple = fg.BLOCK
     head_multiple_why = "llama.cpp block types quantise blocks of 32 elements"
@@ -95,6 +97,47 @@ class GgmlBlockMethod(PerTokenRecordMethod):
         kvh, D = key.shape[1], key.shape[2]
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D), 0)
         return qk.token_dispatches(ctx.rt, kern, key, value, sm, [qc.k, qc.v], lambda n: imm)
+
+    # ------------------------------------------------------------------ attention
+    def _fast_plan(self, ctx, qc, batch, q, scale):
+        """The fast ggml decode's plan over the packed cache `qc` (kvviz/kernels/fast_decode_ggml.py), or None
+        where it cannot take the type or shape (fast_decode_ggml.unsupported)."""
+        from kvviz.kernels import fast_decode_ggml as fdg
+
+        kvh, D = qc.num_kv_heads, qc.head_size
+        shape = np.shape(q)
+        if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or fdg.unsupported(self.type_name, D, shape[1] // kvh):
+            return None
+        return fdg.GgmlFastDecode(ctx.rt).plan(self.type_name, qc.k, qc.v, kvh, q, batch, scale)
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        """The fast split-K decode over the packed cache where it takes the shape, else the first-wave path
+        (the f32 paged decode over the dequantised cache)."""
+        plan = self._fast_plan(ctx, qkv.device["cache"], batch, q, scale)
+        if plan is None:
+            return DequantisedAttention.attend(self, ctx, qkv, batch, q, scale)
+        ctx.rt.run(plan.dispatches)
+        return ctx.rt.read(plan.out, np.float32, plan.shape)
+
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        """The per-token-record rows (writers, dequantise, f32 decode) plus the fast decode's row."""
+        from kvviz.kernels import fast_decode_ggml as fdg
+        from kvviz.kernels.timed import TimedKernel
+
+        if qkv is None:
+            key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
+            ctx.rt.run(wd + dd)
+            qkv = QuantizedKV(self, key.shape[2], key.shape[1], None, None, None, None, self.code_range,
+                              device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd})
+        rows = super().timed_kernels(ctx, batch, key, value, q, scale, qkv)
+        qc = qkv.device["cache"]
+        plan = self._fast_plan(ctx, qc, batch, np.asarray(q, np.float32), scale)
+        if plan is not None:
+            H = plan.shape[1]
+            nbytes, flops = fdg.decode_traffic(self.type_name, batch, H, qc.num_kv_heads, qc.head_size, plan.num_partitions)
+            rows.append(TimedKernel(f"fast_decode_{self.type_name} ({plan.num_partitions} partitions)", plan.dispatches,
+                                    nbytes, "decode", "fast", flops))
+        return rows
 
     # ------------------------------------------------------------------ checks
     def check_values(self, key, value):
