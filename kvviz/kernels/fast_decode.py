@@ -80,10 +80,12 @@ PV_VARIANTS = ("f32", "f16")
 # conversion on top, int8 107.0 -> 102.3 but int4 106.5 -> 110.8 (so int8 only); lazy rescale mixed (f16 with
 # prefetch 91.9 -> 101.4), so off. Rendering the block size as a constant: int8 123 -> 110 us.
 PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decode_tune.py --prefetch)
-# ... when a lane's words of one step fit this many registers: the prefetch holds two steps' words, and a
-# wide lane (the one-lane layout without subgroups: a whole head a lane) would double a shader that is already
-# huge (lavapipe's LLVM took over 10 minutes to compile the f16 head-64 one-lane kernel with it).
-PREFETCH_MAX_WORDS = 32
+# ... when a lane's words of one step fit this many registers: the prefetch holds two steps' words. The f32
+# cache at 16 lanes and 2 tokens a row loads 32 words a step, and prefetching them measured slower on the H200
+# (fast_decode_f32 177 -> 221 us at the anchor: registers, so fewer warps); a wide lane (the one-lane layout
+# without subgroups: a whole head a lane) would double a shader that is already huge (lavapipe's LLVM took
+# over 10 minutes to compile the f16 head-64 one-lane kernel with it).
+PREFETCH_MAX_WORDS = 24
 
 
 def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
@@ -670,14 +672,15 @@ class FastDecode:
 
     def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
                rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32", pv: str = "f32",
-               pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
+               pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool | None = None, lazy: bool = False,
                magic: bool = False):
         """checks=False: the shader module without naga's runtime checks (kvviz/gpu/trusted.py), a
         measured variant; the host has validated every index the kernel reads. qk / pv: the variants
         (QK_VARIANTS, PV_VARIANTS above)."""
         self.check_variant(fmt, qk, pv, pv_flush)
         lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
-        prefetch = prefetch and prefetch_fits(fmt, head_size, lay)
+        if prefetch is None:  # the default: where it measured faster (PREFETCH, prefetch_fits); True / False force it
+            prefetch = PREFETCH and prefetch_fits(fmt, head_size, lay)
         defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic)
         if not checks:
             from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
@@ -731,7 +734,7 @@ class FastDecode:
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush,
-                                batch.block_size if const_block else 0, PREFETCH if prefetch is None else prefetch,
+                                batch.block_size if const_block else 0, prefetch,
                                 LAZY_RESCALE if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
