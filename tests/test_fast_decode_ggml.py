@@ -86,11 +86,11 @@ def check(ctx, fast, tname, D, bs, kvh, G, lens, *, seed=0, k_amp=1.0, v_amp=1.0
 
 
 RAGGED = [31, 33, 1, 0, 150]
-GRID = [  # head size, block size, kv heads, G, lens
-    (128, 16, 2, 1, RAGGED),
+GRID = [  # head size, block size, kv heads, G, lens: every type
+    (128, 16, 2, 1, RAGGED),  # 16 dims a lane (8 lanes on lavapipe)
     (64, 8, 1, 4, [1, 31, 0, 33, 77]),
-    (256, 32, 1, 8, [70, 33, 0, 1]),
-    (32, 16, 2, 4, RAGGED),
+    (256, 32, 2, 1, [70, 33, 0, 1]),  # whole blocks a lane
+    (32, 16, 2, 4, RAGGED),  # 4 dims a lane
 ]
 
 
@@ -98,6 +98,12 @@ GRID = [  # head size, block size, kv heads, G, lens
 @pytest.mark.parametrize("D,bs,kvh,G,lens", GRID, ids=[f"D{d}-bs{bs}-kvh{h}-G{g}" for d, bs, h, g, _ in GRID])
 def test_grid(ctx, fast, tname, D, bs, kvh, G, lens):
     check(ctx, fast, tname, D, bs, kvh, G, lens, seed=D + bs + G)
+
+
+def test_gqa8_head256(ctx, fast):
+    """GQA 8 at head size 256 (one shape: lavapipe takes ~20 s to compile it), several partitions."""
+    plan, _, _ = check(ctx, fast, "q8_0", 256, 32, 1, 8, [300, 33, 0, 1], seed=9, partition_tokens=64)
+    assert plan.num_partitions == 5
 
 
 @pytest.mark.parametrize("tname", TYPES)
@@ -160,7 +166,7 @@ def test_method_attend_and_timed_rows(ctx, tname):
     rng = np.random.default_rng(21)
     m = get_method(tname)
     D, lens = 64, [90, 33, 0, 1]
-    batch = make_batch(lens, 16, policy="scattered", seed=2)
+    batch = make_batch(lens, 8, policy="scattered", seed=2)
     k = rng.standard_normal((sum(lens), 2, D)).astype(np.float32)
     v = rng.standard_normal((sum(lens), 2, D)).astype(np.float32)
     q = rng.standard_normal((len(lens), 8, D)).astype(np.float32)
