@@ -60,7 +60,7 @@ REDUCE = fd.REDUCE
 KERNELS = (SPLIT, REDUCE)
 
 # the types whose fast decode is done (the others keep the first-wave path until they are)
-TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
 # fast_decode's layout rules for 4-byte code words (the lane split is ours: _lanes)
 _FMT = fd.CacheFormat("ggml", 4)
 
