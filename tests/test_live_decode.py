@@ -346,7 +346,7 @@ def test_live_cache_through_method_hooks(ctx):
     args = (ctx, BlockTable(16, 4), N_LAYERS, N_HEADS, N_KV, HEAD_DIM, HEAD_DIM ** -0.5)
     assert isinstance(make_live_cache("int8_seed", *args), MethodPagedCache) and cache_kind("int8_seed") == "native"
     assert isinstance(make_live_cache(ZeroKeys(), *args), RequantCache) and cache_kind(ZeroKeys()) == "requant"
-    assert cache_kind("f32") == "native" and cache_kind("kivi") == "requant"
+    assert cache_kind("f32") == "native" and cache_kind("kivi") == "native" and cache_kind("turboquant") == "requant"
     tq = make_live_cache(get_method("turboquant", seed=5), *args)
     assert [m.layer for m in tq.methods] == list(range(N_LAYERS)) and {m.seed for m in tq.methods} == {5}
 

@@ -141,6 +141,18 @@ class Kivi(DequantisedAttention, KVMethod):
     def read_f32(self, ctx, qkv, which: str) -> np.ndarray:
         return DequantisedAttention.read_f32(self, ctx, qkv, which)[..., : qkv.head_size]
 
+    # ------------------------------------------------------------------ live decode (kvviz/live/kivi_cache.py)
+    @property
+    def has_live_cache(self) -> bool:
+        return True
+
+    def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
+        """Appends token by token: the new token into the f32 residual window, a 32-token key group quantised
+        (with its V codes) when it fills, through this method's writers; attends with this method's decode."""
+        from kvviz.live.kivi_cache import KiviLiveCache
+
+        return KiviLiveCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self)
+
     def _accounting(self, head_size: int, residual_fraction: float, note: str):
         D = self.padded_head(head_size)  # the padded channels are stored too
         KW = layout.kw(D, self.bits)
