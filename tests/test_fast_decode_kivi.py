@@ -10,11 +10,12 @@ Tolerance: |fast - oracle| <= 2e-5 * max(1, max |V^|), V^ = the dequantised valu
 bound, fast_decode.f32_tolerance): f32 accumulation in another order, exp2 for exp, the key's scale and zero
 folded into the query (q.k = (q*s).code + q.z) and the value's zero summed apart (p*z), and the oracle's
 seed normaliser (sum + 1e-6) against the kernel's exact division.
-Grid: bits 2 / 4; head sizes 64, 128 and the padded 120 (runs at 128); block sizes 8, 16, 32, 64;
+Grid: bits 2 / 4; head sizes 64, 128, the padded 120 (runs at 128), and 80 / 112 (lanes not owning whole
+code words); block sizes 8, 16, 32, 64;
 GQA 1, 4, 8; recent 0, 16, 128; ragged lengths with 0, 1, 31, 32, 33; scattered block tables; a 20000+
 token context; zeros; values ~1e4; one partition and many; the variant without subgroups; and the method's
-attend / timed rows. Few distinct kernels on purpose: lavapipe compiles each one for seconds (head 80 at GQA 8,
-one or two lanes a row, took minutes), so the cases share them.
+attend / timed rows. Few distinct kernels on purpose: lavapipe compiles each one for seconds (one or two lanes
+a row at head 80 / 112 took minutes, hence fast_decode_kivi's 4-channel lane split), so the cases share them.
 """
 from __future__ import annotations
 
@@ -137,6 +138,8 @@ GRID = [  # bits, recent, head size, block size, kv heads, G, lens (few distinct
     (4, 0, 120, 32, 1, 1, [96, 1, 33]),
     (4, 0, 128, 8, 2, 4, RAGGED),
     (2, 16, 64, 64, 1, 1, [130, 0, 32]),
+    (4, 16, 80, 8, 2, 1, [96, 33, 1, 0]),  # 80 / 112: lanes of 20 / 28 channels, not whole code words
+    (2, 0, 112, 32, 2, 1, [64, 31, 65]),
 ]
 
 

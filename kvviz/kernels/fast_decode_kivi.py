@@ -18,7 +18,9 @@ What it does:
     K/V word is loaded once for G heads; partitions are a multiple of 32 tokens (fast_decode.plan_partitions
     with a 32-token step: ~480 workgroups, 256..4096 tokens), so a key group never straddles partitions;
   - L lanes share a token row (fast_decode.choose_layout for 32/bits codes a word: a lane owns whole code
-    words; L = 1 without subgroups), the partial logits are summed by subgroupShuffleXor;
+    words; where that leaves a lane over 16 channels, e.g. head 80 / 112 at 16 codes a word, a split into
+    more lanes of 4-channel multiples, each vec4 reading the word that holds it; L = 1 without subgroups),
+    the partial logits are summed by subgroupShuffleXor;
   - quantised keys: a row group takes TG tokens (32, 16 or 8) of one key group at a time (R = 32/TG row
     groups share a group, a sweep covers RG/R groups). Per group each lane reads its channels' (scale,
     zero) pairs once and FOLDS the dequantisation into the query: k = code*s + z, so
@@ -76,6 +78,10 @@ def code_format(bits: int) -> fd.CacheFormat:
     return fd.CacheFormat(f"kivi{bits}", 32 // bits)
 
 
+# the lane split where lanes need not own whole code words: any 4 channels (a vec4) a lane
+SPLIT4 = fd.CacheFormat("kivi-vec4", 4)
+
+
 def tolerance(max_abs_v: float) -> float:
     """2e-5 x max(1, max |V^|): the f32 fast decodes' bound (fast_decode.f32_tolerance)."""
     return fd.f32_tolerance(max_abs_v)
@@ -98,16 +104,19 @@ def unsupported(bits: int, head_size: int, group: int, block_size: int) -> str:
 
 
 def _shifts(bits: int, i: int) -> str:
-    """The shifts of vec4 i's 4 codes within their word."""
+    """The shifts of vec4 i's 4 codes within their word (a lane owning whole words)."""
     epw = 32 // bits
     base = bits * ((4 * i) % epw)
     return "vec4<u32>(" + ", ".join(f"{base + bits * c}u" for c in range(4)) + ")"
 
 
-def _codes(bits: int, w: str, i: int) -> str:
-    """vec4<f32> of the i-th 4 codes of a lane whose code words are named {w}_0, {w}_1, ..."""
-    word = (4 * i) // (32 // bits)
-    return f"vec4<f32>((vec4<u32>({w}_{word}) >> {_shifts(bits, i)}) & vec4<u32>({(1 << bits) - 1}u))"
+def _codes(bits: int, w: str, i: int, aligned: bool = True) -> str:
+    """vec4<f32> of the i-th 4 codes of a lane. aligned: its code words are named {w}_0, {w}_1, ...; else
+    vec4 i has its own word {w}_i and the per-lane shifts csh{i} (prologue)."""
+    if aligned:
+        word = (4 * i) // (32 // bits)
+        return f"vec4<f32>((vec4<u32>({w}_{word}) >> {_shifts(bits, i)}) & vec4<u32>({(1 << bits) - 1}u))"
+    return f"vec4<f32>((vec4<u32>({w}_{i}) >> csh{i}) & vec4<u32>({(1 << bits) - 1}u))"
 
 
 def _join(parts, sep=" + "):
@@ -120,7 +129,8 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int) -> di
     dpl = lay.dims_per_lane
     nv = dpl // 4
     epw = 32 // bits
-    wpl = dpl // epw
+    aligned = dpl % epw == 0  # the lane owns whole code words (else one word a vec4, layout() says when)
+    wpl = dpl // epw if aligned else 0
     KW = kl.kw(D, bits)
     stride = D + 2
     R = GROUP // tg
@@ -138,6 +148,11 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int) -> di
         pro.append(f"{I}var zs{g} = 0.0;  // sum p * (V zero), added to every channel after the loops")
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
+    if not aligned:  # vec4 i of this lane: its code word and the shifts of its 4 codes in it
+        for i in range(nv):
+            pro.append(f"{I}let cwi{i} = (lane * DPL + {4 * i}u) / {epw}u;")
+            pro.append(f"{I}let csh{i} = vec4<u32>({bits}u * ((lane * DPL + {4 * i}u) % {epw}u)) + "
+                       f"vec4<u32>(0u, {bits}u, {2 * bits}u, {3 * bits}u);")
     # ---- per key group: its (scale, zero) pairs for this lane's channels, folded into the query
     grp.append(f"{J}let gj = gb + gslot;")
     grp.append(f"{J}let gv = gj < g1;  // a row group past the last group masks its logits")
@@ -187,18 +202,21 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int) -> di
         qstep.append(f"{K}let tt{u} = gt + st * U + {u}u;")
         qstep.append(f"{K}let blk{u} = info[bt + tt{u} / p.block_size] * p.num_kv_heads + kvh;")
         qstep.append(f"{K}let o{u} = tt{u} % p.block_size;")
-        qstep.append(f"{K}let kr{u} = blk{u} * p.kstride + o{u} * KW + lw;")
+        qstep.append(f"{K}let kr{u} = blk{u} * p.kstride + o{u} * KW;")
         qstep.append(f"{K}let vr{u} = (blk{u} * p.block_size + o{u}) * VW;")
     for u in range(U):  # every load of the step before any arithmetic
-        for w in range(wpl):
-            qstep.append(f"{K}let kw{u}_{w} = kc[kr{u} + {w}u];")
-        for w in range(wpl):
-            qstep.append(f"{K}let vw{u}_{w} = vc[vr{u} + lw + {w}u];")
+        for wname, buf, base in (("kw", "kc", f"kr{u}"), ("vw", "vc", f"vr{u}")):
+            if aligned:
+                for w in range(wpl):
+                    qstep.append(f"{K}let {wname}{u}_{w} = {buf}[{base} + lw + {w}u];")
+            else:
+                for i in range(nv):
+                    qstep.append(f"{K}let {wname}{u}_{i} = {buf}[{base} + cwi{i}];")
         qstep.append(f"{K}let vs{u} = bitcast<f32>(vc[vr{u} + KW]);")
         qstep.append(f"{K}let vz{u} = bitcast<f32>(vc[vr{u} + KW + 1u]);")
     for u in range(U):
         for i in range(nv):
-            qstep.append(f"{K}let kq{u}_{i} = {_codes(bits, f'kw{u}', i)};")
+            qstep.append(f"{K}let kq{u}_{i} = {_codes(bits, f'kw{u}', i, aligned)};")
     for g in range(G):
         for u in range(U):
             s = f"s{g}_{u}"
@@ -207,7 +225,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int) -> di
             qstep.append(f"{K}{s} = select(MASKED, {s}, gv);")
     for u in range(U):
         for i in range(nv):
-            qstep.append(f"{K}let vq{u}_{i} = {_codes(bits, f'vw{u}', i)};")
+            qstep.append(f"{K}let vq{u}_{i} = {_codes(bits, f'vw{u}', i, aligned)};")
     softmax(qstep, K, "gv", lambda u, i: f"vq{u}_{i}", lambda u: f"vs{u}", lambda u: f"vz{u}")
     # ---- one step over residual f32 rows: U tokens a row group, RG row groups interleaved
     for u in range(U):
@@ -288,7 +306,16 @@ class KiviFastDecode:
 
     def layout(self, bits: int, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
                rows: int = 0, lanes: int = 16) -> fd.Layout:
-        return self._fast.layout(code_format(bits), head_size, group, subgroups, unroll, rows, lanes)
+        """Lanes owning whole code words (fast_decode.choose_layout for 32/bits codes a word); where that
+        leaves a lane more than 16 channels and a split into more lanes of 4-channel multiples exists (head 80,
+        112: 16 codes a word do not divide D/L), that split: a lane's vec4 then reads the code word holding it
+        (two vec4s may share a word) with a per-lane shift."""
+        lay = self._fast.layout(code_format(bits), head_size, group, subgroups, unroll, rows, lanes)
+        if lay.dims_per_lane > 16:
+            alt = self._fast.layout(SPLIT4, head_size, group, subgroups, unroll, rows, lanes)
+            if alt.lanes > lay.lanes:
+                return alt
+        return lay
 
     def plan(self, bits: int, k, v, res, num_kv_heads: int, q, batch, scale: float, recent: int | None = None, *,
              seq_plan: kl.Plan | None = None, info=None, partition_tokens: int | None = None,

@@ -45,7 +45,7 @@ const TG: u32 = {{TG}}u;     // tokens of a key group one row group takes
 const R: u32 = {{R}}u;       // row groups sharing a key group (32 / TG)
 const GPS: u32 = {{GPS}}u;   // key groups a sweep of the workgroup covers (RG / R)
 const DPL: u32 = {{DPL}}u;   // channels per lane
-const WPL: u32 = {{WPL}}u;   // code words per lane
+const WPL: u32 = {{WPL}}u;   // code words per lane (0: lanes do not own whole words, a vec4 reads its own word)
 const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory / partials: m, l, acc[D]
 const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
 const MASKED: f32 = -3.0e38;  // logit of a step's token outside the partition
