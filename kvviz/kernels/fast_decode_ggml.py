@@ -32,7 +32,7 @@ Tolerance against the float64 oracle over the same words: 2e-5 * max(1, max |V^|
 dequantised values (gguf.quants.dequantize; fast_decode.f32_tolerance): f32 accumulation in another order,
 exp2, the scale folded into the dot / the weight instead of multiplying each element.
 
-Shapes it cannot take (head size not a multiple of 32 or over 256, a GQA group outside 1..16, an unknown
+Shapes it cannot take (head size other than 32, 64, 128, 256, a GQA group outside 1..16, an unknown
 type) raise UnsupportedShape from plan(); the methods then keep the first-wave path (ggml_blocks.py).
 """
 from __future__ import annotations
@@ -61,6 +61,9 @@ KERNELS = (SPLIT, REDUCE)
 
 # the types whose fast decode is done (the others keep the first-wave path until they are)
 TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
+# head sizes whose lanes split inside 32-element blocks at any power-of-two lane count (96, 160, ... would
+# leave one lane a row of the whole head: the first-wave path keeps them)
+HEAD_SIZES = (32, 64, 128, 256)
 # fast_decode's layout rules for 4-byte code words (the lane split is ours: _lanes)
 _FMT = fd.CacheFormat("ggml", 4)
 
@@ -88,6 +91,9 @@ def unsupported(type_name: str, head_size: int, group: int) -> str:
         return f"head size {head_size} is not a multiple of 32 (llama.cpp's block)"
     if head_size > 256:
         return f"head size {head_size} is over 256 (the unrolled per-lane state would spill registers)"
+    if head_size not in HEAD_SIZES:
+        return (f"head size {head_size} has no power-of-two lane split inside 32-element blocks (heads "
+                f"{', '.join(map(str, HEAD_SIZES))}): one lane a row would hold the whole head")
     if group < 1 or group > 16:
         return f"a GQA group of {group} query heads per KV head is outside 1..16"
     return ""
