@@ -20,13 +20,15 @@ def _kv(rng, T):
             for _ in range(L)]
 
 
-@pytest.mark.parametrize("mid,opts", [("int8_token", {}), ("fp8_e4m3", {}), ("int4_group", {}), ("f16", {}), ("q4_0", {})])
+@pytest.mark.parametrize("mid,opts", [("int8_token", {}), ("fp8_e4m3", {}), ("int4_group", {}), ("f16", {}), ("q4_0", {}),
+                                      ("q8_0", {})])
 def test_appends_match_requantising(ctx, mid, opts):
     rng = np.random.default_rng(5)
     m = get_method(mid, **opts)
     a = make_live_cache(m, ctx, BlockTable(12, BS, "scattered", seed=1), L, H, KVH, D, 0.125)
     b = make_live_cache(m, ctx, BlockTable(12, BS, "scattered", seed=1), L, H, KVH, D, 0.125, incremental=False)
     assert isinstance(a, RecordLiveCache) and isinstance(b, RequantCache)
+    assert "fast split-K decode" in a.label  # the ggml types through their own fast decode (method._fast_plan)
     prompt = _kv(rng, 13)
     for c in (a, b):
         for li, (k, v) in enumerate(prompt):

@@ -9,8 +9,9 @@ the attention itself. This is how an engine runs a quantised cache; `RequantCach
 
 Used for the per-token-record methods (kvviz/methods/quant_common.py) whose records depend on their
 own token only; a method with scales over the whole batch (a per-tensor scale) keeps re-quantising.
-Shapes the fast decode cannot take fall back to the method's first-wave decode (dequantise + f32
-paged decode, O(T) a step), said in the cache's label.
+The ggml block types attend through their own fast decode (the method's `_fast_plan`,
+kvviz/kernels/fast_decode_ggml.py). Shapes no fast decode can take fall back to the method's first-wave
+decode (dequantise + f32 paged decode, O(T) a step), said in the cache's label.
 """
 from __future__ import annotations
 
@@ -44,7 +45,12 @@ class RecordLiveCache(LiveCache):
                 qc.extra["tensor"] = tb
         fmt = method.fast_cache_format(head_size)
         self.fmt = None if fmt is None or unsupported(fmt, head_size, n_heads // n_kv_heads) else fmt
-        how = "fast split-K decode" if self.fmt else "first-wave decode (dequantise + f32 paged decode)"
+        # a method with a fast decode of its own (the ggml block types: kvviz/kernels/fast_decode_ggml.py) plans
+        # it through `_fast_plan`, which returns None for a shape it cannot take
+        self.fast_plan = getattr(method, "_fast_plan", None) if self.fmt is None else None
+        how = ("fast split-K decode" if self.fmt else
+               "the method's fast split-K decode where it takes the shape, else the first-wave decode" if self.fast_plan
+               else "first-wave decode (dequantise + f32 paged decode)")
         self.label = f"{method.label}, appended token by token, {how}"
 
     # ---------------------------------------------------------------- writing
@@ -69,6 +75,10 @@ class RecordLiveCache(LiveCache):
 
     def _decode(self, layer, q, batch):
         """(dispatches, read) of the decode of q [1, H, D] over `batch`."""
+        if self.fmt is None and self.fast_plan is not None:
+            plan = self.fast_plan(self.ctx, self.layers[layer], batch, q, self.scale)
+            if plan is not None:
+                return plan.dispatches, lambda: self.ctx.rt.read(plan.out, np.float32, plan.shape)
         if self.fmt is None:
             f32c, dq = self._f32(layer, batch)
             d, outs = self.ctx.paged.decode_dispatches(f32c, q, batch, self.scale)
