@@ -204,3 +204,14 @@ def test_method_keeps_first_wave_where_it_cannot(ctx):
     ref, tol = og.reference_attention(m, batch, k, k, q, D ** -0.5)
     assert float(np.abs(m.attend(ctx, qkv, batch, q, D ** -0.5) - ref).max()) <= tol
     assert not [r for r in m.timed_kernels(ctx, batch, k, k, q, D ** -0.5, qkv) if r.impl == "fast" and r.role == "decode"]
+
+
+@pytest.mark.parametrize("tname", TYPES)
+def test_prefetch_bit_identical(ctx, fast, tname):
+    """The software-pipelined split (next step's block-table reads and words loaded before this step's
+    arithmetic) does the same arithmetic: bit for bit the single-buffered kernel's output, over ragged
+    lengths with an empty and a single-token sequence and partitions past a sequence's end."""
+    lens = [33, 0, 150, 1]
+    _, a, _ = check(ctx, fast, tname, 64, 8, 2, 2, lens, seed=3, words=False, prefetch=True, partition_tokens=32)
+    _, b, _ = check(ctx, fast, tname, 64, 8, 2, 2, lens, seed=3, words=False, prefetch=False, partition_tokens=32)
+    np.testing.assert_array_equal(a, b)

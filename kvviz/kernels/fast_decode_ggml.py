@@ -129,9 +129,22 @@ fn e8m0h(e: u32) -> f32 {
     return ""
 
 
-def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_size: int = 0) -> dict:
+def prefetch_words(t: fg.GgmlType, lay: fd.Layout) -> int:
+    """u32 words a lane loads for one step (K and V, U tokens): what the prefetch holds twice."""
+    dpl = lay.dims_per_lane
+    nseg = max(1, dpl // 32)
+    n = min(dpl, 32)
+    ncw = (n if t.name == "q8_0" else min(n, 16)) // 4  # code words (render's count: 4-bit codes share bytes)
+    per_seg = 1 + ncw + 1 + (2 if t.qh else 0)  # header, codes, the extra word for the shift, q5's qh words
+    return 2 * lay.unroll * nseg * per_seg
+
+
+def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_size: int = 0,
+           prefetch: bool = False) -> dict:
     """The {{...}} values of fast/decode_ggml.wgsl for one type and shape. block_size > 0 renders the block
-    size as a constant (fast_decode.render's const_block); 0 reads it from the immediates."""
+    size as a constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: each
+    step issues the next step's block-table reads and word loads before its arithmetic (fast_decode.render's
+    software pipelining; same arithmetic, bit-identical outputs)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     dpl = lay.dims_per_lane
     nv = dpl // 4
@@ -187,20 +200,44 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
     # ---- one step: U tokens per row group; every load before any arithmetic
     bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
+
+    def loads(I, base, last, decl, pre, sfx):
+        """The U rows of the step starting at token `base` (clamped to `last`) and their words, as
+        `{decl} {pre}name` (fast_decode.render's prefetch); (lines, the names loaded)."""
+        out, names = [], []
+
+        def load(name, expr):
+            names.append(name)
+            out.append(f"{I}{decl} {pre}{name} = {expr};")
+
+        for u in range(U):
+            out.append(f"{I}let tc{u}{sfx} = min({base} + rg * U + {u}u, {last});")
+            out.append(f"{I}let row{u}{sfx} = ((block_tables[bt + tc{u}{sfx} / {bsx}] * p.num_kv_heads + kvh) * {bsx} "
+                       f"+ tc{u}{sfx} % {bsx}) * WPT;")
+        for u in range(U):
+            r = f"row{u}{sfx}"
+            for x, buf in (("k", "kc"), ("v", "vc")):
+                for k in range(nseg):
+                    load(f"{x}h{u}_{k}", f"{buf}[{r} + dw{k}]")
+                    if t.qh:
+                        load(f"{x}q{u}_{k}_0", f"{buf}[{r} + qw{k}]")
+                        load(f"{x}q{u}_{k}_1", f"{buf}[{r} + ql{k}]")
+                    for j in range(ncw):
+                        load(f"{x}w{u}_{k}_{j}", f"{buf}[{r} + cw{k} + {j}u]")
+                    load(f"{x}w{u}_{k}_{ncw}", f"{buf}[{r} + cl{k}]")
+        return out, names
+
     for u in range(U):
         step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-        step.append(f"{J}let tc{u} = min(tt{u}, t1 - 1u);")
-        step.append(f"{J}let row{u} = ((block_tables[bt + tc{u} / {bsx}] * p.num_kv_heads + kvh) * {bsx} + tc{u} % {bsx}) * WPT;")
-    for u in range(U):
-        for x, buf in (("k", "kc"), ("v", "vc")):
-            for k in range(nseg):
-                step.append(f"{J}let {x}h{u}_{k} = {buf}[row{u} + dw{k}];")
-                if t.qh:
-                    step.append(f"{J}let {x}q{u}_{k}_0 = {buf}[row{u} + qw{k}];")
-                    step.append(f"{J}let {x}q{u}_{k}_1 = {buf}[row{u} + ql{k}];")
-                for j in range(ncw):
-                    step.append(f"{J}let {x}w{u}_{k}_{j} = {buf}[row{u} + cw{k} + {j}u];")
-                step.append(f"{J}let {x}w{u}_{k}_{ncw} = {buf}[row{u} + cl{k}];")
+    if prefetch:  # the first step's words before the loop; each step loads the next one's (fast_decode.render)
+        pro.append(f"{I}let tlast = max(t1, 1u) - 1u;")
+        pro += loads(I, "t0", "tlast", "var", "", "p")[0]
+        nxt, names = loads(J, "tb + RG * U", "tlast", "let", "n", "n")
+        step += nxt
+        rotate = [f"{J}{nm} = n{nm};" for nm in names]
+    else:
+        step += loads(J, "tb", "t1 - 1u", "let", "", "")[0]
+        rotate = []
     for u in range(U):
         for x in "kv":
             for k in range(nseg):
@@ -280,6 +317,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
             if t.has_min:
                 acc = f"{acc} + vec4<f32>({' + '.join(f'pm{g}_{u}_{k}' for u in range(U))})"
             step.append(f"{J}a{g}_{i} = {acc};")
+    step += rotate  # the prefetched words become the next step's
     # ---- merge of the row groups (fast_decode's tree), row group 0 writes the partition's state
     merge += fd.merge_tree(G, nv, stride, RG, I)
     for g in range(G):
@@ -336,13 +374,18 @@ class GgmlFastDecode:
         limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
         return fd.choose_layout(_FMT, head_size, group, L, limit, unroll, rows)
 
-    def kernel(self, type_name: str, head_size: int, group: int, block_size: int = 0, **kw):
+    def kernel(self, type_name: str, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
+               **kw):
+        """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words)."""
         lay = self.layout(head_size, group, **kw)
-        return self.rt.compile(SPLIT, **render(fg.TYPES[type_name], head_size, group, lay, block_size)), lay
+        t = fg.TYPES[type_name]
+        if prefetch is None:
+            prefetch = fd.PREFETCH and prefetch_words(t, lay) <= fd.PREFETCH_MAX_WORDS
+        return self.rt.compile(SPLIT, **render(t, head_size, group, lay, block_size, prefetch)), lay
 
     def plan(self, type_name: str, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              partition_tokens: int | None = None, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
-             lanes: int = 16, const_block: bool = True) -> GgmlDecodePlan:
+             lanes: int = 16, const_block: bool = True, prefetch: bool | None = None) -> GgmlDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the ggml caches `k`, `v`
         (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's)."""
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
@@ -361,7 +404,7 @@ class GgmlFastDecode:
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         t = fg.TYPES[type_name]
         kern, lay = self.kernel(type_name, D, G, batch.block_size if const_block else 0, subgroups=subgroups,
-                                unroll=unroll, rows=rows, lanes=lanes)
+                                unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch)
         mcl = int(batch.max_context_len)
         pt = partition_tokens or fd.plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
         if pt <= 0:
