@@ -266,7 +266,7 @@ _FP8 = {
 # nibble n OR-ed into the mantissa of 2^23 is the float 2^23 + n, and subtracting 2^23 leaves n exactly
 # (signed bytes: flip the sign bit first, n + 128, and subtract 2^23 + 128). Exact, so the same values as
 # unpack4xI8 / vec4<f32>(u32): render(..., magic=True), bit-identical outputs (tests/test_fast_decode.py).
-_MAGIC = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
+INT_TO_F32_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
 fn i8x4(w: u32) -> vec4<f32> {
   let b = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
   return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0);
@@ -280,7 +280,7 @@ fn u4x4(w: u32, sh: u32) -> vec4<f32> {
 
 def _helpers(fmt: CacheFormat, magic: bool = False) -> str:
     if not fmt.fp8:
-        return _MAGIC if magic and fmt.elems_per_word in (4, 8) else ""
+        return INT_TO_F32_WGSL if magic and fmt.elems_per_word in (4, 8) else ""
     mb, off, step = _FP8[fmt.fp8]
     return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: a normal code's exponent and mantissa
 // shift into f32 bit positions and the exponent is rebiased; a subnormal (exponent field 0) is m * 2^{round(math.log2(step))}.
@@ -298,7 +298,7 @@ fn fp8x4(w: u32) -> vec4<f32> {{
 
 def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None, magic: bool = False) -> str:
     """Expression of the i-th vec4 of dequantised codes of one lane (without a per-token scale), from
-    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by _MAGIC's helpers)."""
+    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by INT_TO_F32_WGSL's helpers)."""
     e = fmt.elems_per_word
     if fmt.name == "f32":
         return f"bitcast<vec4<f32>>(vec4<u32>({w}_{4 * i}, {w}_{4 * i + 1}, {w}_{4 * i + 2}, {w}_{4 * i + 3}))"
@@ -386,7 +386,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     lazy: the accumulators and l are rescaled only in the steps where the running max grows (a branch,
     uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
     the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only.
-    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (_MAGIC) instead of the int-to-float
+    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (INT_TO_F32_WGSL) instead of the int-to-float
     conversion; exact, bit-identical outputs."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     i8, h16 = qk == "i8", pv == "f16"
