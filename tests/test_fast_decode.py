@@ -123,11 +123,13 @@ def test_partitions_single_and_many(rt):
 
 
 def test_no_subgroups_variant(rt):
-    """The variant for adapters without subgroups (one lane a token row, no shuffles)."""
+    """The variant for adapters without subgroups (one lane a token row, no shuffles). Small heads: the
+    one-lane kernel unrolls a whole head a lane for every query head of the group, and lavapipe's LLVM took
+    minutes to compile the head-128 GQA-4 one (a CI test must stay well inside pytest's 600 s timeout)."""
     fast = fd.FastDecode(rt)
     assert fast.layout(fd.INT8, 128, 4, subgroups=False).lanes == 1
-    run_case(rt, fd.INT8, [5, 300, 0], 8, 2, 128, 16, subgroups=False)
-    run_case(rt, fd.F16, [64, 1], 4, 1, 64, 8, subgroups=False)
+    run_case(rt, fd.INT8, [5, 300, 0], 4, 2, 32, 16, subgroups=False)
+    run_case(rt, fd.F16, [64, 1], 2, 1, 32, 8, subgroups=False)
 
 
 def test_large_logits_and_values(rt):
