@@ -105,3 +105,35 @@ def test_help_menu_lists_shortcuts_and_names_the_adapter(qtbot, bare_window):
     assert win.session.rt.summary.name in about and "wgpu 0.32.0" in about and "PySide6" in about
     win._raise_dock("timing")
     assert win.docks["timing"].isVisible()
+
+
+def test_the_worker_never_drops_a_tasks_last_reference(qtbot):
+    """What a task's function holds (in the window: closures over widgets) is released on the UI thread,
+    never on the worker: a Qt object destroyed on the worker while the UI thread destroys its relatives
+    deadlocked PySide (a hung pytest-qt run). Whatever the order the threads run in, the object dies here."""
+    import threading
+
+    from kvviz.ui.worker import TaskRunner
+
+    died_on = []
+
+    class Held:
+        def __del__(self):
+            died_on.append(threading.current_thread() is threading.main_thread())
+
+    runner = TaskRunner()
+    try:
+        for kind in ("compute", "sweep", "compare"):
+            held = Held()
+            with qtbot.waitSignal(runner.finished, timeout=10_000):
+                runner.submit(kind, lambda p, c, h=held: "done")
+            del held  # the test's reference: the task (in the finished signal / the graveyard) is the last
+            qtbot.waitUntil(lambda: len(died_on) == ["compute", "sweep", "compare"].index(kind) + 1, timeout=10_000)
+        with qtbot.waitSignal(runner.failed, timeout=10_000):
+            held = Held()
+            runner.submit("inspect", lambda p, c, h=held: 1 / 0)
+            del held
+        qtbot.waitUntil(lambda: len(died_on) == 4, timeout=10_000)
+        assert died_on == [True] * 4
+    finally:
+        runner.shutdown()

@@ -83,10 +83,22 @@ class _Thread(QThread):
                 with r._cond:
                     r._current = None
                 r.failed.emit(task, exc)
+                keep = (task, exc)
+                del exc
             else:
                 with r._cond:
                     r._current = None
                 r.finished.emit(task, result)
+                keep = (task, result)
+                del result
+            # This thread must never drop the last reference to what a task holds (its function closes over
+            # widgets): a Qt object destroyed here, while the UI thread destroys its relatives, deadlocks
+            # PySide (a Qt mutex held here waiting for the GIL, the GIL held there waiting for the mutex;
+            # seen as a hung pytest-qt run). The UI thread releases them (TaskRunner._release, queued).
+            with r._cond:
+                r._graveyard.append(keep)
+            del task, progress, keep
+            r.release.emit()
             if not r._pending:
                 r.idle.emit()
 
@@ -100,13 +112,16 @@ class TaskRunner(QObject):
     failed = Signal(object, object)  # Task, exception
     idle = Signal()
     dropped = Signal(object)  # Task: a pending task removed before it ran (superseded or cancelled)
+    release = Signal()  # the worker has finished tasks whose references the UI thread must drop (_release)
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self._cond = threading.Condition()
         self._pending: list[Task] = []
         self._current: Task | None = None
+        self._graveyard: list = []  # (task, result or error) the worker is done with, dropped on the UI thread
         self._stopping = False
+        self.release.connect(self._release)
         self._thread = _Thread(self)
         self._thread.start()
         from PySide6.QtCore import QCoreApplication
@@ -114,6 +129,11 @@ class TaskRunner(QObject):
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
+
+    def _release(self) -> None:  # UI thread (queued from the worker)
+        with self._cond:
+            done, self._graveyard = self._graveyard, []
+        done.clear()  # the last references to finished tasks go here, on the UI thread
 
     # --------------------------------------------------------------- UI thread API
     def submit(self, kind: str, fn: Callable, label: str = "", payload=None) -> Task:
