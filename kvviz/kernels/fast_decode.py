@@ -370,6 +370,67 @@ def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
     return merge
 
 
+def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    "):
+    """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml):
+    (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens of a row group's
+    step gets its row in the paged cache (`bsx`: the block size, a constant or "p.block_size"), and
+    `words(u, r)` gives token u's (name, expression) loads at row expression r.
+
+    Without prefetch the step loads its own tokens (clamped to t1 - 1). With it (software pipelining) the
+    prologue loads the first step's words into vars, each step issues the next step's block-table reads
+    and loads before its arithmetic and closes by rotating them in; an empty partition or sequence clamps
+    to a token that exists, or to block-table entry 0 of the sequence, and never uses what it loaded."""
+
+    def emit(ind, base, last, decl, pre, sfx):
+        out, names = [], []
+        for u in range(U):
+            out.append(f"{ind}let tc{u}{sfx} = min({base} + rg * U + {u}u, {last});")
+            out.append(f"{ind}let row{u}{sfx} = ((block_tables[bt + tc{u}{sfx} / {bsx}] * p.num_kv_heads + kvh) * {bsx} "
+                       f"+ tc{u}{sfx} % {bsx}) * WPT;")
+        for u in range(U):
+            for name, expr in words(u, f"row{u}{sfx}"):
+                names.append(name)
+                out.append(f"{ind}{decl} {pre}{name} = {expr};")
+        return out, names
+
+    if not prefetch:
+        return [], emit(J, "tb", "t1 - 1u", "let", "", "")[0], []
+    first = [f"{I}let tlast = max(t1, 1u) - 1u;"] + emit(I, "t0", "tlast", "var", "", "p")[0]
+    nxt, names = emit(J, "tb + RG * U", "tlast", "let", "n", "n")
+    return first, nxt, [f"{J}{n} = n{n};" for n in names]
+
+
+def check_query(q, batch: PagedBatch, num_kv_heads: int, scale: float):
+    """What every fast decode's plan checks of its query, batch and scale: (q as f32 [S, H, D], G)."""
+    q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+    S, H, D = q.shape
+    if S != batch.num_seqs:
+        raise InvalidInput(f"q has {S} sequences, the batch {batch.num_seqs}")
+    if num_kv_heads <= 0 or H % num_kv_heads:
+        raise InvalidInput(f"{H} query heads do not divide into {num_kv_heads} KV heads")
+    if not np.isfinite(scale) or scale <= 0:
+        raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
+    return q, H // num_kv_heads
+
+
+def split_context(partition_tokens: int | None, planned: int, step: int, max_len: int) -> tuple[int, int]:
+    """(tokens a partition, a multiple of `step`; partitions of the longest sequence): `partition_tokens` as
+    asked, else `planned` (plan_partitions)."""
+    pt = partition_tokens or planned
+    if pt <= 0:
+        raise InvalidInput(f"partition_tokens must be positive, got {pt}")
+    pt = int(math.ceil(pt / step) * step)
+    return pt, max(1, math.ceil(max(max_len, 1) / pt))
+
+
+def check_grid(rt: GpuRuntime, name: str, counts) -> None:
+    """DeviceLimitError when one of the (what, n) grid dimensions exceeds the adapter's limit."""
+    for what, n in counts:
+        if n > rt.max_grid:
+            raise DeviceLimitError(f"{name}: {n} {what} exceed the adapter's {rt.max_grid} workgroups per grid "
+                                   "dimension", "Use longer partitions or fewer sequences per batch.")
+
+
 def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
            pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
            magic: bool = False) -> dict:
@@ -431,46 +492,23 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     J = "    "
     bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
 
-    def loads(I, base, last, decl, pre, sfx):
-        """Lines computing the U rows of the step starting at token `base` (clamped to `last`) and loading
-        their words into `{decl} {pre}name` (decl "let" / "var"); (lines, the names loaded)."""
-        out, names = [], []
+    def words(u, r):  # token u's words at row r: every load of the step is issued before any arithmetic
+        out = []
+        for wname, buf in (("kw", "kc"), ("vw", "vc")):
+            out += [(f"{wname}{u}_{w}", f"{buf}[{r} + lw + {w}u]") for w in range(wpl)]
+        if fmt.scale == "token":
+            out += [(f"ks{u}", f"bitcast<f32>(kc[{r} + {cw}u])"), (f"vs{u}", f"bitcast<f32>(vc[{r} + {cw}u])")]
+        for k in range(groups_per_lane):
+            for wname, buf in (("k", "kc"), ("v", "vc")):
+                out += [(f"{wname}gs{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u)])"),
+                        (f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")]
+        return out
 
-        def load(name, expr):
-            names.append(name)
-            out.append(f"{I}{decl} {pre}{name} = {expr};")
-
-        for u in range(U):
-            out.append(f"{I}let tc{u}{sfx} = min({base} + rg * U + {u}u, {last});")
-            out.append(f"{I}let row{u}{sfx} = ((block_tables[bt + tc{u}{sfx} / {bsx}] * p.num_kv_heads + kvh) * {bsx} "
-                       f"+ tc{u}{sfx} % {bsx}) * WPT;")
-        for u in range(U):  # every load of the step is issued before any arithmetic
-            r = f"row{u}{sfx}"
-            for wname, buf in (("kw", "kc"), ("vw", "vc")):
-                for w in range(wpl):
-                    load(f"{wname}{u}_{w}", f"{buf}[{r} + lw + {w}u]")
-            if fmt.scale == "token":
-                load(f"ks{u}", f"bitcast<f32>(kc[{r} + {cw}u])")
-                load(f"vs{u}", f"bitcast<f32>(vc[{r} + {cw}u])")
-            for k in range(groups_per_lane):
-                for wname, buf in (("k", "kc"), ("v", "vc")):
-                    load(f"{wname}gs{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u)])")
-                    load(f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")
-        return out, names
-
+    first, loaded, rotate = step_loads(U, bsx, words, prefetch, I, J)
+    pro += first
     for u in range(U):
         step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-    if prefetch:
-        # the first step's words before the loop (an empty partition or sequence clamps to a token that
-        # exists, or to block-table entry 0 of the sequence, and never uses them)
-        pro.append(f"{I}let tlast = max(t1, 1u) - 1u;")
-        pro += loads(I, "t0", "tlast", "var", "", "p")[0]
-        nxt, names = loads(J, "tb + RG * U", "tlast", "let", "n", "n")
-        step += nxt
-        rotate = [f"{J}{n} = n{n};" for n in names]
-    else:
-        step += loads(J, "tb", "t1 - 1u", "let", "", "")[0]
-        rotate = []
+    step += loaded
 
     def grp(which, u, i):
         if not gs:
@@ -719,15 +757,8 @@ class FastDecode:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format). qk="i8" / pv="f16": the variants
         (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32."""
-        q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+        q, G = check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
-        if S != batch.num_seqs:
-            raise InvalidInput(f"q has {S} sequences, the batch {batch.num_seqs}")
-        if num_kv_heads <= 0 or H % num_kv_heads:
-            raise InvalidInput(f"{H} query heads do not divide into {num_kv_heads} KV heads")
-        if not np.isfinite(scale) or scale <= 0:
-            raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
-        G = H // num_kv_heads
         why = unsupported(fmt, D, G)
         if why:
             raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
@@ -737,15 +768,9 @@ class FastDecode:
                                 batch.block_size if const_block else 0, prefetch,
                                 LAZY_RESCALE if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic)
         mcl = int(batch.max_context_len)
-        pt = partition_tokens or plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
-        if pt <= 0:
-            raise InvalidInput(f"partition_tokens must be positive, got {pt}")
-        pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)
-        P = max(1, math.ceil(max(mcl, 1) / pt))
-        for what, n in (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)):
-            if n > self.rt.max_grid:
-                raise DeviceLimitError(f"fast decode: {n} {what} exceed the adapter's {self.rt.max_grid} workgroups "
-                                       f"per grid dimension", "Use longer partitions or fewer sequences per batch.")
+        pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
+                              lay.tokens_per_step, mcl)
+        check_grid(self.rt, "fast decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
         self._check_loops(pt, lay, P)
         wpt = fmt.wpt(D)
         need = batch.num_blocks * num_kv_heads * batch.block_size * wpt * 4

@@ -37,12 +37,11 @@ type) raise UnsupportedShape from plan(); the methods then keep the first-wave p
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.formats import ggml as fg
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch
@@ -201,43 +200,22 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
     # ---- one step: U tokens per row group; every load before any arithmetic
     bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
 
-    def loads(I, base, last, decl, pre, sfx):
-        """The U rows of the step starting at token `base` (clamped to `last`) and their words, as
-        `{decl} {pre}name` (fast_decode.render's prefetch); (lines, the names loaded)."""
-        out, names = [], []
+    def words(u, r):  # token u's words at row r (its blocks' headers, q5's qh words, the code words + 1)
+        out = []
+        for x, buf in (("k", "kc"), ("v", "vc")):
+            for k in range(nseg):
+                out.append((f"{x}h{u}_{k}", f"{buf}[{r} + dw{k}]"))
+                if t.qh:
+                    out += [(f"{x}q{u}_{k}_0", f"{buf}[{r} + qw{k}]"), (f"{x}q{u}_{k}_1", f"{buf}[{r} + ql{k}]")]
+                out += [(f"{x}w{u}_{k}_{j}", f"{buf}[{r} + cw{k} + {j}u]") for j in range(ncw)]
+                out.append((f"{x}w{u}_{k}_{ncw}", f"{buf}[{r} + cl{k}]"))
+        return out
 
-        def load(name, expr):
-            names.append(name)
-            out.append(f"{I}{decl} {pre}{name} = {expr};")
-
-        for u in range(U):
-            out.append(f"{I}let tc{u}{sfx} = min({base} + rg * U + {u}u, {last});")
-            out.append(f"{I}let row{u}{sfx} = ((block_tables[bt + tc{u}{sfx} / {bsx}] * p.num_kv_heads + kvh) * {bsx} "
-                       f"+ tc{u}{sfx} % {bsx}) * WPT;")
-        for u in range(U):
-            r = f"row{u}{sfx}"
-            for x, buf in (("k", "kc"), ("v", "vc")):
-                for k in range(nseg):
-                    load(f"{x}h{u}_{k}", f"{buf}[{r} + dw{k}]")
-                    if t.qh:
-                        load(f"{x}q{u}_{k}_0", f"{buf}[{r} + qw{k}]")
-                        load(f"{x}q{u}_{k}_1", f"{buf}[{r} + ql{k}]")
-                    for j in range(ncw):
-                        load(f"{x}w{u}_{k}_{j}", f"{buf}[{r} + cw{k} + {j}u]")
-                    load(f"{x}w{u}_{k}_{ncw}", f"{buf}[{r} + cl{k}]")
-        return out, names
-
+    first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, J)
+    pro += first
     for u in range(U):
         step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-    if prefetch:  # the first step's words before the loop; each step loads the next one's (fast_decode.render)
-        pro.append(f"{I}let tlast = max(t1, 1u) - 1u;")
-        pro += loads(I, "t0", "tlast", "var", "", "p")[0]
-        nxt, names = loads(J, "tb + RG * U", "tlast", "let", "n", "n")
-        step += nxt
-        rotate = [f"{J}{nm} = n{nm};" for nm in names]
-    else:
-        step += loads(J, "tb", "t1 - 1u", "let", "", "")[0]
-        rotate = []
+    step += loaded
     for u in range(U):
         for x in "kv":
             for k in range(nseg):
@@ -390,15 +368,8 @@ class GgmlFastDecode:
              lanes: int = 16, const_block: bool = True, prefetch: bool | None = None) -> GgmlDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the ggml caches `k`, `v`
         (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's)."""
-        q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+        q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
-        if S != batch.num_seqs:
-            raise InvalidInput(f"q has {S} sequences, the batch {batch.num_seqs}")
-        if num_kv_heads <= 0 or H % num_kv_heads:
-            raise InvalidInput(f"{H} query heads do not divide into {num_kv_heads} KV heads")
-        if not np.isfinite(scale) or scale <= 0:
-            raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
-        G = H // num_kv_heads
         why = unsupported(type_name, D, G)
         if why:
             raise UnsupportedShape(f"fast ggml decode: {why}", "The first-wave decode (dequantise + f32) takes this shape.")
@@ -408,15 +379,9 @@ class GgmlFastDecode:
         kern, lay = self.kernel(type_name, D, G, batch.block_size if const_block else 0, subgroups=subgroups,
                                 unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch)
         mcl = int(batch.max_context_len)
-        pt = partition_tokens or fd.plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step)
-        if pt <= 0:
-            raise InvalidInput(f"partition_tokens must be positive, got {pt}")
-        pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)
-        P = max(1, math.ceil(max(mcl, 1) / pt))
-        for what, n in (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)):
-            if n > self.rt.max_grid:
-                raise DeviceLimitError(f"fast ggml decode: {n} {what} exceed the adapter's {self.rt.max_grid} "
-                                       "workgroups per grid dimension", "Use longer partitions or fewer sequences.")
+        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
+                                 lay.tokens_per_step, mcl)
+        fd.check_grid(self.rt, "fast ggml decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
         self._fast._check_loops(pt, lay, P)
         need = batch.num_blocks * num_kv_heads * batch.block_size * t.words_per_token(D) * 4
         for name, buf in (("K", k), ("V", v)):

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.formats import kivi as kl
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch
@@ -327,15 +327,8 @@ class KiviFastDecode:
         KIVI buffers k, v, res (GPU buffers in kvviz/formats/kivi.py's layout). The quantised / residual split is
         `seq_plan` (kvviz.formats.kivi.plan(batch.context_lens, recent)) or computed from `recent`; `info`: the
         method's buffer (seq_plan.seq_info() then the block tables), uploaded here when None."""
-        q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+        q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
-        if S != batch.num_seqs:
-            raise InvalidInput(f"q has {S} sequences, the batch {batch.num_seqs}")
-        if num_kv_heads <= 0 or H % num_kv_heads:
-            raise InvalidInput(f"{H} query heads do not divide into {num_kv_heads} KV heads")
-        if not np.isfinite(scale) or scale <= 0:
-            raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
-        G = H // num_kv_heads
         bs = int(batch.block_size)
         why = unsupported(bits, D, G, bs)
         if why:
@@ -352,18 +345,12 @@ class KiviFastDecode:
             raise InvalidInput("fast KIVI decode: every quantised prefix must be whole 32-token key groups")
         lay = self.layout(bits, D, G, subgroups, unroll, rows, lanes)
         mcl = int(batch.max_context_len)
-        pt = partition_tokens or fd.plan_partitions(S, num_kv_heads, mcl, GROUP)
-        if pt <= 0:
-            raise InvalidInput(f"partition_tokens must be positive, got {pt}")
-        pt = int(math.ceil(pt / GROUP) * GROUP)  # whole key groups
+        # whole key groups a partition
+        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, num_kv_heads, mcl, GROUP), GROUP, mcl)
         tg = choose_tg(lay.row_groups, pt)
         if tg % lay.unroll:
             raise InvalidInput(f"unroll {lay.unroll} does not divide the {tg} tokens a row group takes of a key group")
-        P = max(1, math.ceil(max(mcl, 1) / pt))
-        for what, n in (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)):
-            if n > self.rt.max_grid:
-                raise DeviceLimitError(f"fast KIVI decode: {n} {what} exceed the adapter's {self.rt.max_grid} "
-                                       "workgroups per grid dimension", "Use longer partitions or fewer sequences per batch.")
+        fd.check_grid(self.rt, "fast KIVI decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
         residual_max = int(max((np.asarray(seq_plan.context_lens) - np.asarray(seq_plan.n_q)).max(initial=0), 0))
         self._check_loops(pt, lay, tg, P, residual_max)
         KW = kl.kw(D, bits)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.errors import InvalidInput, UnsupportedShape, require_f32
 from kvviz.formats import turboquant as tqf
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch
@@ -252,15 +252,10 @@ class TQFastDecode:
         # each sequence's split writes its OWN partials buffer: no two splits share a written buffer, so wgpu
         # puts no barrier between them and they overlap; partitions are sized for the whole batch (~480 workgroups
         # over every live sequence's KV heads, fast_decode.plan_partitions)
-        pt = partition_tokens or fd.plan_partitions(len(live), kvh, mcl, lay.tokens_per_step)
-        if pt <= 0:
-            raise InvalidInput(f"partition_tokens must be positive, got {pt}")
-        pt = int(math.ceil(pt / lay.tokens_per_step) * lay.tokens_per_step)
-        P = max(1, math.ceil(mcl / pt))
-        for what, n in (("partitions", P), ("KV heads", kvh), ("query heads", H), ("sequences", S)):
-            if n > self.rt.max_grid:
-                raise DeviceLimitError(f"fast TurboQuant decode: {n} {what} exceed the adapter's {self.rt.max_grid} "
-                                       "workgroups per grid dimension", "Use longer partitions or fewer sequences.")
+        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(len(live), kvh, mcl, lay.tokens_per_step),
+                                 lay.tokens_per_step, mcl)
+        fd.check_grid(self.rt, "fast TurboQuant decode",
+                      (("partitions", P), ("KV heads", kvh), ("query heads", H), ("sequences", S)))
         self._fast._check_loops(pt, lay, P)
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, live[0].signs)
         q_region = q_cap * H * D
