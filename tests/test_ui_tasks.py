@@ -137,3 +137,29 @@ def test_the_worker_never_drops_a_tasks_last_reference(qtbot):
         assert died_on == [True] * 4
     finally:
         runner.shutdown()
+
+
+def test_garbage_is_collected_on_the_ui_thread_only(qtbot):
+    """While a TaskRunner (the window's worker thread) lives, Python's automatic cyclic collection is off and a
+    timer of the UI thread collects instead, so widget cycles are never destroyed on the worker; once the last
+    worker has stopped, automatic collection is back."""
+    import gc
+
+    from kvviz.ui.worker import TaskRunner
+
+    runner = TaskRunner()
+    try:
+        assert not gc.isenabled()
+        before = gc.get_count()[0]
+        cycles = []
+        for _ in range(2000):  # cyclic garbage past generation 0's threshold
+            a = []
+            a.append(a)
+            cycles.append(a)
+        del cycles, a
+        qtbot.waitUntil(lambda: gc.get_count()[0] < max(before, 1000), timeout=5_000)
+    finally:
+        runner.shutdown()
+    from kvviz.ui.worker import _UI_GC
+
+    assert gc.isenabled() == (_UI_GC["runners"] == 0)  # other windows' workers may still be alive

@@ -12,6 +12,7 @@ All wgpu work happens on this single thread, so the GPU device is never used by 
 """
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
@@ -22,6 +23,29 @@ from typing import Callable
 from PySide6.QtCore import QObject, QThread, Signal
 
 _ids = itertools.count(1)
+_UI_GC = {"runners": 0, "collector": None}
+
+
+def _ui_thread_gc(acquire: bool) -> None:
+    """Python's cyclic garbage collector runs on whichever thread happens to allocate; run on the worker, it
+    destroys the Qt objects of widget cycles there, and PySide deadlocks against the UI thread destroying their
+    relatives (a fresh-clone test run hung so: gdb showed gc_collect_generations on the worker in ~QObject
+    waiting for the GIL, the UI thread in ~QObject waiting for a Qt mutex). While any worker thread lives,
+    pyqtgraph's GarbageCollector keeps automatic collection off and collects on a timer of the UI thread;
+    when the last worker has stopped, automatic collection is back."""
+    if acquire:
+        if _UI_GC["runners"] == 0:
+            from pyqtgraph.util.garbage_collector import GarbageCollector
+
+            _UI_GC["collector"] = GarbageCollector(interval=1.0)  # gc.disable() + a UI-thread timer
+        _UI_GC["runners"] += 1
+        return
+    _UI_GC["runners"] -= 1
+    if _UI_GC["runners"] == 0 and _UI_GC["collector"] is not None:
+        _UI_GC["collector"].timer.stop()
+        _UI_GC["collector"] = None
+        gc.enable()
+
 
 # kind of the new task -> kinds it cancels and replaces
 SUPERSEDES = {
@@ -122,6 +146,8 @@ class TaskRunner(QObject):
         self._graveyard: list = []  # (task, result or error) the worker is done with, dropped on the UI thread
         self._stopping = False
         self.release.connect(self._release)
+        _ui_thread_gc(acquire=True)
+        self._gc_held = True
         self._thread = _Thread(self)
         self._thread.start()
         from PySide6.QtCore import QCoreApplication
@@ -198,3 +224,6 @@ class TaskRunner(QObject):
                 self._current.cancel()
             self._cond.notify_all()
         self._thread.wait(timeout_ms)
+        if self._gc_held and self._thread.isFinished():  # only once the worker can no longer run a collection
+            self._gc_held = False
+            _ui_thread_gc(acquire=False)
