@@ -307,6 +307,40 @@ def value_bytes_per_vector(d: int) -> int:
     return (d // 16 + 1) * 4
 
 
+def seed_records(k_cache: np.ndarray, v_cache: np.ndarray, n_kv_heads: int, cache_cap: int, d: int):
+    """One sequence's seed cache words (regions, slot = kv_head * cache_cap + t) as per-token records of the paged
+    seed-configuration layout: (K [cache_cap, kvh, d/16 + d/32 + 1], V [cache_cap, kvh, d/16 + 1]) u32, the
+    records tq_general_compress writes at bits 2 / v_bits 2 without outliers (K [polar | jl | norms], V [polar | norm])."""
+    dec = decode_cache(k_cache, v_cache, n_kv_heads, cache_cap, d)
+    k = np.concatenate([dec.k_polar_words, dec.k_jl_words, dec.k_norm_words[..., None]], -1)
+    v = np.concatenate([dec.v_polar_words, dec.v_norm_words[..., None]], -1)
+    return np.ascontiguousarray(k.transpose(1, 0, 2), np.uint32), np.ascontiguousarray(v.transpose(1, 0, 2), np.uint32)
+
+
+def seed_words(k_records: np.ndarray, v_records: np.ndarray, d: int, cache_cap: int | None = None):
+    """The inverse of seed_records: per-token records K [T, kvh, d/16 + d/32 + 1], V [T, kvh, d/16 + 1] of one
+    sequence (positions 0..T-1) -> its seed cache words (k_words, v_words) of cache_cap >= max(T, 1) positions
+    (unwritten positions 0)."""
+    kr = np.asarray(k_records, np.uint32)
+    vr = np.asarray(v_records, np.uint32)
+    T, kvh, _ = kr.shape
+    cap = max(T, 1) if cache_cap is None else int(cache_cap)
+    pw, jw = d // 16, d // 32
+    vecs = kvh * cap
+    jl_off, norm_off = key_regions(kvh, cap, d)
+    kw = np.zeros(key_cache_words(kvh, cap, d), np.uint32)
+    vw = np.zeros(value_cache_words(kvh, cap, d), np.uint32)
+    kt = kr.transpose(1, 0, 2)  # [kvh, T, wk]
+    vt = vr.transpose(1, 0, 2)
+    kp = kw[: vecs * pw].reshape(kvh, cap, pw)
+    kp[:, :T] = kt[..., :pw]
+    kw[jl_off : jl_off + vecs * jw].reshape(kvh, cap, jw)[:, :T] = kt[..., pw : pw + jw]
+    kw[norm_off : norm_off + vecs].reshape(kvh, cap)[:, :T] = kt[..., pw + jw]
+    vw[: vecs * pw].reshape(kvh, cap, pw)[:, :T] = vt[..., :pw]
+    vw[vecs * pw : vecs * pw + vecs].reshape(kvh, cap)[:, :T] = vt[..., pw]
+    return kw, vw
+
+
 @dataclass
 class DecodedCache:
     """Fields of a TurboQuant cache, [kv_heads, cache_cap, ...]."""

@@ -1,19 +1,27 @@
-"""The fast TurboQuant decode: split-K ("flash-decoding") attention over TurboQuant's SEED cache (2-bit polar
-keys + 1-bit QJL residual signs + f16 norms, 2-bit polar values + f16 norm), read in place. Shaders
-fast/decode_tq.wgsl (split, rendered here) + fast/decode_tq_reduce.wgsl (combine + inverse rotation);
-the seed flash_attention_tq stays as the reference. Numpy reference: the method's own
-(kvviz/oracles/turboquant.attention_oracle, float64, over the same packed words); tests
-tests/test_fast_decode_tq.py.
+"""The fast TurboQuant decode: split-K ("flash-decoding") attention over TurboQuant's seed configuration (2-bit
+polar keys + 1-bit QJL residual signs + f16 norms, 2-bit polar values + f16 norm), read in place, in two cache
+layouts with the same arithmetic:
 
-NOT paged. TurboQuant's cache today is per sequence (kvviz/kernels/turboquant.TQCache: one buffer pair per
-sequence, slot = kv_head * cache_cap + position, in regions); this decode reads that layout as it is, with
-no block table: one split dispatch per non-empty sequence (its own cache buffers AND its own partials buffer;
-grid (its partitions, num_kv_heads, 1)), then one small reduce per non-empty sequence (grid (num_heads, 1, 1))
-into the shared output. Laying the TurboQuant cache out in pages would change the
-compressor, the seed kernel's input and the method; it is not done here. wgpu orders consecutive dispatches
-that write the same buffer with a barrier; since no two splits write the same buffer, the sequences' splits
-overlap, and the partitions are sized for the whole batch (~480 workgroups over all sequences' KV heads).
-Only the reduces (tiny) are ordered among themselves. A per-sequence reduce avoids copying the partials together. A batch of one sequence (the long-context case) is one split + one reduce.
+PAGED (plan_paged; the method's decode): per-token records in [num_blocks, num_kv_heads, block_size, WK | WV] u32,
+keys [polar D/16 | jl D/32 | pack2x16float(n, rn)], values [polar D/16 | pack2x16float(n, 0)] (paged_words), written
+by the general-settings compressor (tq_general_compress.wgsl) through the batch's slot mapping: at the seed
+configuration it writes the seed compressor's words bit for bit (tests/test_fast_decode_tq_paged.py). Shader
+fast/decode_tq_paged.wgsl reads the records through the block tables (fast_decode.step_loads, with its prefetch;
+the block size a compile-time constant): ONE split dispatch for the batch, grid (partitions, num_kv_heads,
+num_seqs), into one partials buffer [S, H, P, D+2], and ONE reduce (fast/decode_tq_reduce.wgsl, grid (H, S, 1)).
+
+Per sequence (plan; the reference beside it): TurboQuant's seed cache (kvviz/kernels/turboquant.TQCache: one buffer
+pair per sequence, slot = kv_head * cache_cap + position, in regions), which the seed flash_attention_tq reads.
+Shader fast/decode_tq.wgsl: one split dispatch per non-empty sequence (its own cache buffers AND its own partials
+buffer; grid (its partitions, num_kv_heads, 1)), then one small reduce per non-empty sequence (grid
+(num_heads, 1, 1)) into the shared output. wgpu orders consecutive dispatches that write the same buffer with a
+barrier; since no two splits write the same buffer, the sequences' splits overlap, and the partitions are sized
+for the whole batch (~480 workgroups over all sequences' KV heads). Only the reduces (tiny) are ordered among
+themselves. A batch of one sequence (the long-context case) is one split + one reduce.
+
+The seed flash_attention_tq stays as the reference. Numpy reference: the method's own
+(kvviz/oracles/turboquant.attention_oracle, float64, over the same packed words; paged_attention_oracle gathers a
+paged cache's records through the block tables); tests tests/test_fast_decode_tq.py, tests/test_fast_decode_tq_paged.py.
 
 What it does:
   - the query is rotated once per decode by the seed's tq_rotate_q (q_rot, q_jl), all sequences in one
@@ -57,7 +65,14 @@ SPLIT = KernelSpec(
 )
 REDUCE = KernelSpec("fast/decode_tq_reduce.wgsl", bindings=ro("partials", "signs") + rw("out"),
                     immediates=Struct("P", "num_heads head_size num_partitions sign_off out_seq inv_sqrt_d:f32"))
-KERNELS = (SPLIT, REDUCE)
+# the paged variant's split (fast/decode_tq_paged.wgsl): the batch's block tables, one dispatch for every sequence
+PAGED_SPLIT = KernelSpec(
+    "fast/decode_tq_paged.wgsl",
+    bindings=ro("qrot", "kc", "vc", "block_tables", "context_lens") + rw("partials"),
+    immediates=Struct("P", "num_heads num_kv_heads block_size max_blocks partition_tokens num_partitions q_region "
+                      "scale_log2:f32 qjl_log2:f32 c0:f32 c1:f32 c2:f32 c3:f32"),
+)
+KERNELS = (SPLIT, REDUCE, PAGED_SPLIT)
 
 # the generator's record: 16 two-bit codes a polar word (fd.choose_layout then gives lanes owning whole words)
 TQ_FORMAT = fd.CacheFormat("turboquant", 16)
@@ -77,8 +92,12 @@ def unsupported(head_size: int, group: int) -> str:
     return ""
 
 
-def render(head_size: int, group: int, lay: fd.Layout) -> dict:
-    """The {{...}} values of fast/decode_tq.wgsl."""
+def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, block_size: int = 0,
+           prefetch: bool = False) -> dict:
+    """The {{...}} values of fast/decode_tq.wgsl (per-sequence cache) or, with `paged`, of
+    fast/decode_tq_paged.wgsl (per-token records [num_blocks, kv_heads, block_size, WK | WV] read through the
+    block tables; the loads are fast_decode.step_loads', with its prefetch; block_size > 0 renders the block
+    size as a constant, 0 reads it from the immediates). The arithmetic is the same in both."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     dpl = lay.dims_per_lane
     nv = dpl // 4
@@ -98,23 +117,47 @@ def render(head_size: int, group: int, lay: fd.Layout) -> dict:
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
     # ---- one step: U tokens per row group; every load before any arithmetic
-    for u in range(U):
-        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-        step.append(f"{J}let sl{u} = sbase + min(tt{u}, t1 - 1u);")
-    for u in range(U):
-        for w in range(wpl):
-            step.append(f"{J}let kw{u}_{w} = kc[sl{u} * PW + lw + {w}u];")
-        if wpl == 1:  # this lane's 16 QJL bits: half of a word shared with the neighbouring lane
-            step.append(f"{J}let jb{u}_0 = kc[jl_off + sl{u} * JW + lane / 2u] >> (16u * (lane & 1u));")
-        else:
-            for j in range(wpl // 2):
-                step.append(f"{J}let jw{u}_{j} = kc[jl_off + sl{u} * JW + lane * {wpl // 2}u + {j}u];")
+    if paged:
+        def words(u, r):  # token u's words in its records (row r = the record's index): K [polar | jl | norms], V [polar | norm]
+            out = [(f"kw{u}_{w}", f"kc[{r} * WK + lw + {w}u]") for w in range(wpl)]
+            if wpl == 1:  # this lane's 16 QJL bits: half of a word shared with the neighbouring lane
+                out.append((f"jb{u}_0", f"kc[{r} * WK + PW + lane / 2u] >> (16u * (lane & 1u))"))
+            else:
+                out += [(f"jw{u}_{j}", f"kc[{r} * WK + PW + lane * {wpl // 2}u + {j}u]") for j in range(wpl // 2)]
+            out.append((f"kn{u}", f"unpack2x16float(kc[{r} * WK + PW + JW])"))
+            out += [(f"vw{u}_{w}", f"vc[{r} * WV + lw + {w}u]") for w in range(wpl)]
+            out.append((f"vn{u}", f"unpack2x16float(vc[{r} * WV + PW]).x"))
+            return out
+
+        bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
+        first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, J)
+        pro += first
+        for u in range(U):
+            step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
+        step += loaded
+        if wpl > 1:
+            for u in range(U):
+                for w in range(wpl):
+                    step.append(f"{J}let jb{u}_{w} = jw{u}_{w // 2}" + (" >> 16u;" if w % 2 else ";"))
+    else:
+        rotate = []
+        for u in range(U):
+            step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
+            step.append(f"{J}let sl{u} = sbase + min(tt{u}, t1 - 1u);")
+        for u in range(U):
             for w in range(wpl):
-                step.append(f"{J}let jb{u}_{w} = jw{u}_{w // 2}" + (" >> 16u;" if w % 2 else ";"))
-        step.append(f"{J}let kn{u} = unpack2x16float(kc[kn_off + sl{u}]);")
-        for w in range(wpl):
-            step.append(f"{J}let vw{u}_{w} = vc[sl{u} * PW + lw + {w}u];")
-        step.append(f"{J}let vn{u} = unpack2x16float(vc[vn_off + sl{u}]).x;")
+                step.append(f"{J}let kw{u}_{w} = kc[sl{u} * PW + lw + {w}u];")
+            if wpl == 1:  # this lane's 16 QJL bits: half of a word shared with the neighbouring lane
+                step.append(f"{J}let jb{u}_0 = kc[jl_off + sl{u} * JW + lane / 2u] >> (16u * (lane & 1u));")
+            else:
+                for j in range(wpl // 2):
+                    step.append(f"{J}let jw{u}_{j} = kc[jl_off + sl{u} * JW + lane * {wpl // 2}u + {j}u];")
+                for w in range(wpl):
+                    step.append(f"{J}let jb{u}_{w} = jw{u}_{w // 2}" + (" >> 16u;" if w % 2 else ";"))
+            step.append(f"{J}let kn{u} = unpack2x16float(kc[kn_off + sl{u}]);")
+            for w in range(wpl):
+                step.append(f"{J}let vw{u}_{w} = vc[sl{u} * PW + lw + {w}u];")
+            step.append(f"{J}let vn{u} = unpack2x16float(vc[vn_off + sl{u}]).x;")
 
     def shifts(i, per):  # the 4 elements of vec i within its 16-element word, `per` bits each
         b = 4 * (i % 4)
@@ -155,10 +198,12 @@ def render(head_size: int, group: int, lay: fd.Layout) -> dict:
             for u in range(U):
                 acc = f"fma(vec4<f32>(w{g}_{u}), vq{u}_{i}, {acc})"
             step.append(f"{J}a{g}_{i} = {acc};")
+    step += rotate  # (paged, prefetch) the next step's words become this one's
     # ---- merge of the row groups (fast_decode.render's tree)
     merge += fd.merge_tree(G, nv, stride, RG, I)
+    head0 = "seq * p.num_heads + " if paged else ""  # paged: one partials buffer [S, H, P, D+2] for the batch
     for g in range(G):
-        write.append(f"{J}let pb{g} = ((kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        write.append(f"{J}let pb{g} = (({head0}kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
         write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
         for i in range(nv):
             for c in range(4):
@@ -171,7 +216,7 @@ def render(head_size: int, group: int, lay: fd.Layout) -> dict:
         # a pipeline run with fewer lanes a subgroup than L would sum the wrong lanes: NaN, refused as non-finite
         "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
         "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
-    }
+    } | ({"WK": str(tqf.key_bytes_per_vector(D) // 4), "WV": str(tqf.value_bytes_per_vector(D) // 4)} if paged else {})
 
 
 @dataclass
@@ -186,11 +231,13 @@ class TQDecodePlan:
     partition_tokens: int
     num_partitions: int  # the most partitions of any sequence (each sequence's partials hold its own)
     layout: fd.Layout
+    paged: bool = False  # plan_paged: the paged records, one split + one reduce for the batch
 
     def describe(self) -> str:
         L = self.layout
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
-                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step), per-sequence caches")
+                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step), "
+                + ("paged records, one split dispatch" if self.paged else "per-sequence caches"))
 
 
 class TQFastDecode:
@@ -278,6 +325,84 @@ class TQFastDecode:
         ds = splits + reduces
         return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay)
 
+    def paged_kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None, **kw):
+        """The paged split kernel (render(..., paged=True)); prefetch None: fast_decode.PREFETCH where a lane's
+        words of a step fit fast_decode.PREFETCH_MAX_WORDS, as the other paged fast decodes."""
+        lay = self.layout(head_size, group, **kw)
+        if prefetch is None:
+            prefetch = fd.PREFETCH and paged_step_words(head_size, lay) <= fd.PREFETCH_MAX_WORDS
+        return self.rt.compile(PAGED_SPLIT, **render(head_size, group, lay, True, block_size, prefetch)), lay
+
+    def plan_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
+                   qjl_scale="reference", *, signs=None, partition_tokens: int | None = None,
+                   subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
+                   prefetch: bool | None = None, const_block: bool = True) -> TQDecodePlan:
+        """Decode of one query per sequence (q [S, H, D] f32) at its last position over the PAGED seed-configuration
+        records: `k` / `v` GPU buffers of [num_blocks, num_kv_heads, block_size, WK | WV] u32 (paged_words; written by
+        tq_general_compress through the batch's slot mapping), read through batch.block_tables for positions
+        [0, context_lens[s]) (0: no tokens, output 0). params: the rotation's head size, seed and layer; signs: a
+        buffer of params.signs_buffer() (uploaded when None). One rotation, ONE split dispatch (grid (partitions,
+        KV heads, sequences)) and ONE reduce (grid (H, S)) for the whole batch."""
+        from kvviz.kernels import turboquant as tqk
+
+        q, G = fd.check_query(q, batch, num_kv_heads, scale)
+        S, H, D = q.shape
+        kvh = int(num_kv_heads)
+        if params.head_size != D:
+            raise InvalidInput(f"q has head size {D}, the TurboQuant parameters {params.head_size}")
+        why = unsupported(D, G)
+        if why:
+            raise UnsupportedShape(f"fast TurboQuant decode: {why}", "The seed flash_attention_tq takes this shape.")
+        if unroll not in (1, 2, 4):
+            raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
+        batch.validate()
+        lens = np.asarray(batch.context_lens, np.int64)
+        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
+        if bt.ndim != 2 or bt.shape[0] != S or bt.shape[1] < 1:
+            raise InvalidInput(f"block_tables must be [{S}, max_blocks] with max_blocks >= 1, got {bt.shape}")
+        # the prefetching loads of a sequence without tokens read its block-table entry 0 (never used)
+        if S and int(bt[:, 0].max()) >= batch.num_blocks:
+            s = int(np.argmax(bt[:, 0]))
+            raise InvalidInput(f"block table of sequence {s} names block {int(bt[s, 0])} in entry 0, but the pool has "
+                               f"{batch.num_blocks} blocks", "Block ids must be < num_blocks (unused entries 0).")
+        wk, wv = paged_words(D)
+        for name, buf, w in (("K", k, wk), ("V", v, wv)):
+            need = batch.num_blocks * kvh * batch.block_size * w * 4
+            if buf.size < need:
+                raise InvalidInput(f"fast TurboQuant decode: the {name} cache holds {buf.size} bytes, the batch's "
+                                   f"{batch.num_blocks} blocks of {kvh} KV heads x {batch.block_size} records of {w} "
+                                   f"words need {need}")
+        qs = float(np.float32(tqk.resolve_qjl_scale(qjl_scale, D)))
+        kern, lay = self.paged_kernel(D, G, batch.block_size if const_block else 0, prefetch, subgroups=subgroups,
+                                      unroll=unroll, rows=rows, lanes=lanes)
+        mcl = int(lens.max(initial=0))
+        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, kvh, mcl, lay.tokens_per_step),
+                                 lay.tokens_per_step, mcl)
+        fd.check_grid(self.rt, "fast TurboQuant decode", (("partitions", P), ("KV heads", kvh), ("query heads", H),
+                                                          ("sequences", S)))
+        self._fast._check_loops(pt, lay, P)
+        if signs is None:
+            signs = self.rt.upload(params.signs_buffer(), "tq_signs")
+        rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, signs)
+        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_tq_paged_partials")  # zero-filled: l = 0
+        out = self.rt.empty(S * H * D * 4, "fast_decode_tq_paged_out")
+        sl2 = float(scale) * LOG2E
+        imm = kern.pack(H, kvh, batch.block_size, bt.shape[1], pt, P, q_cap * H * D, sl2, qs * sl2,
+                        *[float(x) for x in params.centroids])
+        bufs = [qrot, k, v, self.rt.upload(bt, "block_tables"), self.rt.upload(lens.astype(np.uint32), "context_lens"),
+                partials]
+        ds = [Dispatch(kern, bufs, (P, kvh, S), imm),
+              self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, signs, out], H, D, P, params.sign_off, 0,
+                                               float(tqf.inv_sqrt_d(D)))]
+        return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay, True)
+
+    def decode_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
+                     qjl_scale="reference", **kw) -> np.ndarray:
+        """Run the paged fast decode: [num_seqs, num_heads, head_size] f32."""
+        plan = self.plan_paged(k, v, num_kv_heads, q, batch, scale, params, qjl_scale, **kw)
+        self.rt.run(plan.rotate + plan.dispatches)
+        return self.read(plan)
+
     def read(self, plan: TQDecodePlan) -> np.ndarray:
         return self.rt.read(plan.out, np.float32, plan.shape)
 
@@ -304,3 +429,33 @@ def decode_traffic(caches, context_lens, num_heads: int, head_size: int, num_par
     partials = 2 * S * num_heads * num_partitions * (D + 2) * 4
     out = S * num_heads * D * 4 + D * 4
     return int(kv + q + partials + out), float(4 * D * num_heads * tokens)
+
+
+def paged_words(head_size: int) -> tuple[int, int]:
+    """(WK, WV): u32 words of a key and of a value record of the paged seed-configuration cache (the general
+    layout at bits 2 / v_bits 2 without outliers: keys [polar D/16 | jl D/32 | norms], values [polar D/16 | norm])."""
+    return tqf.key_bytes_per_vector(head_size) // 4, tqf.value_bytes_per_vector(head_size) // 4
+
+
+def paged_step_words(head_size: int, lay: fd.Layout) -> int:
+    """Words a lane loads a step (the prefetch's extra registers): per token its polar words of K and V, its QJL
+    word(s) and the two norm words."""
+    wpl = lay.dims_per_lane // 16
+    return lay.unroll * (2 * wpl + max(1, wpl // 2) + 2)
+
+
+def decode_traffic_paged(batch, num_heads: int, num_kv_heads: int, head_size: int, num_partitions: int) -> tuple[int, float]:
+    """(unique bytes, flops) of the paged split + reduce: every context token's K and V record of each KV head
+    read once, the block-table entries, the rotated query (q_rot, q_jl) read, the partials written and read back,
+    the signs and the output; flops = 2 x D x (QK + PV) per (token, query head)."""
+    D = head_size
+    lens = np.asarray(batch.context_lens, np.int64)
+    tokens = int(lens.sum())
+    S = len(lens)
+    wk, wv = paged_words(D)
+    kv = tokens * num_kv_heads * (wk + wv) * 4
+    tables = int(sum(-(-int(n) // batch.block_size) for n in lens)) * 4 * num_kv_heads
+    q = S * num_heads * 2 * D * 4
+    partials = 2 * S * num_heads * num_partitions * (D + 2) * 4
+    out = S * num_heads * D * 4 + D * 4
+    return int(kv + tables + q + partials + out), float(4 * D * num_heads * tokens)

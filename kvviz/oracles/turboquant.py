@@ -315,6 +315,37 @@ def attention_oracle(
     return (out, weights) if return_weights else out
 
 
+def paged_sequence_words(k_cache: np.ndarray, v_cache: np.ndarray, batch, seq: int, d: int):
+    """Sequence `seq`'s words of a PAGED seed-configuration cache (k_cache [num_blocks, kvh, block_size, WK],
+    v_cache [.., WV] u32, the records gathered through its block table) in the per-sequence seed layout of
+    max(L, 1) positions: what attention_oracle reads."""
+    from kvviz.formats.turboquant import seed_words
+
+    L = int(batch.context_lens[seq])
+    t = np.arange(L)
+    blocks = np.asarray(batch.block_tables[seq], np.int64)[t // batch.block_size]
+    kr = np.asarray(k_cache)[blocks, :, t % batch.block_size]  # [L, kvh, WK]
+    vr = np.asarray(v_cache)[blocks, :, t % batch.block_size]
+    return seed_words(kr, vr, d)
+
+
+def paged_attention_oracle(q, k_cache, v_cache, batch, scale: float, p: TQParams, qjl_scale="reference") -> np.ndarray:
+    """The fast paged TurboQuant decode's reference, float64 [S, H, d]: per sequence, attention_oracle (the seed
+    kernel's estimator, softmax and inverse rotation) at its last position over the records its block table names
+    (0 for a sequence without tokens)."""
+    q = np.asarray(q, np.float32)
+    S, H, d = q.shape
+    kvh = np.asarray(k_cache).shape[1]
+    out = np.zeros((S, H, d))
+    for s in range(S):
+        L = int(batch.context_lens[s])
+        if L == 0:
+            continue
+        kw, vw = paged_sequence_words(k_cache, v_cache, batch, s, d)
+        out[s] = attention_oracle(q[s:s + 1], kw, vw, kvh, L, L - 1, L, scale, p, qjl_scale)[0]
+    return out
+
+
 def exact_attention(q, keys, values, start_pos: int, max_seq: int, scale: float) -> np.ndarray:
     """Plain causal softmax attention in float64 over uncompressed keys/values [T, kvh, d]."""
     q = np.asarray(q, np.float64)

@@ -2,7 +2,8 @@
 // kvviz/kernels/fast_decode_tq.py renders it for one head size, GQA group and lane layout; the {{...}} blocks are
 // generated there, unrolled per query head and per token (naga clamps dynamic indices of private arrays).
 //
-// The cache is the seed's (kvviz/formats/turboquant.py): ONE sequence per buffer, NOT paged, regions
+// The cache is the seed's (kvviz/formats/turboquant.py): ONE sequence per buffer, not paged (fast/decode_tq_paged.wgsl
+// is the paged variant over per-token records), regions
 //   keys   [polar: slot*PW words | jl: slot*JW words | norms: pack2x16float(n, rn) at slot]
 //   values [polar: slot*PW words | norms: pack2x16float(n, 0) at slot],   slot = kv_head * cache_cap + t.
 // One dispatch per sequence (its own cache buffers and its own partials [H, P_s, D+2], so the splits carry no

@@ -1,9 +1,11 @@
-// Combines the partitions of fast/decode_tq.wgsl and rotates the result back, once per output.
-// partials[(head, part)] (one sequence's own buffer; output row out_seq) = [m, l, acc[0..D)] in base 2, acc in the ROTATED space; a partition
+// Combines the partitions of fast/decode_tq.wgsl (and of fast/decode_tq_paged.wgsl) and rotates the result back, once per output.
+// partials[(wid.y, head, part)] = [m, l, acc[0..D)] in base 2, acc in the ROTATED space, to output row out_seq + wid.y
+// (the per-sequence decode: one dispatch a sequence over its own buffer, wid.y = 0; the paged decode: one dispatch,
+// grid (num_heads, num_seqs, 1), over the batch's partials [S, H, P, D+2], out_seq = 0); a partition
 // without tokens (l = 0: never written, zero-filled) is skipped:
 //   M = max m_p;  L = sum l_p 2^(m_p - M);  y[d] = (sum acc_p[d] 2^(m_p - M)) / L
 //   out = RHT^-1(y) = WHT(y / sqrt(D)) * signs_polar   (the seed flash_attention_tq's epilogue, same order)
-// 0 for a sequence without tokens. Grid (num_heads, 1, 1), one dispatch per sequence, 128 threads (D <= 128); thread t owns dim t.
+// 0 for a sequence without tokens. 128 threads (D <= 128); thread t owns dim t.
 // The butterflies' barriers sit at entry-point scope (naga miscompiles a barrier reached through a call in a loop).
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read> signs: array<f32>;
@@ -16,10 +18,10 @@ var<workgroup> acc: array<f32, 128>;
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
   let head = wid.x;
-  let seq = p.out_seq;
+  let seq = p.out_seq + wid.y;
   let D = p.head_size;
   let stride = D + 2u;
-  let base = head * p.num_partitions * stride;
+  let base = (wid.y * p.num_heads + head) * p.num_partitions * stride;
   var m = -3.0e38;
   for (var i = 0u; i < p.num_partitions; i = i + 1u) {
     if (partials[base + i * stride + 1u] > 0.0) {

@@ -1,0 +1,84 @@
+// Split-K decode ("flash-decoding") over a PAGED TurboQuant cache (the seed configuration), read in place.
+// kvviz/kernels/fast_decode_tq.py renders it (render(..., paged=True)) for one head size, GQA group, lane layout
+// and block size; the per-token arithmetic is fast/decode_tq.wgsl's (the per-sequence cache's decode), only the
+// addressing differs.
+//
+// The cache: per-token records in [num_blocks, num_kv_heads, block_size, W] u32 (kvviz/formats/turboquant.py,
+// "general settings", at bits 2 / v_bits 2 without outliers: the seed compressor's words, per token):
+//   keys   W = WK: [polar: PW words | jl: JW words | pack2x16float(n, rn)]
+//   values W = WV: [polar: PW words | pack2x16float(n, 0)]
+// written by tq_general_compress through the batch's slot mapping. A token's record index is
+// (block_tables[seq][t / block_size] * num_kv_heads + kv_head) * block_size + t % block_size
+// (fast_decode.step_loads, with its prefetch of the next step's block-table entries and words).
+//
+// ONE dispatch for the batch: grid (num_partitions, num_kv_heads, num_seqs); one workgroup = one partition of one
+// sequence for one KV head and the G query heads of its GQA group. Partials [S, H, num_partitions, D + 2]
+// (m, l, acc in the ROTATED space, base 2); fast/decode_tq_reduce.wgsl, one dispatch of grid (H, S, 1), combines
+// them and applies the inverse rotation. q_rot / q_jl come from tq_rotate_q (all sequences, one dispatch),
+// pre-scaled here by scale*log2(e) (and qjl_scale).
+// Shape: D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
+@group(0) @binding(0) var<storage, read> qrot: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<u32>;
+@group(0) @binding(2) var<storage, read> vc: array<u32>;
+@group(0) @binding(3) var<storage, read> block_tables: array<u32>;
+@group(0) @binding(4) var<storage, read> context_lens: array<u32>;
+@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
+struct P { num_heads: u32, num_kv_heads: u32, block_size: u32, max_blocks: u32, partition_tokens: u32, num_partitions: u32, q_region: u32, scale_log2: f32, qjl_log2: f32, c0: f32, c1: f32, c2: f32, c3: f32 }
+var<immediate> p: P;
+
+const D: u32 = {{D}}u;
+const L: u32 = {{L}}u;
+const RG: u32 = {{RG}}u;
+const U: u32 = {{U}}u;
+const PW: u32 = {{PW}}u;     // polar words of one vector (16 codes a word)
+const JW: u32 = {{JW}}u;     // QJL words of one key (32 bits a word)
+const WK: u32 = {{WK}}u;     // words of a key record
+const WV: u32 = {{WV}}u;     // words of a value record
+const WPT: u32 = 1u;         // step_loads' row is the record index; WK / WV scale it per cache
+const DPL: u32 = {{DPL}}u;   // dims per lane
+const WPL: u32 = {{WPL}}u;   // polar words per lane
+const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory / partials: m, l, acc[D]
+const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
+const MASKED: f32 = -3.0e38;  // logit of a step's token past the partition's end
+var<workgroup> sh: array<f32, {{SHARED}}>;
+
+// 4 two-bit codes -> their centroids
+fn cents(i: vec4<u32>, c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32>) -> vec4<f32> {
+  return select(select(c0, c1, i == vec4<u32>(1u)), select(c2, c3, i == vec4<u32>(3u)), i >= vec4<u32>(2u));
+}
+
+// x * (2 bit - 1): `m` is the f32 sign bit where the QJL bit is 0 (computed once per token, shared by the G heads)
+fn flip(x: vec4<f32>, m: vec4<u32>) -> vec4<f32> {
+  return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ m);
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
+  let part = wid.x;
+  let kvh = wid.y;
+  let seq = wid.z;
+  let lane = li % L;
+  let rg = li / L;
+  let t0 = part * p.partition_tokens;
+  let t1 = min(context_lens[seq], t0 + p.partition_tokens);
+  let bt = seq * p.max_blocks;
+  let qb = (seq * p.num_heads + kvh * {{G}}u) * D + lane * DPL;
+  let lw = lane * WPL;
+  let cv0 = vec4<f32>(p.c0);
+  let cv1 = vec4<f32>(p.c1);
+  let cv2 = vec4<f32>(p.c2);
+  let cv3 = vec4<f32>(p.c3);
+  let ONE = vec4<f32>(1.0);
+{{PROLOGUE}}
+  // Every row group runs the same number of steps (uniform control flow for the shuffles);
+  // tokens past t1 are clamped for the loads and masked in the logit.
+  for (var tb = t0; tb < t1; tb = tb + RG * U) {
+{{STEP}}
+  }
+  // Merge the row groups: a tree over workgroup memory, all heads at once.
+{{MERGE}}
+  {{SG_GUARD}}
+  if (rg == 0u) {
+{{WRITE}}
+  }
+}
