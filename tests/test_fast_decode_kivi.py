@@ -13,7 +13,8 @@ seed normaliser (sum + 1e-6) against the kernel's exact division.
 Grid: bits 2 / 4; head sizes 64, 128, the padded 120 (runs at 128), and 80 / 112 (lanes not owning whole
 code words); block sizes 8, 16, 32, 64;
 GQA 1, 4, 8; recent 0, 16, 128; ragged lengths with 0, 1, 31, 32, 33; scattered block tables; a 20000+
-token context; zeros; values ~1e4; one partition and many; the variant without subgroups; and the method's
+token context; zeros; values ~1e4; one partition and many; the variant without subgroups; the prefetching
+(software-pipelined) kernel bit for bit against the single-buffered one, and its default; and the method's
 attend / timed rows. Few distinct kernels on purpose: lavapipe compiles each one for seconds (one or two lanes
 a row at head 80 / 112 took minutes, hence fast_decode_kivi's 4-channel lane split), so the cases share them.
 """
@@ -25,6 +26,7 @@ import pytest
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.formats import kivi as kl
 from kvviz.formats.asym import unpack_codes
+from kvviz.kernels import fast_decode as fd
 from kvviz.kernels import fast_decode_kivi as fk
 from kvviz.methods.base import get_method
 from kvviz.oracles import kivi as okv
@@ -256,3 +258,64 @@ def test_method_attend_and_timed_rows(ctx):
             np.testing.assert_array_equal(got, out)
         else:
             assert fast_rows == []
+
+
+PREFETCH_CASES = [  # bits, recent, head size, block size, kv heads, G, lens, plan options, sweeps a partition
+    # many partitions of one key group (TG 8: four row groups share a group; most row groups masked), a block
+    # size that is not a power of two, the window's partial last step
+    (2, 16, 64, 6, 2, 1, [97, 0, 1, 33, 64], dict(partition_tokens=32), 1),
+    # GQA 4, two row groups of 32 tokens: 2 sweeps of 2 key groups a partition, so a row group's last step of a
+    # group prefetches the next sweep's group (clamped to g1 - 1 past it: 100 tokens = 3 groups); the second
+    # partition of 150 has no key group (the prologue's clamped loads); block 24
+    (4, 0, 64, 24, 1, 4, [1, 150, 0, 100, 31], dict(partition_tokens=128, rows=2), 2),
+    # 4 tokens a step, 4 row groups: 2 sweeps in the first partition of 300 (5 key groups, then the window)
+    (4, 128, 32, 12, 2, 4, [300, 129, 0, 1, 161], dict(unroll=4, rows=4), 2),
+    # head 80: lanes of 20 channels, one code word a vec4 (not whole words a lane)
+    (4, 16, 80, 8, 2, 1, [96, 33, 1, 0], dict(partition_tokens=64), 1),
+]
+
+
+@pytest.mark.parametrize("bits,recent,D,bs,kvh,G,lens,kw,sweeps", PREFETCH_CASES,
+                         ids=[f"b{c[0]}-r{c[1]}-D{c[2]}-bs{c[3]}-G{c[5]}" for c in PREFETCH_CASES])
+def test_prefetch_bit_identical(ctx, fast, bits, recent, D, bs, kvh, G, lens, kw, sweeps):
+    """The software-pipelined quantised loop (the next step's block-table reads and K / V words loaded before
+    this step's arithmetic, the next sweep's key group at a group's last step) does the same arithmetic: bit
+    for bit the single-buffered kernel's output, over ragged lengths with an empty and a single-token sequence,
+    partitions past a sequence's end and partitions with no key group (the prologue's clamped loads)."""
+    a, out_a, _ = check(ctx, fast, bits, recent, D, bs, kvh, G, lens, seed=bs + G, words=False, prefetch=True, **kw)
+    b, out_b, _ = check(ctx, fast, bits, recent, D, bs, kvh, G, lens, seed=bs + G, words=False, prefetch=False, **kw)
+    assert a.prefetch and not b.prefetch and a.layout == b.layout
+    np.testing.assert_array_equal(out_a, out_b)
+    gps = a.layout.row_groups // (kl.GROUP // a.tokens_per_group_row)  # key groups a sweep
+    assert -(-a.partition_tokens // kl.GROUP // gps) == sweeps
+    # the default takes the prefetching kernel at these layouts (a few words a lane a step)
+    assert fk.prefetch_words(bits, a.layout) <= fd.PREFETCH_MAX_WORDS
+    c = fast.plan(bits, *a.dispatches[0].buffers[1:4], kvh, np.zeros((len(lens), kvh * G, a.shape[2]), np.float32),
+                  make_batch(lens, bs, policy="scattered", seed=bs + G), 0.1, recent, **kw)
+    assert c.prefetch == fd.PREFETCH and c.dispatches[0].kernel is (a if fd.PREFETCH else b).dispatches[0].kernel
+
+
+def test_prefetch_default(fast, monkeypatch):
+    """prefetch None resolves where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (as the ggml
+    decode's): on for the subgroup layouts (a few code words a lane), off for the one-lane layout of a large
+    head (a whole row's words a lane); True / False force it; fast_decode.PREFETCH False turns the default off."""
+    for bits, D in ((2, 128), (4, 128), (2, 64), (4, 256)):
+        lay = fast.layout(bits, D, 4, subgroups=True)
+        words = fk.prefetch_words(bits, lay)
+        assert words == lay.unroll * (2 * (lay.dims_per_lane // (32 // bits)) + 2)
+        assert fk.use_prefetch(bits, lay) == (fd.PREFETCH and words <= fd.PREFETCH_MAX_WORDS)
+        if lay.lanes >= 8:  # a code word or two a lane a step
+            assert fk.use_prefetch(bits, lay) == fd.PREFETCH
+    wide = fast.layout(4, 128, 4, subgroups=False)
+    assert wide.lanes == 1 and fk.prefetch_words(4, wide) == 2 * (2 * 16 + 2) > fd.PREFETCH_MAX_WORDS
+    assert not fk.use_prefetch(4, wide) and fk.use_prefetch(4, wide, True)
+    lay80 = fast.layout(4, 80, 1)  # lanes not owning whole code words (when subgroups split it): a word a vec4
+    if lay80.dims_per_lane % 8:
+        assert fk.prefetch_words(4, lay80) == lay80.unroll * (2 * (lay80.dims_per_lane // 4) + 2)
+    lay = fast.layout(2, 128, 4)
+    assert not fk.use_prefetch(2, lay, False)
+    monkeypatch.setattr(fd, "PREFETCH", False)
+    assert not fk.use_prefetch(2, lay) and fk.use_prefetch(2, lay, True)
+    # the explicit False renders the single-buffered kernel, True the pipelined one
+    assert "nkw0_0" in fk.render(2, 128, 4, lay, 32, 16, True)["QSTEP"]
+    assert "nkw0_0" not in fk.render(2, 128, 4, lay, 32, 16, False)["QSTEP"]

@@ -370,33 +370,46 @@ def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
     return merge
 
 
-def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    "):
-    """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml):
-    (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens of a row group's
-    step gets its row in the paged cache (`bsx`: the block size, a constant or "p.block_size"), and
-    `words(u, r)` gives token u's (name, expression) loads at row expression r.
+def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None):
+    """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml,
+    fast_decode_kivi): (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens
+    of a row group's step gets its row in the paged cache (`bsx`: the block size, a constant or
+    "p.block_size"), and `words(u, r)` gives token u's (name, expression) loads at row expression r.
 
     Without prefetch the step loads its own tokens (clamped to t1 - 1). With it (software pipelining) the
     prologue loads the first step's words into vars, each step issues the next step's block-table reads
     and loads before its arithmetic and closes by rotating them in; an empty partition or sequence clamps
-    to a token that exists, or to block-table entry 0 of the sequence, and never uses what it loaded."""
+    to a token that exists, or to block-table entry 0 of the sequence, and never uses what it loaded.
 
-    def emit(ind, base, last, decl, pre, sfx):
-        out, names = [], []
+    rows(u, stage, sfx), for a kernel that walks its tokens or addresses its rows otherwise (fast_decode_kivi:
+    a loop over key groups around the steps, separate K and V rows): ([(name, expression)] of token u's
+    address lets, names ending in sfx; the r given to words) at stage "step" (the step's own token, no
+    prefetch), "first" (the prologue's: the first step's; `tlast` = max(t1, 1) - 1 is defined) or "next" (the
+    next step's). None: the split loop's walk (tokens tb + rg * U + u, RG * U a step) over a
+    [blocks, kv_heads, block_size, WPT] cache."""
+
+    def paged(u, stage, sfx):
+        base, last = {"step": ("tb", "t1 - 1u"), "first": ("t0", "tlast"), "next": ("tb + RG * U", "tlast")}[stage]
+        tc, row = f"tc{u}{sfx}", f"row{u}{sfx}"
+        return [(tc, f"min({base} + rg * U + {u}u, {last})"),
+                (row, f"((block_tables[bt + {tc} / {bsx}] * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT")], row
+
+    def emit(ind, stage, decl, pre, sfx):
+        out, names, rs = [], [], []
         for u in range(U):
-            out.append(f"{ind}let tc{u}{sfx} = min({base} + rg * U + {u}u, {last});")
-            out.append(f"{ind}let row{u}{sfx} = ((block_tables[bt + tc{u}{sfx} / {bsx}] * p.num_kv_heads + kvh) * {bsx} "
-                       f"+ tc{u}{sfx} % {bsx}) * WPT;")
+            lets, r = (rows or paged)(u, stage, sfx)
+            out += [f"{ind}let {n} = {e};" for n, e in lets]
+            rs.append(r)
         for u in range(U):
-            for name, expr in words(u, f"row{u}{sfx}"):
+            for name, expr in words(u, rs[u]):
                 names.append(name)
                 out.append(f"{ind}{decl} {pre}{name} = {expr};")
         return out, names
 
     if not prefetch:
-        return [], emit(J, "tb", "t1 - 1u", "let", "", "")[0], []
-    first = [f"{I}let tlast = max(t1, 1u) - 1u;"] + emit(I, "t0", "tlast", "var", "", "p")[0]
-    nxt, names = emit(J, "tb + RG * U", "tlast", "let", "n", "n")
+        return [], emit(J, "step", "let", "", "")[0], []
+    first = [f"{I}let tlast = max(t1, 1u) - 1u;"] + emit(I, "first", "var", "", "p")[0]
+    nxt, names = emit(J, "next", "let", "n", "n")
     return first, nxt, [f"{J}{n} = n{n};" for n in names]
 
 

@@ -32,6 +32,18 @@ What it does:
     to every channel once after the loops. Chosen over folding z into each code (fma(code, s, z) per
     vec4) because that costs D/L FMAs a token and lane, the scalar G FMAs; the results differ by f32
     rounding only (the tolerance covers it);
+  - software-pipelined loads (prefetch; fast_decode.step_loads, the loads of the other fast decodes, with the
+    KIVI walk and rows): each quantised step issues the NEXT step's block-table reads and K / V words (codes,
+    V scale and zero) before its own arithmetic, at a key group's last step those of the next sweep's group,
+    the prologue loads the first step's (clamped to a token that exists when the partition has no key
+    group), and the step closes by rotating them in: the two dependent latencies (block table -> words)
+    overlap a step's arithmetic; same arithmetic, bit-identical outputs. Default (plan's prefetch None,
+    use_prefetch): on where a lane's words of a step (prefetch_words: U x (2 code words + 2), 8..24 at the
+    subgroup layouts) fit fast_decode.PREFETCH_MAX_WORDS, as the ggml decode resolves it; off for the
+    one-lane layout of a large head. Not pipelined: a key group's (scale, zero) loads (once per TG / U
+    steps; 8 words a vec4 a lane, which a second copy would hold across the whole group) and the residual
+    window's f32 rows (no block table, so one latency; 2 x DPL floats a token a lane, over the register
+    budget the f32 fast decode's prefetch measured slower at; usually one partition's last few steps);
   - the residual window [n_q, L) (n_q a multiple of 32): a second loop in the same workgroup over the f32
     rows of the partition's part of [n_q, L) (the f32 fast decode's step: U tokens a row group), with
     the same online-softmax state; usually only the last partition of a sequence has residual rows;
@@ -123,8 +135,32 @@ def _join(parts, sep=" + "):
     return sep.join(parts) if parts else "0.0"
 
 
-def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block_size: int = 0) -> dict:
-    """The {{...}} values of fast/decode_kivi.wgsl."""
+def prefetch_words(bits: int, lay: fd.Layout) -> int:
+    """u32 words a lane loads for one quantised step (U tokens: K and V code words, V's scale and zero): what
+    the prefetch holds twice."""
+    epw = 32 // bits
+    dpl = lay.dims_per_lane
+    per = dpl // epw if dpl % epw == 0 else dpl // 4  # whole code words, else one word a vec4
+    return lay.unroll * (2 * per + 2)
+
+
+def use_prefetch(bits: int, lay: fd.Layout, prefetch: bool | None = None) -> bool:
+    """prefetch None (the default): on where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS
+    (prefetch_words; as fast_decode_ggml resolves it, and off when fast_decode.PREFETCH is); True / False
+    force it."""
+    if prefetch is None:
+        return fd.PREFETCH and prefetch_words(bits, lay) <= fd.PREFETCH_MAX_WORDS
+    return bool(prefetch)
+
+
+def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block_size: int = 0,
+           prefetch: bool = False) -> dict:
+    """The {{...}} values of fast/decode_kivi.wgsl. prefetch: software pipelining of the quantised loop
+    (fast_decode.step_loads, as fast_decode.render and fast_decode_ggml.render do): each step issues the NEXT
+    step's block-table reads and K / V loads (the next key group's first step at a group's last) before its
+    own arithmetic, the prologue loads the first step's, the step closes by rotating them in; same
+    arithmetic, bit-identical outputs (tests/test_fast_decode_kivi.py). The key groups' (scale, zero) loads
+    and the residual window's f32 rows are not pipelined (the module docstring says why)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     dpl = lay.dims_per_lane
     nv = dpl // 4
@@ -201,22 +237,33 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
     # block_size > 0: a constant (token -> block and offset by shift and mask for powers of two, as
     # fast_decode.render does; measured there: int8 123 -> 110 us on the H200), else the immediate
     bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-    for u in range(U):
-        qstep.append(f"{K}let tt{u} = gt + st * U + {u}u;")
-        qstep.append(f"{K}let blk{u} = info[bt + tt{u} / {bsx}] * p.num_kv_heads + kvh;")
-        qstep.append(f"{K}let o{u} = tt{u} % {bsx};")
-        qstep.append(f"{K}let kr{u} = blk{u} * p.kstride + o{u} * KW;")
-        qstep.append(f"{K}let vr{u} = (blk{u} * {bsx} + o{u}) * VW;")
-    for u in range(U):  # every load of the step before any arithmetic
-        for wname, buf, base in (("kw", "kc", f"kr{u}"), ("vw", "vc", f"vr{u}")):
+
+    def rows(u, stage, sfx):  # token u's K and V rows: its key group's step ("first": clamped, g1 may be 0)
+        tok = {"step": f"gt + st * U + {u}u", "first": f"min(gf + {u}u, tlast)", "next": f"gn + {u}u"}[stage]
+        tt, blk, o, kr, vr = (f"{n}{u}{sfx}" for n in ("tt", "blk", "o", "kr", "vr"))
+        return [(tt, tok), (blk, f"info[bt + {tt} / {bsx}] * p.num_kv_heads + kvh"), (o, f"{tt} % {bsx}"),
+                (kr, f"{blk} * p.kstride + {o} * KW"), (vr, f"({blk} * {bsx} + {o}) * VW")], (kr, vr)
+
+    def words(u, r):  # every load of the step before any arithmetic
+        kr, vr = r
+        out = []
+        for wname, buf, base in (("kw", "kc", kr), ("vw", "vc", vr)):
             if aligned:
-                for w in range(wpl):
-                    qstep.append(f"{K}let {wname}{u}_{w} = {buf}[{base} + lw + {w}u];")
+                out += [(f"{wname}{u}_{w}", f"{buf}[{base} + lw + {w}u]") for w in range(wpl)]
             else:
-                for i in range(nv):
-                    qstep.append(f"{K}let {wname}{u}_{i} = {buf}[{base} + cwi{i}];")
-        qstep.append(f"{K}let vs{u} = bitcast<f32>(vc[vr{u} + KW]);")
-        qstep.append(f"{K}let vz{u} = bitcast<f32>(vc[vr{u} + KW + 1u]);")
+                out += [(f"{wname}{u}_{i}", f"{buf}[{base} + cwi{i}]") for i in range(nv)]
+        return out + [(f"vs{u}", f"bitcast<f32>(vc[{vr} + KW])"), (f"vz{u}", f"bitcast<f32>(vc[{vr} + KW + 1u])")]
+
+    first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, K, rows)
+    if prefetch:
+        # the first step's tokens: row group rg's share of group g0 + gslot (a group below g1 when g1 > 0;
+        # with no quantised group, tokens clamped to tlast: in bounds, never used), and the next step's: the
+        # same group's next U tokens, or at its last step the next sweep's group (clamped like gc)
+        pro.append(f"{I}let gf = min(g0 + gslot, max(g1, 1u) - 1u) * 32u + sub * TG;  // the first step's tokens")
+        pro.extend(first)
+        qstep.append(f"{K}let gn = select(gt + (st + 1u) * U, min(gb + GPS + gslot, g1 - 1u) * 32u + sub * TG, "
+                     f"st + 1u == TG / U);  // the next step's tokens")
+    qstep += loaded
     for u in range(U):
         for i in range(nv):
             qstep.append(f"{K}let kq{u}_{i} = {_codes(bits, f'kw{u}', i, aligned)};")
@@ -230,6 +277,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         for i in range(nv):
             qstep.append(f"{K}let vq{u}_{i} = {_codes(bits, f'vw{u}', i, aligned)};")
     softmax(qstep, K, "gv", lambda u, i: f"vq{u}_{i}", lambda u: f"vs{u}", lambda u: f"vz{u}")
+    qstep += rotate  # the prefetched words become the next step's
     # ---- one step over residual f32 rows: U tokens a row group, RG row groups interleaved
     for u in range(U):
         rstep.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
@@ -292,12 +340,13 @@ class KiviDecodePlan:
     num_partitions: int
     layout: fd.Layout
     tokens_per_group_row: int  # TG
+    prefetch: bool = False  # the software-pipelined loads (render's prefetch), as resolved (use_prefetch)
 
     def describe(self) -> str:
         L = self.layout
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
                 f"({L.row_groups} rows x {L.lanes} lanes, {self.tokens_per_group_row} tokens of a key group a row, "
-                f"{L.unroll} tokens a step)")
+                f"{L.unroll} tokens a step{', prefetch' if self.prefetch else ''})")
 
 
 class KiviFastDecode:
@@ -322,11 +371,13 @@ class KiviFastDecode:
 
     def plan(self, bits: int, k, v, res, num_kv_heads: int, q, batch, scale: float, recent: int | None = None, *,
              seq_plan: kl.Plan | None = None, info=None, partition_tokens: int | None = None,
-             subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16) -> KiviDecodePlan:
+             subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
+             prefetch: bool | None = None) -> KiviDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, D the padded head size the cache was written at) over the
         KIVI buffers k, v, res (GPU buffers in kvviz/formats/kivi.py's layout). The quantised / residual split is
         `seq_plan` (kvviz.formats.kivi.plan(batch.context_lens, recent)) or computed from `recent`; `info`: the
-        method's buffer (seq_plan.seq_info() then the block tables), uploaded here when None."""
+        method's buffer (seq_plan.seq_info() then the block tables), uploaded here when None. prefetch: the
+        software-pipelined loads (render); None: where a lane's words of a step fit (use_prefetch)."""
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         bs = int(batch.block_size)
@@ -364,13 +415,14 @@ class KiviFastDecode:
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
         if info is None:
             info = self.rt.upload(np.concatenate([seq_plan.seq_info().reshape(-1), bt.reshape(-1)]), "kivi_info")
-        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size)))
+        pf = use_prefetch(bits, lay, prefetch)
+        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf))
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_kivi_partials")
         out = self.rt.empty(S * H * D * 4, "fast_decode_kivi_out")
         imm = kern.pack(num_kv_heads, H, bs, bt.shape[1], 4 * S, kstride, kl.ws(D, bs), pt, P, float(scale) * LOG2E)
         d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, res, info, partials], (P, num_kv_heads, S), imm),
              self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
-        return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg)
+        return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg, pf)
 
     def _check_loops(self, pt: int, lay: fd.Layout, tg: int, P: int, residual: int) -> None:
         """Loop iterations of one invocation (each loop charged iterations + 2, kvviz/kernels/loop_budget.py):

@@ -69,11 +69,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kside = p.block_size * KW;  // the side stream's first word in a (block, head) of K
   let gslot = rg / R;             // which key group of a sweep this row group takes
   let sub = rg % R;               // which TG tokens of that group
+  let g0 = t0 / 32u;              // the partition's quantised key groups [g0, g1)
+  let g1 = min(t1, nq) / 32u;
 {{PROLOGUE}}
   // ---- quantised key groups [g0, g1): every row group runs the same number of sweeps and steps (uniform
   // control flow for the shuffles); a row group past g1 loads group g1 - 1 and masks its logits.
-  let g0 = t0 / 32u;
-  let g1 = min(t1, nq) / 32u;
   for (var gb = g0; gb < g1; gb = gb + GPS) {
 {{GROUP}}
     for (var st = 0u; st < TG / U; st = st + 1u) {
