@@ -252,3 +252,61 @@ def test_bad_input_is_refused(rt, fast):
                         tqf.TQParams(96, layer=LAYER))  # not a seed head size
     with pytest.raises(UnsupportedShape):
         fast.plan_paged(k, v, 1, rng.standard_normal((2, 17, d)).astype(np.float32), batch, 0.1, p)  # GQA 17
+
+
+# ------------------------------------------------------------------------------------------------ the method
+def test_method_paged_cache_attend_inspector_and_timed_rows(rt):
+    """Method "turboquant" (seed configuration): its cache is the paged records (the inspector shows the physical
+    blocks the batch's block tables name), `attend` is the paged fast decode (held to the oracle over those
+    records), the bench rows carry the paged fast decode beside the seed kernels' rows."""
+    from kvviz.methods import get_method
+    from kvviz.methods.context import GpuContext
+    from kvviz.oracles.methods import reference_attention
+
+    m = get_method("turboquant", qjl_scale="unbiased")
+    rng = np.random.default_rng(4)
+    d, kvh, H, bs = 64, 2, 8, 16
+    batch = make_batch([29, 0, 1, 70], bs, policy="scattered", seed=2, pad_every=7)
+    K, V = _inputs(rng, batch.num_tokens, kvh, d)
+    ctx = GpuContext(rt)
+    qkv = m.quantize(ctx, batch, K, V)
+    kc = qk.read_cache(rt, qkv.device["cache"], "K").reshape(batch.num_blocks, kvh, bs, -1)
+    vc = qk.read_cache(rt, qkv.device["cache"], "V").reshape(batch.num_blocks, kvh, bs, -1)
+    q = rng.standard_normal((batch.num_seqs, H, d)).astype(np.float32)
+    scale = 1.0 / math.sqrt(d)
+    out = m.attend(ctx, qkv, batch, q, scale)
+    p = m.params(d)
+    ref = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, "unbiased")
+    for s, L in enumerate(batch.context_lens):
+        if L:
+            assert np.abs(out[s] - ref[s]).max() <= fq.tolerance(_max_v(kc, vc, batch, s, d, p))
+        else:
+            assert not out[s].any()
+    # the method's registered reference over the method's words (extra["words"]: the records re-laid out)
+    mref, tol = reference_attention(m, batch, K, V, q, scale, qkv)
+    assert np.abs(out - mref).max() <= tol
+    # the inspector reads the physical blocks: every used slot's record is that token's record
+    owner = batch.block_owner()
+    blk = int(batch.seq_blocks[3][1])  # sequence 3's second block (positions 16..31)
+    recs = m.inspect_block(ctx, qkv, batch, blk, 1, "K")
+    assert [r.position for r in recs] == list(range(16, 32)) and owner[blk] == 3
+    for o, r in enumerate(recs):
+        np.testing.assert_array_equal(r.words, kc[blk, 1, o])
+        assert r.slot == blk * bs + o and r.fields["norm"] == float(qkv.k_scales[batch.token_rows(3)[16 + o], 1])
+    free = [b for b in range(batch.num_blocks) if owner[b] < 0]
+    if free:
+        assert all(r.position == -1 for r in m.inspect_block(ctx, qkv, batch, free[0], 0, "V"))
+    with pytest.raises(InvalidInput):
+        m.inspect_block(ctx, qkv, batch, batch.num_blocks, 0, "K")
+    timed = m.timed_kernels(ctx, batch, K, V, q, scale, qkv)
+    rows = {(t.role, t.impl): t for t in timed}
+    assert rows[("decode", "seed")].name == "flash_attention_tq (decode)"
+    assert rows[("writer", "seed")].name.startswith("tq_compress")
+    assert rows[("writer", "first-wave")].name.startswith("tq_general_compress")
+    fast_row = rows[("decode", "fast")]
+    assert fast_row.name.startswith("fast_decode_tq_paged (") and fast_row.bytes > 0 and fast_row.flops > 0
+    assert len([x for x in fast_row.dispatches if x.kernel.kspec is fq.PAGED_SPLIT]) == 1
+    rt.run(fast_row.dispatches)  # the timed dispatches recompute the same output (the rotated query was filled)
+    plan = m.fast_plan(ctx, qkv, batch, q, scale)
+    rt.run(plan.rotate + plan.dispatches)
+    np.testing.assert_array_equal(rt.read(plan.out, np.float32, plan.shape), out)

@@ -64,11 +64,11 @@ def test_turboquant_takes_real_head_sizes(ctx, D):
 def test_turboquant_seed_sizes_keep_the_seed_kernels(ctx):
     m = get_method("turboquant")
     for D in (32, 64, 128):
-        assert m.uses_seed(D) and "not paged" in m.layouts(D, 16)[0].description
+        assert m.uses_seed(D) and "the seed compressor's words, per token" in m.layouts(D, 16)[0].description
     batch = make_batch([5], 4)
     x = np.random.default_rng(0).standard_normal((5, 1, 64)).astype(np.float32)
     qkv = m.quantize(ctx, batch, x, x)
-    assert "caches" in qkv.device and "general" not in qkv.device
+    assert "caches" in qkv.device and "paged" in qkv.device and "general" not in qkv.device
     with pytest.raises(UnsupportedShape, match="256"):
         m.check(2, 1, 320, 16)
 

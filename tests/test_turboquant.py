@@ -364,7 +364,7 @@ def test_method_on_paged_batch(rt):
     k_l, v_l = m.layouts(128, 16)
     assert k_l.bytes_per_token_per_head == 52 and v_l.bytes_per_token_per_head == 36
     assert sum(f.total_bits for f in k_l.fields) == 52 * 8 and sum(f.total_bits for f in v_l.fields) == 36 * 8
-    assert "not paged" in k_l.description
+    assert "Paged: per-token records" in k_l.description  # the seed configuration's paged cache (test_fast_decode_tq_paged.py)
     with pytest.raises(UnsupportedShape):
         m.check(8, 2, 260, 16)  # 80 and other head sizes up to 256 take the general kernels (test_head_sizes.py)
     with pytest.raises(InvalidInput):

@@ -1,20 +1,20 @@
 """TurboQuant (arXiv:2504.19874) as a kvviz method. The seed configuration (the default): 2-bit PolarQuant +
-1-bit QJL keys, 2-bit PolarQuant values. Decode (`attend`) by the fast split-K decode over the seed cache
-(kvviz/kernels/fast_decode_tq.py, shaders/fast/decode_tq*.wgsl; per-sequence caches, not paged); the
-UNMODIFIED seed kernel flash_attention_tq.wgsl stays as the reference (its own timed row, beside the fast one).
+1-bit QJL keys, 2-bit PolarQuant values, in a PAGED cache: per-token records [num_blocks, kv_heads, block_size,
+WK | WV] u32 written through the batch's slot mapping by the general compressor (tq_general_compress.wgsl, which
+at this configuration writes the seed compressor's words bit for bit: tests/test_fast_decode_tq_paged.py), so the
+batch's block tables are real and the block inspector shows the physical blocks. Decode (`attend`) by the paged
+fast split-K decode (kvviz/kernels/fast_decode_tq.py plan_paged, shaders/fast/decode_tq_paged.wgsl + decode_tq_reduce.wgsl:
+one split dispatch and one reduce for the batch). The UNMODIFIED seed kernels stay as the reference: the seed
+compressor tq_compress.wgsl and flash_attention_tq.wgsl over per-sequence caches (slot = kv_head * cache_cap +
+position, in regions), their own timed rows beside the fast one; the weights (tq_scores) and shapes the fast decode
+cannot take (a GQA group over 16) read per-sequence caches holding the paged records' words re-laid out.
 
 The paper's settings (options bits, v_bits, outlier_share; head sizes other than 32/64/128, up to 256) run
 through the general kernels (shaders/turboquant/tq_general_*.wgsl; kvviz/formats/turboquant.py "general
-settings"): a compressor into per-token records of a PAGED cache (the batch's slot mapping), and a
-dequantiser into an f32 paged cache whose keys are the TurboQuant estimate (polar + QJL: the estimator is
-linear in q), attended by the f32 paged decode and weights kernels. Rotation of a head that is not a power
-of two: the RHT over the next power of two, the vector zero-padded (the padded coordinates' codes are
-stored: the layout counts them).
-
-TurboQuant here is not paged: the seed kernel reads one sequence's cache, laid out in regions with
-slot = kv_head * cache_cap + position. On a PagedBatch every sequence becomes its own TurboQuant cache
-(capacity = its context length); the batch's block tables are used only to tell the block inspector
-which positions a physical block holds.
+settings"): the same compressor into per-token records of the paged cache, and a dequantiser into an f32 paged
+cache whose keys are the TurboQuant estimate (polar + QJL: the estimator is linear in q), attended by the f32
+paged decode and weights kernels. Rotation of a head that is not a power of two: the RHT over the next power of
+two, the vector zero-padded (the padded coordinates' codes are stored: the layout counts them).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class TurboQuantMethod(KVMethod):
     label = "TurboQuant 2-bit polar + 1-bit QJL (seed WGSL)"
     family = "turboquant"
     nominal_bits = 2.75  # mean of K (3.25) and V (2.25) bits per element at head size 128, norms included
-    attend_kernel = "fast_decode_tq (split-K over the seed cache; flash_attention_tq is the reference)"
+    attend_kernel = "fast_decode_tq_paged (split-K over the paged records; flash_attention_tq is the reference)"
     weights_kernel = "tq_scores"
 
     OPTIONS = (
@@ -119,10 +119,12 @@ class TurboQuantMethod(KVMethod):
         d = head_size
         c, b = tqf.lloyd_max_2bit(d)
         cs = ", ".join(f"{x:+.6f}" for x in c)
+        wk, wv = d // 16 + d // 32 + 1, d // 16 + 1
         common = (
-            "TurboQuant is not paged: each sequence is its own cache (capacity = its context length), split "
-            "into regions with slot = kv_head * cache_cap + position; the block inspector maps a physical "
-            "block to positions through the batch's block table. "
+            f"Paged: per-token records [num_blocks, kv_heads, {block_size}, {wk} (K) | {wv} (V)] u32, written through "
+            "the batch's slot mapping (tq_general_compress: the seed compressor's words, per token); the seed "
+            "kernels' reference rows read the same words per sequence, in regions (slot = kv_head * cache_cap + "
+            "position). "
             f"Rotation: RHT with seeded signs (seed {self.seed} ^ layer {self.layer}); 2-bit Lloyd-Max "
             f"centroids for d={d}: {cs}."
         )
@@ -139,9 +141,9 @@ class TurboQuantMethod(KVMethod):
             bytes_per_token_per_head=tqk.TQCache.key_bytes_per_vector(d),
             description="Keys: PolarQuant (2 bits) + QJL residual signs (1 bit) + two f16 norms. " + common,
             word_map=(
-                f"polar region: words slot*{d // 16}..+{d // 16 - 1}, element j at bits 2j (LSB first); "
-                f"jl region at vecs*{d // 16}: words slot*{d // 32}..+{d // 32 - 1}, element j at bit j; "
-                f"norms region at vecs*{d // 16 + d // 32}: word slot = pack2x16float(norm, residual_norm)"
+                f"record words 0..{d // 16 - 1}: polar indices, element j at bits 2j (LSB first); words "
+                f"{d // 16}..{d // 16 + d // 32 - 1}: QJL bits, element j at bit j; word {d // 16 + d // 32}: "
+                "pack2x16float(norm, residual_norm)"
             ),
         )
         v = CacheLayout(
@@ -156,8 +158,8 @@ class TurboQuantMethod(KVMethod):
             bytes_per_token_per_head=tqk.TQCache.value_bytes_per_vector(d),
             description="Values: PolarQuant only (2 bits) + f16 norm; reconstructed as norm * RHT^-1(c[idx]). " + common,
             word_map=(
-                f"polar region: words slot*{d // 16}..+{d // 16 - 1}, element j at bits 2j; "
-                f"norms region at vecs*{d // 16}: word slot = pack2x16float(norm, 0)"
+                f"record words 0..{d // 16 - 1}: polar indices, element j at bits 2j; word {d // 16}: "
+                "pack2x16float(norm, 0)"
             ),
         )
         return k, v
@@ -200,33 +202,61 @@ class TurboQuantMethod(KVMethod):
             rows_of.append(rows)
         return kern, caches, dispatches, rows_of
 
+    def _seed_paged(self, ctx, batch, key, value):
+        """The seed configuration's paged writer: tq_general_compress at bits 2 / v_bits 2 (no outliers: identity
+        channel tables) through the batch's slot mapping. Returns (GeneralTQCache, writer dispatches, rows of each
+        sequence); every sequence's rows must be its positions 0..L-1 (the decode reads them all)."""
+        from kvviz.kernels import quant as qk
+
+        key = np.asarray(key)
+        value = np.asarray(value)
+        for name, a in (("key", key), ("value", value)):
+            if a.dtype != np.float32 or a.ndim != 3:
+                raise InvalidInput(f"{name} must be float32 [num_tokens, num_kv_heads, head_size], got {a.dtype} {a.shape}")
+            check_finite(name, a)
+        if value.shape != key.shape or key.shape[0] != batch.num_tokens:
+            raise InvalidInput(f"key/value must be [{batch.num_tokens}, kvh, D]; got {key.shape} and {value.shape}")
+        T, kvh, d = key.shape
+        tqk.check_head_size(d)
+        sm = qk.check_batch(batch, T)
+        rows_of = [self._seq_rows(batch, s) for s in range(batch.num_seqs)]
+        used = np.concatenate(rows_of) if rows_of else np.zeros(0, np.int64)
+        for name, a in (("keys", key), ("values", value)):
+            if used.size and float(np.sqrt((a[used].astype(np.float64) ** 2).sum(-1)).max()) > tqk.F16_MAX:
+                raise InvalidInput(f"a {name} vector has a norm above {tqk.F16_MAX:g}: TurboQuant stores norms as f16",
+                                   "Scale the input down; f16 norms overflow to infinity.")
+        st = self.settings(d)
+        ident = np.tile(np.arange(d, dtype=np.uint32), (kvh, 1))
+        gc = tqk.general_allocate(ctx.rt, st, batch, kvh, ident, ident)
+        wd = tqk.general_compress_dispatches(ctx.rt, gc, np.ascontiguousarray(key), np.ascontiguousarray(value), sm)
+        return gc, wd, rows_of
+
     def quantize(self, ctx, batch, key, value):
         if not self.uses_seed(np.asarray(key).shape[-1]):
             return self._general_quantize(ctx, batch, key, value)
-        kern, caches, dispatches, rows_of = self._caches(ctx, batch, key, value)
-        ctx.rt.run(dispatches)
+        from kvviz.kernels import quant as qk
+
+        gc, wd, rows_of = self._seed_paged(ctx, batch, key, value)
+        ctx.rt.run(wd)
         T, kvh, d = np.asarray(key).shape
         p = self.params(d)
-        k_idx = np.zeros((T, kvh, d), np.uint8)
-        v_idx = np.zeros((T, kvh, d), np.uint8)
-        k_bits = np.zeros((T, kvh, d), np.uint8)
-        k_norm = np.zeros((T, kvh), np.float32)
-        k_rnorm = np.zeros((T, kvh), np.float32)
-        v_norm = np.zeros((T, kvh), np.float32)
-        words = []
-        for cache, rows in zip(caches, rows_of):
-            kw, vw = kern.read(cache)
-            words.append((kw, vw))
+        st = gc.settings
+        recs = {w: qk.token_records(qk.read_cache(ctx.rt, gc.qc, w), batch, st.wpt(w)) for w in ("K", "V")}
+        dk, dv = tqf.unpack_general(recs["K"], st, "K"), tqf.unpack_general(recs["V"], st, "V")
+        k_idx, v_idx, k_bits = dk.idx[0], dv.idx[0], dk.jl_bits[0]
+        k_norm, k_rnorm, v_norm = dk.norm[0], dk.rnorm[0], dv.norm[0]
+        # the seed kernels' per-sequence caches (tq_scores weights; the seed decode where the fast one cannot take
+        # the shape) hold the same words, re-laid out in regions: uploaded, not compressed again
+        kern = tqk.TurboQuantKernels(ctx.rt)
+        signs = ctx.rt.upload(p.signs_buffer(), "tq_signs")
+        caches, words = [], []
+        for rows in rows_of:
             L = len(rows)
-            if not L:
-                continue
-            dec = tqf.decode_cache(kw, vw, kvh, cache.cache_cap, d)
-            k_idx[rows] = dec.k_idx[:, :L].transpose(1, 0, 2)
-            v_idx[rows] = dec.v_idx[:, :L].transpose(1, 0, 2)
-            k_bits[rows] = dec.k_bits[:, :L].transpose(1, 0, 2)
-            k_norm[rows] = dec.k_norm[:, :L].T
-            k_rnorm[rows] = dec.k_rnorm[:, :L].T
-            v_norm[rows] = dec.v_norm[:, :L].T
+            kw, vw = tqf.seed_words(recs["K"][rows], recs["V"][rows], d)
+            words.append((kw, vw))
+            written = np.ones(max(L, 1), bool) if L else np.zeros(1, bool)
+            caches.append(tqk.TQCache(kvh, d, max(L, 1), p, ctx.rt.upload(kw, "tq_k_cache"),
+                                      ctx.rt.upload(vw, "tq_v_cache"), signs, written))
         used = np.concatenate(rows_of) if rows_of else np.zeros(0, np.int64)
         warnings = self.range_warnings(np.asarray(key)[used], np.asarray(value)[used], k_norm[used], v_norm[used])
         extra = {
@@ -238,12 +268,14 @@ class TurboQuantMethod(KVMethod):
             "boundaries": p.boundaries,
             "qjl_scale": self.qjl_scale,
             "qjl_scale_value": tqf.qjl_scale_value(self.qjl_scale, d),
+            "k_records": recs["K"], "v_records": recs["V"],
             "words": words,
             "note": "k_dequant_polar is the PolarQuant part only: QJL bits estimate inner products, they do not reconstruct k.",
         }
         return QuantizedKV(
             self, d, kvh, k_idx, v_idx, k_norm, v_norm, (0, 3),
-            device={"caches": caches, "kernels": kern, "compress": dispatches}, extra=extra, warnings=warnings,
+            device={"paged": gc, "cache": gc.qc, "writer": wd, "signs": signs, "caches": caches, "kernels": kern},
+            extra=extra, warnings=warnings,
         )
 
     def code_statistics(self, ctx, qkv, batch, key, value):
@@ -313,15 +345,18 @@ class TurboQuantMethod(KVMethod):
         return out
 
     def fast_plan(self, ctx, qkv, batch, q, scale):
-        """The fast split-K decode over the seed caches (kvviz/kernels/fast_decode_tq.py), or None where it
-        cannot take the shape (the seed kernel then serves)."""
+        """The paged fast split-K decode over the seed configuration's records (kvviz/kernels/fast_decode_tq.py
+        plan_paged: one split + one reduce for the batch), or None where it cannot take the shape (the seed kernel
+        then serves)."""
         from kvviz.kernels import fast_decode_tq as fdq
 
         H, D = np.asarray(q).shape[1:]
         lens = [int(L) for L in batch.context_lens]
-        if not any(lens) or fdq.unsupported(D, H // qkv.num_kv_heads):
+        if "paged" not in qkv.device or not any(lens) or fdq.unsupported(D, H // qkv.num_kv_heads):
             return None
-        return fdq.TQFastDecode(ctx.rt).plan(qkv.device["caches"], q, lens, scale, self.qjl_scale)
+        qc = qkv.device["cache"]
+        return fdq.TQFastDecode(ctx.rt).plan_paged(qc.k, qc.v, qkv.num_kv_heads, q, batch, scale, self.params(D),
+                                                   self.qjl_scale, signs=qkv.device["signs"])
 
     def attend(self, ctx, qkv, batch, q, scale):
         if "general" in qkv.device:
@@ -366,6 +401,8 @@ class TurboQuantMethod(KVMethod):
     def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
         if "general" in qkv.device:
             return self._general_inspect_block(ctx, qkv, batch, block, kv_head, which)
+        if "paged" in qkv.device:
+            return self._paged_inspect_block(ctx, qkv, batch, block, kv_head, which)
         if not 0 <= int(block) < batch.num_blocks:
             raise InvalidInput(f"block {block} is outside the pool of {batch.num_blocks} blocks")
         if not 0 <= int(kv_head) < qkv.num_kv_heads:
@@ -413,21 +450,49 @@ class TurboQuantMethod(KVMethod):
             records.append(TokenRecord(slot, p, words, fields))
         return records
 
+    def _paged_inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        """The records of one physical block of the paged cache, as they sit in GPU memory now."""
+        from kvviz.kernels import quant as qk
+
+        if not 0 <= int(block) < batch.num_blocks:
+            raise InvalidInput(f"block {block} is outside the pool of {batch.num_blocks} blocks")
+        if not 0 <= int(kv_head) < qkv.num_kv_heads:
+            raise InvalidInput(f"kv_head {kv_head} is outside 0..{qkv.num_kv_heads - 1}")
+        if which not in ("K", "V"):
+            raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
+        gc = qkv.device["paged"]
+        st = gc.settings
+        w = st.wpt(which)
+        recs = qk.read_cache(ctx.rt, gc.qc, which)[int(block), int(kv_head)].reshape(batch.block_size, w)
+        dec = tqf.unpack_general(recs, st, which)
+        _, pos = batch.block_positions(int(block))
+        out = []
+        for o in range(batch.block_size):
+            fields = {"polar_idx": dec.idx[0][o].astype(np.int32)}
+            if which == "K":
+                fields["jl_bits"] = dec.jl_bits[0][o].astype(np.int32)
+                fields["residual_norm"] = float(dec.rnorm[0][o])
+            fields["norm"] = float(dec.norm[0][o])
+            out.append(TokenRecord(slot=int(block) * batch.block_size + o, position=int(pos[o]), words=recs[o].copy(),
+                                   fields=fields))
+        return out
+
     # ------------------------------------------------------------------ timing
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
         T, kvh, d = np.asarray(key).shape
         if not self.uses_seed(d):
             return self._general_timed_kernels(ctx, batch, key, value, q, scale, qkv)
-        if qkv is not None:  # the compress dispatches quantize ran, over its caches
-            kern, caches, comp = qkv.device["kernels"], qkv.device["caches"], qkv.device["compress"]
-        else:
-            kern, caches, comp, rows_of = self._caches(ctx, batch, key, value)
-            ctx.rt.run(comp)
-            qkv = QuantizedKV(self, d, kvh, None, None, None, None, (0, 3), device={"caches": caches, "kernels": kern})
+        if qkv is None:  # the method's paged cache (its writer's dispatches, what the fast decode reads)
+            qkv = self.quantize(ctx, batch, key, value)
+        # the seed reference rows: the seed compressor's per-sequence caches (its timed writer row), and the seed
+        # kernels over them
+        kern, caches, comp, rows_of = self._caches(ctx, batch, key, value)
+        ctx.rt.run(comp)
+        seed_qkv = QuantizedKV(self, d, kvh, None, None, None, None, (0, 3), device={"caches": caches, "kernels": kern})
         q = self._check_q(qkv, batch, q)
         H = q.shape[1]
-        attn = [d_ for _, ds, _ in self.attend_dispatches(qkv, batch, q, scale) for d_ in ds]
-        scores = [d_ for _, ds, _, _ in self.weights_dispatches(qkv, batch, q, scale) for d_ in ds]
+        attn = [d_ for _, ds, _ in self.attend_dispatches(seed_qkv, batch, q, scale) for d_ in ds]
+        scores = [d_ for _, ds, _, _ in self.weights_dispatches(seed_qkv, batch, q, scale) for d_ in ds]
         ctx.rt.run(attn + scores)  # fills the rotated-query buffers the timed seed dispatches read
         rot = [x for x in attn if x.kernel.spec.entry == "tq_rotate_q"]
         seed = [x for x in attn if x.kernel.spec.entry == "flash_attention_tq"]
@@ -441,30 +506,37 @@ class TurboQuantMethod(KVMethod):
 
         lg = int(np.log2(d)) if d > 0 else 0
         tokens = int(sum(lens))
+        from kvviz.kernels import fast_decode_tq as fdq
+        from kvviz.paging import PAD_SLOT
+
+        real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
+        wk, wv = fdq.paged_words(d)
+        paged_b = 2 * real * kvh * d * 4 + batch.num_tokens * 4 + real * kvh * (wk + wv) * 4
         return [
             # compress: per K and V vector a Walsh-Hadamard rotation (d log2 d adds), norm and codebook search (~4 d)
-            TimedKernel("tq_compress (keys + values)", comp, comp_b, "writer", "first-wave",
+            TimedKernel("tq_compress (keys + values)", comp, comp_b, "writer", "seed",
                         arith.writer_flops(batch, kvh, d, lg + 4)),
             TimedKernel("tq_rotate_q", rot, rot_b, "rotate", "first-wave",
                         float(sum(1 for L in lens if L) * H * d * (lg + 1))),
             TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed", arith.decode_flops(batch, H, d)),
+            TimedKernel("tq_general_compress (paged records; the method's writer)", qkv.device["writer"], paged_b,
+                        "writer", "first-wave", arith.writer_flops(batch, kvh, d, lg + 4)),
         ] + self._fast_rows(ctx, qkv, batch, q, scale) + [
             TimedKernel("tq_scores (weights)", sc, sc_b, "weights", "first-wave",
                         float(tokens * H * (2 * d + arith.SOFTMAX_PER_LOGIT))),
         ]
 
     def _fast_rows(self, ctx, qkv, batch, q, scale):
-        """The fast split-K decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
+        """The paged fast split-K decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
         from kvviz.kernels import fast_decode_tq as fdq
 
         plan = self.fast_plan(ctx, qkv, batch, q, scale)
         if plan is None:
             return []
         ctx.rt.run(plan.rotate)  # the rotated query the timed split reads (timed in its own row, tq_rotate_q)
-        nbytes, flops = fdq.decode_traffic(qkv.device["caches"], batch.context_lens, q.shape[1], q.shape[2],
-                                           plan.num_partitions)
-        return [TimedKernel(f"fast_decode_tq ({plan.num_partitions} partitions)", plan.dispatches, nbytes, "decode",
-                            "fast", flops)]
+        nbytes, flops = fdq.decode_traffic_paged(batch, q.shape[1], qkv.num_kv_heads, q.shape[2], plan.num_partitions)
+        return [TimedKernel(f"fast_decode_tq_paged ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
+                            "decode", "fast", flops)]
 
     # ================================================================== the paper's settings (general kernels)
     def _general_layouts(self, head_size, block_size):
