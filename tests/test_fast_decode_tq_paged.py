@@ -132,14 +132,23 @@ def test_writer_is_the_seed_compressor(rt, d, bs, pad):
         # and back: the records gathered through the block table are the seed cache's words
         pk, pv = tqo.paged_sequence_words(kc, vc, batch, s, d)
         assert np.array_equal(pk, kw) and np.array_equal(pv, vw)
-    # the numpy oracle's records (kvviz.oracles.turboquant.compress_general), real rows
+    # the numpy oracle's records (kvviz.oracles.turboquant.compress_general), real rows: equal on an IEEE adapter
+    # (lavapipe); on hardware (2.5-ulp division / sqrt) only differences rounding may decide (compare_cache)
     st = tqf.TQSettings(d, layer=LAYER)
-    real = batch.slot_mapping != PAD_SLOT
-    ident = tqf.choose_channels(K, 0)
-    for which, x, got in (("K", K, kc), ("V", V, vc)):
-        recs, _ = tqo.compress_general(x, ident, st, which)
+    if rt.summary.is_software:
+        real = batch.slot_mapping != PAD_SLOT
+        ident = tqf.choose_channels(K, 0)
         sm = batch.slot_mapping[real].astype(np.int64)
-        np.testing.assert_array_equal(got[sm // bs, :, sm % bs], recs[real], err_msg=f"{which} records vs the oracle")
+        for which, x, got in (("K", K, kc), ("V", V, vc)):
+            recs, _ = tqo.compress_general(x, ident, st, which)
+            np.testing.assert_array_equal(got[sm // bs, :, sm % bs], recs[real], err_msg=f"{which} records vs the oracle")
+    else:
+        for s, L in enumerate(lens):
+            if L:
+                pk, pv = tqo.paged_sequence_words(kc, vc, batch, s, d)
+                rows = batch.token_rows(s)
+                res = tqo.compare_cache(pk, pv, K[rows], V[rows], L, tqf.TQParams(d, layer=LAYER))
+                assert res["unexplained"] == 0, res
 
 
 # ------------------------------------------------------------------------------------------------ the decode
