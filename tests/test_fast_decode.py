@@ -252,3 +252,28 @@ def test_lazy_rescale(rt, fmt):
     logits (the max jumps often) and ragged lengths, with and without prefetch."""
     run_case(rt, fmt, [1, 0, 333, 64], 8, 2, 128, 16, q_amp=20.0, lazy=True, partition_tokens=128)
     run_case(rt, fmt, [257, 5], 4, 4, 64, 8, lazy=True, prefetch=True)
+
+
+@pytest.mark.parametrize("fmt", [fd.F32, fd.INT8, fd.fp8_format("e4m3", True), fd.int4_format(32)], ids=lambda f: f.name)
+@pytest.mark.parametrize("H,kvh,unroll,lanes", [(2, 2, 2, 8), (12, 4, 2, 8), (16, 1, 2, 8), (8, 2, 4, 4), (8, 2, 1, 2)])
+def test_scatter_and_all_lane_softmax(rt, fmt, H, kvh, unroll, lanes):
+    """The reduce-scatter softmax (the default where a row has 2+ lanes) and the all-lane one, each against the
+    oracle, over GQA 1, 3 (G x U padded to a power of two), 4 and 16 (more (head, token) slots than lanes: a
+    lane owns several), 1, 2 and 4 tokens a row per step and 2 to 8 lanes a row; ragged lengths with an empty
+    sequence, one token, a partial step and a partition past the end, large logits (the max jumps often)."""
+    lens = [37, 0, 1, 300, 129]
+    for scatter in (True, False):
+        run_case(rt, fmt, lens, H, kvh, 64, 16, tensor=(0.02, 0.5), unroll=unroll, lanes=lanes, scatter=scatter,
+                 partition_tokens=64, q_amp=4.0)
+
+
+def test_scatter_default_and_refusals(rt):
+    """Where the scatter softmax is the default, and where it is refused (one lane a row, f16 P.V, lazy)."""
+    fast = fd.FastDecode(rt)
+    lay = fast.layout(fd.INT8, 64, 4)
+    assert fd.SCATTER and "scatter softmax" in fd.render(fd.INT8, 64, 4, lay, scatter=True)["VARIANT"]
+    one = fast.layout(fd.INT8, 64, 4, subgroups=False)
+    with pytest.raises(InvalidInput, match="scatter"):
+        fd.render(fd.INT8, 64, 4, one, scatter=True)
+    with pytest.raises(InvalidInput, match="scatter"):
+        fd.render(fd.INT8, 64, 4, lay, lazy=True, scatter=True)

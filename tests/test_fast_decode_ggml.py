@@ -215,3 +215,15 @@ def test_prefetch_bit_identical(ctx, fast, tname):
     _, a, _ = check(ctx, fast, tname, 64, 8, 2, 2, lens, seed=3, words=False, prefetch=True, partition_tokens=32)
     _, b, _ = check(ctx, fast, tname, 64, 8, 2, 2, lens, seed=3, words=False, prefetch=False, partition_tokens=32)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("tname", ["q8_0", "q4_1", "q5_0", "mxfp4"])
+@pytest.mark.parametrize("kvh,G,unroll", [(2, 3, 2), (1, 4, 4), (2, 1, 1)])
+def test_scatter_and_all_lane_softmax(ctx, fast, tname, kvh, G, unroll):
+    """fast_decode's reduce-scatter softmax (the default) and the all-lane one, each against the oracle: GQA 3
+    (G x U padded to a power of two), 4 and 1, 1 to 4 tokens a row per step, types with and without a min and
+    with per-block V scales that differ between a row's lanes (the owners broadcast p, each lane scales)."""
+    lens = [33, 0, 150, 1]
+    for scatter in (True, False):
+        check(ctx, fast, tname, 64, 8, kvh, G, lens, seed=5, words=False, q_amp=3.0, unroll=unroll,
+              partition_tokens=64, scatter=scatter)

@@ -7,7 +7,9 @@ What makes it fast (docs/fast-kernels.md s.6, measured s.8):
     sized so the grid fills the device; a reduce kernel combines the partitions;
   - one workgroup serves the G query heads of a KV head: every K/V word is loaded once for G heads;
   - K is read once, with an online softmax (base 2, the query pre-scaled by scale*log2(e));
-  - a token row is shared by L lanes that each own D/L dims; the row dot is summed by subgroup shuffles;
+  - a token row is shared by L lanes that each own D/L dims; the row's G x U partial logits of a step are
+    reduce-scattered by subgroup shuffles, so each (head, token) logit's softmax step runs once on the lanes
+    that own it, and the lanes then take the weights from their owners (scatter_softmax);
   - codes go straight into the dot products (unpack4xI8, FP8 bit arithmetic, unpack2x16float), and the
     per-token scales multiply the logit and the probability: no dequantise pass, no f32 copy of the cache;
   - the per-head, per-token code is unrolled here (one variable per head and vec4), because naga clamps
@@ -97,6 +99,10 @@ def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
     return lay.unroll * (2 * wpl + extra) <= PREFETCH_MAX_WORDS
 MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
 LAZY_RESCALE = False  # rescale only when the running max grows (render's lazy; tools/fast_decode_tune.py --lazy)
+# The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter), measured on the H200 at the
+# anchor (tools/device-scatter.sh, 2026-12-01, one run): int8 102.4 -> 95.7 us, f16 91.4 -> 85.0, fp8 138.4 -> 130.6,
+# int4 106.5 -> 102.7, the int8-query variant 88.8 -> 75.0 (72.1 at 4 tokens a row per step).
+SCATTER = True
 PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
 F16_EPS = 2.0 ** -11  # f16 unit roundoff
 
@@ -370,6 +376,107 @@ def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
     return merge
 
 
+def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I: str = "  ", J: str = "    "):
+    """WGSL of the "scatter" online softmax of a split kernel (render's scatter=True): (prologue lines, step
+    lines, lines after the loop). Instead of every one of a row's L lanes summing all G x U partial logits of
+    a step (G x U x log2 L shuffles) and each running the G heads' softmax (3 exp2 a head), the lanes
+    REDUCE-SCATTER the logits: at each of the log2 L levels (lane bit x, high to low) a lane keeps half of its
+    values and adds the partner's copy of that half, so after log2(G U) levels each lane holds one (head,
+    token) logit summed over its lanes (the remaining levels sum it over the replicas). The lane that owns
+    (g, u) runs that logit's softmax step (the max over the step's tokens of head g: log2 U shuffles; one
+    exp2 for p, one for the rescale), and keeps head g's m and its own share of l. Then every lane takes the
+    G rescales and the G x U weights by subgroupShuffle from their owners, for its slice of P.V. After the
+    loop the lanes gather m (from an owner) and l (the owners' shares summed) of every head, so the merge and
+    the write are the old ones. Values: `partial(g, u)` names the lane-partial logit, `zero` pads G U up to a
+    power of two, `logit(i, r)` scales the reduced value r of own slot i (its token uo{i}, head go{i}) and
+    masks it, `wscale(i)` the V scale of own slot i's token (None: none). Needs L >= 2 and the
+    subgroup_invocation_id builtin `sgi` (row lanes at sgi's low bits: the guard checks it)."""
+    b = L.bit_length() - 1
+    V = G * U
+    Vp = 1 << (V - 1).bit_length()
+    m = min(Vp.bit_length() - 1, b)  # scatter levels
+    own = max(1, Vp // L)  # (head, token) slots a lane owns after them
+    pro, step, post = [], [], []
+    pro.append(f"{I}let lhi = lane >> {b - m}u;  // the scatter's owner id: own slot i is (head, token) j = lhi * {own} + i")
+    pro.append(f"{I}let sgb = sgi & {~(L - 1) & 0xFFFFFFFF}u;  // this row's lane 0 in the subgroup")
+    for k in range(m):
+        pro.append(f"{I}let sbit{k} = (lane & {L >> (k + 1)}u) != 0u;")
+    for i in range(own):
+        pro.append(f"{I}let uo{i} = (lhi * {own}u + {i}u) % {U}u;")
+        pro.append(f"{I}let go{i} = (lhi * {own}u + {i}u) / {U}u;")
+        pro.append(f"{I}var mo{i} = EMPTY;")
+        pro.append(f"{I}var lo{i} = 0.0;")
+    vals = [partial(g, u) for g in range(G) for u in range(U)] + [zero] * (Vp - V)
+    for k in range(b):
+        x = L >> (k + 1)
+        if len(vals) > 1:
+            h = len(vals) // 2
+            nxt = []
+            for i in range(h):
+                lo, hi = vals[i], vals[h + i]
+                step.append(f"{J}let r{k}_{i} = select({lo}, {hi}, sbit{k}) + subgroupShuffleXor(select({hi}, {lo}, sbit{k}), {x}u);")
+                nxt.append(f"r{k}_{i}")
+            vals = nxt
+        else:
+            step.append(f"{J}let r{k}_0 = {vals[0]} + subgroupShuffleXor({vals[0]}, {x}u);")
+            vals = [f"r{k}_0"]
+    for i in range(own):
+        step.append(f"{J}let so{i} = {logit(i, vals[i])};")
+    per = min(own, U)  # own slots of one head
+    for h0 in range(0, own, per):
+        mx = f"so{h0}"
+        for i in range(h0 + 1, h0 + per):
+            mx = f"max({mx}, so{i})"
+        step.append(f"{J}var mx{h0} = {mx};")
+        t = 0
+        while (per << t) < U:  # the head's other tokens sit on lanes differing in lhi's low bits
+            step.append(f"{J}mx{h0} = max(mx{h0}, subgroupShuffleXor(mx{h0}, {1 << (b - m + t)}u));")
+            t += 1
+        for i in range(h0, h0 + per):
+            step.append(f"{J}let mno{i} = max(mo{i}, mx{h0});")
+            step.append(f"{J}let alo{i} = exp2(mo{i} - mno{i});")
+            step.append(f"{J}let pp{i} = exp2(so{i} - mno{i});")
+            step.append(f"{J}lo{i} = lo{i} * alo{i} + pp{i};")
+            step.append(f"{J}mo{i} = mno{i};")
+            ws = wscale(i)
+            step.append(f"{J}let wo{i} = {f'pp{i} * {ws}' if ws else f'pp{i}'};")
+
+    def src(j):  # (own slot, subgroup lane) of an owner of slot j
+        return j % own, f"sgb | {(j // own) << (b - m)}u"
+
+    for g in range(G):
+        i, ln = src(g * U)
+        step.append(f"{J}let al{g} = subgroupShuffle(alo{i}, {ln});")
+        post.append(f"{I}var m{g} = subgroupShuffle(mo{i}, {ln});")
+        ls = []
+        for u in range(U):
+            i, ln = src(g * U + u)
+            step.append(f"{J}let w{g}_{u} = subgroupShuffle(wo{i}, {ln});")
+            ls.append(f"subgroupShuffle(lo{i}, {ln})")
+        post.append(f"{I}var l{g} = {' + '.join(ls)};")
+    return pro, step, post
+
+
+def subgroup_defines(L: int, scatter: bool) -> dict:
+    """SG_PARAM (the subgroup builtins a split kernel takes) and SG_GUARD: a driver that ran the pipeline with
+    fewer lanes a subgroup than L, or (scatter) with a row's lanes not at the low bits of the subgroup
+    invocation id, would sum the wrong lanes: the partition then says NaN, and the result is refused as
+    non-finite instead of wrong."""
+    if L < 2:
+        return {"SG_PARAM": "", "SG_GUARD": ""}
+    cond = f"sg_size < {L}u" + (f" || (sgi & {L - 1}u) != lane" if scatter else "")
+    return {"SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" + (", @builtin(subgroup_invocation_id) sgi: u32" if scatter else ""),
+            "SG_GUARD": f"if ({cond}) {{ m0 = bitcast<f32>(0x7fc00000u); }}"}
+
+
+def own_select(names, idx: str) -> str:
+    """WGSL picking names[idx] for a lane-dependent idx (a chain of selects)."""
+    e = names[0]
+    for k in range(1, len(names)):
+        e = f"select({e}, {names[k]}, {idx} == {k}u)"
+    return e
+
+
 def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None):
     """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml,
     fast_decode_kivi): (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens
@@ -446,7 +553,7 @@ def check_grid(rt: GpuRuntime, name: str, counts) -> None:
 
 def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
            pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
-           magic: bool = False) -> dict:
+           magic: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of fast/decode_split.wgsl for one format and shape (and variant: QK_VARIANTS,
     PV_VARIANTS; the defaults render the exact f32 kernel).
 
@@ -461,9 +568,14 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
     the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only.
     magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (INT_TO_F32_WGSL) instead of the int-to-float
-    conversion; exact, bit-identical outputs."""
+    conversion; exact, bit-identical outputs.
+    scatter: the reduce-scatter softmax (scatter_softmax): each (head, token) logit's softmax step runs on the
+    lanes that own it instead of on all L lanes; f32 P.V, not lazy, L >= 2. Same arithmetic per logit, the
+    lane sums in another order: within the f32 tolerance, not bit for bit."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     i8, h16 = qk == "i8", pv == "f16"
+    if scatter and (L < 2 or h16 or lazy):
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row, f32 P.V and no lazy rescale")
     qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
     dpl = lay.dims_per_lane
     nv = dpl // 4
@@ -485,8 +597,9 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             for i in range(nv):
                 o = g * D + 4 * i
                 pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
-        pro.append(f"{I}var m{g} = EMPTY;")
-        pro.append(f"{I}var l{g} = 0.0;")
+        if not scatter:
+            pro.append(f"{I}var m{g} = EMPTY;")
+            pro.append(f"{I}var l{g} = 0.0;")
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
         if h16:  # the f16 accumulator of the steps since the last flush, and the f32 rescale over them
@@ -541,6 +654,8 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             if i8:  # an exact integer dot (|sum| <= D * 128 * 128 < 2^24, so f32(si) is exact too)
                 si = f"si{g}_{u}"
                 step.append(f"{J}var {si} = {_join([f'dot4I8Packed(qw{g}_{w}, kw{u}_{w})' for w in range(wpl)])};")
+                if scatter:
+                    continue
                 x = 1
                 while x < L:
                     step.append(f"{J}{si} = {si} + subgroupShuffleXor({si}, {x}u);")
@@ -548,12 +663,33 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
                 step.append(f"{J}let {s} = select(MASKED, f32({si}) * qs{g} * {ks.format(u=u)}, tt{u} < t1);")
                 continue
             step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
+            if scatter:
+                continue
             x = 1
             while x < L:
                 step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
                 x *= 2
             scaled = f"{s} * {ks.format(u=u)}" if ks else s
             step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
+    post = []
+    if scatter:  # the lane-partial logits are reduce-scattered; each lane runs the softmax of the slots it owns
+        def own_scale(tmpl, i):
+            if tmpl is None or "{u}" not in tmpl:
+                return tmpl
+            return own_select([tmpl.format(u=u) for u in range(U)], f"uo{i}")
+
+        def logit(i, r):
+            x = f"f32({r}) * qso{i}" if i8 else r
+            k = own_scale(ks, i)
+            return f"select(MASKED, {f'{x} * {k}' if k else x}, tb + rg * U + uo{i} < t1)"
+
+        sc_pro, sc_step, post = scatter_softmax(G, U, L, (lambda g, u: f"si{g}_{u}") if i8 else (lambda g, u: f"s{g}_{u}"),
+                                                "0i" if i8 else "0.0", logit, lambda i: own_scale(vs, i), I, J)
+        pro += sc_pro
+        if i8:  # the owner's query scale (its head's, fixed per lane)
+            own = max(1, (1 << (G * U - 1).bit_length()) // L)
+            pro += [f"{I}let qso{i} = {own_select([f'qs{g}' for g in range(G)], f'go{i}')};" for i in range(own)]
+        step += sc_step
     for u in range(U):
         if h16 and fmt.name == "int8":
             step.append(f"{J}let vsh{u} = f16({vs.format(u=u)});")
@@ -563,6 +699,13 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             else:
                 step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
     for g in range(G):
+        if scatter:  # al{g}, w{g}_u come from their owners
+            for i in range(nv):
+                acc = f"a{g}_{i} * al{g}"
+                for u in range(U):
+                    acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
+                step.append(f"{J}a{g}_{i} = {acc};")
+            continue
         mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
         if lazy and not h16:
             # rescale l and the accumulators only when the running max grows (uniform over the row
@@ -626,7 +769,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         step.append(f"{J}}}")
         merge += [f"{I}{x}" for x in flush]
     # ---- merge of the row groups, a tree over workgroup memory
-    merge += merge_tree(G, nv, stride, RG, I)
+    merge += post + merge_tree(G, nv, stride, RG, I)
     # ---- row group 0 writes the partition's state
     for g in range(G):
         write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
@@ -640,11 +783,8 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
         "SHARED": str(max(1, RG // 2) * G * stride),
         "HELPERS": _helpers(fmt, magic),
-        "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
-        # a driver that ran this pipeline with fewer lanes a subgroup than L would sum the wrong lanes:
-        # the partition then says NaN, and the result is refused as non-finite instead of wrong
-        "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
-        "VARIANT": variant_name(qk, pv, pv_flush, U),
+        **subgroup_defines(L, scatter),
+        "VARIANT": variant_name(qk, pv, pv_flush, U) + ("; scatter softmax" if scatter else ""),
         "ENABLES": "enable f16;" if h16 else "",
         "Q_TYPE": "u32" if i8 else "f32",
         "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
@@ -724,7 +864,7 @@ class FastDecode:
     def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
                rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32", pv: str = "f32",
                pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool | None = None, lazy: bool = False,
-               magic: bool = False):
+               magic: bool = False, scatter: bool | None = None):
         """checks=False: the shader module without naga's runtime checks (kvviz/gpu/trusted.py), a
         measured variant; the host has validated every index the kernel reads. qk / pv: the variants
         (QK_VARIANTS, PV_VARIANTS above)."""
@@ -732,7 +872,9 @@ class FastDecode:
         lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
         if prefetch is None:  # the default: where it measured faster (PREFETCH, prefetch_fits); True / False force it
             prefetch = PREFETCH and prefetch_fits(fmt, head_size, lay)
-        defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic)
+        if scatter is None:  # the default (SCATTER) where the layout allows it; True forces it (or refuses)
+            scatter = SCATTER and lay.lanes > 1 and pv == "f32" and not lazy
+        defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic, scatter)
         if not checks:
             from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
 
@@ -766,7 +908,8 @@ class FastDecode:
              tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
              unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32",
              pv: str = "f32", pv_flush: int = PV_FLUSH, prefetch: bool | None = None,
-             const_block: bool = True, lazy: bool | None = None, magic: bool | None = None) -> FastDecodePlan:
+             const_block: bool = True, lazy: bool | None = None, magic: bool | None = None,
+             scatter: bool | None = None) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format). qk="i8" / pv="f16": the variants
         (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32."""
@@ -779,7 +922,8 @@ class FastDecode:
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush,
                                 batch.block_size if const_block else 0, prefetch,
-                                LAZY_RESCALE if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic)
+                                LAZY_RESCALE if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic,
+                                scatter)
         mcl = int(batch.max_context_len)
         pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
                               lay.tokens_per_step, mcl)

@@ -139,12 +139,15 @@ def prefetch_words(t: fg.GgmlType, lay: fd.Layout) -> int:
 
 
 def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_size: int = 0,
-           prefetch: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of fast/decode_ggml.wgsl for one type and shape. block_size > 0 renders the block
     size as a constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: each
     step issues the next step's block-table reads and word loads before its arithmetic (fast_decode.render's
-    software pipelining; same arithmetic, bit-identical outputs)."""
+    software pipelining; same arithmetic, bit-identical outputs). scatter: fast_decode's reduce-scatter softmax
+    (fast_decode.scatter_softmax; L >= 2): the owners broadcast p, each lane applies its own blocks' V scales."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    if scatter and L < 2:
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
     nv = dpl // 4
     n = min(dpl, 32)  # elements of one segment (the lane's part of one block)
@@ -193,8 +196,9 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
             for k in range(nseg):
                 parts = [f"q{g}_{i}" for i in range(nv) if seg(i)[0] == k]
                 pro.append(f"{I}let qs{g}_{k} = dot({' + '.join(parts)}, vec4<f32>(1.0));")
-        pro.append(f"{I}var m{g} = EMPTY;")
-        pro.append(f"{I}var l{g} = 0.0;")
+        if not scatter:
+            pro.append(f"{I}var m{g} = EMPTY;")
+            pro.append(f"{I}var l{g} = 0.0;")
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
     # ---- one step: U tokens per row group; every load before any arithmetic
@@ -268,22 +272,33 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
                 if t.has_min:
                     terms.append(f"km{u}_{k} * qs{g}_{k}")
             step.append(f"{J}var {s} = {' + '.join(terms)};")
+            if scatter:
+                continue
             x = 1
             while x < L:
                 step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
                 x *= 2
             step.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
+    post = []
+    if scatter:  # p{g}_{u} comes from its owner (the V scales are per lane: each lane's own blocks')
+        sc_pro, sc_step, post = fd.scatter_softmax(
+            G, U, L, lambda g, u: f"s{g}_{u}", "0.0", lambda i, r: f"select(MASKED, {r}, tb + rg * U + uo{i} < t1)",
+            lambda i: None, I, J)
+        pro += sc_pro
+        step += sc_step
+        step += [f"{J}let p{g}_{u} = w{g}_{u};" for g in range(G) for u in range(U)]
     for u in range(U):
         for i in range(nv):
             step.append(f"{J}let vv{u}_{i} = {vec('v', u, i)};")
     for g in range(G):
-        mxs = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-        step.append(f"{J}let mn{g} = max(m{g}, {mxs});")
-        step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
-        for u in range(U):
-            step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
-        step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
-        step.append(f"{J}m{g} = mn{g};")
+        if not scatter:
+            mxs = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+            step.append(f"{J}let mn{g} = max(m{g}, {mxs});")
+            step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
+            for u in range(U):
+                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
+            step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
+            step.append(f"{J}m{g} = mn{g};")
         for u in range(U):
             for k in range(nseg):
                 step.append(f"{J}let w{g}_{u}_{k} = p{g}_{u} * vd{u}_{k};")
@@ -299,7 +314,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
             step.append(f"{J}a{g}_{i} = {acc};")
     step += rotate  # the prefetched words become the next step's
     # ---- merge of the row groups (fast_decode's tree), row group 0 writes the partition's state
-    merge += fd.merge_tree(G, nv, stride, RG, I)
+    merge += post + fd.merge_tree(G, nv, stride, RG, I)
     for g in range(G):
         write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
         write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
@@ -311,9 +326,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
         "WPT": str(t.words_per_token(D)), "BPB": str(t.block_bytes), "DPL": str(dpl), "STRIDE": str(stride),
         "SHARED": str(max(1, RG // 2) * G * stride),
         "HELPERS": _helpers(t),
-        "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
-        # a pipeline run with fewer lanes a subgroup than L would sum the wrong lanes: NaN, refused as non-finite
-        "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
+        **fd.subgroup_defines(L, scatter),
         "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
     }
 
@@ -355,17 +368,21 @@ class GgmlFastDecode:
         return fd.choose_layout(_FMT, head_size, group, L, limit, unroll, rows)
 
     def kernel(self, type_name: str, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
-               **kw):
-        """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words)."""
+               scatter: bool | None = None, **kw):
+        """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words).
+        scatter None: fast_decode.SCATTER where a row has 2+ lanes."""
         lay = self.layout(head_size, group, **kw)
         t = fg.TYPES[type_name]
         if prefetch is None:
             prefetch = fd.PREFETCH and prefetch_words(t, lay) <= fd.PREFETCH_MAX_WORDS
-        return self.rt.compile(SPLIT, **render(t, head_size, group, lay, block_size, prefetch)), lay
+        if scatter is None:
+            scatter = fd.SCATTER and lay.lanes > 1
+        return self.rt.compile(SPLIT, **render(t, head_size, group, lay, block_size, prefetch, scatter)), lay
 
     def plan(self, type_name: str, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              partition_tokens: int | None = None, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
-             lanes: int = 16, const_block: bool = True, prefetch: bool | None = None) -> GgmlDecodePlan:
+             lanes: int = 16, const_block: bool = True, prefetch: bool | None = None,
+             scatter: bool | None = None) -> GgmlDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the ggml caches `k`, `v`
         (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's)."""
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
@@ -377,7 +394,7 @@ class GgmlFastDecode:
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         t = fg.TYPES[type_name]
         kern, lay = self.kernel(type_name, D, G, batch.block_size if const_block else 0, subgroups=subgroups,
-                                unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch)
+                                unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter)
         mcl = int(batch.max_context_len)
         pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
                                  lay.tokens_per_step, mcl)
