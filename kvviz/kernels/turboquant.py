@@ -6,8 +6,11 @@ Family "turboquant" (kvviz/kernels/families.py): shaders in shaders/turboquant/,
 bit format kvviz/formats/turboquant.py, numpy reference kvviz/oracles/turboquant.py, tests
 tests/test_turboquant.py.
 
-TurboQuant is not paged: one cache holds ONE sequence, `cache_cap` positions for every KV head, in
-regions (keys [polar | jl | norms], values [polar | norms]) with slot = kv_head * cache_cap + t.
+The seed kernels' cache (TQCache) is not paged: one cache holds ONE sequence, `cache_cap` positions for every KV
+head, in regions (keys [polar | jl | norms], values [polar | norms]) with slot = kv_head * cache_cap + t. The
+method's cache is paged: the general compressor below (tq_general_compress) writes per-token records through the
+batch's slot mapping (at the seed configuration the seed compressor's words, bit for bit), read by the paged fast
+decode (kvviz/kernels/fast_decode_tq.py plan_paged).
 
 Everything is checked on the host before dispatch (docs/kernels.md, "TurboQuant"): head_size a
 power of two, <= 128, a multiple of 32 (UnsupportedShape); max_seq <= cache_cap, start_pos + n_queries
