@@ -319,3 +319,15 @@ def test_prefetch_default(fast, monkeypatch):
     # the explicit False renders the single-buffered kernel, True the pipelined one
     assert "nkw0_0" in fk.render(2, 128, 4, lay, 32, 16, True)["QSTEP"]
     assert "nkw0_0" not in fk.render(2, 128, 4, lay, 32, 16, False)["QSTEP"]
+
+
+@pytest.mark.parametrize("bits,recent,D,bs,kvh,G,lens,kw", [
+    (2, 16, 64, 16, 1, 4, [1, 31, 32, 33, 0, 77], {}),
+    (4, 16, 64, 8, 2, 3, [96, 33, 1, 0], {"unroll": 4}),  # G x U = 12: padded to 16 slots
+    (2, 0, 64, 16, 1, 16, [65, 0, 40], {}),  # 32 slots over 8 lanes: a lane owns 4
+], ids=["G4", "G3-U4", "G16"])
+def test_scatter_and_all_lane_softmax(ctx, fast, bits, recent, D, bs, kvh, G, lens, kw):
+    """fast_decode's reduce-scatter softmax (the default) and the all-lane one, each against the oracle, in
+    both loops (the quantised key groups with their V zeros' sums kept by the owners, and the f32 window)."""
+    for scatter in (True, False):
+        check(ctx, fast, bits, recent, D, bs, kvh, G, lens, seed=11, words=False, q_amp=3.0, scatter=scatter, **kw)

@@ -376,7 +376,8 @@ def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
     return merge
 
 
-def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I: str = "  ", J: str = "    "):
+def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I: str = "  ", J: str = "    ",
+                    extras=()):
     """WGSL of the "scatter" online softmax of a split kernel (render's scatter=True): (prologue lines, step
     lines, lines after the loop). Instead of every one of a row's L lanes summing all G x U partial logits of
     a step (G x U x log2 L shuffles) and each running the G heads' softmax (3 exp2 a head), the lanes
@@ -389,8 +390,10 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
     loop the lanes gather m (from an owner) and l (the owners' shares summed) of every head, so the merge and
     the write are the old ones. Values: `partial(g, u)` names the lane-partial logit, `zero` pads G U up to a
     power of two, `logit(i, r)` scales the reduced value r of own slot i (its token uo{i}, head go{i}) and
-    masks it, `wscale(i)` the V scale of own slot i's token (None: none). Needs L >= 2 and the
-    subgroup_invocation_id builtin `sgi` (row lanes at sgi's low bits: the guard checks it)."""
+    masks it, `wscale(i)` the V scale of own slot i's token (None: none). `extras`: (name, expr(i) or None)
+    per-head sums of p * expr kept by the owners like l (rescaled; None: only rescaled), gathered into
+    var {name}{g} after the loop (KIVI's V zeros). Needs L >= 2 and the subgroup_invocation_id builtin `sgi`
+    (row lanes at sgi's low bits: the guard checks it)."""
     b = L.bit_length() - 1
     V = G * U
     Vp = 1 << (V - 1).bit_length()
@@ -406,6 +409,7 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
         pro.append(f"{I}let go{i} = (lhi * {own}u + {i}u) / {U}u;")
         pro.append(f"{I}var mo{i} = EMPTY;")
         pro.append(f"{I}var lo{i} = 0.0;")
+        pro += [f"{I}var {name}o{i} = 0.0;" for name, _ in extras]
     vals = [partial(g, u) for g in range(G) for u in range(U)] + [zero] * (Vp - V)
     for k in range(b):
         x = L >> (k + 1)
@@ -437,6 +441,9 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
             step.append(f"{J}let alo{i} = exp2(mo{i} - mno{i});")
             step.append(f"{J}let pp{i} = exp2(so{i} - mno{i});")
             step.append(f"{J}lo{i} = lo{i} * alo{i} + pp{i};")
+            for name, expr in extras:
+                e = expr(i) if expr else None
+                step.append(f"{J}{name}o{i} = {name}o{i} * alo{i}{f' + pp{i} * {e}' if e else ''};")
             step.append(f"{J}mo{i} = mno{i};")
             ws = wscale(i)
             step.append(f"{J}let wo{i} = {f'pp{i} * {ws}' if ws else f'pp{i}'};")
@@ -448,12 +455,11 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
         i, ln = src(g * U)
         step.append(f"{J}let al{g} = subgroupShuffle(alo{i}, {ln});")
         post.append(f"{I}var m{g} = subgroupShuffle(mo{i}, {ln});")
-        ls = []
         for u in range(U):
             i, ln = src(g * U + u)
             step.append(f"{J}let w{g}_{u} = subgroupShuffle(wo{i}, {ln});")
-            ls.append(f"subgroupShuffle(lo{i}, {ln})")
-        post.append(f"{I}var l{g} = {' + '.join(ls)};")
+        for name in ["l"] + [n for n, _ in extras]:  # the owners' shares of the head's sums
+            post.append(f"{I}var {name}{g} = {' + '.join(f'subgroupShuffle({name}o{src(g * U + u)[0]}, {src(g * U + u)[1]})' for u in range(U))};")
     return pro, step, post
 
 

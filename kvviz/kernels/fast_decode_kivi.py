@@ -154,14 +154,18 @@ def use_prefetch(bits: int, lay: fd.Layout, prefetch: bool | None = None) -> boo
 
 
 def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block_size: int = 0,
-           prefetch: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of fast/decode_kivi.wgsl. prefetch: software pipelining of the quantised loop
     (fast_decode.step_loads, as fast_decode.render and fast_decode_ggml.render do): each step issues the NEXT
     step's block-table reads and K / V loads (the next key group's first step at a group's last) before its
     own arithmetic, the prologue loads the first step's, the step closes by rotating them in; same
     arithmetic, bit-identical outputs (tests/test_fast_decode_kivi.py). The key groups' (scale, zero) loads
-    and the residual window's f32 rows are not pipelined (the module docstring says why)."""
+    and the residual window's f32 rows are not pipelined (the module docstring says why). scatter: fast_decode's
+    reduce-scatter softmax (fast_decode.scatter_softmax, L >= 2) in both loops; the owners also keep the V
+    zeros' sums (zs)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    if scatter and L < 2:
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
     nv = dpl // 4
     epw = 32 // bits
@@ -179,9 +183,10 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
             pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
             pro.append(f"{I}var qk{g}_{i} = vec4<f32>(0.0);")
         pro.append(f"{I}var bz{g} = 0.0;  // this lane's share of sum_c q_c z_c for the current key group")
-        pro.append(f"{I}var m{g} = EMPTY;")
-        pro.append(f"{I}var l{g} = 0.0;")
-        pro.append(f"{I}var zs{g} = 0.0;  // sum p * (V zero), added to every channel after the loops")
+        if not scatter:
+            pro.append(f"{I}var m{g} = EMPTY;")
+            pro.append(f"{I}var l{g} = 0.0;")
+            pro.append(f"{I}var zs{g} = 0.0;  // sum p * (V zero), added to every channel after the loops")
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
     if not aligned:  # vec4 i of this lane: its code word and the shifts of its 4 codes in it
@@ -205,8 +210,30 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         grp.append(f"{J}bz{g} = {_join([f'dot(q{g}_{i}, kzr{i})' for i in range(nv)])};")
     grp.append(f"{J}let gt = gc * 32u + sub * TG;  // this row group's first token of the group")
 
-    def softmax(out, J, logits_ok, vvals, vscale, vzero):
-        """Online-softmax update of the G heads over U tokens whose masked logits s{g}_{u} are computed."""
+    sc_post = []
+
+    def softmax(out, J, mask, vvals, vscale, vzero):
+        """Online-softmax update of the G heads over U tokens whose logits s{g}_{u} are computed: all-lane (the
+        logits reduced and masked before), or scatter (lane partials; mask(u) the WGSL condition of token u)."""
+        if scatter:
+            def own(f, i):
+                return f and fd.own_select([f(u) for u in range(U)], f"uo{i}")
+
+            sc_pro, sc_step, post = fd.scatter_softmax(
+                G, U, L, lambda g, u: f"s{g}_{u}", "0.0",
+                lambda i, r: f"select(MASKED, {r}, {mask(f'uo{i}')})", lambda i: own(vscale, i), I, J,
+                extras=[("zs", (lambda i: own(vzero, i)) if vzero else None)])
+            if not sc_post:
+                pro.extend(sc_pro)
+                sc_post.extend(post)
+            out += sc_step
+            for g in range(G):
+                for i in range(nv):
+                    acc = f"a{g}_{i} * al{g}"
+                    for u in range(U):
+                        acc = f"fma(vec4<f32>(w{g}_{u}), {vvals(u, i)}, {acc})"
+                    out.append(f"{J}a{g}_{i} = {acc};")
+            return
         for g in range(G):
             mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
             out.append(f"{J}let mn{g} = max(m{g}, {mx});")
@@ -271,12 +298,14 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         for u in range(U):
             s = f"s{g}_{u}"
             qstep.append(f"{K}var {s} = {_join([f'dot(qk{g}_{i}, kq{u}_{i})' for i in range(nv)])} + bz{g};")
+            if scatter:
+                continue
             reduce_lanes(qstep, K, s)
             qstep.append(f"{K}{s} = select(MASKED, {s}, gv);")
     for u in range(U):
         for i in range(nv):
             qstep.append(f"{K}let vq{u}_{i} = {_codes(bits, f'vw{u}', i, aligned)};")
-    softmax(qstep, K, "gv", lambda u, i: f"vq{u}_{i}", lambda u: f"vs{u}", lambda u: f"vz{u}")
+    softmax(qstep, K, lambda u: "gv", lambda u, i: f"vq{u}_{i}", lambda u: f"vs{u}", lambda u: f"vz{u}")
     qstep += rotate  # the prefetched words become the next step's
     # ---- one step over residual f32 rows: U tokens a row group, RG row groups interleaved
     for u in range(U):
@@ -293,10 +322,13 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         for u in range(U):
             s = f"s{g}_{u}"
             rstep.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, rkv{u}_{i})' for i in range(nv)])};")
+            if scatter:
+                continue
             reduce_lanes(rstep, J, s)
             rstep.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
-    softmax(rstep, J, None, lambda u, i: f"rvv{u}_{i}", None, None)
+    softmax(rstep, J, lambda u: f"tb + rg * U + {u} < t1", lambda u, i: f"rvv{u}_{i}", None, None)
     # ---- after the loops: the V zeros' share, the same for every channel
+    fold += sc_post
     for g in range(G):
         for i in range(nv):
             fold.append(f"{I}a{g}_{i} = a{g}_{i} + vec4<f32>(zs{g});")
@@ -311,9 +343,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         "BITS": str(bits), "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "KW": str(KW), "VW": str(KW + 2), "TG": str(tg), "R": str(R), "GPS": str(RG // R),
         "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride), "SHARED": str(max(1, RG // 2) * G * stride),
-        "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
-        # a pipeline run with fewer lanes a subgroup than L would sum the wrong lanes: NaN, refused as non-finite
-        "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
+        **fd.subgroup_defines(L, scatter),
         "PROLOGUE": "\n".join(pro), "GROUP": "\n".join(grp), "QSTEP": "\n".join(qstep), "RSTEP": "\n".join(rstep),
         "FOLD": "\n".join(fold), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
     }
@@ -372,12 +402,13 @@ class KiviFastDecode:
     def plan(self, bits: int, k, v, res, num_kv_heads: int, q, batch, scale: float, recent: int | None = None, *,
              seq_plan: kl.Plan | None = None, info=None, partition_tokens: int | None = None,
              subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
-             prefetch: bool | None = None) -> KiviDecodePlan:
+             prefetch: bool | None = None, scatter: bool | None = None) -> KiviDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, D the padded head size the cache was written at) over the
         KIVI buffers k, v, res (GPU buffers in kvviz/formats/kivi.py's layout). The quantised / residual split is
         `seq_plan` (kvviz.formats.kivi.plan(batch.context_lens, recent)) or computed from `recent`; `info`: the
         method's buffer (seq_plan.seq_info() then the block tables), uploaded here when None. prefetch: the
-        software-pipelined loads (render); None: where a lane's words of a step fit (use_prefetch)."""
+        software-pipelined loads (render); None: where a lane's words of a step fit (use_prefetch). scatter: the
+        reduce-scatter softmax (render); None: fast_decode.SCATTER where a row has 2+ lanes."""
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         bs = int(batch.block_size)
@@ -416,7 +447,8 @@ class KiviFastDecode:
         if info is None:
             info = self.rt.upload(np.concatenate([seq_plan.seq_info().reshape(-1), bt.reshape(-1)]), "kivi_info")
         pf = use_prefetch(bits, lay, prefetch)
-        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf))
+        sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
+        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf, sc))
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_kivi_partials")
         out = self.rt.empty(S * H * D * 4, "fast_decode_kivi_out")
         imm = kern.pack(num_kv_heads, H, bs, bt.shape[1], 4 * S, kstride, kl.ws(D, bs), pt, P, float(scale) * LOG2E)
