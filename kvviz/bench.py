@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError
+from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
 from kvviz.kernels import arith
@@ -211,6 +211,7 @@ def run_bench(
                         refw = oracle.decode_weights(q, kf, batch.block_tables, batch.context_lens, shape.block_size, scale)
                         # the tolerance of tests/test_paged_conformance.py: f32 accumulation vs float64
                         refs[fmt] = (ref, refw, 2e-5 * max(1.0, float(np.abs(vf).max())))
+                        refs[fmt + "_caches"] = (kf, vf)
                     ref, refw, tol = refs[fmt]
                     impl = "seed" if fmt == "q8" else "baseline"
                     mid = "int8_seed" if fmt == "q8" else None
@@ -224,6 +225,8 @@ def run_bench(
                     if fe == frontends[0] or fmt == "f32":  # the fast decode reads the cache as is: once per format
                         rows.append(_fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, mid))
                     if fmt == "q8" and fe == frontends[0]:  # the fast writer of the seed layout, beside the seed's
+                        rows.append(_fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter,
+                                                  refs["q8_caches"], tol))
                         rows += _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter)
                     werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
                     rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr, 2e-6, adapter, wnote or "correctness only"))
@@ -318,6 +321,41 @@ def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, a
     except (InvalidInput, DeviceLimitError) as exc:
         return _row(name, "fast split-K", shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}", method=method,
                     role="decode", impl="fast")
+
+
+# the int8-query variant's layout: 4 tokens a row per step measured fastest for it on the H200 (72.2 us vs 75.4 at 2;
+# assets/bench/h200-2026-12-01-fast-decode-scatter-layouts.txt)
+I8Q_UNROLL = 4
+
+
+def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, caches, tol):
+    """The measured variant of the fast decode over the seed layout's int8 cache: the query quantised to int8
+    (one scale a head) and dotted with K's codes by dot4I8Packed. Checked against ITS oracle (the float64 decode
+    of the dequantised int8 query: kvviz/kernels/fast_decode.py, variants), with the f32 kernel's tolerance;
+    the note gives its distance from the f32-query oracle too (the query's quantisation error)."""
+    from kvviz.kernels import fast_decode as fd
+
+    name = "fast_decode_int8 (int8 query)"
+    fast = fd.FastDecode(rt)
+    try:
+        plan = fast.plan(fd.INT8, cache.k, cache.v, cache.num_kv_heads, q, batch, scale, qk="i8", unroll=I8Q_UNROLL)
+        t = rt.time(plan.dispatches, runs, warmup)
+        nbytes, flops = fd.decode_traffic(fd.INT8, batch, shape.num_heads, shape.num_kv_heads, shape.head_size,
+                                          plan.num_partitions)
+        out = fast.read(plan)
+        codes, qs = fd.quantize_query(q)
+        kf, vf = caches
+        ref = oracle.decode(codes.astype(np.float64) * qs[..., None].astype(np.float64), kf, vf, batch.block_tables,
+                            batch.context_lens, shape.block_size, scale)
+        exact = oracle.decode(q, kf, vf, batch.block_tables, batch.context_lens, shape.block_size, scale)
+        err, note = _max_err(out, ref, name)
+        if not note:
+            note = f"vs the f32-query oracle: {float(np.abs(out - exact).max()):.2e} (the query's int8 rounding)"
+        return _row(name, f"fast split-K ({plan.describe()})", shape, t, nbytes,
+                    copy_gbps, err, tol, adapter, note, method="int8_seed", role="decode", impl="fast", flops=flops)
+    except (InvalidInput, DeviceLimitError, UnsupportedShape) as exc:
+        return _row(name, "fast split-K, int8 query", shape, None, 0, copy_gbps, None, None, adapter,
+                    f"skipped: {exc}", method="int8_seed", role="decode", impl="fast")
 
 
 def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log, only=None):

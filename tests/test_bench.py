@@ -31,6 +31,11 @@ def test_bench_rows_fields_and_oracle_checks(rt):
     assert len(checked) >= 9 + 6
     bad = [(r["kernel"], r["variant"], r["max_abs_err_vs_oracle"], r["tolerance"]) for r in checked if not r["within_tolerance"]]
     assert not bad, bad
+    # the int8-query variant beside the seed layout's fast decode: checked against its own oracle, and the
+    # note says how far the query's int8 rounding puts it from the f32-query oracle
+    i8q = [r for r in rows if r["kernel"] == "fast_decode_int8 (int8 query)"]
+    assert len(i8q) == 1 and i8q[0]["within_tolerance"] and i8q[0]["impl"] == "fast"
+    assert "dot4I8Packed" in i8q[0]["variant"] and "f32-query oracle" in i8q[0]["note"]
     timed = [r for r in rows if r["gpu_us_median"] is not None]
     assert all(r["gpu_us_min"] <= r["gpu_us_median"] <= r["gpu_us_p90"] for r in timed)
     assert all(r["bytes_moved"] > 0 and r["gbps"] > 0 for r in timed)
