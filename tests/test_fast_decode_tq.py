@@ -210,3 +210,9 @@ def test_batch_equals_one_sequence_at_a_time_and_splits_write_own_buffers(tq, fa
         one = fast.plan([caches[s]], q[s:s + 1], [L], scale, partition_tokens=plan.partition_tokens)
         tq.rt.run(one.rotate + one.dispatches)
         assert np.array_equal(fast.read(one)[0], out[s]), f"sequence {s} differs from its one-sequence decode"
+
+
+def test_scatter_and_all_lane_softmax(tq, fast):
+    """The per-sequence decode with the reduce-scatter softmax (the default) and the all-lane one."""
+    for scatter in (True, False):
+        check(tq, fast, [37, 0, 300], 1, 3, 64, seed=4, q_amp=3.0, scatter=scatter)

@@ -319,3 +319,12 @@ def test_method_paged_cache_attend_inspector_and_timed_rows(rt):
     plan = m.fast_plan(ctx, qkv, batch, q, scale)
     rt.run(plan.rotate + plan.dispatches)
     np.testing.assert_array_equal(rt.read(plan.out, np.float32, plan.shape), out)
+
+
+@pytest.mark.parametrize("d,G,kvh,unroll", [(64, 3, 2, 2), (64, 16, 1, 2), (32, 4, 1, 4)])
+def test_scatter_and_all_lane_softmax(rt, fast, d, G, kvh, unroll):
+    """fast_decode's reduce-scatter softmax (the default) and the all-lane one, each against the oracle: GQA 3
+    (G x U padded to a power of two), 16 (a lane owns several (head, token) slots), 4 tokens a row per step."""
+    for scatter in (True, False):
+        check(rt, fast, [37, 0, 1, 300], kvh, G, d, 16, seed=d + G, q_amp=3.0, partition_tokens=64, unroll=unroll,
+              scatter=scatter)

@@ -93,12 +93,15 @@ def unsupported(head_size: int, group: int) -> str:
 
 
 def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, block_size: int = 0,
-           prefetch: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of fast/decode_tq.wgsl (per-sequence cache) or, with `paged`, of
     fast/decode_tq_paged.wgsl (per-token records [num_blocks, kv_heads, block_size, WK | WV] read through the
     block tables; the loads are fast_decode.step_loads', with its prefetch; block_size > 0 renders the block
-    size as a constant, 0 reads it from the immediates). The arithmetic is the same in both."""
+    size as a constant, 0 reads it from the immediates). The arithmetic is the same in both. scatter: fast_decode's
+    reduce-scatter softmax (fast_decode.scatter_softmax, L >= 2; the owners apply the token's norms)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    if scatter and L < 2:
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
     nv = dpl // 4
     wpl = dpl // 16
@@ -112,8 +115,9 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
                        f"qrot[qb + {o + 3}u]) * p.scale_log2;")
             pro.append(f"{I}let qj{g}_{i} = vec4<f32>(qrot[p.q_region + qb + {o}u], qrot[p.q_region + qb + {o + 1}u], "
                        f"qrot[p.q_region + qb + {o + 2}u], qrot[p.q_region + qb + {o + 3}u]) * p.qjl_log2;")
-        pro.append(f"{I}var m{g} = EMPTY;")
-        pro.append(f"{I}var l{g} = 0.0;")
+        if not scatter:
+            pro.append(f"{I}var m{g} = EMPTY;")
+            pro.append(f"{I}var l{g} = 0.0;")
         for i in range(nv):
             pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
     # ---- one step: U tokens per row group; every load before any arithmetic
@@ -174,25 +178,39 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
             polar = " + ".join(f"dot(qr{g}_{i}, kq{u}_{i})" for i in range(nv))
             qjl = " + ".join(f"flip(qj{g}_{i}, jm{u}_{i})" for i in range(nv))
             step.append(f"{J}var {s} = {polar} + kn{u}.y * dot({qjl}, ONE);")
+            if scatter:
+                continue
             x = 1
             while x < L:
                 step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
                 x *= 2
             step.append(f"{J}{s} = select(MASKED, {s} * kn{u}.x, tt{u} < t1);")
+    post = []
+    if scatter:  # each (head, token) logit's softmax step on its owning lanes (the token's norms applied there)
+        def own(f, i):
+            return fd.own_select([f.format(u=u) for u in range(U)], f"uo{i}")
+
+        sc_pro, sc_step, post = fd.scatter_softmax(
+            G, U, L, lambda g, u: f"s{g}_{u}", "0.0",
+            lambda i, r: f"select(MASKED, {r} * {own('kn{u}.x', i)}, tb + rg * U + uo{i} < t1)",
+            lambda i: own("vn{u}", i), I, J)
+        pro += sc_pro
+        step += sc_step
     for u in range(U):
         for i in range(nv):
             w = i // 4
             step.append(f"{J}let vq{u}_{i} = cents((vec4<u32>(vw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
     for g in range(G):
-        mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-        step.append(f"{J}let mn{g} = max(m{g}, {mx});")
-        step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
-        for u in range(U):
-            step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
-        step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
-        step.append(f"{J}m{g} = mn{g};")
-        for u in range(U):
-            step.append(f"{J}let w{g}_{u} = p{g}_{u} * vn{u};")
+        if not scatter:
+            mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+            step.append(f"{J}let mn{g} = max(m{g}, {mx});")
+            step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
+            for u in range(U):
+                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
+            step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
+            step.append(f"{J}m{g} = mn{g};")
+            for u in range(U):
+                step.append(f"{J}let w{g}_{u} = p{g}_{u} * vn{u};")
         for i in range(nv):
             acc = f"a{g}_{i} * al{g}"
             for u in range(U):
@@ -200,7 +218,7 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
             step.append(f"{J}a{g}_{i} = {acc};")
     step += rotate  # (paged, prefetch) the next step's words become this one's
     # ---- merge of the row groups (fast_decode.render's tree)
-    merge += fd.merge_tree(G, nv, stride, RG, I)
+    merge += post + fd.merge_tree(G, nv, stride, RG, I)
     head0 = "seq * p.num_heads + " if paged else ""  # paged: one partials buffer [S, H, P, D+2] for the batch
     for g in range(G):
         write.append(f"{J}let pb{g} = (({head0}kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
@@ -212,9 +230,7 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
         "SHARED": str(max(1, RG // 2) * G * stride),
-        "SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" if L > 1 else "",
-        # a pipeline run with fewer lanes a subgroup than L would sum the wrong lanes: NaN, refused as non-finite
-        "SG_GUARD": f"if (sg_size < {L}u) {{ m0 = bitcast<f32>(0x7fc00000u); }}" if L > 1 else "",
+        **fd.subgroup_defines(L, scatter),
         "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
     } | ({"WK": str(tqf.key_bytes_per_vector(D) // 4), "WV": str(tqf.value_bytes_per_vector(D) // 4)} if paged else {})
 
@@ -251,12 +267,15 @@ class TQFastDecode:
                rows: int = 0, lanes: int = 16) -> fd.Layout:
         return self._fast.layout(TQ_FORMAT, head_size, group, subgroups, unroll, rows, lanes)
 
-    def kernel(self, head_size: int, group: int, **kw):
+    def kernel(self, head_size: int, group: int, scatter: bool | None = None, **kw):
+        """scatter None: fast_decode.SCATTER where a row has 2+ lanes (render's scatter)."""
         lay = self.layout(head_size, group, **kw)
-        return self.rt.compile(SPLIT, **render(head_size, group, lay)), lay
+        sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
+        return self.rt.compile(SPLIT, **render(head_size, group, lay, scatter=sc)), lay
 
     def plan(self, caches, q, context_lens, scale: float, qjl_scale="reference", *, partition_tokens: int | None = None,
-             subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16) -> TQDecodePlan:
+             subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
+             scatter: bool | None = None) -> TQDecodePlan:
         """Decode of one query per sequence (q [S, H, D] f32) at its last position, attending over positions
         [0, context_lens[s]) of `caches[s]` (TQCache, kvviz.kernels.turboquant; None or length 0: no tokens,
         output 0)."""
@@ -294,7 +313,7 @@ class TQFastDecode:
         qs = float(np.float32(tqk.resolve_qjl_scale(qjl_scale, D)))
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(D, G, subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
+        kern, lay = self.kernel(D, G, scatter, subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
         mcl = max(lens)
         # each sequence's split writes its OWN partials buffer: no two splits share a written buffer, so wgpu
         # puts no barrier between them and they overlap; partitions are sized for the whole batch (~480 workgroups
@@ -325,18 +344,20 @@ class TQFastDecode:
         ds = splits + reduces
         return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay)
 
-    def paged_kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None, **kw):
+    def paged_kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
+                     scatter: bool | None = None, **kw):
         """The paged split kernel (render(..., paged=True)); prefetch None: fast_decode.PREFETCH where a lane's
         words of a step fit fast_decode.PREFETCH_MAX_WORDS, as the other paged fast decodes."""
         lay = self.layout(head_size, group, **kw)
         if prefetch is None:
             prefetch = fd.PREFETCH and paged_step_words(head_size, lay) <= fd.PREFETCH_MAX_WORDS
-        return self.rt.compile(PAGED_SPLIT, **render(head_size, group, lay, True, block_size, prefetch)), lay
+        sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
+        return self.rt.compile(PAGED_SPLIT, **render(head_size, group, lay, True, block_size, prefetch, sc)), lay
 
     def plan_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
                    qjl_scale="reference", *, signs=None, partition_tokens: int | None = None,
                    subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
-                   prefetch: bool | None = None, const_block: bool = True) -> TQDecodePlan:
+                   prefetch: bool | None = None, const_block: bool = True, scatter: bool | None = None) -> TQDecodePlan:
         """Decode of one query per sequence (q [S, H, D] f32) at its last position over the PAGED seed-configuration
         records: `k` / `v` GPU buffers of [num_blocks, num_kv_heads, block_size, WK | WV] u32 (paged_words; written by
         tq_general_compress through the batch's slot mapping), read through batch.block_tables for positions
@@ -373,7 +394,7 @@ class TQFastDecode:
                                    f"{batch.num_blocks} blocks of {kvh} KV heads x {batch.block_size} records of {w} "
                                    f"words need {need}")
         qs = float(np.float32(tqk.resolve_qjl_scale(qjl_scale, D)))
-        kern, lay = self.paged_kernel(D, G, batch.block_size if const_block else 0, prefetch, subgroups=subgroups,
+        kern, lay = self.paged_kernel(D, G, batch.block_size if const_block else 0, prefetch, scatter, subgroups=subgroups,
                                       unroll=unroll, rows=rows, lanes=lanes)
         mcl = int(lens.max(initial=0))
         pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, kvh, mcl, lay.tokens_per_step),
