@@ -14,6 +14,7 @@ Every shader source is rendered the same way before it reaches a front end:
   as `{{NAME}}` placeholders (WGSL has no preprocessor; a placeholder left without a define is an
   error), glslang as `-DNAME=value` and naga's GLSL front end as `#define NAME value` after
   `#version`.
+- unrolling (WGSL): a loop marked `// @unroll` is expanded into one block per iteration (unroll_loops).
 
 `declarations(source, language)` reads what a shader declares in bind group 0 and its immediates
 (push constants): wgpu 0.32 gives no reflection for explicit layouts, so kernel specs are checked
@@ -101,6 +102,59 @@ def render_wgsl_defines(src: str, defines, name: str) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], src)
 
 
+_UNROLL = re.compile(r"^[ \t]*// @unroll[^\n]*\n[ \t]*for \(var (\w+) = 0u; \1 < ([^;]+); \1 = \1 \+ 1u\) \{", re.M)
+_CONST = re.compile(r"^\s*const (\w+)\s*(?::\s*[iu]32)?\s*=\s*([^;]+);", re.M)
+
+
+def _const_values(src: str) -> dict:
+    """Module-scope integer consts of a rendered WGSL source whose value is a plain expression of literals,
+    earlier consts, + - * / % << >> min max (what loop bounds use); others are skipped."""
+    vals: dict = {}
+    for name, expr in _CONST.findall(src):
+        py = re.sub(r"\b(\d+)[ui]\b", r"\1", expr).replace("/", "//")
+        if re.fullmatch(r"[\w\s+\-*/%()<>,]*", py):
+            try:
+                vals[name] = int(eval(py, {"__builtins__": {}, "min": min, "max": max}, dict(vals)))  # noqa: S307
+            except Exception:  # noqa: BLE001 (a const that is not a plain integer expression: not a loop bound)
+                pass
+    return vals
+
+
+def unroll_loops(src: str, name: str) -> str:
+    """Expand every loop marked by a `// @unroll` line right above its header `for (var j = 0u; j < N; j = j + 1u) {`
+    (N an integer or a module-scope const) into N blocks `{ const j = <k>u; <body> }`. Why: naga bounds every
+    loop with a counter the driver's compiler cannot see through, so it does not unroll them, and a private
+    array indexed by the loop variable then leaves registers (the fast int8 writer: 378 -> 304 us on the H200,
+    assets/bench/h200-2026-12-01-fast-writers-unrolled.txt); with a const index it stays in registers. Inner
+    marked loops are expanded first."""
+    while True:
+        ms = list(_UNROLL.finditer(src))
+        if not ms:
+            return src
+        m = ms[-1]
+        var, bound = m.group(1), m.group(2).strip()
+        vals = _const_values(src)
+        py = re.sub(r"\b(\d+)u\b", r"\1", bound)
+        try:
+            n = int(py) if py.isdigit() else int(eval(py.replace("/", "//"), {"__builtins__": {}, "min": min, "max": max}, vals))  # noqa: S307
+        except Exception as exc:  # noqa: BLE001
+            raise ShaderCompileError(f"{name}: @unroll loop bound {bound!r} is not an integer const ({exc})") from None
+        depth, i = 1, m.end()
+        while depth:
+            if i >= len(src):
+                raise ShaderCompileError(f"{name}: @unroll loop over {var} has no closing brace")
+            c = src[i]
+            if src.startswith("//", i):
+                i = src.find("\n", i)
+                i = len(src) if i < 0 else i
+                continue
+            depth += (c == "{") - (c == "}")
+            i += 1
+        body = src[m.end():i - 1]
+        blocks = "".join(f"{{ const {var} = {k}u;{body}}}\n" for k in range(n))
+        src = src[:m.start()] + blocks + src[i:]
+
+
 @dataclass(frozen=True)
 class ShaderSpec:
     """Which file, which entry point, which front end, which compile-time defines."""
@@ -138,7 +192,7 @@ class ShaderSpec:
         (GLSL defines are applied by the front end: glslang's -D or an injected #define.)"""
         src = self.source()
         if self.language == "wgsl":
-            return render_wgsl_defines(src, self.defines, self.name)
+            return unroll_loops(render_wgsl_defines(src, self.defines, self.name), self.name)
         return src
 
     def key(self) -> tuple:

@@ -47,6 +47,7 @@ fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
   let sign = (bitcast<vec4<u32>>(x) >> vec4<u32>(24u)) & vec4<u32>(0x80u);
   let sub = any_subnormal(x);
   var word = 0u;
+  // @unroll
   for (var l = 0u; l < 4u; l = l + 1u) {
     var c = enc(m[l]);
     if (sub || !fp8_sure(m[l])) { c = enc(div_rn_bits(x[l], scale) & ABS_MASK); }
@@ -67,6 +68,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var xk: array<vec4<f32>, NV>;
   var xv: array<vec4<f32>, NV>;
   var m = vec2<u32>(0xFFFFFFFFu);
+  // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
     if (live) {
       xk[j] = key_in[src + j * L];
@@ -95,6 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let ik = approx_inv(sk);
   let iv = approx_inv(sv);
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
+  // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
     k_cache[dst + lane + j * L] = codes(xk[j], sk, ik);
     v_cache[dst + lane + j * L] = codes(xv[j], sv, iv);

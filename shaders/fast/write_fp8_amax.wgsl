@@ -22,6 +22,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let src = row * (p.hd / 4u) + lane;
   var m = vec2<u32>(0xFFFFFFFFu);
   if (live) {
+    // @unroll
     for (var j = 0u; j < NV; j = j + 1u) {
       m = min(m, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
     }

@@ -37,8 +37,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var xk: array<vec4<f32>, 2 * NJ>;
   var xv: array<vec4<f32>, 2 * NJ>;
   var st: array<vec4<u32>, NK>;   // per group slot k: (min key K, min key V, ~max key K, ~max key V)
+  // @unroll
   for (var k = 0u; k < NK; k = k + 1u) {
     var m = vec4<u32>(0xFFFFFFFFu);
+    // @unroll
     for (var i = 0u; i < JG; i = i + 1u) {
       let j = k * JG + i;
       let u = lane + j * L;
@@ -63,6 +65,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (slot == PAD_SLOT) { return; }
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
   let nw = p.hd / 8u;
+  // @unroll
   for (var k = 0u; k < NK; k = k + 1u) {
     let s = st[k];
     let mnk = bitcast<f32>(key_bits(s.x));
@@ -71,6 +74,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let scv = asym_scale(mnv, bitcast<f32>(key_bits(~s.w)), 15u);
     let ik = select(0.0, approx_inv(sck), sck != 0.0);
     let iv = select(0.0, approx_inv(scv), scv != 0.0);
+    // @unroll
     for (var i = 0u; i < JG; i = i + 1u) {
       let j = k * JG + i;
       let u = lane + j * L;

@@ -43,6 +43,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var xk: array<vec4<f32>, NV>;
   var xv: array<vec4<f32>, NV>;
   var m = vec2<u32>(0xFFFFFFFFu);
+  // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
     if (live) {
       xk[j] = key_in[src + j * L];
@@ -59,6 +60,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let sk = scale_inv(bitcast<f32>(~m.x));
   let sv = scale_inv(bitcast<f32>(~m.y));
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
+  // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
     k_cache[dst + lane + j * L] = codes(xk[j], sk.x, sk.y);
     v_cache[dst + lane + j * L] = codes(xv[j], sv.x, sv.y);

@@ -42,12 +42,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let nv4 = p.hd / 4u;
   var mn: array<vec4<u32>, VPU>;
   var mx: array<vec4<u32>, VPU>;
+  // @unroll
   for (var i = 0u; i < VPU; i = i + 1u) {
     mn[i] = vec4<u32>(0xFFFFFFFFu);
     mx[i] = vec4<u32>(0u);
   }
   for (var r = 0u; r < 32u; r = r + 1u) {
     let src = (grows[gi * 32u + r] * p.kvh + h) * nv4 + w * VPU;
+    // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
       let u = bitcast<vec4<u32>>(key_in[src + i]);
       let k = select(u | vec4<u32>(SIGN_BIT), ~u, (u & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
@@ -58,7 +60,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var zero: array<vec4<f32>, VPU>;
   var scale: array<vec4<f32>, VPU>;
   var inv: array<vec4<f32>, VPU>;
+  // @unroll
   for (var i = 0u; i < VPU; i = i + 1u) {
+    // @unroll
     for (var l = 0u; l < 4u; l = l + 1u) {
       let z = bitcast<f32>(key_bits(mn[i][l]));
       let s = asym_scale(z, bitcast<f32>(key_bits(mx[i][l])), LEVELS);
@@ -75,8 +79,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let src = (tr * p.kvh + h) * nv4 + w * VPU;
     let slot = slots[tr];
     var word = 0u;
+    // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
       let x = key_in[src + i];
+      // @unroll
       for (var l = 0u; l < 4u; l = l + 1u) {
         var c = 0u;
         let s = scale[i][l];

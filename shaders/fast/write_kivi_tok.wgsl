@@ -32,7 +32,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let src = row * nv4;
   var xv: array<vec4<f32>, NJ * VPU>;
   var m = vec2<u32>(0xFFFFFFFFu);
+  // @unroll
   for (var j = 0u; j < NJ; j = j + 1u) {
+    // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
       if (live) { xv[j * VPU + i] = val_in[src + (lane + j * L) * VPU + i]; }
       let a = minmax_keys4(xv[j * VPU + i]);
@@ -52,7 +54,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (r != PAD_SLOT) {
     let rk = (r * 2u * p.kvh + h) * nv4;
     let rv = ((r * 2u + 1u) * p.kvh + h) * nv4;
+    // @unroll
     for (var j = 0u; j < NJ; j = j + 1u) {
+      // @unroll
       for (var i = 0u; i < VPU; i = i + 1u) {
         let e = (lane + j * L) * VPU + i;
         res[rk + e] = key_in[src + e];
@@ -70,8 +74,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let mn = bitcast<f32>(key_bits(m.x));
   let scale = asym_scale(mn, bitcast<f32>(key_bits(~m.y)), LEVELS);
   let inv = select(0.0, approx_inv(scale), scale != 0.0);
+  // @unroll
   for (var j = 0u; j < NJ; j = j + 1u) {
     var word = 0u;
+    // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
       let c = asym_codes4(xv[j * VPU + i], mn, scale, inv, LEVELS);
       word = word | ((c.x | (c.y << BITS) | (c.z << (2u * BITS)) | (c.w << (3u * BITS))) << (4u * BITS * i));
