@@ -1,7 +1,9 @@
 """TurboQuant (arXiv:2504.19874) as a kvviz method. The seed configuration (the default): 2-bit PolarQuant +
 1-bit QJL keys, 2-bit PolarQuant values, in a PAGED cache: per-token records [num_blocks, kv_heads, block_size,
-WK | WV] u32 written through the batch's slot mapping by the general compressor (tq_general_compress.wgsl, which
-at this configuration writes the seed compressor's words bit for bit: tests/test_fast_decode_tq_paged.py), so the
+WK | WV] u32 written through the batch's slot mapping by the fast writer (kvviz/kernels/fast_write_tq.py,
+shaders/fast/write_tq.wgsl: subgroup shuffles, tests/test_fast_write_tq.py) or, on an adapter without subgroups, the
+general compressor (tq_general_compress.wgsl); both write the seed compressor's words bit for bit
+(tests/test_fast_decode_tq_paged.py), so the
 batch's block tables are real and the block inspector shows the physical blocks. Decode (`attend`) by the paged
 fast split-K decode (kvviz/kernels/fast_decode_tq.py plan_paged, shaders/fast/decode_tq_paged.wgsl + decode_tq_reduce.wgsl:
 one split dispatch and one reduce for the batch). The UNMODIFIED seed kernels stay as the reference: the seed
@@ -122,7 +124,8 @@ class TurboQuantMethod(KVMethod):
         wk, wv = d // 16 + d // 32 + 1, d // 16 + 1
         common = (
             f"Paged: per-token records [num_blocks, kv_heads, {block_size}, {wk} (K) | {wv} (V)] u32, written through "
-            "the batch's slot mapping (tq_general_compress: the seed compressor's words, per token); the seed "
+            "the batch's slot mapping (fast_write_tq, or tq_general_compress without subgroups: the seed compressor's "
+            "words, per token); the seed "
             "kernels' reference rows read the same words per sequence, in regions (slot = kv_head * cache_cap + "
             "position). "
             f"Rotation: RHT with seeded signs (seed {self.seed} ^ layer {self.layer}); 2-bit Lloyd-Max "
@@ -228,15 +231,29 @@ class TurboQuantMethod(KVMethod):
         st = self.settings(d)
         ident = np.tile(np.arange(d, dtype=np.uint32), (kvh, 1))
         gc = tqk.general_allocate(ctx.rt, st, batch, kvh, ident, ident)
-        wd = tqk.general_compress_dispatches(ctx.rt, gc, np.ascontiguousarray(key), np.ascontiguousarray(value), sm)
-        return gc, wd, rows_of
+        wd, impl = self._seed_writer(ctx, gc, key, value, sm)
+        return gc, wd, rows_of, impl
+
+    @staticmethod
+    def _seed_writer(ctx, gc, key, value, sm, impl: str = "auto"):
+        """(dispatches, impl) of the seed configuration's paged writer into gc: the fast writer
+        (kvviz/kernels/fast_write_tq.py, impl "fast") where the adapter has subgroups, else (or impl "first-wave")
+        tq_general_compress. Both write the same words. Inputs validated by the caller."""
+        from kvviz.kernels import fast_write_tq as fwt
+
+        key, value = np.ascontiguousarray(key), np.ascontiguousarray(value)
+        if impl != "first-wave":
+            wd = fwt.dispatches(ctx.rt, gc.settings, key, value, sm, gc.qc.k, gc.qc.v, gc.qc.block_size, checked=True)
+            if wd is not None:
+                return wd, "fast"
+        return tqk.general_compress_dispatches(ctx.rt, gc, key, value, sm), "first-wave"
 
     def quantize(self, ctx, batch, key, value):
         if not self.uses_seed(np.asarray(key).shape[-1]):
             return self._general_quantize(ctx, batch, key, value)
         from kvviz.kernels import quant as qk
 
-        gc, wd, rows_of = self._seed_paged(ctx, batch, key, value)
+        gc, wd, rows_of, writer_impl = self._seed_paged(ctx, batch, key, value)
         ctx.rt.run(wd)
         T, kvh, d = np.asarray(key).shape
         p = self.params(d)
@@ -274,7 +291,8 @@ class TurboQuantMethod(KVMethod):
         }
         return QuantizedKV(
             self, d, kvh, k_idx, v_idx, k_norm, v_norm, (0, 3),
-            device={"paged": gc, "cache": gc.qc, "writer": wd, "signs": signs, "caches": caches, "kernels": kern},
+            device={"paged": gc, "cache": gc.qc, "writer": wd, "writer_impl": writer_impl, "signs": signs, "caches": caches,
+                    "kernels": kern},
             extra=extra, warnings=warnings,
         )
 
@@ -519,12 +537,33 @@ class TurboQuantMethod(KVMethod):
             TimedKernel("tq_rotate_q", rot, rot_b, "rotate", "first-wave",
                         float(sum(1 for L in lens if L) * H * d * (lg + 1))),
             TimedKernel("flash_attention_tq (decode)", seed, attn_b, "decode", "seed", arith.decode_flops(batch, H, d)),
-            TimedKernel("tq_general_compress (paged records; the method's writer)", qkv.device["writer"], paged_b,
-                        "writer", "first-wave", arith.writer_flops(batch, kvh, d, lg + 4)),
-        ] + self._fast_rows(ctx, qkv, batch, q, scale) + [
+        ] + self._paged_writer_rows(
+            ctx, qkv, batch, key, value, paged_b, arith.writer_flops(batch, kvh, d, lg + 4)
+        ) + self._fast_rows(ctx, qkv, batch, q, scale) + [
             TimedKernel("tq_scores (weights)", sc, sc_b, "weights", "first-wave",
                         float(tokens * H * (2 * d + arith.SOFTMAX_PER_LOGIT))),
         ]
+
+    def _paged_writer_rows(self, ctx, qkv, batch, key, value, nbytes, flops):
+        """The paged records' writers: tq_general_compress (first-wave) and, where the adapter has subgroups, the
+        fast writer (kvviz/kernels/fast_write_tq.py), each into a cache of its own; the method's is marked."""
+        from kvviz.kernels import quant as qk
+
+        own = qkv.device.get("writer_impl", "first-wave")
+        names = {"first-wave": "tq_general_compress (paged records)", "fast": "fast_write_tq (keys + values)"}
+        rows = {own: (qkv.device["writer"])}
+        gc = qkv.device["paged"]
+        if batch.num_tokens:
+            sm = qk.check_batch(batch, np.asarray(key).shape[0])
+            other = "fast" if own == "first-wave" else "first-wave"
+            kvh = gc.qc.num_kv_heads
+            gc2 = tqk.general_allocate(ctx.rt, gc.settings, batch, kvh, gc.chans[0], gc.chans[1])
+            wd, impl = self._seed_writer(ctx, gc2, key, value, sm, other)
+            if impl == other:
+                rows[other] = wd
+        return [TimedKernel(names[i] + ("; the method's writer" if i == own == "first-wave" else ""), rows[i], nbytes,
+                            "writer", i, flops)
+                for i in ("first-wave", "fast") if i in rows]
 
     def _fast_rows(self, ctx, qkv, batch, q, scale):
         """The paged fast split-K decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
