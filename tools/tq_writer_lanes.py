@@ -60,7 +60,17 @@ def main() -> int:
         got = words(gc)
         same = all(np.array_equal(x, y) for x, y in zip(got, want))
         diff = sum(int((x != y).sum()) for x, y in zip(got, want))
-        row(f"fast_write_tq ({fwt.lanes_for(rt, d, L)} lanes a row)", ds, f"words == tq_general_compress: {same} ({diff} differ)")
+        where = []
+        for which, x, y in zip("KV", got, want):
+            w = st.wpt(which)
+            bad = np.flatnonzero(x != y) % w
+            if bad.size:  # which record fields differ: code words, QJL words, the norm word's halves
+                nrm = bad == w - 1
+                hi = int(((x.reshape(-1, w)[:, -1] ^ y.reshape(-1, w)[:, -1]) >> 16 != 0).sum())
+                where.append(f"{which}: {int((bad < d // 16).sum())} code, {int(((bad >= d // 16) & ~nrm).sum())} jl, "
+                             f"{int(nrm.sum())} norm ({hi} with the high half)")
+        row(f"fast_write_tq ({fwt.lanes_for(rt, d, L)} lanes a row)", ds,
+            f"words == tq_general_compress: {same} ({diff} differ{'; ' + '; '.join(where) if where else ''})")
     row("tq_general_compress (paged records)", gd)
     tq = tqk.TurboQuantKernels(rt)
     comp = []

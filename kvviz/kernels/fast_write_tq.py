@@ -27,7 +27,7 @@ from kvviz.gpu.runtime import Dispatch, GpuRuntime
 from kvviz.kernels import fast_write as fw
 
 WRITE_TQ = KernelSpec("fast/write_tq.wgsl", bindings=ro("key_in", "val_in", "slots", "signs") + rw("k_cache", "v_cache"),
-                      immediates=Struct("P", "kvh bs rows gx zero"))
+                      immediates=Struct("P", "kvh bs rows gx zero inv_sqrt_d:f32"))
 DEFAULT_LANES = 8  # lanes a row; fewer lanes = fewer shuffles per row (the butterflies cost d/L each per stage)
 WG = 64
 F16_MAX = 65504.0
@@ -83,7 +83,7 @@ def _encode(which: str, L: int, NJ: int, I: str = "  ") -> list[str]:
     o += [f"{I}var {a[j]} = opaque({x}{j} * {x}{j});" for j in J]
     o += _tree(a, I)
     o += [f"{I}let {x}n = sqrt(lane_sum({a[0]}));", f"{I}let {x}z = {x}n < EPS;",
-          f"{I}let {x}k = INV_SQRT_D / select({x}n, 1.0, {x}z);"]
+          f"{I}let {x}k = p.inv_sqrt_d / select({x}n, 1.0, {x}z);"]
     o += [f"{I}var {y[j]} = ({x}{j} * {x}k) * signs[{sp} * (D / 4u) + lane + {j}u * L];" for j in J]
     o += _wht(y, L, I)
     q = [f"{x}q{j}" for j in J]
@@ -145,7 +145,7 @@ def render_defines(d: int, L: int, st: tqf.TQSettings) -> dict:
     while m >= 1:
         lane_sum.append(f"  s = s + subgroupShuffleXor(s, {m}u);")
         m //= 2
-    return dict(D=d, L=L, NJ=NJ, INV_SQRT_D=_f32(tqf.inv_sqrt_d(d)), CK=_vec(ck), BK=_vec(bk),
+    return dict(D=d, L=L, NJ=NJ, CK=_vec(ck), BK=_vec(bk),
                 CV=_vec(cv), BV=_vec(bv), LOAD="\n".join(load), LANE_SUM="\n".join(lane_sum) or "  // one lane",
                 KEYS="\n".join(_encode("K", L, NJ)), VALUES="\n".join(_encode("V", L, NJ)))
 
@@ -225,7 +225,7 @@ def dispatches(rt: GpuRuntime, st: tqf.TQSettings, key, value, slots, k_buf, v_b
         gx, gy, gz = fw.grid_2d(rt, -(-rows // (WG // L)))
         bufs = [rt.upload(key[a:b], "tq_fast_key"), rt.upload(value[a:b], "tq_fast_value"),
                 rt.upload(sm[a:b].astype(np.uint32), "tq_fast_slots"), signs, k_buf, v_buf]
-        out.append(kern.dispatch((gx, gy, gz), bufs, imm=kern.pack(kvh, int(block_size), rows, gx, 0)))
+        out.append(kern.dispatch((gx, gy, gz), bufs, imm=kern.pack(kvh, int(block_size), rows, gx, 0, tqf.inv_sqrt_d(d))))
     return out
 
 

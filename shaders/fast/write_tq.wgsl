@@ -15,6 +15,8 @@
 //   index = number of boundaries <= y; r = y - c[index]; rn = sqrt(tree(r * r)); JL input (r / rn) * s_jl;
 //   WHT; bit = (value >= 0); norm word pack2x16float(n, rn) (values (n, 0)); n < 1e-12: every word 0,
 //   rn < 1e-12: JL words 0.
+// inv_sqrt_d = f32(1/sqrt(D)) comes from the host at run time, as in the general compressor (with it a WGSL
+// constant, 58 of ~11 M words at the anchor differed from tq_general_compress's on the H200).
 // Squares pass through `opaque` (an OR with a zero the compiler cannot see) so no driver contracts the tree's
 // first adds into FMAs: the workgroup-memory kernels store every square before adding it.
 // Packing: a polar word is 4 lanes' bytes (OR over lane bits 0-1), a QJL word min(8, L) lanes' nibbles.
@@ -26,7 +28,7 @@
 @group(0) @binding(3) var<storage, read> signs: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
-struct P { kvh: u32, bs: u32, rows: u32, gx: u32, zero: u32 }
+struct P { kvh: u32, bs: u32, rows: u32, gx: u32, zero: u32, inv_sqrt_d: f32 }
 var<immediate> p: P;
 
 const WG: u32 = 64u;
@@ -37,7 +39,6 @@ const WK: u32 = D / 16u + D / 32u + 1u;
 const WV: u32 = D / 16u + 1u;
 const EPS: f32 = 1e-12;
 const PAD_SLOT: u32 = 0xFFFFFFFFu;
-const INV_SQRT_D: f32 = {{INV_SQRT_D}};
 const CK: vec4<f32> = vec4<f32>({{CK}});
 const BK: vec3<f32> = vec3<f32>({{BK}});
 const CV: vec4<f32> = vec4<f32>({{CV}});
