@@ -277,3 +277,31 @@ def test_scatter_default_and_refusals(rt):
         fd.render(fd.INT8, 64, 4, one, scatter=True)
     with pytest.raises(InvalidInput, match="scatter"):
         fd.render(fd.INT8, 64, 4, lay, lazy=True, scatter=True)
+
+
+@pytest.mark.parametrize("kind", ["e4m3", "e5m2"])
+def test_fp8_conversion_every_code(rt, kind):
+    """The fast decode's FP8 -> f32 conversion (bytes moved into f16 bit patterns, unpack2x16float) is exact for
+    every finite code, subnormals and -0 included: a one-token sequence's output is its V record dequantised
+    (p = 1), compared bit for bit with ml_dtypes' decoding times the token's scale (a power of two, so the
+    product is exact; -0 reads +0, the accumulator's sign). An adapter that flushed f16 subnormals in the conversion would fail here."""
+    fmt = fd.fp8_format(kind, False)
+    D = 128
+    codes = np.arange(256, dtype=np.uint8)
+    codes = codes[np.isfinite(codes.view(ml_dtypes.float8_e4m3fn if kind == "e4m3" else ml_dtypes.float8_e5m2).astype(np.float32))]
+    n = -(-len(codes) // D)
+    rows = np.resize(codes, n * D).reshape(n, D)
+    batch = make_batch([1] * n, 16, policy="scattered", seed=1)
+    scale = np.float32(0.5)
+    words = np.zeros((batch.num_blocks, 1, 16, fmt.wpt(D)), np.uint32)
+    for s in range(n):
+        slot = int(batch.slot_mapping[s])
+        words[slot // 16, 0, slot % 16, :D // 4] = rows[s].view(np.uint32)
+        words[slot // 16, 0, slot % 16, D // 4] = scale.view(np.uint32)
+    k = np.zeros_like(words)
+    k[..., D // 4] = scale.view(np.uint32)
+    out = fd.FastDecode(rt).decode(fmt, rt.upload(k.reshape(-1), "k"), rt.upload(words.reshape(-1), "v"), 1,
+                                   np.ones((n, 1, D), np.float32), batch, 0.1)
+    want = rows.view(ml_dtypes.float8_e4m3fn if kind == "e4m3" else ml_dtypes.float8_e5m2).astype(np.float32) * scale
+    want = want + np.float32(0.0)  # -0 -> +0: the accumulator starts at +0 (+0 + -0 = +0)
+    np.testing.assert_array_equal(out[:, 0].view(np.uint32), want.view(np.uint32))

@@ -261,13 +261,6 @@ def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: int, 
 
 
 # ---------------------------------------------------------------------------------- code generation
-_FP8 = {
-    # (mantissa bits, exponent-field offset to f32 (127 - bias), subnormal step 2^(1 - bias - mbits))
-    "e4m3": (3, 120, 2.0 ** -9),
-    "e5m2": (2, 112, 2.0 ** -16),
-}
-
-
 # Integer codes -> f32 without the int-to-float instruction (a quarter-rate op on NVIDIA): a byte or
 # nibble n OR-ed into the mantissa of 2^23 is the float 2^23 + n, and subtracting 2^23 leaves n exactly
 # (signed bytes: flip the sign bit first, n + 128, and subtract 2^23 + 128). Exact, so the same values as
@@ -287,18 +280,24 @@ fn u4x4(w: u32, sh: u32) -> vec4<f32> {
 def _helpers(fmt: CacheFormat, magic: bool = False) -> str:
     if not fmt.fp8:
         return INT_TO_F32_WGSL if magic and fmt.elems_per_word in (4, 8) else ""
-    mb, off, step = _FP8[fmt.fp8]
-    return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: a normal code's exponent and mantissa
-// shift into f32 bit positions and the exponent is rebiased; a subnormal (exponent field 0) is m * 2^{round(math.log2(step))}.
-// The writer saturates, so the NaN / inf encodings never occur.
+    # FP8 bytes -> f16 bit patterns by shifts and masks (e5m2 is the top byte of an f16; e4m3's 4-bit exponent and
+    # 3-bit mantissa land in an f16's low exponent bits and top mantissa bits, so the f16 is the value / 2^8,
+    # subnormals included), then unpack2x16float: 2 conversions a pair instead of a decoder a byte. Exact for
+    # every code the writer emits (tests/test_fast_decode.py: test_fp8_conversion_every_code).
+    if fmt.fp8 == "e5m2":
+        pairs, unit = "(w & 0x00FF00FFu) << 8u", "w & 0xFF00FF00u"
+        scale = ""
+    else:
+        pairs = "((w << 7u) & 0x3F803F80u) | ((w << 8u) & 0x80008000u)"
+        unit = "((w >> 1u) & 0x3F803F80u) | (w & 0x80008000u)"
+        scale = " * 256.0"
+    return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: bytes 0, 2 and bytes 1, 3 become two f16 pairs
+// (sign, exponent and mantissa moved into f16 bit positions{'; the f16 is the value / 2^8' if scale else ''}). The writer
+// saturates, so the NaN / inf encodings never occur.
 fn fp8x4(w: u32) -> vec4<f32> {{
-  let b = vec4<u32>(w & 0xFFu, (w >> 8u) & 0xFFu, (w >> 16u) & 0xFFu, w >> 24u);
-  let mag = b & vec4<u32>(0x7Fu);
-  let neg = (b & vec4<u32>(0x80u)) != vec4<u32>(0u);
-  let normal = bitcast<vec4<f32>>((mag << vec4<u32>({23 - mb}u)) + vec4<u32>({off << 23}u));
-  let sub = vec4<f32>(mag) * {step!r};
-  let v = select(normal, sub, mag < vec4<u32>({1 << mb}u));
-  return select(v, -v, neg);
+  let a = unpack2x16float({pairs});
+  let b = unpack2x16float({unit});
+  return vec4<f32>(a.x, b.x, a.y, b.y){scale};
 }}"""
 
 
