@@ -13,8 +13,12 @@ and the Walsh-Hadamard stages through workgroup memory with a barrier each, 3/4 
   - a 2-D grid (fast_write.grid_2d): more than 65535 workgroups take one dispatch.
 The arithmetic is the oracle's, op for op (the shader's header says how each tree and butterfly keeps its order),
 so the words equal kvviz/oracles/turboquant.py compress_general / encode_keys on an IEEE device
-(tests/test_fast_write_tq.py). Without the subgroup feature `dispatches` returns None and the caller keeps the
-general compressor.
+(tests/test_fast_write_tq.py), and on the H200 every word of the anchor shape equals tq_general_compress's.
+Without the subgroup feature `dispatches` returns None and the caller keeps the general compressor.
+
+H200, anchor (15 x 4096 tokens, 8 KV heads, head 128; assets/bench/h200-2026-12-01-tq-writer.txt): 301.8 us at
+8 lanes a row (1812 GB/s, 43% of the copy shader), 318.8 at 4, 353.5 at 16; tq_general_compress 7463 us, the seed
+compressor tq_compress 2912 us.
 """
 from __future__ import annotations
 

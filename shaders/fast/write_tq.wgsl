@@ -15,8 +15,9 @@
 //   index = number of boundaries <= y; r = y - c[index]; rn = sqrt(tree(r * r)); JL input (r / rn) * s_jl;
 //   WHT; bit = (value >= 0); norm word pack2x16float(n, rn) (values (n, 0)); n < 1e-12: every word 0,
 //   rn < 1e-12: JL words 0.
-// inv_sqrt_d = f32(1/sqrt(D)) comes from the host at run time, as in the general compressor (with it a WGSL
-// constant, 58 of ~11 M words at the anchor differed from tq_general_compress's on the H200).
+// inv_sqrt_d = f32(1/sqrt(D)) comes from the host at run time, as in the general compressor: with it a WGSL
+// constant the H200's compiler divided differently (58 of ~11 M words at the anchor differed from
+// tq_general_compress's); at run time every word agrees (assets/bench/h200-2026-12-01-tq-writer.txt).
 // Squares pass through `opaque` (an OR with a zero the compiler cannot see) so no driver contracts the tree's
 // first adds into FMAs: the workgroup-memory kernels store every square before adding it.
 // Packing: a polar word is 4 lanes' bytes (OR over lane bits 0-1), a QJL word min(8, L) lanes' nibbles.
