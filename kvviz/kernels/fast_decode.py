@@ -474,6 +474,26 @@ def subgroup_defines(L: int, scatter: bool) -> dict:
             "SG_GUARD": f"if ({cond}) {{ m0 = bitcast<f32>(0x7fc00000u); }}"}
 
 
+def online_update(g: int, U: int, J: str) -> list[str]:
+    """WGSL of the all-lane online-softmax step of head g over U tokens whose logits s{g}_u are reduced and
+    masked: the new max, the rescale al{g}, the probabilities p{g}_u, l and m updated (base 2)."""
+    mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+    return ([f"{J}let mn{g} = max(m{g}, {mx});", f"{J}let al{g} = exp2(m{g} - mn{g});"]
+            + [f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});" for u in range(U)]
+            + [f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};", f"{J}m{g} = mn{g};"])
+
+
+def pv_accumulate(g: int, nv: int, U: int, J: str, vals, weight=lambda g, u: f"w{g}_{u}", rescale: bool = True):
+    """WGSL of head g's P.V step: a{g}_i = a{g}_i * al{g} + sum_u weight(g, u) * vals(u, i), an fma chain."""
+    out = []
+    for i in range(nv):
+        acc = f"a{g}_{i} * al{g}" if rescale else f"a{g}_{i}"
+        for u in range(U):
+            acc = f"fma(vec4<f32>({weight(g, u)}), {vals(u, i)}, {acc})"
+        out.append(f"{J}a{g}_{i} = {acc};")
+    return out
+
+
 def own_select(names, idx: str) -> str:
     """WGSL picking names[idx] for a lane-dependent idx (a chain of selects)."""
     e = names[0]
@@ -703,13 +723,10 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
                 step.append(f"{J}let vh{u}_{i} = {_vec16(fmt, f'vw{u}', i, grp('v', u, i), vs and vs.format(u=u))};")
             else:
                 step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
+    vvals = lambda u, i: f"vv{u}_{i}"  # noqa: E731
     for g in range(G):
         if scatter:  # al{g}, w{g}_u come from their owners
-            for i in range(nv):
-                acc = f"a{g}_{i} * al{g}"
-                for u in range(U):
-                    acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
-                step.append(f"{J}a{g}_{i} = {acc};")
+            step += pv_accumulate(g, nv, U, J, vvals)
             continue
         mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
         if lazy and not h16:
@@ -728,18 +745,9 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             step.append(f"{J}l{g} = l{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
             for u in range(U):
                 step.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vs.format(u=u)}' if vs else f'p{g}_{u}'};")
-            for i in range(nv):
-                acc = f"a{g}_{i}"
-                for u in range(U):
-                    acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
-                step.append(f"{J}a{g}_{i} = {acc};")
+            step += pv_accumulate(g, nv, U, J, vvals, rescale=False)
             continue
-        step.append(f"{J}let mn{g} = max(m{g}, {mx});")
-        step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
-        for u in range(U):
-            step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
-        step.append(f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
-        step.append(f"{J}m{g} = mn{g};")
+        step += online_update(g, U, J)
         if h16:
             step.append(f"{J}let alh{g} = f16(al{g});")
             step.append(f"{J}cum{g} = cum{g} * al{g};")
@@ -754,11 +762,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         for u in range(U):
             wv = f"p{g}_{u} * {vs.format(u=u)}" if vs else f"p{g}_{u}"
             step.append(f"{J}let w{g}_{u} = {wv};")
-        for i in range(nv):
-            acc = f"a{g}_{i} * al{g}"
-            for u in range(U):
-                acc = f"fma(vec4<f32>(w{g}_{u}), vv{u}_{i}, {acc})"
-            step.append(f"{J}a{g}_{i} = {acc};")
+        step += pv_accumulate(g, nv, U, J, vvals)
     step += rotate  # the prefetched words become the next step's
     if h16:  # every pv_flush steps, and once after the loop: a = a * cum + ah * 2^shift, in f32
         flush = []

@@ -292,13 +292,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
             step.append(f"{J}let vv{u}_{i} = {vec('v', u, i)};")
     for g in range(G):
         if not scatter:
-            mxs = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-            step.append(f"{J}let mn{g} = max(m{g}, {mxs});")
-            step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
-            for u in range(U):
-                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
-            step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
-            step.append(f"{J}m{g} = mn{g};")
+            step += fd.online_update(g, U, J)
         for u in range(U):
             for k in range(nseg):
                 step.append(f"{J}let w{g}_{u}_{k} = p{g}_{u} * vd{u}_{k};")

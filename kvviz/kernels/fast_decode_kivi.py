@@ -228,31 +228,17 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
                 sc_post.extend(post)
             out += sc_step
             for g in range(G):
-                for i in range(nv):
-                    acc = f"a{g}_{i} * al{g}"
-                    for u in range(U):
-                        acc = f"fma(vec4<f32>(w{g}_{u}), {vvals(u, i)}, {acc})"
-                    out.append(f"{J}a{g}_{i} = {acc};")
+                out += fd.pv_accumulate(g, nv, U, J, vvals)
             return
         for g in range(G):
-            mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-            out.append(f"{J}let mn{g} = max(m{g}, {mx});")
-            out.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
-            for u in range(U):
-                out.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
-            out.append(f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
-            out.append(f"{J}m{g} = mn{g};")
+            out += fd.online_update(g, U, J)
             if vzero:
                 out.append(f"{J}zs{g} = zs{g} * al{g} + {_join([f'p{g}_{u} * {vzero(u)}' for u in range(U)])};")
             else:
                 out.append(f"{J}zs{g} = zs{g} * al{g};")
             for u in range(U):
                 out.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vscale(u)}' if vscale else f'p{g}_{u}'};")
-            for i in range(nv):
-                acc = f"a{g}_{i} * al{g}"
-                for u in range(U):
-                    acc = f"fma(vec4<f32>(w{g}_{u}), {vvals(u, i)}, {acc})"
-                out.append(f"{J}a{g}_{i} = {acc};")
+            out += fd.pv_accumulate(g, nv, U, J, vvals)
 
     def reduce_lanes(out, J, s):
         x = 1

@@ -202,20 +202,10 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
             step.append(f"{J}let vq{u}_{i} = cents((vec4<u32>(vw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
     for g in range(G):
         if not scatter:
-            mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-            step.append(f"{J}let mn{g} = max(m{g}, {mx});")
-            step.append(f"{J}let al{g} = exp2(m{g} - mn{g});")
-            for u in range(U):
-                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});")
-            step.append(f"{J}l{g} = l{g} * al{g} + {' + '.join(f'p{g}_{u}' for u in range(U))};")
-            step.append(f"{J}m{g} = mn{g};")
+            step += fd.online_update(g, U, J)
             for u in range(U):
                 step.append(f"{J}let w{g}_{u} = p{g}_{u} * vn{u};")
-        for i in range(nv):
-            acc = f"a{g}_{i} * al{g}"
-            for u in range(U):
-                acc = f"fma(vec4<f32>(w{g}_{u}), vq{u}_{i}, {acc})"
-            step.append(f"{J}a{g}_{i} = {acc};")
+        step += fd.pv_accumulate(g, nv, U, J, lambda u, i: f"vq{u}_{i}")
     step += rotate  # (paged, prefetch) the next step's words become this one's
     # ---- merge of the row groups (fast_decode.render's tree)
     merge += post + fd.merge_tree(G, nv, stride, RG, I)
