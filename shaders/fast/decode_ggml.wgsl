@@ -26,17 +26,9 @@
 struct P { num_kv_heads: u32, num_heads: u32, block_size: u32, max_blocks: u32, partition_tokens: u32, num_partitions: u32, scale_log2: f32 }
 var<immediate> p: P;
 
-const D: u32 = {{D}}u;
-const L: u32 = {{L}}u;
-const RG: u32 = {{RG}}u;
-const U: u32 = {{U}}u;
+// #include "fast/split_common.wgsl"
 const WPT: u32 = {{WPT}}u;   // u32 words of one token's record
 const BPB: u32 = {{BPB}}u;   // bytes of one 32-element block
-const DPL: u32 = {{DPL}}u;   // dims per lane
-const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory: m, l, acc[D]
-const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
-const MASKED: f32 = -3.0e38;  // logit of a step's token past the partition's end
-var<workgroup> sh: array<f32, {{SHARED}}>;
 
 {{HELPERS}}
 

@@ -35,21 +35,13 @@
 struct P { num_kv_heads: u32, num_heads: u32, block_size: u32, max_blocks: u32, bt_off: u32, kstride: u32, ws: u32, partition_tokens: u32, num_partitions: u32, scale_log2: f32 }
 var<immediate> p: P;
 
-const D: u32 = {{D}}u;
-const L: u32 = {{L}}u;
-const RG: u32 = {{RG}}u;
-const U: u32 = {{U}}u;
+// #include "fast/split_common.wgsl"
 const KW: u32 = {{KW}}u;     // code words of one token
 const VW: u32 = {{VW}}u;     // words of one V record: KW codes, scale, zero
 const TG: u32 = {{TG}}u;     // tokens of a key group one row group takes
 const R: u32 = {{R}}u;       // row groups sharing a key group (32 / TG)
 const GPS: u32 = {{GPS}}u;   // key groups a sweep of the workgroup covers (RG / R)
-const DPL: u32 = {{DPL}}u;   // channels per lane
 const WPL: u32 = {{WPL}}u;   // code words per lane (0: lanes do not own whole words, a vec4 reads its own word)
-const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory / partials: m, l, acc[D]
-const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
-const MASKED: f32 = -3.0e38;  // logit of a step's token outside the partition
-var<workgroup> sh: array<f32, {{SHARED}}>;
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {

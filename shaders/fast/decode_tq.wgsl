@@ -27,28 +27,9 @@
 struct P { num_heads: u32, num_kv_heads: u32, cache_cap: u32, seq_len: u32, seq: u32, partition_tokens: u32, num_partitions: u32, q_region: u32, scale_log2: f32, qjl_log2: f32, c0: f32, c1: f32, c2: f32, c3: f32 }
 var<immediate> p: P;
 
-const D: u32 = {{D}}u;
-const L: u32 = {{L}}u;
-const RG: u32 = {{RG}}u;
-const U: u32 = {{U}}u;
-const PW: u32 = {{PW}}u;     // polar words of one vector (16 codes a word)
-const JW: u32 = {{JW}}u;     // QJL words of one key (32 bits a word)
-const DPL: u32 = {{DPL}}u;   // dims per lane
-const WPL: u32 = {{WPL}}u;   // polar words per lane
-const STRIDE: u32 = {{STRIDE}}u;  // floats of one (head) state in workgroup memory / partials: m, l, acc[D]
-const EMPTY: f32 = -1.0e30;   // m of a state that has seen no token (finite: exp2(EMPTY - m) = 0, never NaN)
-const MASKED: f32 = -3.0e38;  // logit of a step's token past the partition's end
-var<workgroup> sh: array<f32, {{SHARED}}>;
+// #include "fast/split_common.wgsl"
+// #include "fast/tq_common.wgsl"
 
-// 4 two-bit codes -> their centroids
-fn cents(i: vec4<u32>, c0: vec4<f32>, c1: vec4<f32>, c2: vec4<f32>, c3: vec4<f32>) -> vec4<f32> {
-  return select(select(c0, c1, i == vec4<u32>(1u)), select(c2, c3, i == vec4<u32>(3u)), i >= vec4<u32>(2u));
-}
-
-// x * (2 bit - 1): `m` is the f32 sign bit where the QJL bit is 0 (computed once per token, shared by the G heads)
-fn flip(x: vec4<f32>, m: vec4<u32>) -> vec4<f32> {
-  return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ m);
-}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
