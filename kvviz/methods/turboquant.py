@@ -178,7 +178,10 @@ class TurboQuantMethod(KVMethod):
             )
         return rows
 
-    def _caches(self, ctx, batch, key, value):
+    @staticmethod
+    def _check_kv(batch, key, value):
+        """key / value as float32 [num_tokens, kvh, d] arrays of the batch, finite, at a seed head size:
+        (key, value, T, kvh, d)."""
         key = np.asarray(key)
         value = np.asarray(value)
         for name, a in (("key", key), ("value", value)):
@@ -189,6 +192,10 @@ class TurboQuantMethod(KVMethod):
             raise InvalidInput(f"key/value must be [{batch.num_tokens}, kvh, D]; got {key.shape} and {value.shape}")
         T, kvh, d = key.shape
         tqk.check_head_size(d)
+        return key, value, T, kvh, d
+
+    def _caches(self, ctx, batch, key, value):
+        key, value, T, kvh, d = self._check_kv(batch, key, value)
         batch.validate()
         kern = tqk.TurboQuantKernels(ctx.rt)
         caches, dispatches, rows_of = [], [], []
@@ -211,16 +218,7 @@ class TurboQuantMethod(KVMethod):
         sequence); every sequence's rows must be its positions 0..L-1 (the decode reads them all)."""
         from kvviz.kernels import quant as qk
 
-        key = np.asarray(key)
-        value = np.asarray(value)
-        for name, a in (("key", key), ("value", value)):
-            if a.dtype != np.float32 or a.ndim != 3:
-                raise InvalidInput(f"{name} must be float32 [num_tokens, num_kv_heads, head_size], got {a.dtype} {a.shape}")
-            check_finite(name, a)
-        if value.shape != key.shape or key.shape[0] != batch.num_tokens:
-            raise InvalidInput(f"key/value must be [{batch.num_tokens}, kvh, D]; got {key.shape} and {value.shape}")
-        T, kvh, d = key.shape
-        tqk.check_head_size(d)
+        key, value, T, kvh, d = self._check_kv(batch, key, value)
         sm = qk.check_batch(batch, T)
         rows_of = [self._seq_rows(batch, s) for s in range(batch.num_seqs)]
         used = np.concatenate(rows_of) if rows_of else np.zeros(0, np.int64)
