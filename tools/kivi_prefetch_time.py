@@ -8,15 +8,17 @@ Run on the device (tools/device-siblings.sh does):
 BITS:RECENT defaults to 2:128 4:128 2:0 4:0 (the method's default window, and none).
 """
 import argparse
+import os
+import sys
 
 import numpy as np
 
-from kvviz.bench import SHAPES, make_inputs
-from kvviz.gpu.runtime import GpuRuntime
+from kvviz.bench import SHAPES
 from kvviz.kernels import fast_decode_kivi as fk
-from kvviz.kernels.copy import time_copy_shader
 from kvviz.methods import get_method
-from kvviz.methods.context import GpuContext
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from time_method_kernels import setup  # noqa: E402  (the shared bench-shape setup)
 
 
 def main() -> int:
@@ -25,14 +27,7 @@ def main() -> int:
     ap.add_argument("--shape", default="decode-15x4096", choices=sorted(SHAPES))
     ap.add_argument("--runs", type=int, default=30)
     a = ap.parse_args()
-    rt = GpuRuntime()
-    ctx = GpuContext(rt)
-    shape = SHAPES[a.shape]
-    batch, key, value, q = make_inputs(shape)
-    scale = float(1 / np.sqrt(shape.head_size))
-    ct, nbytes = time_copy_shader(rt, 2 * key.nbytes, a.runs, 3)  # the bench's memory roof: read + write bytes
-    copy = ct.gbps(nbytes)
-    print(f"adapter: {rt.summary.line()}\nshape: {a.shape}; copy shader {copy:.0f} GB/s (median {ct.median_us:.1f} us)")
+    rt, ctx, batch, key, value, q, scale, copy = setup(a)
     print(f"{'kivi':<12} {'prefetch':<14} {'median us':>10} {'p90 us':>9} {'GB/s':>8} {'%copy':>6}  plan")
     fast = fk.KiviFastDecode(rt)
     ok = True

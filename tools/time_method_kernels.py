@@ -22,12 +22,9 @@ def parse(spec: str):
     return name, method_class(name).parse_options(raw, text=True, defaults=False)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("methods", nargs="+", help="NAME or NAME:opt=value,opt=value")
-    ap.add_argument("--shape", default="decode-15x4096", choices=sorted(SHAPES))
-    ap.add_argument("--runs", type=int, default=30)
-    a = ap.parse_args()
+def setup(a):
+    """The runtime, context, bench inputs of shape a.shape and the copy shader's GB/s (printed): what a timing
+    tool over a bench shape starts with (this one, tools/kivi_prefetch_time.py)."""
     rt = GpuRuntime()
     ctx = GpuContext(rt)
     shape = SHAPES[a.shape]
@@ -36,6 +33,16 @@ def main() -> int:
     ct, nbytes = time_copy_shader(rt, 2 * key.nbytes, a.runs, 3)  # the bench's memory roof: read + write bytes
     copy = ct.gbps(nbytes)
     print(f"adapter: {rt.summary.line()}\nshape: {a.shape}; copy shader {copy:.0f} GB/s (median {ct.median_us:.1f} us)")
+    return rt, ctx, batch, key, value, q, scale, copy
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("methods", nargs="+", help="NAME or NAME:opt=value,opt=value")
+    ap.add_argument("--shape", default="decode-15x4096", choices=sorted(SHAPES))
+    ap.add_argument("--runs", type=int, default=30)
+    a = ap.parse_args()
+    rt, ctx, batch, key, value, q, scale, copy = setup(a)
     print(f"{'method':<40} {'kernel':<46} {'median us':>10} {'p90 us':>9} {'GB/s':>8} {'%copy':>6}")
     for spec in a.methods:
         name, opts = parse(spec)

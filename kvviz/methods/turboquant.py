@@ -414,17 +414,21 @@ class TurboQuantMethod(KVMethod):
         return res
 
     # ------------------------------------------------------------------ inspector
-    def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
-        if "general" in qkv.device:
-            return self._general_inspect_block(ctx, qkv, batch, block, kv_head, which)
-        if "paged" in qkv.device:
-            return self._paged_inspect_block(ctx, qkv, batch, block, kv_head, which)
+    @staticmethod
+    def _check_inspect(qkv, batch, block, kv_head, which):
         if not 0 <= int(block) < batch.num_blocks:
             raise InvalidInput(f"block {block} is outside the pool of {batch.num_blocks} blocks")
         if not 0 <= int(kv_head) < qkv.num_kv_heads:
             raise InvalidInput(f"kv_head {kv_head} is outside 0..{qkv.num_kv_heads - 1}")
         if which not in ("K", "V"):
             raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
+
+    def inspect_block(self, ctx, qkv, batch, block, kv_head, which):
+        if "general" in qkv.device:
+            return self._general_inspect_block(ctx, qkv, batch, block, kv_head, which)
+        if "paged" in qkv.device:
+            return self._paged_inspect_block(ctx, qkv, batch, block, kv_head, which)
+        self._check_inspect(qkv, batch, block, kv_head, which)
         d = qkv.head_size
         pw, jw = d // 16, d // 32
         owner, pos = batch.block_positions(int(block))
@@ -470,12 +474,7 @@ class TurboQuantMethod(KVMethod):
         """The records of one physical block of the paged cache, as they sit in GPU memory now."""
         from kvviz.kernels import quant as qk
 
-        if not 0 <= int(block) < batch.num_blocks:
-            raise InvalidInput(f"block {block} is outside the pool of {batch.num_blocks} blocks")
-        if not 0 <= int(kv_head) < qkv.num_kv_heads:
-            raise InvalidInput(f"kv_head {kv_head} is outside 0..{qkv.num_kv_heads - 1}")
-        if which not in ("K", "V"):
-            raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
+        self._check_inspect(qkv, batch, block, kv_head, which)
         gc = qkv.device["paged"]
         st = gc.settings
         w = st.wpt(which)
