@@ -1005,3 +1005,16 @@ def fast_decode_rows(ctx, method, k, v, num_kv_heads: int, batch: PagedBatch, q,
     nbytes, flops = decode_traffic(fmt, batch, H, num_kv_heads, D, plan.num_partitions)
     return [TimedKernel(f"fast_decode_{fmt.name} ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
                         "decode", "fast", flops)]
+
+
+def partial_writes(G: int, nv: int, J: str = "    ") -> list[str]:
+    """WGSL of row group 0 writing its partition's state [m, l, acc[0..D)] of each of the G heads to `partials`
+    (lane 0 writes m and l, every lane its DPL dims): the WRITE block of a split kernel (fast_decode_fp4)."""
+    out = []
+    for g in range(G):
+        out.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        out.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
+        for i in range(nv):
+            for c in range(4):
+                out.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    return out

@@ -8,8 +8,10 @@ x / s_t / e4m3, round to nearest even (a tie takes the even code: 0.25 -> 0, 0.7
 saturating at 6; dequantised = e2m1 * e4m3 * s_t (kvviz/oracles/fp4.py).
 Head sizes: multiples of 16 (64, 80, 96, 112, 128, 256 ...). 4.5 bits per element (+ 32 bits per tensor).
 The MXFP4 block type (E8M0 scale per 32) is kvviz/methods/ggml_blocks.py's `mxfp4`, bit-identical to gguf.
-Shaders: fp4/nvfp4_write.wgsl, fp4/nvfp4_dequant.wgsl. Attention: the dequantised f32 cache through the
-f32 paged decode.
+Shaders: fp4/nvfp4_write.wgsl, fp4/nvfp4_dequant.wgsl. Attention: the fast split-K decode over the packed
+cache (kvviz/kernels/fast_decode_fp4.py, shaders/fast/decode_fp4.wgsl) where it takes the shape (head sizes
+16..256, GQA 1..16); otherwise the first-wave path, the dequantised f32 cache through the f32 paged decode
+(quant_common.DequantisedAttention). timed_kernels lists both.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ import numpy as np
 from kvviz.formats import fp4 as f4
 from kvviz.kernels import ggml as gk
 from kvviz.kernels import quant as qk
-from kvviz.methods.base import CacheLayout, LayoutField, register
-from kvviz.methods.quant_common import PerTokenRecordMethod
+from kvviz.methods.base import CacheLayout, LayoutField, QuantizedKV, register
+from kvviz.methods.quant_common import DequantisedAttention, PerTokenRecordMethod
 
 def _e4m3(codes) -> np.ndarray:
     import ml_dtypes
@@ -36,7 +38,7 @@ class NvFp4(PerTokenRecordMethod):
     head_multiple = f4.SUB
     head_multiple_why = "an E4M3 scale covers 16 elements"
     code_range = (-6.0, 6.0)
-    attend_kernel = "paged_attn_f32 (over the method's dequantised cache)"
+    attend_kernel = "fast/decode_fp4 + decode_reduce over the packed cache (or paged_attn_f32 over the dequantised cache)"
     REFERENCE = "kvviz.oracles.fp4:reference_attention"
 
     def wpt(self, head_size):
@@ -60,6 +62,47 @@ class NvFp4(PerTokenRecordMethod):
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         tb = qc.extra["tensor"]
         return gk.shared_token_dispatches(rt, [(amax, [tb]), (kern, [qc.k, qc.v, tb])], key, value, sm, imm)
+
+    # ------------------------------------------------------------------ attention
+    def _fast_plan(self, ctx, qc, batch, q, scale):
+        """The fast NVFP4 decode's plan over the packed cache `qc` and its tensor scales
+        (kvviz/kernels/fast_decode_fp4.py), or None where it cannot take the shape (fast_decode_fp4.unsupported)."""
+        from kvviz.kernels import fast_decode_fp4 as ffd
+
+        kvh, D = qc.num_kv_heads, qc.head_size
+        shape = np.shape(q)
+        if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or ffd.unsupported(D, shape[1] // kvh):
+            return None
+        return ffd.Fp4FastDecode(ctx.rt).plan(qc.k, qc.v, qc.extra["tensor"], kvh, q, batch, scale)
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        """The fast split-K decode over the packed cache where it takes the shape, else the first-wave path
+        (the f32 paged decode over the dequantised cache)."""
+        plan = self._fast_plan(ctx, qkv.device["cache"], batch, q, scale)
+        if plan is None:
+            return DequantisedAttention.attend(self, ctx, qkv, batch, q, scale)
+        ctx.rt.run(plan.dispatches)
+        return ctx.rt.read(plan.out, np.float32, plan.shape)
+
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        """The per-token-record rows (writers, dequantise, f32 decode: the first-wave path) plus the fast
+        decode's row ("fast_decode_nvfp4 (N partitions)") where it takes the shape."""
+        from kvviz.kernels import fast_decode_fp4 as ffd
+        from kvviz.kernels.timed import TimedKernel
+
+        if qkv is None:
+            key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
+            ctx.rt.run(wd + dd)
+            qkv = QuantizedKV(self, key.shape[2], key.shape[1], None, None, None, None, self.code_range,
+                              device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd})
+        rows = super().timed_kernels(ctx, batch, key, value, q, scale, qkv)
+        qc = qkv.device["cache"]
+        plan = self._fast_plan(ctx, qc, batch, np.asarray(q, np.float32), scale)
+        if plan is not None:
+            nbytes, flops = ffd.decode_traffic(batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)
+            rows.append(TimedKernel(f"fast_decode_nvfp4 ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
+                                    "decode", "fast", flops))
+        return rows
 
     def tensor_scales(self, ctx, qkv) -> tuple[float, float]:
         """(K, V) tensor scales s_t, read from the GPU."""
