@@ -334,3 +334,22 @@ def test_lab_panel_watches_and_reruns(qtbot, tmp_path, settings, session):
     assert [r[0] for r in table.rows] == [p.kernel for p in win.roofline.points]
     assert any(a.text() == "Kernel lab" for m in win.menuBar().actions() if m.menu() for a in m.menu().actions())
     win.close()
+
+
+def test_user_wgsl_loops_unrolled_and_errors_still_map(rt, tmp_path):
+    """A user's `// @unroll` loop is expanded as the built-in kernels' are (kvviz.gpu.shaders.unroll_loops), and a
+    compile error after the expanded loop still names the user's own line."""
+    s = slot("int8_token.writer_fast")
+    path = tmp_path / "w.wgsl"
+    assert main(["kernel", "new", s.id, str(path)]) == 0
+    text = path.read_text()
+    assert "// @unroll" in text
+    uk = check.compile_user(rt, s, text, "w.wgsl")
+    assert "// @unroll" not in uk.rendered and "const j = 0u;" in uk.rendered
+    assert len(uk.where) == uk.rendered.count("\n") + 1
+    lines = text.split("\n")
+    bad = len(lines) - 1 - lines[::-1].index(next(x for x in lines[::-1] if x.strip() == "}"))  # the entry point's last brace
+    lines.insert(bad, "  let oops: u32 = 1.5;")
+    with pytest.raises(check.KernelCompileError) as ei:
+        check.compile_user(rt, s, "\n".join(lines), "w.wgsl")
+    assert any(d.line == bad + 1 for d in ei.value.diagnostics), [(d.line, d.message[:60]) for d in ei.value.diagnostics]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompileError
 from kvviz.gpu.kernel_spec import READ_WRITE
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
-from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_WGSL, ShaderSpec, declarations, render_wgsl_defines
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_WGSL, ShaderSpec, declarations, render_wgsl_defines, unroll_loops
 from kvviz.kernels import arith
 from kvviz.lab.slots import EXACT_FAMILIES, Slot, slot as get_slot
 from kvviz.lab.source import (
@@ -69,16 +70,37 @@ def language_of(name: str, slot: Slot) -> str:
     return slot.language
 
 
+_LINE_TAG = re.compile(r"/\*@L(\d+)\*/")
+
+
+def _untag(src: str, where: list) -> tuple[str, list]:
+    """`src` without compile_user's line tags, and the (file, line) of each of its lines: a line without a tag
+    (from a define's value or an unrolled block's brace) takes the nearest tagged line above it."""
+    lines, out_where, last = [], [], 0
+    for ln in src.split("\n"):
+        tags = _LINE_TAG.findall(ln)
+        if tags:
+            last = int(tags[-1])
+        lines.append(_LINE_TAG.sub("", ln))
+        out_where.append(where[min(last, len(where) - 1)] if where else None)
+    return "\n".join(lines), out_where
+
+
 def compile_user(rt, slot: Slot, text: str, name: str, frontend: str = "", defines=None) -> UserKernel:
     """Compile a user's shader for `slot`: includes resolved, its WGSL placeholders filled with the built-in's
-    values (`defines`: the built-in's at the shape being run; default the slot spec's fixed ones), its
+    values (`defines`: the built-in's at the shape being run; default the slot spec's fixed ones) and its
+    `// @unroll` loops expanded (kvviz.gpu.shaders.unroll_loops, as for the built-in kernels), its
     declarations checked against the slot's contract, then compiled and validated. KernelCompileError with
     file:line:column diagnostics when any of that fails."""
     rendered, where = resolve(text, name)
     lang = language_of(name, slot)
     if lang == "wgsl":
         try:
-            rendered = render_wgsl_defines(rendered, slot.spec.defines if defines is None else defines, name)
+            # every line tagged with its index, so lines the defines and the unrolling add or copy still map to
+            # the user's file and line in diagnostics
+            tagged = "\n".join(f"{ln}/*@L{i}*/" for i, ln in enumerate(rendered.split("\n")))
+            tagged = render_wgsl_defines(tagged, slot.spec.defines if defines is None else defines, name)
+            rendered, where = _untag(unroll_loops(tagged, name), where)  # `// @unroll` loops, as built-ins get them
         except ShaderCompileError as exc:
             raise KernelCompileError(str(exc), [Diagnostic(name, 0, 0, str(exc))]) from None
     fe = FRONTEND_WGSL if lang == "wgsl" else (frontend or FRONTEND_GLSLANG)
