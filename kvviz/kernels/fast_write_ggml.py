@@ -1,0 +1,133 @@
+"""Fast writers of the llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4) and of NVFP4
+(issue 11): shaders/fast/write_ggml.wgsl (the type as a define, the per-block helpers of ggml/common.wgsl)
+and shaders/fast/write_nvfp4.wgsl; the same words as the first-wave writers ggml/ggml_write.wgsl and
+fp4/nvfp4_write.wgsl and the oracles kvviz/oracles/ggml.py (gguf.quants) and kvviz/oracles/fp4.py
+(tests/test_fast_write_ggml.py).
+
+Against the first-wave writers (one 64-thread workgroup per (token, KV head, K|V), loops of stride 64,
+workgroup memory and barriers between the block parameters, the codes and the words):
+  - a lane owns whole 32-element blocks (NVFP4: groups of 4 x 16 elements) of a (token, KV head) row, K and
+    V one after the other; R = 64 / L rows a workgroup. The blocks a lane owns span whole u32 words of the
+    byte-packed record (q8_0: 2 blocks = 68 bytes = 17 words, q4_0 / q5_0 / iq4_nl: 2, q4_1 / q5_1: 1,
+    mxfp4: 4 blocks = 68 bytes), so a lane builds its words in registers (the byte offsets are constants
+    once the loops are unrolled) and stores them itself: no barrier, no workgroup memory, and no value
+    crosses lanes (a block's amax, min / max and iq4_nl's 16 scale trials all lie in its lane), so there
+    is no lane-group reduction to do and no subgroup feature to ask for;
+  - 16-B loads (8 vec4s a block), codes 4 at a time, whole-word stores;
+  - NVFP4's codes from q = x * (1/s_t) * (1/e4m3) checked 16 ulp either side, the two exact divisions only
+    where q is that close to an E2M1 rounding boundary (write_common.wgsl's rule);
+  - a 2-D grid (fast_write.grid_2d): more than 65535 workgroups take one dispatch; the input is split
+    only where it exceeds one storage binding (fast_write.input_chunks).
+`blocks_per_lane` (a multiple of the type's smallest word-aligned block count) gives a lane more blocks:
+the tests run every type at the default and at one lane a row.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.formats import fp4 as f4
+from kvviz.formats.ggml import BLOCK, TYPES, GgmlType
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.kernels import fast_write as fw
+
+_TOKENS = ro("key_in", "val_in", "slots")
+# `zero` is 0 at run time: products are xored with it so that no driver fuses them into an add (ggml_write.wgsl).
+WRITE_GGML = KernelSpec("fast/write_ggml.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"),
+                        immediates=Struct("P", "kvh hd bs wpt rows gx zero"))
+WRITE_NVFP4 = KernelSpec("fast/write_nvfp4.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"),
+                         immediates=Struct("P", "kvh hd bs wpt rows gx"))
+WG = 64
+
+
+def min_blocks_per_lane(t: GgmlType) -> int:
+    """The fewest consecutive blocks whose bytes are whole u32 words (34 B: 2, 17 B: 4, 20 B: 1, ...)."""
+    n = 1
+    while (n * t.block_bytes) % 4:
+        n += 1
+    return n
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1) -> KernelSpec:
+    d = t.defines()
+    return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb_lane or min_blocks_per_lane(t), LANES=lanes)
+
+
+def nvfp4_spec(ng: int = 4, lanes: int = 1) -> KernelSpec:
+    return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0)
+
+
+KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values()) + (nvfp4_spec(),)}
+
+
+def _lanes(units: int, per_lane: int) -> int:
+    L = _pow2_at_least(-(-units // per_lane))
+    if L > WG:
+        raise UnsupportedShape(f"fast ggml writer: {units} blocks a row need {L} lanes (at most {WG})")
+    return L
+
+
+def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf, v_buf, block_size: int, *,
+                    blocks_per_lane: int | None = None) -> list[Dispatch]:
+    """The ggml records of `t` (kvviz/formats/ggml.py: the token's ggml row padded to whole words) of K and V
+    into the paged caches k_buf / v_buf [num_blocks, kv_heads, block_size, wpt] through `slots`."""
+    t = TYPES[t] if isinstance(t, str) else t
+    key, value, sm = fw._check_rows(key, value, slots)
+    T, kvh, D = key.shape
+    if D % BLOCK:
+        raise UnsupportedShape(f"fast ggml writer: head_size {D} is not a multiple of {BLOCK}")
+    base = min_blocks_per_lane(t)
+    nbl = blocks_per_lane or base
+    if nbl % base:
+        raise InvalidInput(f"fast ggml writer: {t.name} takes blocks_per_lane in multiples of {base}, got {nbl}")
+    L = _lanes(D // BLOCK, nbl)
+    kern = rt.compile(ggml_spec(t, nbl, L))
+    wpt = t.words_per_token(D)
+    return fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
+                              lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)
+
+
+def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
+                     groups_per_lane: int = 4, variant: fw.Variant | None = None) -> list[Dispatch]:
+    """NVFP4 records (kvviz/formats/fp4.py) of K and V: the per-tensor amax pass (fast/write_fp8_amax.wgsl,
+    lane groups of `variant`, into tensor[0|1], which must be zeroed before), then the writer (s_t into
+    tensor[2|3])."""
+    key, value, sm = fw._check_rows(key, value, slots)
+    T, kvh, D = key.shape
+    if D % f4.SUB:
+        raise UnsupportedShape(f"fast NVFP4 writer: head_size {D} is not a multiple of {f4.SUB}")
+    if groups_per_lane < 4 or groups_per_lane % 4:
+        raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be a multiple of 4, got {groups_per_lane}")
+    wpt = f4.words_per_token(D)
+    var = variant or fw.Variant(rt)
+    La = var.lanes(D // 4)
+    amax = rt.compile(fw.WRITE_FP8_AMAX, NV=D // (4 * La), **var.defines(La))
+    out = fw._row_dispatches(rt, amax, key, value, sm, [tensor],
+                             lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), WG // La)
+    L = _lanes(D // f4.SUB, groups_per_lane)
+    kern = rt.compile(nvfp4_spec(groups_per_lane, L))
+    out += fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
+                              lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
+    return out
+
+
+def method_dispatches(rt: GpuRuntime, method, qc, key, value, sm):
+    """The fast writer of a ggml block-type method or of nvfp4 into its cache `qc`, or None where it has none
+    for the shape (the method then keeps its first-wave writer)."""
+    fam = getattr(method, "family", "")
+    try:
+        if fam == "ggml":
+            return ggml_dispatches(rt, method.type_name, key, value, sm, qc.k, qc.v, qc.block_size)
+        if fam == "fp4":
+            return nvfp4_dispatches(rt, key, value, sm, qc.k, qc.v, qc.extra["tensor"], qc.block_size)
+    except UnsupportedShape:
+        return None
+    return None
+
+
+__all__ = ["KERNELS", "ggml_dispatches", "nvfp4_dispatches", "method_dispatches", "min_blocks_per_lane"]

@@ -1,0 +1,260 @@
+// #include "ggml/common.wgsl"
+// Fast llama.cpp block-type writer, type {{TYPE}} (0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1, 5 iq4_nl, 6 mxfp4):
+// the record of ggml/ggml_write.wgsl (the token's ggml row, {{BPB}} bytes a 32-element block, padded to whole
+// u32 words), the same bytes (kvviz/oracles/ggml.py): the same per-block arithmetic, element for element:
+// correctly rounded divisions (div_rn) for d and id, codes from products x * id passed through opq() (xor
+// with the immediate `zero`, 0 at run time) so that no driver fuses them into the add that follows, f16 by
+// integer round to nearest even, the first element of largest |x| as the block's `max`, blocks with
+// max |x| < 2^-100 at id = 0, iq4_nl's 16 scale trials in llama.cpp's order.
+//
+// Lanes: a lane owns NB = {{NB}} consecutive blocks of a (token, KV head) row, K and V one after the other;
+// NB * BPB is a multiple of 4 bytes (or the lane ends the row), so a lane's bytes are whole u32 words of
+// the record and it stores them itself: no lane talks to another (no reduction crosses lanes: a block's
+// max, min and scale trials lie in one lane). L = {{LANES}} lanes a row (ceil(blocks / NB) rounded up to a
+// power of two; lanes past the row's blocks idle), R = 64 / L rows a workgroup. Lane l loads the 8 vec4s
+// of each of its blocks (16-B loads), builds its words in registers (constant byte offsets: the loops are
+// unrolled) and stores them. Grid 2-D: workgroup (x, y) is number y * gx + x. PAD_SLOT rows are skipped.
+@group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> slots: array<u32>;
+@group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;
+struct P { kvh: u32, hd: u32, bs: u32, wpt: u32, rows: u32, gx: u32, zero: u32 }
+var<immediate> p: P;
+
+const TYPE: u32 = {{TYPE}}u;
+const BPB: u32 = {{BPB}}u;   // bytes per block
+const HDR: u32 = {{HDR}}u;   // header bytes (d | d, m | e)
+const QH: u32 = {{QH}}u;     // 1: a 4-byte high-bit plane follows the header
+const NQ: u32 = {{NQ}}u;     // qs words a block: 8 (q8_0) or 4
+const NB: u32 = {{NB}}u;     // blocks a lane
+const L: u32 = {{LANES}}u;
+const R: u32 = 64u / L;
+const NWL: u32 = (NB * BPB + 3u) / 4u;   // words a lane
+const TINY_BITS: u32 = 0x0D800000u;      // 2^-100
+const IQ4_EPS_BITS: u32 = 0x26901D7Du;   // GROUP_MAX_EPS = 1e-15f
+var<private> LOG2_UP_TAB: array<u32, 256> = array<u32, 256>({{LOG2_UP}});
+
+fn opq(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ p.zero); }
+fn opq4(x: vec4<f32>) -> vec4<f32> { return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(p.zero)); }
+
+// best_index_int8(16, kvalues_iq4nl, x) for 4 values, as ggml_write.wgsl's best_index: the nearer
+// neighbour, the upper one on a tie.
+fn best_index4(x: vec4<f32>) -> vec4<u32> {
+  var ml = vec4<u32>(0u);
+  // @unroll
+  for (var i = 0u; i < 14u; i = i + 1u) { ml = ml + select(vec4<u32>(0u), vec4<u32>(1u), vec4<f32>(iq4nl_value(i + 1u)) <= x); }
+  let mu = ml + vec4<u32>(1u);
+  let vl = vec4<f32>(iq4nl_value(ml.x), iq4nl_value(ml.y), iq4nl_value(ml.z), iq4nl_value(ml.w));
+  let vu = vec4<f32>(iq4nl_value(mu.x), iq4nl_value(mu.y), iq4nl_value(mu.z), iq4nl_value(mu.w));
+  var c = select(mu, ml, x - vl < vu - x);
+  c = select(c, vec4<u32>(0u), x <= vec4<f32>(-127.0));
+  c = select(c, vec4<u32>(15u), x >= vec4<f32>(113.0));
+  return c;
+}
+fn iq4_val4(c: vec4<u32>) -> vec4<f32> {
+  return vec4<f32>(iq4nl_value(c.x), iq4nl_value(c.y), iq4nl_value(c.z), iq4nl_value(c.w));
+}
+
+// iq4_nl's weighted sums for one trial id (weights x^2), in element order, unfused (ggml_write.wgsl iq4_sums).
+fn iq4_sums(x: array<vec4<f32>, 8>, id: f32) -> vec2<f32> {
+  var sqx = 0.0;
+  var sq2 = 0.0;
+  // @unroll
+  for (var j = 0u; j < 8u; j = j + 1u) {
+    let v = x[j];
+    let q4 = iq4_val4(best_index4(opq4(vec4<f32>(id) * v)));
+    // @unroll
+    for (var c = 0u; c < 4u; c = c + 1u) {
+      let xe = v[c];
+      let q = q4[c];
+      let w = opq(xe * xe);
+      let wq = opq(w * q);
+      sqx = sqx + opq(wq * xe);
+      sq2 = sq2 + opq(wq * q);
+    }
+  }
+  return vec2<f32>(sqx, sq2);
+}
+
+fn iq4_trial_id(r: u32, mx: f32) -> f32 {
+  if (r == 0u) { return div_rn(1.0, div_rn(-mx, -127.0)); }
+  return div_rn(f32(i32(r) - 8 - 127), mx);
+}
+
+// A block's bytes: header (HDR bytes, little-endian), the q5 high-bit plane, NQ qs words.
+struct Blk { hdr: u32, qh: u32, qs: array<u32, 8> }
+
+fn nibbles(lo: vec4<u32>, hi: vec4<u32>) -> u32 {
+  let b = (lo & vec4<u32>(0xFu)) | ((hi & vec4<u32>(0xFu)) << vec4<u32>(4u));
+  return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
+
+fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
+  var out: Blk;
+  // block statistics: amax (the first element of largest |x| is `mx`), min / max by total order
+  var amax_bits = bitcast<u32>(x[0].x) & ABS_MASK;
+  var mx = x[0].x;
+  var kmin = 0xFFFFFFFFu;
+  var kmax = 0u;
+  // @unroll
+  for (var j = 0u; j < 8u; j = j + 1u) {
+    // @unroll
+    for (var c = 0u; c < 4u; c = c + 1u) {
+      let e = x[j][c];
+      let a = bitcast<u32>(e) & ABS_MASK;
+      if (a > amax_bits) { amax_bits = a; mx = e; }
+      if (TYPE == 2u || TYPE == 4u) {
+        let k = order_key(bitcast<u32>(e));
+        kmin = min(kmin, k);
+        kmax = max(kmax, k);
+      }
+    }
+  }
+  let tiny = amax_bits < TINY_BITS;
+  var id = 0.0;
+  var mn = 0.0;
+  if (TYPE == 0u || TYPE == 1u || TYPE == 3u) {
+    var d: f32;
+    if (TYPE == 0u) { d = div_rn(bitcast<f32>(amax_bits), 127.0); }
+    else if (TYPE == 1u) { d = div_rn(mx, -8.0); }
+    else { d = div_rn(mx, -16.0); }
+    out.hdr = f32_to_f16_bits(d);
+    if (!tiny) { id = div_rn(1.0, d); }
+  } else if (TYPE == 2u || TYPE == 4u) {
+    mn = bitcast<f32>(key_bits(kmin));
+    let d = div_rn(bitcast<f32>(key_bits(kmax)) - mn, select(31.0, 15.0, TYPE == 2u));
+    out.hdr = f32_to_f16_bits(d) | (f32_to_f16_bits(mn) << 16u);
+    if (!tiny && (bitcast<u32>(d) & ABS_MASK) != 0u) { id = div_rn(1.0, d); }
+  } else if (TYPE == 5u) {
+    // llama.cpp quantize_row_iq4_nl_impl (ntry = 7): trial 0 (id = 1/(max/127)), then itry = -7..7, the
+    // selection in that order (ggml_write.wgsl runs the trials on 16 threads, the selection the same way)
+    var d = 0.0;
+    if (amax_bits >= IQ4_EPS_BITS) {
+      var best = 0.0;
+      for (var r = 0u; r < 16u; r = r + 1u) {   // one copy of the trial's code: trial 0 sets d and best
+        let s = iq4_sums(x, iq4_trial_id(r, mx));
+        if (r == 0u || (s.y > 0.0 && opq(s.x * s.x) > opq(best * s.y))) {
+          d = div_rn(s.x, s.y);
+          best = opq(d * s.x);
+        }
+      }
+    }
+    out.hdr = f32_to_f16_bits(d);
+    id = select(0.0, div_rn(1.0, d), (bitcast<u32>(d) & ABS_MASK) != 0u);
+  } else {
+    // mxfp4: e = floor(log2f(amax)) - 2 + 127, log2f correctly rounded (kvviz/formats/ggml.py LOG2_UP)
+    var e = 0u;
+    if (!tiny) {
+      let be = amax_bits >> 23u;
+      e = be - 2u + select(0u, 1u, (amax_bits & 0x7FFFFFu) >= LOG2_UP_TAB[be]);
+    }
+    out.hdr = e;
+    id = select(bitcast<f32>(e8m0_half_bits(e)), 0.0, tiny);
+  }
+
+  // codes, 4 at a time
+  var qh = 0u;
+  var c4: array<vec4<u32>, 8>;
+  // @unroll
+  for (var j = 0u; j < 8u; j = j + 1u) {
+    let v = x[j];
+    var c: vec4<u32>;
+    if (TYPE == 0u) {          // roundf (half away from zero), as gguf's np_roundf
+      let q = opq4(v * id);
+      let a = abs(q);
+      let f = floor(a);
+      let r = vec4<i32>(f + floor(2.0 * (a - f)));
+      c = bitcast<vec4<u32>>(select(r, -r, q < vec4<f32>(0.0))) & vec4<u32>(0xFFu);
+    } else if (TYPE == 1u) {
+      c = min(vec4<u32>(15u), vec4<u32>(trunc(opq4(v * id) + vec4<f32>(8.5))));
+    } else if (TYPE == 3u) {
+      c = min(vec4<u32>(31u), vec4<u32>(trunc(opq4(v * id) + vec4<f32>(16.5))));
+    } else if (TYPE == 2u || TYPE == 4u) {
+      c = min(vec4<u32>(select(31u, 15u, TYPE == 2u)), vec4<u32>(trunc(opq4((v - vec4<f32>(mn)) * id) + vec4<f32>(0.5))));
+    } else if (TYPE == 5u) {
+      c = best_index4(opq4(vec4<f32>(id) * v));
+    } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d; d*kv exact)
+      var best = abs(vec4<f32>(id * e2m1_doubled(0u)) - v);
+      c = vec4<u32>(0u);
+      // @unroll
+      for (var k = 0u; k < 15u; k = k + 1u) {
+        let err = abs(vec4<f32>(id * e2m1_doubled(k + 1u)) - v);
+        let lt = err < best;
+        best = select(best, err, lt);
+        c = select(c, vec4<u32>(k + 1u), lt);
+      }
+    }
+    c4[j] = c;
+    if (QH == 1u) {
+      let hb = (c >> vec4<u32>(4u)) & vec4<u32>(1u);
+      qh = qh | ((hb.x | (hb.y << 1u) | (hb.z << 2u) | (hb.w << 3u)) << (4u * j));
+    }
+  }
+  out.qh = qh;
+  if (TYPE == 0u) {
+    // @unroll
+    for (var j = 0u; j < 8u; j = j + 1u) {
+      let c = c4[j];
+      out.qs[j] = c.x | (c.y << 8u) | (c.z << 16u) | (c.w << 24u);
+    }
+  } else {                     // qs byte i: element i low nibble, element i + 16 high nibble
+    // @unroll
+    for (var j = 0u; j < 4u; j = j + 1u) { out.qs[j] = nibbles(c4[j], c4[j + 4u]); }
+  }
+  return out;
+}
+
+// OR `w` into the lane's words at byte offset `o` (a constant once the loops are unrolled).
+fn put(ob: ptr<function, array<u32, NWL>>, o: u32, w: u32) {
+  let a = o / 4u;
+  let s = (o % 4u) * 8u;
+  (*ob)[a] = (*ob)[a] | (w << s);
+  if (s != 0u) {
+    let b = min(a + 1u, NWL - 1u);
+    (*ob)[b] = (*ob)[b] | (w >> (32u - s));
+  }
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let row = (wg.y * p.gx + wg.x) * R + lid / L;
+  let lane = lid % L;
+  let nb = p.hd / 32u;
+  let b0 = lane * NB;
+  if (row >= p.rows || b0 >= nb) { return; }
+  let t = row / p.kvh;
+  let h = row % p.kvh;
+  let slot = slots[t];
+  if (slot == PAD_SLOT) { return; }
+  let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt + (b0 * BPB) / 4u;
+  let nw = min(NWL, p.wpt - (b0 * BPB) / 4u);
+  let src = row * (p.hd / 4u) + 8u * b0;
+  for (var which = 0u; which < 2u; which = which + 1u) {   // K, then V (not unrolled: one copy of the code)
+    var ob: array<u32, NWL>;
+    // @unroll
+    for (var w = 0u; w < NWL; w = w + 1u) { ob[w] = 0u; }   // zeroed each pass (naga hoists loop locals)
+    // @unroll
+    for (var k = 0u; k < NB; k = k + 1u) {
+      if (b0 + k < nb) {
+        var x: array<vec4<f32>, 8>;
+        // @unroll
+        for (var j = 0u; j < 8u; j = j + 1u) {
+          if (which == 0u) { x[j] = key_in[src + 8u * k + j]; } else { x[j] = val_in[src + 8u * k + j]; }
+        }
+        let blk = quant_block(x);
+        let o = k * BPB;
+        put(&ob, o, blk.hdr);
+        if (QH == 1u) { put(&ob, o + HDR, blk.qh); }
+        // @unroll
+        for (var i = 0u; i < NQ; i = i + 1u) { put(&ob, o + HDR + 4u * QH + 4u * i, blk.qs[i]); }
+      }
+    }
+    // @unroll
+    for (var w = 0u; w < NWL; w = w + 1u) {
+      if (w < nw) {
+        if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
+      }
+    }
+  }
+}

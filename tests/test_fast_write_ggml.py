@@ -1,0 +1,274 @@
+"""Conformance of the fast writers of the llama.cpp block types and NVFP4 (kvviz/kernels/fast_write_ggml.py,
+shaders/fast/write_ggml.wgsl, write_nvfp4.wgsl) on the GPU (lavapipe in CI) against the oracles
+kvviz/oracles/ggml.py (gguf.quants; iq4_nl: llama.cpp's reference) and kvviz/oracles/fp4.py.
+
+Exact, word for word, over head sizes 32 / 64 / 128 / 256 and block sizes 1 / 16 / 32, ragged sequences,
+padding slots, all-zero rows, exact ties of every type's rounding, values near the f16 limit (a block scale
+just below 65504), MXFP4 amaxes at powers of two, subnormals: the caches are filled with a garbage pattern
+first, so every word of a written record (padding bytes included) must be stored and no other word touched.
+Every type runs at the default lane split and at one lane a row (blocks_per_lane = all the row's blocks);
+the writers need no cross-lane reduction, so there is no subgroup variant of their own (NVFP4's amax pass,
+fast_write's WRITE_FP8_AMAX, runs with and without subgroups). A 2-D grid (grid limit forced to 16) and
+the methods' wiring (writer impl "fast", the first-wave writer timed beside it) are checked too.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import numpy as np
+import pytest
+
+from kvviz.formats import fp4 as f4
+from kvviz.formats import ggml as fg
+from kvviz.kernels import fast_write as fw
+from kvviz.kernels import fast_write_ggml as fwg
+from kvviz.kernels import quant as qk
+from kvviz.methods import get_method
+from kvviz.methods.context import GpuContext
+from kvviz.oracles import fp4 as of4
+from kvviz.oracles import ggml as og
+from kvviz.paging import PAD_SLOT, make_batch
+
+TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
+GARBAGE = np.uint32(0xA5C3E1F7)
+# (head_size, block_size, context lens, policy, pad_every, kv_heads)
+SHAPES = [
+    (32, 1, [3, 0, 5], "scattered", 4, 2),
+    (64, 16, [1, 23, 0, 9], "contiguous", 0, 2),
+    (128, 32, [37, 2], "scattered", 5, 1),
+    (256, 16, [19, 4], "fragmented", 3, 1),
+]
+SIDS = [f"D{s[0]}-bs{s[1]}" for s in SHAPES]
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    from kvviz.gpu.runtime import GpuRuntime
+
+    return GpuContext(GpuRuntime())
+
+
+def special_rows(name: str, D: int) -> list[np.ndarray]:
+    """Rows of D elements: all zero, signed zeros, exact ties of the type's rounding, values near its f16
+    (or E8M0 / E4M3) limit, MXFP4 log2 edges, subnormals next to normal values."""
+    i = np.arange(D)
+    rows = [np.zeros(D, np.float32), np.where(i % 2, 0.0, -0.0).astype(np.float32),
+            np.where(i % 3 == 0, 1e-40, (i - D / 2) * 0.01).astype(np.float32)]
+    halves = ((i % 41) - 20).astype(np.float32) / np.float32(2)          # k/2: ties and codes
+    blk = i % 32
+    if name == "q8_0":      # d = 1: x = k + 1/2 rounds away from zero
+        t = np.clip(halves * 3, -126.5, 126.5).astype(np.float32)
+        t[blk == 0] = 127.0
+        rows += [t, (np.linspace(-1, 1, D) * np.float32(65500 * 127)).astype(np.float32)]
+    elif name in ("q4_0", "q5_0"):
+        lim = 8 if name == "q4_0" else 16
+        t = np.clip(halves, -lim + 0.5, lim - 0.5).astype(np.float32)
+        t[blk == 0] = -float(lim)
+        rows += [t, (np.linspace(-1, 1, D) * np.float32(65500 * lim)).astype(np.float32)]
+    elif name in ("q4_1", "q5_1"):
+        top = 15 if name == "q4_1" else 31
+        t = np.clip(np.abs(halves), 0, top).astype(np.float32)
+        t[blk == 0], t[blk == 31] = float(top), 0.0
+        h = np.linspace(-65500, 65500 * (top - 1), D).astype(np.float32)   # d and min just inside f16
+        h[blk == 0], h[blk == 31] = -65500.0, 65500.0 * (top - 1)
+        rows += [t, h]
+    elif name == "iq4_nl":
+        t = (halves * 5).astype(np.float32)
+        t[blk == 0] = 113.0
+        rows += [t, (np.linspace(-1, 1, D) * np.float32(65000 * 100)).astype(np.float32)]
+    else:                   # mxfp4: amax 4 (d = 1/2): E2M1 midpoints; amax at / just below powers of two
+        mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.5, 3.0, -0.25, -0.75, -2.5, -5.0, 6.0, -6.0],
+                        np.float32)
+        t = np.resize(mids, D)
+        t[blk == 0] = 4.0
+        e = np.resize(np.array([2.0**20, np.nextafter(np.float32(2.0**20), np.float32(0)), 2.0**-80,
+                                np.nextafter(np.float32(2.0**-80), np.float32(0))], np.float32), D // 32)
+        edge = (np.linspace(-1, 1, D).reshape(-1, 32) * e[:, None]).astype(np.float32)
+        edge[:, 7] = e
+        rows += [t, edge.reshape(D), np.full(D, np.float32(3.0e38)) * np.where(i % 2, 1, -1).astype(np.float32)]
+    return rows
+
+
+def make_rows(rng, name, T, kvh, D):
+    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
+    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
+    if D >= 64:  # an outlier channel
+        k[:, :, 5] *= np.float32(300.0)
+    for j, r in enumerate(special_rows(name, D)):
+        if j < T:
+            k[j, 0] = r
+            v[T - 1 - j, -1] = r[::-1]
+    return k, v
+
+
+def scatter(batch, recs, fill=GARBAGE):
+    """Per-row records [tokens, kvh, W] -> paged words, unwritten slots keeping `fill`."""
+    T, kvh, W = recs.shape
+    out = np.full((batch.num_blocks, kvh, batch.block_size, W), fill, np.uint32)
+    sm = np.asarray(batch.slot_mapping).astype(np.int64)
+    real = sm != PAD_SLOT
+    out[sm[real] // batch.block_size, :, sm[real] % batch.block_size] = recs[real]
+    return out
+
+
+def caches(rt, batch, kvh, wpt):
+    n = batch.num_blocks * kvh * batch.block_size * wpt
+    return rt.upload(np.full(n, GARBAGE, np.uint32), "k"), rt.upload(np.full(n, GARBAGE, np.uint32), "v")
+
+
+def run_ggml(rt, name, batch, k, v, **kw):
+    t = fg.TYPES[name]
+    kvh, D = k.shape[1], k.shape[2]
+    wpt = t.words_per_token(D)
+    kb, vb = caches(rt, batch, kvh, wpt)
+    d = fwg.ggml_dispatches(rt, name, k, v, batch.slot_mapping, kb, vb, batch.block_size, **kw)
+    rt.run(d)
+    shape = (batch.num_blocks, kvh, batch.block_size, wpt)
+    return rt.read(kb, np.uint32, shape), rt.read(vb, np.uint32, shape), d
+
+
+def check_ggml(rt, name, batch, k, v, **kw):
+    gk, gv, d = run_ggml(rt, name, batch, k, v, **kw)
+    t = fg.TYPES[name]
+    for which, got, x in (("K", gk, k), ("V", gv, v)):
+        want = scatter(batch, og.quantize(x, t))
+        bad = np.argwhere((got != want).any(-1))
+        assert bad.size == 0, (name, which, kw, bad[:3].tolist(),
+                               [(got[tuple(b)].tobytes().hex(), want[tuple(b)].tobytes().hex()) for b in bad[:2]])
+    return d
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_ggml_words_equal_the_oracle(ctx, name):
+    """Every head size and block size, default lanes and one lane a row: words == the oracle's."""
+    rng = np.random.default_rng(hash(name) % 1000)
+    for D, bs, lens, policy, pe, kvh in SHAPES:
+        batch = make_batch(lens, bs, policy=policy, pad_every=pe)
+        k, v = make_rows(rng, name, batch.num_tokens, kvh, D)
+        check_ggml(ctx.rt, name, batch, k, v)
+        nb = D // 32
+        base = fwg.min_blocks_per_lane(fg.TYPES[name])
+        check_ggml(ctx.rt, name, batch, k, v, blocks_per_lane=-(-nb // base) * base)
+
+
+def run_nvfp4(rt, batch, k, v, **kw):
+    kvh, D = k.shape[1], k.shape[2]
+    wpt = f4.words_per_token(D)
+    kb, vb = caches(rt, batch, kvh, wpt)
+    tb = rt.upload(np.zeros(4, np.uint32), "tensor")
+    d = fwg.nvfp4_dispatches(rt, k, v, batch.slot_mapping, kb, vb, tb, batch.block_size, **kw)
+    rt.run(d)
+    shape = (batch.num_blocks, kvh, batch.block_size, wpt)
+    return rt.read(kb, np.uint32, shape), rt.read(vb, np.uint32, shape), rt.read(tb, np.uint32, nbytes=16), d
+
+
+def check_nvfp4(rt, batch, k, v, **kw):
+    gk, gv, tw, d = run_nvfp4(rt, batch, k, v, **kw)
+    rk, rv, (sk, sv) = of4.quantize_batch(k, v, batch.slot_mapping)
+    for which, got, rec in (("K", gk, rk), ("V", gv, rv)):
+        want = scatter(batch, rec)
+        bad = np.argwhere((got != want).any(-1))
+        assert bad.size == 0, ("nvfp4", which, kw, bad[:3].tolist(),
+                               [(got[tuple(b)].tobytes().hex(), want[tuple(b)].tobytes().hex()) for b in bad[:2]])
+    real = batch.slot_mapping != PAD_SLOT
+    if real.any():
+        assert tw[2:4].view(np.float32).tolist() == [float(sk), float(sv)]
+    return d
+
+
+def nvfp4_rows(rng, T, kvh, D):
+    k, v = make_rows(rng, "mxfp4", T, kvh, D)
+    i = np.arange(D)
+    if T > 3:
+        # amax 2688 * 6 * 4 = 64512: s_t = 24, a group of amax 576 gets e4m3 4: x = 96 * E2M1 midpoints (ties)
+        t = np.resize(np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 0.5, 6.0, -1.75, 3.0, 1.0, 6.0],
+                               np.float32), D) * np.float32(96.0)
+        k[3, 0] = t
+        k[2, 0, 0] = 64512.0
+        v[3, 0] = np.where(i % 16 == 0, 1e-39, 1e-3 * (i % 7)).astype(np.float32)   # subnormals, tiny groups
+    return k, v
+
+
+@pytest.mark.parametrize("variant", ["default", "no-subgroups"])
+def test_nvfp4_words_equal_the_oracle(ctx, variant):
+    rt = ctx.rt
+    rng = np.random.default_rng(7)
+    var = fw.Variant(rt, False, None) if variant == "no-subgroups" else None
+    for D, bs, lens, policy, pe, kvh in SHAPES + [(80, 16, [21, 3], "scattered", 4, 2), (16, 1, [4, 5], "contiguous", 3, 1)]:
+        batch = make_batch(lens, bs, policy=policy, pad_every=pe)
+        k, v = nvfp4_rows(rng, batch.num_tokens, kvh, D)
+        check_nvfp4(rt, batch, k, v, variant=var)
+        check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
+
+
+def test_nvfp4_near_rule_with_an_inexact_divider(ctx):
+    """1/s_t and 1/e4m3 moved 3 ulp (a driver's inexact division): the 16-ulp check still gives the exact codes."""
+    rt = ctx.rt
+    batch = make_batch([30, 7], 16, policy="scattered", pad_every=5)
+    k, v = nvfp4_rows(np.random.default_rng(8), batch.num_tokens, 2, 128)
+    saved = fwg.nvfp4_spec
+    fwg.nvfp4_spec = lambda ng=4, lanes=1: fwg.WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none",
+                                                                  INV_ULPS=3)
+    try:
+        check_nvfp4(rt, batch, k, v)
+    finally:
+        fwg.nvfp4_spec = saved
+
+
+def test_two_dimensional_grid(ctx):
+    """Grid limit 16: more workgroups than that take one dispatch on a 2-D grid, exact."""
+    rt = ctx.rt
+    saved = dict(rt.limits)
+    rt.limits["max-compute-workgroups-per-dimension"] = 16
+    try:
+        batch = make_batch([300, 1, 150], 16, policy="scattered", pad_every=9)
+        rng = np.random.default_rng(3)
+        for name in ("q8_0", "q5_1"):
+            k, v = make_rows(rng, name, batch.num_tokens, 2, 256)
+            d = check_ggml(rt, name, batch, k, v)
+            assert len(d) == 1 and d[0].grid[1] > 1 and max(d[0].grid) <= 16
+        k, v = nvfp4_rows(rng, batch.num_tokens, 2, 256)
+        d = check_nvfp4(rt, batch, k, v)
+        assert len(d) == 2 and all(x.grid[1] > 1 and max(x.grid) <= 16 for x in d)
+    finally:
+        rt.limits.clear()
+        rt.limits.update(saved)
+
+
+def test_refusals(ctx):
+    rt = ctx.rt
+    batch = make_batch([3], 16)
+    k = np.zeros((3, 1, 48), np.float32)
+    kb, vb = caches(rt, batch, 1, 20)
+    with pytest.raises(Exception, match="multiple of 32"):
+        fwg.ggml_dispatches(rt, "q8_0", k, k, batch.slot_mapping, kb, vb, 16)
+    with pytest.raises(Exception, match="multiples of 2"):
+        fwg.ggml_dispatches(rt, "q8_0", k[:, :, :32], k[:, :, :32], batch.slot_mapping, kb, vb, 16, blocks_per_lane=3)
+    assert [fwg.min_blocks_per_lane(fg.TYPES[n]) for n in TYPES] == [2, 2, 1, 2, 1, 2, 4]
+
+
+# ------------------------------------------------------------------------------ through the methods
+@pytest.mark.parametrize("mid", ["q8_0", "iq4_nl", "mxfp4", "nvfp4"])
+def test_methods_write_with_the_fast_writer(ctx, mid):
+    """quantize() runs the fast writer (impl "fast") and its words equal the first-wave writer's; the timed
+    rows list both writers with role "writer"."""
+    m = get_method(mid)
+    batch = make_batch([20, 0, 7], 16, policy="scattered", pad_every=6)
+    k, v = (nvfp4_rows if mid == "nvfp4" else (lambda r, T, h, D: make_rows(r, mid, T, h, D)))(
+        np.random.default_rng(11), batch.num_tokens, 2, 128)
+    qkv = m.quantize(ctx, batch, k, v)
+    qc = qkv.device["cache"]
+    assert qc.extra["writer_impl"] == "fast"
+    fast = [qk.read_cache(ctx.rt, qc, w) for w in ("K", "V")]
+    m2 = get_method(mid)
+    m2.writer_impl = "first-wave"
+    q2 = m2.quantize(ctx, batch, k, v)
+    assert q2.device["cache"].extra["writer_impl"] == "first-wave"
+    for a, b in zip(fast, [qk.read_cache(ctx.rt, q2.device["cache"], w) for w in ("K", "V")]):
+        np.testing.assert_array_equal(a, b)
+    q = np.random.default_rng(1).standard_normal((batch.num_seqs, 4, 128)).astype(np.float32)
+    rows = m.timed_kernels(ctx, batch, k, v, q, 0.1, qkv)
+    w = [(r.name, r.impl) for r in rows if r.role == "writer"]
+    assert w == [(f"{mid} writer", "first-wave"), (f"{mid} writer (fast)", "fast")], w
