@@ -1018,3 +1018,84 @@ def partial_writes(G: int, nv: int, J: str = "    ") -> list[str]:
             for c in range(4):
                 out.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
     return out
+
+
+# ---------------------------------------------------------------------------------- siblings' launcher
+@dataclass
+class SiblingPlan:
+    """What a sibling fast decode over byte-packed records (llama.cpp block types, NVFP4) runs: its split and
+    the shared reduce, where the output lands, how it split; `label` names the record type."""
+
+    dispatches: list
+    out: object  # [S, H, D] f32 buffer
+    shape: tuple[int, int, int]
+    partition_tokens: int
+    num_partitions: int
+    layout: Layout
+    label: str
+
+    def describe(self) -> str:
+        L = self.layout
+        return (f"{self.label}: {self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} "
+                f"threads ({L.row_groups} rows x {L.lanes} lanes of {L.dims_per_lane} dims, {L.unroll} tokens a row per step)")
+
+
+class SiblingDecode:
+    """The launcher the sibling split kernels share (fast_decode_ggml, fast_decode_fp4): the lane layout under
+    the subgroup probe, the partition split, the grid / loop-budget / buffer-size checks, the split dispatch
+    (bindings q, k, v, block_tables, context_lens, [extra...], partials; the immediates of SPLIT) and the reduce."""
+
+    name = "fast decode"  # in messages: "fast ggml decode", ...
+
+    def __init__(self, rt):
+        self.rt = rt
+        self._fast = FastDecode(rt)  # the subgroup probe and the loop-budget check
+
+    def _layout(self, fmt: CacheFormat, lanes_of, head_size: int, group: int, subgroups: bool | None, unroll: int,
+                rows: int, lanes: int, why: str) -> Layout:
+        """lanes_of(head_size, most): the record's lane split (0: none; `why` says so); lanes: the most lanes a
+        token row may take (the subgroup size caps it; 1 without subgroups)."""
+        sub = min(self._fast.subgroup_size, lanes) if subgroups is None or subgroups else 1
+        L = lanes_of(head_size, max(1, int(sub)))
+        if L == 0:
+            raise UnsupportedShape(f"{self.name}: {why}")
+        limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+        return choose_layout(fmt, head_size, group, L, limit, unroll, rows)
+
+    def _launch(self, kern, lay: Layout, k, v, extra: list, num_kv_heads: int, q, batch: PagedBatch, scale: float,
+                partition_tokens: int | None, wpt: int, label: str) -> SiblingPlan:
+        """Split + reduce dispatches over caches k, v of `wpt` words a record, q checked by check_query."""
+        S, H, D = q.shape
+        mcl = int(batch.max_context_len)
+        pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
+                              lay.tokens_per_step, mcl)
+        check_grid(self.rt, self.name, (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
+        self._fast._check_loops(pt, lay, P)
+        need = batch.num_blocks * num_kv_heads * batch.block_size * wpt * 4
+        for which, buf in (("K", k), ("V", v)):
+            if buf.size < need:
+                raise InvalidInput(f"{self.name}: the {which} cache holds {buf.size} bytes, the batch's "
+                                   f"{batch.num_blocks} blocks of {label} need {need}")
+        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
+        tag = self.name.replace(" ", "_")
+        partials = self.rt.empty(S * H * P * (D + 2) * 4, f"{tag}_partials")
+        out = self.rt.empty(S * H * D * 4, f"{tag}_out")
+        bufs = [self.rt.upload(q, "q"), k, v, self.rt.upload(bt, "block_tables"),
+                self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), *extra, partials]
+        imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
+        d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
+             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
+        return SiblingPlan(d, out, (S, H, D), pt, P, lay, label)
+
+    def read(self, plan: SiblingPlan) -> np.ndarray:
+        return self.rt.read(plan.out, np.float32, plan.shape)
+
+
+def record_traffic(label: str, wpt: int, batch: PagedBatch, num_heads: int, num_kv_heads: int, head_size: int,
+                   num_partitions: int, extra_bytes: int = 0) -> tuple[int, float]:
+    """(unique bytes, flops) of a sibling decode: decode_traffic with records of `wpt` words (decode_traffic
+    counts D/4 a record for a 4-codes-a-word format) plus `extra_bytes` (a tensor-scale buffer)."""
+    nbytes, flops = decode_traffic(CacheFormat(label, 4), batch, num_heads, num_kv_heads, head_size, num_partitions)
+    tokens = int(np.sum(batch.context_lens))
+    nbytes += 2 * tokens * num_kv_heads * (wpt - head_size // 4) * 4 + extra_bytes
+    return int(nbytes), flops

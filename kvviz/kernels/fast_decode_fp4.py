@@ -36,18 +36,15 @@ UnsupportedShape from plan(); the method then keeps the first-wave path (kvviz/m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.formats import fp4 as f4
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
-from kvviz.gpu.runtime import Dispatch
 from kvviz.kernels import fast_decode as fd
 from kvviz.paging import PagedBatch
 
-LOG2E = fd.LOG2E
 SUB = f4.SUB
 
 SPLIT = KernelSpec(
@@ -220,39 +217,18 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
 
 
 # ---------------------------------------------------------------------------------- launcher
-@dataclass
-class Fp4DecodePlan:
-    """What one fast NVFP4 decode runs: its dispatches (split + reduce), where the output lands, how it split."""
-
-    dispatches: list
-    out: object  # [S, H, D] f32 buffer
-    shape: tuple[int, int, int]
-    partition_tokens: int
-    num_partitions: int
-    layout: fd.Layout
-
-    def describe(self) -> str:
-        L = self.layout
-        return (f"nvfp4: {self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} "
-                f"threads ({L.row_groups} rows x {L.lanes} lanes of {L.dims_per_lane} dims, {L.unroll} tokens a row per step)")
+Fp4DecodePlan = fd.SiblingPlan  # label "nvfp4"
 
 
-class Fp4FastDecode:
+class Fp4FastDecode(fd.SiblingDecode):
     """Compiles and dispatches the fast NVFP4 decode on one runtime."""
 
-    def __init__(self, rt):
-        self.rt = rt
-        self._fast = fd.FastDecode(rt)  # the subgroup probe and the loop-budget check
+    name = "fast nvfp4 decode"
 
     def layout(self, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
                lanes: int = 16) -> fd.Layout:
-        """lanes: the most lanes a token row may take (the subgroup size caps it; 1 without subgroups)."""
-        sub = min(self._fast.subgroup_size, lanes) if subgroups is None or subgroups else 1
-        L = _lanes(head_size, max(1, int(sub)))
-        if L == 0:
-            raise UnsupportedShape(f"fast nvfp4 decode: no lane split of head size {head_size} by 16-element sub-blocks")
-        limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
-        return fd.choose_layout(_FMT, head_size, group, L, limit, unroll, rows)
+        return self._layout(_FMT, _lanes, head_size, group, subgroups, unroll, rows, lanes,
+                            f"no lane split of head size {head_size} by 16-element sub-blocks")
 
     def kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
                scatter: bool | None = None, **kw):
@@ -283,28 +259,8 @@ class Fp4FastDecode:
             raise InvalidInput("fast nvfp4 decode: the tensor-scale buffer (4 words: amax K, amax V, s_t K, s_t V) is missing")
         kern, lay = self.kernel(D, G, batch.block_size if const_block else 0, subgroups=subgroups, unroll=unroll,
                                 rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter)
-        mcl = int(batch.max_context_len)
-        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
-                                 lay.tokens_per_step, mcl)
-        fd.check_grid(self.rt, "fast nvfp4 decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
-        self._fast._check_loops(pt, lay, P)
-        need = batch.num_blocks * num_kv_heads * batch.block_size * f4.words_per_token(D) * 4
-        for name, buf in (("K", k), ("V", v)):
-            if buf.size < need:
-                raise InvalidInput(f"fast nvfp4 decode: the {name} cache holds {buf.size} bytes, the batch's "
-                                   f"{batch.num_blocks} blocks of nvfp4 need {need}")
-        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
-        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_fp4_partials")
-        out = self.rt.empty(S * H * D * 4, "fast_decode_fp4_out")
-        bufs = [self.rt.upload(q, "q"), k, v, self.rt.upload(bt, "block_tables"),
-                self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), tensor, partials]
-        imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
-        d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
-             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
-        return Fp4DecodePlan(d, out, (S, H, D), pt, P, lay)
-
-    def read(self, plan: Fp4DecodePlan) -> np.ndarray:
-        return self.rt.read(plan.out, np.float32, plan.shape)
+        return self._launch(kern, lay, k, v, [tensor], num_kv_heads, q, batch, scale, partition_tokens,
+                            f4.words_per_token(D), "nvfp4")
 
     def decode(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
         """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
@@ -317,9 +273,5 @@ def decode_traffic(batch: PagedBatch, num_heads: int, num_kv_heads: int, head_si
                    num_partitions: int) -> tuple[int, float]:
     """(unique bytes, flops) of one decode: fast_decode.decode_traffic with the nvfp4 record (wpt words)
     plus the 16-byte tensor-scale buffer."""
-    fmt = fd.CacheFormat("nvfp4", 4)
-    nbytes, flops = fd.decode_traffic(fmt, batch, num_heads, num_kv_heads, head_size, num_partitions)
-    tokens = int(np.sum(batch.context_lens))
-    # fast_decode counts D/4 words a record; an nvfp4 record is wpt words
-    nbytes += 2 * tokens * num_kv_heads * (f4.words_per_token(head_size) - head_size // 4) * 4 + 16
-    return int(nbytes), flops
+    return fd.record_traffic("nvfp4", f4.words_per_token(head_size), batch, num_heads, num_kv_heads, head_size,
+                             num_partitions, 16)

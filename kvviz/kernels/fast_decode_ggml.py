@@ -37,18 +37,15 @@ type) raise UnsupportedShape from plan(); the methods then keep the first-wave p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.formats import ggml as fg
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
-from kvviz.gpu.runtime import Dispatch
 from kvviz.kernels import fast_decode as fd
 from kvviz.paging import PagedBatch
 
-LOG2E = fd.LOG2E
 
 SPLIT = KernelSpec(
     "fast/decode_ggml.wgsl",
@@ -326,40 +323,18 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
 
 
 # ---------------------------------------------------------------------------------- launcher
-@dataclass
-class GgmlDecodePlan:
-    """What one fast ggml decode runs: its dispatches (split + reduce), where the output lands, how it split."""
-
-    dispatches: list
-    out: object  # [S, H, D] f32 buffer
-    shape: tuple[int, int, int]
-    partition_tokens: int
-    num_partitions: int
-    layout: fd.Layout
-    type_name: str
-
-    def describe(self) -> str:
-        L = self.layout
-        return (f"{self.type_name}: {self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} "
-                f"threads ({L.row_groups} rows x {L.lanes} lanes of {L.dims_per_lane} dims, {L.unroll} tokens a row per step)")
+GgmlDecodePlan = fd.SiblingPlan  # label: the type name
 
 
-class GgmlFastDecode:
+class GgmlFastDecode(fd.SiblingDecode):
     """Compiles and dispatches the fast ggml decode on one runtime."""
 
-    def __init__(self, rt):
-        self.rt = rt
-        self._fast = fd.FastDecode(rt)  # the subgroup probe and the loop-budget check
+    name = "fast ggml decode"
 
     def layout(self, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
                lanes: int = 16) -> fd.Layout:
-        """lanes: the most lanes a token row may take (the subgroup size caps it; 1 without subgroups)."""
-        sub = min(self._fast.subgroup_size, lanes) if subgroups is None or subgroups else 1
-        L = _lanes(head_size, max(1, int(sub)))
-        if L == 0:
-            raise UnsupportedShape(f"fast ggml decode: no lane split of head size {head_size} inside 32-element blocks")
-        limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
-        return fd.choose_layout(_FMT, head_size, group, L, limit, unroll, rows)
+        return self._layout(_FMT, _lanes, head_size, group, subgroups, unroll, rows, lanes,
+                            f"no lane split of head size {head_size} inside 32-element blocks")
 
     def kernel(self, type_name: str, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
                scatter: bool | None = None, **kw):
@@ -386,31 +361,10 @@ class GgmlFastDecode:
             raise UnsupportedShape(f"fast ggml decode: {why}", "The first-wave decode (dequantise + f32) takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        t = fg.TYPES[type_name]
         kern, lay = self.kernel(type_name, D, G, batch.block_size if const_block else 0, subgroups=subgroups,
                                 unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter)
-        mcl = int(batch.max_context_len)
-        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
-                                 lay.tokens_per_step, mcl)
-        fd.check_grid(self.rt, "fast ggml decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
-        self._fast._check_loops(pt, lay, P)
-        need = batch.num_blocks * num_kv_heads * batch.block_size * t.words_per_token(D) * 4
-        for name, buf in (("K", k), ("V", v)):
-            if buf.size < need:
-                raise InvalidInput(f"fast ggml decode: the {name} cache holds {buf.size} bytes, the batch's "
-                                   f"{batch.num_blocks} blocks of {type_name} need {need}")
-        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
-        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_ggml_partials")
-        out = self.rt.empty(S * H * D * 4, "fast_decode_ggml_out")
-        bufs = [self.rt.upload(q, "q"), k, v, self.rt.upload(bt, "block_tables"),
-                self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), partials]
-        imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
-        d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
-             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
-        return GgmlDecodePlan(d, out, (S, H, D), pt, P, lay, type_name)
-
-    def read(self, plan: GgmlDecodePlan) -> np.ndarray:
-        return self.rt.read(plan.out, np.float32, plan.shape)
+        return self._launch(kern, lay, k, v, [], num_kv_heads, q, batch, scale, partition_tokens,
+                            fg.TYPES[type_name].words_per_token(D), type_name)
 
     def decode(self, type_name: str, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
         """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
@@ -422,10 +376,5 @@ class GgmlFastDecode:
 def decode_traffic(type_name: str, batch: PagedBatch, num_heads: int, num_kv_heads: int, head_size: int,
                    num_partitions: int) -> tuple[int, float]:
     """(unique bytes, flops) of one decode: fast_decode.decode_traffic with the ggml record (wpt words)."""
-    t = fg.TYPES[type_name]
-    fmt = fd.CacheFormat(type_name, 4)
-    nbytes, flops = fd.decode_traffic(fmt, batch, num_heads, num_kv_heads, head_size, num_partitions)
-    tokens = int(np.sum(batch.context_lens))
-    # fast_decode counts D/4 words a record; a ggml record is wpt words
-    nbytes += 2 * tokens * num_kv_heads * (t.words_per_token(head_size) - head_size // 4) * 4
-    return int(nbytes), flops
+    return fd.record_traffic(type_name, fg.TYPES[type_name].words_per_token(head_size), batch, num_heads,
+                             num_kv_heads, head_size, num_partitions)
