@@ -494,6 +494,33 @@ def pv_accumulate(g: int, nv: int, U: int, J: str, vals, weight=lambda g, u: f"w
     return out
 
 
+def lane_allreduce(s: str, L: int, J: str) -> list[str]:
+    """WGSL summing the value `s` (a var) over the L lanes of a row by subgroupShuffleXor (log2 L steps)."""
+    out, x = [], 1
+    while x < L:
+        out.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
+        x *= 2
+    return out
+
+
+def query_line(g: int, i: int, D: int, factor: str, I: str) -> str:
+    """WGSL of the lane's i-th vec4 of query head g (q[qb + ...], qb its first dim), times `factor`."""
+    o = g * D + 4 * i
+    return f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * {factor};"
+
+
+def block_lanes(head_size: int, most: int, block: int) -> int:
+    """Lanes a row of records in blocks of `block` elements: the most (<= `most`) whose dims a lane (a multiple
+    of 4) nest with the blocks (one divides the other); 0 when none."""
+    for L in (32, 16, 8, 4, 2, 1):
+        if L > most or head_size % L:
+            continue
+        dpl = head_size // L
+        if dpl % 4 == 0 and (block % dpl == 0 or dpl % block == 0):
+            return L
+    return 0
+
+
 def own_select(names, idx: str) -> str:
     """WGSL picking names[idx] for a lane-dependent idx (a chain of selects)."""
     e = names[0]
@@ -620,8 +647,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             pro.append(f"{I}let qs{g} = bitcast<f32>(q[qhb + {g * qrec + D // 4}u]) * p.scale_log2;")
         else:
             for i in range(nv):
-                o = g * D + 4 * i
-                pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
+                pro.append(query_line(g, i, D, "p.scale_log2", I))
         if not scatter:
             pro.append(f"{I}var m{g} = EMPTY;")
             pro.append(f"{I}var l{g} = 0.0;")
@@ -681,19 +707,13 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
                 step.append(f"{J}var {si} = {_join([f'dot4I8Packed(qw{g}_{w}, kw{u}_{w})' for w in range(wpl)])};")
                 if scatter:
                     continue
-                x = 1
-                while x < L:
-                    step.append(f"{J}{si} = {si} + subgroupShuffleXor({si}, {x}u);")
-                    x *= 2
+                step += lane_allreduce(si, L, J)
                 step.append(f"{J}let {s} = select(MASKED, f32({si}) * qs{g} * {ks.format(u=u)}, tt{u} < t1);")
                 continue
             step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
             if scatter:
                 continue
-            x = 1
-            while x < L:
-                step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
-                x *= 2
+            step += lane_allreduce(s, L, J)
             scaled = f"{s} * {ks.format(u=u)}" if ks else s
             step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
     post = []

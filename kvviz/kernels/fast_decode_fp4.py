@@ -75,13 +75,7 @@ def tolerance(max_abs_v: float) -> float:
 
 
 def _lanes(head_size: int, most: int) -> int:
-    for L in (32, 16, 8, 4, 2, 1):
-        if L > most or head_size % L:
-            continue
-        dpl = head_size // L
-        if dpl % 4 == 0 and (SUB % dpl == 0 or dpl % SUB == 0):
-            return L
-    return 0
+    return fd.block_lanes(head_size, most, SUB)
 
 
 def unsupported(head_size: int, group: int) -> str:
@@ -141,8 +135,7 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
     pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
     for g in range(G):
         for i in range(nv):
-            o = g * D + 4 * i
-            pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * qsc;")
+            pro.append(fd.query_line(g, i, D, "qsc", I))
         if not scatter:
             pro.append(f"{I}var m{g} = EMPTY;")
             pro.append(f"{I}var l{g} = 0.0;")
@@ -184,10 +177,7 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
             step.append(f"{J}var {s} = {' + '.join(f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv))};")
             if scatter:
                 continue
-            x = 1
-            while x < L:
-                step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
-                x *= 2
+            step += fd.lane_allreduce(s, L, J)
             step.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
     post = []
     if scatter:  # the lane-partial logits are reduce-scattered; the owners' weights carry the V tensor scale

@@ -70,13 +70,7 @@ def tolerance(max_abs_v: float) -> float:
 
 
 def _lanes(head_size: int, most: int) -> int:
-    for L in (32, 16, 8, 4, 2, 1):
-        if L > most or head_size % L:
-            continue
-        dpl = head_size // L
-        if dpl % 4 == 0 and (32 % dpl == 0 or dpl % 32 == 0):
-            return L
-    return 0
+    return fd.block_lanes(head_size, most, 32)
 
 
 def unsupported(type_name: str, head_size: int, group: int) -> str:
@@ -187,8 +181,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
 
     for g in range(G):
         for i in range(nv):
-            o = g * D + 4 * i
-            pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
+            pro.append(fd.query_line(g, i, D, "p.scale_log2", I))
         if t.has_min:  # sum of the (pre-scaled) query over each of the lane's segments: the min's term of the logit
             for k in range(nseg):
                 parts = [f"q{g}_{i}" for i in range(nv) if seg(i)[0] == k]
@@ -271,10 +264,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
             step.append(f"{J}var {s} = {' + '.join(terms)};")
             if scatter:
                 continue
-            x = 1
-            while x < L:
-                step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
-                x *= 2
+            step += fd.lane_allreduce(s, L, J)
             step.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
     post = []
     if scatter:  # p{g}_{u} comes from its owner (the V scales are per lane: each lane's own blocks')

@@ -179,8 +179,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
     # ---- prologue: the G query slices (pre-scaled by scale*log2 e), the group-scaled copies, the states
     for g in range(G):
         for i in range(nv):
-            o = g * D + 4 * i
-            pro.append(f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * p.scale_log2;")
+            pro.append(fd.query_line(g, i, D, "p.scale_log2", I))
             pro.append(f"{I}var qk{g}_{i} = vec4<f32>(0.0);")
         pro.append(f"{I}var bz{g} = 0.0;  // this lane's share of sum_c q_c z_c for the current key group")
         if not scatter:
@@ -241,10 +240,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
             out += fd.pv_accumulate(g, nv, U, J, vvals)
 
     def reduce_lanes(out, J, s):
-        x = 1
-        while x < L:
-            out.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
-            x *= 2
+        out += fd.lane_allreduce(s, L, J)
 
     # ---- one step over quantised tokens: U consecutive tokens of the row group's TG
     # block_size > 0: a constant (token -> block and offset by shift and mask for powers of two, as

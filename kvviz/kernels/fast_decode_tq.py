@@ -180,10 +180,7 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
             step.append(f"{J}var {s} = {polar} + kn{u}.y * dot({qjl}, ONE);")
             if scatter:
                 continue
-            x = 1
-            while x < L:
-                step.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
-                x *= 2
+            step += fd.lane_allreduce(s, L, J)
             step.append(f"{J}{s} = select(MASKED, {s} * kn{u}.x, tt{u} < t1);")
     post = []
     if scatter:  # each (head, token) logit's softmax step on its owning lanes (the token's norms applied there)
