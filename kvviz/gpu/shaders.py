@@ -120,13 +120,17 @@ def _const_values(src: str) -> dict:
     return vals
 
 
+UNROLL_MAX = 16  # a marked loop of more iterations stays a loop (code size; lavapipe's LLVM compiles slowly)
+
+
 def unroll_loops(src: str, name: str) -> str:
     """Expand every loop marked by a `// @unroll` line right above its header `for (var j = 0u; j < N; j = j + 1u) {`
     (N an integer or a module-scope const) into N blocks `{ const j = <k>u; <body> }`. Why: naga bounds every
     loop with a counter the driver's compiler cannot see through, so it does not unroll them, and a private
     array indexed by the loop variable then leaves registers (the fast int8 writer: 378 -> 304 us on the H200,
     assets/bench/h200-2026-12-01-fast-writers-unrolled.txt); with a const index it stays in registers. Inner
-    marked loops are expanded first."""
+    marked loops are expanded first. A loop of more than UNROLL_MAX iterations (a one-lane writer's whole head)
+    is left a loop: its marker is dropped."""
     while True:
         ms = list(_UNROLL.finditer(src))
         if not ms:
@@ -139,6 +143,10 @@ def unroll_loops(src: str, name: str) -> str:
             n = int(py) if py.isdigit() else int(eval(py.replace("/", "//"), {"__builtins__": {}, "min": min, "max": max}, vals))  # noqa: S307
         except Exception as exc:  # noqa: BLE001
             raise ShaderCompileError(f"{name}: @unroll loop bound {bound!r} is not an integer const ({exc})") from None
+        if n > UNROLL_MAX:
+            line_end = src.index("\n", m.start()) + 1  # drop the marker line, keep the loop
+            src = src[:m.start()] + src[line_end:]
+            continue
         depth, i = 1, m.end()
         while depth:
             if i >= len(src):
