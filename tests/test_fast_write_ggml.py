@@ -6,7 +6,7 @@ Exact, word for word, over head sizes 32 / 64 / 128 / 256 and block sizes 1 / 16
 padding slots, all-zero rows, exact ties of every type's rounding, values near the f16 limit (a block scale
 just below 65504), MXFP4 amaxes at powers of two, subnormals: the caches are filled with a garbage pattern
 first, so every word of a written record (padding bytes included) must be stored and no other word touched.
-Every type runs at the default lane split and at one lane a row (blocks_per_lane = all the row's blocks);
+Every type runs at the default lane split and at twice the blocks a lane (one lane a row at head 64 .. 128);
 the writers need no cross-lane reduction, so there is no subgroup variant of their own (NVFP4's amax pass,
 fast_write's WRITE_FP8_AMAX, runs with and without subgroups). A 2-D grid (grid limit forced to 16) and
 the methods' wiring (writer impl "fast", the first-wave writer timed beside it) are checked too.
@@ -83,6 +83,8 @@ def special_rows(name: str, D: int) -> list[np.ndarray]:
                         np.float32)
         t = np.resize(mids, D)
         t[blk == 0] = 4.0
+        if D % 32:           # NVFP4 heads of 16k elements: no 32-element edge rows
+            return rows + [t]
         e = np.resize(np.array([2.0**20, np.nextafter(np.float32(2.0**20), np.float32(0)), 2.0**-80,
                                 np.nextafter(np.float32(2.0**-80), np.float32(0))], np.float32), D // 32)
         edge = (np.linspace(-1, 1, D).reshape(-1, 32) * e[:, None]).astype(np.float32)
@@ -142,15 +144,14 @@ def check_ggml(rt, name, batch, k, v, **kw):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_ggml_words_equal_the_oracle(ctx, name):
-    """Every head size and block size, default lanes and one lane a row: words == the oracle's."""
+    """Every head size and block size, the default lanes and twice the blocks a lane: words == the oracle's."""
     rng = np.random.default_rng(hash(name) % 1000)
     for D, bs, lens, policy, pe, kvh in SHAPES:
         batch = make_batch(lens, bs, policy=policy, pad_every=pe)
         k, v = make_rows(rng, name, batch.num_tokens, kvh, D)
         check_ggml(ctx.rt, name, batch, k, v)
-        nb = D // 32
         base = fwg.min_blocks_per_lane(fg.TYPES[name])
-        check_ggml(ctx.rt, name, batch, k, v, blocks_per_lane=-(-nb // base) * base)
+        check_ggml(ctx.rt, name, batch, k, v, blocks_per_lane=2 * base)
 
 
 def run_nvfp4(rt, batch, k, v, **kw):

@@ -50,8 +50,9 @@ def expected(batch, k, v):
     return {"K": kr, "V": vr, "st": st}
 
 
-def check(ctx, batch, k, v, H):
+def check(ctx, batch, k, v, H, writer_impl="fast"):
     m = get_method("nvfp4")
+    m.writer_impl = writer_impl
     D = k.shape[2]
     qkv = m.quantize(ctx, batch, k, v)
     ref = expected(batch, k, v)
@@ -196,7 +197,8 @@ def test_refusals_layout_and_inspector(ctx):
 
 
 def test_chunked_amax_then_writer(ctx):
-    """Grid limit 8: the amax pass runs over every chunk before the writer starts, K and V uploaded once a chunk."""
+    """Grid limit 8: the first-wave amax pass runs over every chunk before the first-wave writer starts, K and V
+    uploaded once a chunk (the fast writer's 2-D grid needs no chunks: tests/test_fast_write_ggml.py)."""
     rt = ctx.rt
     saved = dict(rt.limits)
     rt.limits["max-compute-workgroups-per-dimension"] = 8
@@ -207,7 +209,7 @@ def test_chunked_amax_then_writer(ctx):
         batch = make_batch([50, 9], 16, policy="contiguous", pad_every=7)
         k, v = make_kv(np.random.default_rng(4), batch.num_tokens, 1, 64)
         k[-3, 0, 0] = 500.0  # the tensor's amax sits in the last chunk
-        qkv = check(ctx, batch, k, v, 2)
+        qkv = check(ctx, batch, k, v, 2, writer_impl="first-wave")
         n_chunks = -(-batch.num_tokens // 8)
         assert uploads.count("key") == n_chunks and uploads.count("value") == n_chunks
         assert len(qkv.device["writer"]) == 2 * n_chunks

@@ -511,8 +511,12 @@ def test_chunked_writer_and_windows(ctx):
         batch = make_batch([150, 9], 16, policy="contiguous", pad_every=11)
         k, v = make_kv(np.random.default_rng(9), batch.num_tokens, 1, 64)
         m = get_method("q4_1")
+        m.writer_impl = "first-wave"  # the fast writer's 2-D grid needs no chunks (tests/test_fast_write_ggml.py)
         qkv = check_method(ctx, m, batch, k, v, 2)
         assert len(qkv.device["writer"]) > batch.num_tokens // 8
+        m.writer_impl = "fast"
+        qkv = check_method(ctx, m, batch, k, v, 2)
+        assert qkv.device["cache"].extra["writer_impl"] == "fast"
     finally:
         rt.limits.clear()
         rt.limits.update(saved)

@@ -8,8 +8,10 @@ x / s_t / e4m3, round to nearest even (a tie takes the even code: 0.25 -> 0, 0.7
 saturating at 6; dequantised = e2m1 * e4m3 * s_t (kvviz/oracles/fp4.py).
 Head sizes: multiples of 16 (64, 80, 96, 112, 128, 256 ...). 4.5 bits per element (+ 32 bits per tensor).
 The MXFP4 block type (E8M0 scale per 32) is kvviz/methods/ggml_blocks.py's `mxfp4`, bit-identical to gguf.
-Shaders: fp4/nvfp4_write.wgsl, fp4/nvfp4_dequant.wgsl. Attention: the fast split-K decode over the packed
-cache (kvviz/kernels/fast_decode_fp4.py, shaders/fast/decode_fp4.wgsl) where it takes the shape (head sizes
+Shaders: the writer fast/write_nvfp4.wgsl after the fast amax pass (kvviz/kernels/fast_write_ggml.py;
+writer_impl "first-wave": fp4/nvfp4_write.wgsl, the same words; timed_kernels times both),
+fp4/nvfp4_dequant.wgsl. Attention: the fast split-K decode over the packed cache
+(kvviz/kernels/fast_decode_fp4.py, shaders/fast/decode_fp4.wgsl) where it takes the shape (head sizes
 16..256, GQA 1..16); otherwise the first-wave path, the dequantised f32 cache through the f32 paged decode
 (quant_common.DequantisedAttention). timed_kernels lists both.
 """
@@ -62,6 +64,13 @@ class NvFp4(PerTokenRecordMethod):
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         tb = qc.extra["tensor"]
         return gk.shared_token_dispatches(rt, [(amax, [tb]), (kern, [qc.k, qc.v, tb])], key, value, sm, imm)
+
+    def fast_writer_dispatches(self, ctx, qc, key, value, sm):
+        """The fast writer (kvviz/kernels/fast_write_ggml.py: the fast amax pass, then shaders/fast/
+        write_nvfp4.wgsl; the same words as fp4/nvfp4_write.wgsl), or None where it cannot take the shape."""
+        from kvviz.kernels import fast_write_ggml as fwg
+
+        return fwg.method_dispatches(ctx.rt, self, qc, key, value, sm)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):

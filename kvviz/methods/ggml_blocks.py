@@ -20,7 +20,8 @@ Documented departures and limits (kvviz/oracles/ggml.py has the detail):
     q8_0..q5_1 compute the scale on the host exactly as ggml does; iq4_nl, whose scale comes out of its
     search (about amax/113 .. amax/127), refuses max |x| >= 65504 * 100 = 6.6e6 and quantize also checks
     the scales it stored; mxfp4's E8M0 scale covers every finite float32.
-Shaders: ggml/ggml_write.wgsl, ggml/ggml_dequant.wgsl. Attention: the fast split-K decode over the packed
+Shaders: the writer fast/write_ggml.wgsl (kvviz/kernels/fast_write_ggml.py; writer_impl "first-wave":
+ggml/ggml_write.wgsl, the same bytes; timed_kernels times both), ggml/ggml_dequant.wgsl. Attention: the fast split-K decode over the packed
 cache (kvviz/kernels/fast_decode_ggml.py, shaders/fast/decode_ggml.wgsl) where it takes the type and shape;
 otherwise the dequantised f32 cache through the f32 paged decode (quant_common.DequantisedAttention).
 timed_kernels lists both.
@@ -97,6 +98,13 @@ class GgmlBlockMethod(PerTokenRecordMethod):
         kvh, D = key.shape[1], key.shape[2]
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D), 0)
         return qk.token_dispatches(ctx.rt, kern, key, value, sm, [qc.k, qc.v], lambda n: imm)
+
+    def fast_writer_dispatches(self, ctx, qc, key, value, sm):
+        """The fast writer (kvviz/kernels/fast_write_ggml.py, shaders/fast/write_ggml.wgsl: a lane a few whole
+        blocks, words built in registers; the same bytes), or None where it cannot take the shape."""
+        from kvviz.kernels import fast_write_ggml as fwg
+
+        return fwg.method_dispatches(ctx.rt, self, qc, key, value, sm)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):

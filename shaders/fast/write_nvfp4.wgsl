@@ -29,17 +29,19 @@ const E2M1_MAX_BITS: u32 = 0x40C00000u;  // 6
 
 fn e2m1_mag(bits: u32) -> u32 { return f32_to_fp8(bits & ABS_MASK, 1u, 1, E2M1_MAX_BITS, 7u) & 7u; }
 
-// E2M1 codes (sign in bit 3) of div_rn(div_rn(x, st), e) for 4 values; ist ~ 1/st, ie ~ 1/e.
-fn codes4(x: vec4<f32>, st: f32, e: f32, ist: f32, ie: f32) -> vec4<u32> {
-  let sg = select(vec4<u32>(0u), vec4<u32>(8u), (bitcast<vec4<u32>>(x) & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
+// E2M1 codes (sign in bit 3) of div_rn(div_rn(x, st), e) for 4 values from q = (x * ist) * ie (ist ~ 1/st,
+// ie ~ 1/e); bit 8 set where the 16-ulp check cannot decide (or x is subnormal): the exact path redoes those.
+fn codes4(x: vec4<f32>, ist: f32, ie: f32) -> vec4<u32> {
+  let xb = bitcast<vec4<u32>>(x);
+  let sg = select(vec4<u32>(0u), vec4<u32>(8u), (xb & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
   let m = bitcast<vec4<u32>>((x * ist) * ie) & vec4<u32>(ABS_MASK);
   let lo = near_lo(m);
   let hi = near_hi(m);
   let a = vec4<u32>(e2m1_mag(lo.x), e2m1_mag(lo.y), e2m1_mag(lo.z), e2m1_mag(lo.w));
   let b = vec4<u32>(e2m1_mag(hi.x), e2m1_mag(hi.y), e2m1_mag(hi.z), e2m1_mag(hi.w));
-  if (all(a == b) && !any_subnormal(x)) { return a | sg; }
-  return vec4<u32>(e2m1_mag(div_rn_bits(div_rn(x.x, st), e)), e2m1_mag(div_rn_bits(div_rn(x.y, st), e)),
-                   e2m1_mag(div_rn_bits(div_rn(x.z, st), e)), e2m1_mag(div_rn_bits(div_rn(x.w, st), e))) | sg;
+  let ab = xb & vec4<u32>(ABS_MASK);
+  let sub = (ab != vec4<u32>(0u)) & (ab < vec4<u32>(F32_MIN_NORMAL_BITS));
+  return a | sg | select(vec4<u32>(0u), vec4<u32>(0x100u), (a != b) | sub);
 }
 
 fn nibbles(lo: vec4<u32>, hi: vec4<u32>) -> u32 {
@@ -67,42 +69,58 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let base = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
   let sw = (ns + 3u) / 4u;
   let src = row * (p.hd / 4u) + 4u * g0;
-  // @unroll
-  for (var which = 0u; which < 2u; which = which + 1u) {
-    let st = bitcast<f32>(stb[which]);
+  for (var which = 0u; which < 2u; which = which + 1u) {   // K, then V (not unrolled: one copy of the code)
+    let st = bitcast<f32>(select(stb.y, stb.x, which == 0u));
     let ist = approx_inv(st);
-    var scw: array<u32, NG / 4u>;
-    // @unroll
-    for (var k = 0u; k < NG; k = k + 1u) {
-      if (g0 + k < ns) {
-        var x: array<vec4<f32>, 4>;
-        // @unroll
-        for (var j = 0u; j < 4u; j = j + 1u) {
-          if (which == 0u) { x[j] = key_in[src + 4u * k + j]; } else { x[j] = val_in[src + 4u * k + j]; }
-        }
-        let am = vec4<u32>(ABS_MASK);   // max |x| on the bits (no float max: a GPU may flush subnormals)
-        let a4 = max(max(bitcast<vec4<u32>>(x[0]) & am, bitcast<vec4<u32>>(x[1]) & am),
-                     max(bitcast<vec4<u32>>(x[2]) & am, bitcast<vec4<u32>>(x[3]) & am));
-        let m = bitcast<f32>(max(max(a4.x, a4.y), max(a4.z, a4.w)));
-        let sc = f32_to_fp8(div_rn_bits(div_rn(m, st), 6.0), 3u, 7, E4M3_MAX_BITS, 0x7Eu);
-        scw[k / 4u] = scw[k / 4u] | (sc << (8u * (k % 4u)));
-        var w0 = 0u;
-        var w1 = 0u;
-        if (sc != 0u) {
-          let e = fp8_to_f32(sc, 3u, 7);
-          let ie = approx_inv(e);
-          w0 = nibbles(codes4(x[0], st, e, ist, ie), codes4(x[2], st, e, ist, ie));
-          w1 = nibbles(codes4(x[1], st, e, ist, ie), codes4(x[3], st, e, ist, ie));
-        }
-        let cw = base + sw + 2u * (g0 + k);
-        if (which == 0u) { k_cache[cw] = w0; k_cache[cw + 1u] = w1; } else { v_cache[cw] = w0; v_cache[cw + 1u] = w1; }
+    var scw = 0u;
+    for (var k = 0u; k < NG; k = k + 1u) {                      // not unrolled: the exact path stays one copy
+      if (g0 + k >= ns) { break; }
+      var x: array<vec4<f32>, 4>;
+      // @unroll
+      for (var j = 0u; j < 4u; j = j + 1u) {
+        if (which == 0u) { x[j] = key_in[src + 4u * k + j]; } else { x[j] = val_in[src + 4u * k + j]; }
       }
-    }
-    // @unroll
-    for (var i = 0u; i < NG / 4u; i = i + 1u) {
-      let w = g0 / 4u + i;
-      if (w < sw) {
-        if (which == 0u) { k_cache[base + w] = scw[i]; } else { v_cache[base + w] = scw[i]; }
+      let am = vec4<u32>(ABS_MASK);   // max |x| on the bits (no float max: a GPU may flush subnormals)
+      let a4 = max(max(bitcast<vec4<u32>>(x[0]) & am, bitcast<vec4<u32>>(x[1]) & am),
+                   max(bitcast<vec4<u32>>(x[2]) & am, bitcast<vec4<u32>>(x[3]) & am));
+      let m = bitcast<f32>(max(max(a4.x, a4.y), max(a4.z, a4.w)));
+      let sc = f32_to_fp8(div_rn_bits(div_rn(m, st), 6.0), 3u, 7, E4M3_MAX_BITS, 0x7Eu);
+      scw = scw | (sc << (8u * (k % 4u)));
+      var w0 = 0u;
+      var w1 = 0u;
+      if (sc != 0u) {
+        let e = fp8_to_f32(sc, 3u, 7);
+        let ie = approx_inv(e);
+        let c0 = codes4(x[0], ist, ie);
+        let c1 = codes4(x[1], ist, ie);
+        let c2 = codes4(x[2], ist, ie);
+        let c3 = codes4(x[3], ist, ie);
+        w0 = nibbles(c0 & vec4<u32>(15u), c2 & vec4<u32>(15u));
+        w1 = nibbles(c1 & vec4<u32>(15u), c3 & vec4<u32>(15u));
+        let amb = (c0 | c1 | c2 | c3) & vec4<u32>(0x100u);
+        if (any(amb != vec4<u32>(0u))) {
+          // the exact divisions for the undecided elements (element i: byte i % 8, high nibble for i >= 8)
+          for (var i = 0u; i < 16u; i = i + 1u) {
+            let j = i / 4u;
+            let xv = select(select(x[0], x[1], j == 1u), select(x[2], x[3], j == 3u), j >= 2u);
+            let cv = select(select(c0, c1, j == 1u), select(c2, c3, j == 3u), j >= 2u);
+            if ((cv[i % 4u] & 0x100u) != 0u) {
+              let xe = xv[i % 4u];
+              let c = e2m1_mag(div_rn_bits(div_rn(xe, st), e)) | select(0u, 8u, (bitcast<u32>(xe) & SIGN_BIT) != 0u);
+              let e8 = (j % 2u) * 4u + i % 4u;     // element's byte in the sub-block: 0..7 (j 0, 1: low; 2, 3: high)
+              let pos = 8u * (e8 % 4u) + 4u * (j / 2u);
+              let mask = ~(15u << pos);
+              if (e8 < 4u) { w0 = (w0 & mask) | (c << pos); } else { w1 = (w1 & mask) | (c << pos); }
+            }
+          }
+        }
+      }
+      let cw = base + sw + 2u * (g0 + k);
+      if (which == 0u) { k_cache[cw] = w0; k_cache[cw + 1u] = w1; } else { v_cache[cw] = w0; v_cache[cw + 1u] = w1; }
+      if (k % 4u == 3u || g0 + k + 1u == ns) {
+        let w = (g0 + k) / 4u;
+        if (which == 0u) { k_cache[base + w] = scw; } else { v_cache[base + w] = scw; }
+        scw = 0u;
       }
     }
   }
