@@ -55,7 +55,10 @@ def _pow2_at_least(n: int) -> int:
 
 def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1) -> KernelSpec:
     d = t.defines()
-    return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb_lane or min_blocks_per_lane(t), LANES=lanes)
+    nb = nb_lane or min_blocks_per_lane(t)
+    nwl = -(-nb * t.block_bytes // 4)
+    return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
+                             NW2=nwl - min(nwl, 16))
 
 
 def nvfp4_spec(ng: int = 4, lanes: int = 1) -> KernelSpec:

@@ -30,7 +30,9 @@ const NQ: u32 = {{NQ}}u;     // qs words a block: 8 (q8_0) or 4
 const NB: u32 = {{NB}}u;     // blocks a lane
 const L: u32 = {{LANES}}u;
 const R: u32 = 64u / L;
-const NWL: u32 = (NB * BPB + 3u) / 4u;   // words a lane
+const NWL: u32 = {{NWL}}u;   // words a lane: ceil(NB * BPB / 4)
+const NW1: u32 = {{NW1}}u;   // min(NWL, 16)
+const NW2: u32 = {{NW2}}u;   // NWL - NW1
 const TINY_BITS: u32 = 0x0D800000u;      // 2^-100
 const IQ4_EPS_BITS: u32 = 0x26901D7Du;   // GROUP_MAX_EPS = 1e-15f
 var<private> LOG2_UP_TAB: array<u32, 256> = array<u32, 256>({{LOG2_UP}});
@@ -232,8 +234,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let src = row * (p.hd / 4u) + 8u * b0;
   for (var which = 0u; which < 2u; which = which + 1u) {   // K, then V (not unrolled: one copy of the code)
     var ob: array<u32, NWL>;
-    // @unroll
-    for (var w = 0u; w < NWL; w = w + 1u) { ob[w] = 0u; }   // zeroed each pass (naga hoists loop locals)
+    ob = array<u32, NWL>();   // zeroed each pass (naga hoists loop locals: the declaration zeroes once)
     // @unroll
     for (var k = 0u; k < NB; k = k + 1u) {
       if (b0 + k < nb) {
@@ -250,8 +251,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var i = 0u; i < NQ; i = i + 1u) { put(&ob, o + HDR + 4u * QH + 4u * i, blk.qs[i]); }
       }
     }
+    // the stores in two unrolled runs of at most 16 words (kvviz/gpu/shaders.UNROLL_MAX: a longer marked
+    // loop stays a loop, and ob indexed by its variable would leave registers)
     // @unroll
-    for (var w = 0u; w < NWL; w = w + 1u) {
+    for (var w = 0u; w < NW1; w = w + 1u) {
+      if (w < nw) {
+        if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
+      }
+    }
+    // @unroll
+    for (var i = 0u; i < NW2; i = i + 1u) {
+      let w = NW1 + i;
       if (w < nw) {
         if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
       }
