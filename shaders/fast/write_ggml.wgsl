@@ -40,22 +40,33 @@ var<private> LOG2_UP_TAB: array<u32, 256> = array<u32, 256>({{LOG2_UP}});
 fn opq(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ p.zero); }
 fn opq4(x: vec4<f32>) -> vec4<f32> { return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(p.zero)); }
 
-// best_index_int8(16, kvalues_iq4nl, x) for 4 values, as ggml_write.wgsl's best_index: the nearer
-// neighbour, the upper one on a tie.
-fn best_index4(x: vec4<f32>) -> vec4<u32> {
+// kvalues_iq4nl as a const array: indexed by constants only (unrolled loops), so no table lookups at run time.
+const IQ4V = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+                            1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+// best_index_int8(16, kvalues_iq4nl, x) for 4 values, as ggml_write.wgsl's best_index (the nearer neighbour,
+// the upper one on a tie), and the chosen values: ml / v[ml] / v[ml + 1] tracked by selects over the
+// increasing values (no table indexed by a run-time code: a private array so indexed leaves registers).
+struct Iq4 { c: vec4<u32>, v: vec4<f32> }
+fn best_index4(x: vec4<f32>) -> Iq4 {
   var ml = vec4<u32>(0u);
+  var vl = vec4<f32>(IQ4V[0]);
+  var vu = vec4<f32>(IQ4V[1]);
   // @unroll
-  for (var i = 0u; i < 14u; i = i + 1u) { ml = ml + select(vec4<u32>(0u), vec4<u32>(1u), vec4<f32>(iq4nl_value(i + 1u)) <= x); }
-  let mu = ml + vec4<u32>(1u);
-  let vl = vec4<f32>(iq4nl_value(ml.x), iq4nl_value(ml.y), iq4nl_value(ml.z), iq4nl_value(ml.w));
-  let vu = vec4<f32>(iq4nl_value(mu.x), iq4nl_value(mu.y), iq4nl_value(mu.z), iq4nl_value(mu.w));
-  var c = select(mu, ml, x - vl < vu - x);
-  c = select(c, vec4<u32>(0u), x <= vec4<f32>(-127.0));
-  c = select(c, vec4<u32>(15u), x >= vec4<f32>(113.0));
-  return c;
-}
-fn iq4_val4(c: vec4<u32>) -> vec4<f32> {
-  return vec4<f32>(iq4nl_value(c.x), iq4nl_value(c.y), iq4nl_value(c.z), iq4nl_value(c.w));
+  for (var i = 0u; i < 14u; i = i + 1u) {
+    let le = vec4<f32>(IQ4V[i + 1u]) <= x;
+    ml = ml + select(vec4<u32>(0u), vec4<u32>(1u), le);
+    vl = select(vl, vec4<f32>(IQ4V[i + 1u]), le);
+    vu = select(vu, vec4<f32>(IQ4V[i + 2u]), le);
+  }
+  let lower = x - vl < vu - x;
+  var r: Iq4;
+  r.c = select(ml + vec4<u32>(1u), ml, lower);
+  r.v = select(vu, vl, lower);
+  let lo = x <= vec4<f32>(-127.0);
+  let hi = x >= vec4<f32>(113.0);
+  r.c = select(select(r.c, vec4<u32>(0u), lo), vec4<u32>(15u), hi);
+  r.v = select(select(r.v, vec4<f32>(-127.0), lo), vec4<f32>(113.0), hi);
+  return r;
 }
 
 // iq4_nl's weighted sums for one trial id (weights x^2), in element order, unfused (ggml_write.wgsl iq4_sums).
@@ -65,7 +76,7 @@ fn iq4_sums(x: array<vec4<f32>, 8>, id: f32) -> vec2<f32> {
   // @unroll
   for (var j = 0u; j < 8u; j = j + 1u) {
     let v = x[j];
-    let q4 = iq4_val4(best_index4(opq4(vec4<f32>(id) * v)));
+    let q4 = best_index4(opq4(vec4<f32>(id) * v)).v;
     // @unroll
     for (var c = 0u; c < 4u; c = c + 1u) {
       let xe = v[c];
@@ -175,7 +186,7 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
     } else if (TYPE == 2u || TYPE == 4u) {
       c = min(vec4<u32>(select(31u, 15u, TYPE == 2u)), vec4<u32>(trunc(opq4((v - vec4<f32>(mn)) * id) + vec4<f32>(0.5))));
     } else if (TYPE == 5u) {
-      c = best_index4(opq4(vec4<f32>(id) * v));
+      c = best_index4(opq4(vec4<f32>(id) * v)).c;
     } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d; d*kv exact)
       var best = abs(vec4<f32>(id * e2m1_doubled(0u)) - v);
       c = vec4<u32>(0u);
