@@ -26,6 +26,29 @@ DEFINES = {
 }
 
 
+def _generated_defines() -> dict:
+    """The generated split-K decodes' and TurboQuant writer's defines, rendered by their own generators for one
+    representative shape each (int8 / q4_1 / 2-bit KIVI / TurboQuant / NVFP4, head 64, GQA 2)."""
+    from kvviz.formats import ggml as gg, turboquant as tqf
+    from kvviz.kernels import fast_decode as fd, fast_decode_fp4 as f4d, fast_decode_ggml as fgd
+    from kvviz.kernels import fast_decode_kivi as fkd, fast_decode_tq as fqd, fast_write_tq as fwt
+
+    def lay(fmt, L=8):
+        return fd.choose_layout(fmt, 64, 2, L, 16384)
+    return {
+        "fast/decode_split.wgsl": fd.render(fd.INT8, 64, 2, lay(fd.INT8), scatter=True),
+        "fast/decode_ggml.wgsl": fgd.render(gg.TYPES["q4_1"], 64, 2, lay(fgd._FMT), scatter=True),
+        "fast/decode_kivi.wgsl": fkd.render(2, 64, 2, lay(fkd.code_format(2)), 32, scatter=True),
+        "fast/decode_tq.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), scatter=True),
+        "fast/decode_tq_paged.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), True, 16, True, True),
+        "fast/decode_fp4.wgsl": f4d.render(64, 2, lay(f4d._FMT), 16, True, True),
+        "fast/write_tq.wgsl": fwt.render_defines(64, 8, tqf.TQSettings(64)),
+    }
+
+
+DEFINES.update(_generated_defines())
+
+
 # ------------------------------------------------------------------------------------ includes
 def test_include_resolves_nested_files(tmp_path):
     (tmp_path / "a").mkdir()

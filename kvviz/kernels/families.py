@@ -41,6 +41,17 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
     KernelFamily("fp4", "fp4", "kvviz.kernels.ggml", "kvviz.oracles.fp4", "kvviz.formats.fp4", key="fp4"),
     KernelFamily("fast_write", "fast", "kvviz.kernels.fast_write", "kvviz.oracles.fast_write", key="fast_write"),
     KernelFamily("f16", "fast", "kvviz.kernels.fast_write", "kvviz.oracles.f16", "kvviz.formats.f16", key="f16"),
+    # the split-K decodes and the later fast writers: generated shaders (their launchers render the defines)
+    KernelFamily("fast_decode", "fast", "kvviz.kernels.fast_decode", "kvviz.oracles.paged"),
+    KernelFamily("fast_decode_ggml", "fast", "kvviz.kernels.fast_decode_ggml", "kvviz.oracles.ggml", "kvviz.formats.ggml"),
+    KernelFamily("fast_decode_kivi", "fast", "kvviz.kernels.fast_decode_kivi", "kvviz.oracles.kivi", "kvviz.formats.kivi"),
+    KernelFamily("fast_decode_tq", "fast", "kvviz.kernels.fast_decode_tq", "kvviz.oracles.turboquant",
+                 "kvviz.formats.turboquant"),
+    KernelFamily("fast_decode_fp4", "fast", "kvviz.kernels.fast_decode_fp4", "kvviz.oracles.fp4", "kvviz.formats.fp4"),
+    KernelFamily("fast_write_ggml", "fast", "kvviz.kernels.fast_write_ggml", "kvviz.oracles.ggml", "kvviz.formats.ggml",
+                 key="fast_write_ggml"),
+    KernelFamily("fast_write_tq", "fast", "kvviz.kernels.fast_write_tq", "kvviz.oracles.turboquant",
+                 "kvviz.formats.turboquant"),
 )}
 
 

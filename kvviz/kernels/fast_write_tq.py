@@ -32,6 +32,7 @@ from kvviz.kernels import fast_write as fw
 
 WRITE_TQ = KernelSpec("fast/write_tq.wgsl", bindings=ro("key_in", "val_in", "slots", "signs") + rw("k_cache", "v_cache"),
                       immediates=Struct("P", "kvh bs rows gx zero inv_sqrt_d:f32"))
+KERNELS = (WRITE_TQ,)
 DEFAULT_LANES = 8  # lanes a row; fewer lanes = fewer shuffles per row (the butterflies cost d/L each per stage)
 WG = 64
 F16_MAX = 65504.0
