@@ -23,7 +23,7 @@ from kvviz.formats import fp4 as f4
 from kvviz.kernels import ggml as gk
 from kvviz.kernels import quant as qk
 from kvviz.methods.base import CacheLayout, LayoutField, QuantizedKV, register
-from kvviz.methods.quant_common import DequantisedAttention, PerTokenRecordMethod
+from kvviz.methods.quant_common import PerTokenRecordMethod, SiblingFastAttention
 
 def _e4m3(codes) -> np.ndarray:
     import ml_dtypes
@@ -32,7 +32,7 @@ def _e4m3(codes) -> np.ndarray:
 
 
 @register
-class NvFp4(PerTokenRecordMethod):
+class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
     id = "nvfp4"
     label = "NVFP4 (E2M1, E4M3 per 16, f32 per tensor)"
     family = "fp4"
@@ -83,15 +83,6 @@ class NvFp4(PerTokenRecordMethod):
         if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or ffd.unsupported(D, shape[1] // kvh):
             return None
         return ffd.Fp4FastDecode(ctx.rt).plan(qc.k, qc.v, qc.extra["tensor"], kvh, q, batch, scale)
-
-    def attend(self, ctx, qkv, batch, q, scale):
-        """The fast split-K decode over the packed cache where it takes the shape, else the first-wave path
-        (the f32 paged decode over the dequantised cache)."""
-        plan = self._fast_plan(ctx, qkv.device["cache"], batch, q, scale)
-        if plan is None:
-            return DequantisedAttention.attend(self, ctx, qkv, batch, q, scale)
-        ctx.rt.run(plan.dispatches)
-        return ctx.rt.read(plan.out, np.float32, plan.shape)
 
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
         """The per-token-record rows (writers, dequantise, f32 decode: the first-wave path) plus the fast

@@ -35,7 +35,7 @@ from kvviz.formats import ggml as fg
 from kvviz.kernels import ggml as gk
 from kvviz.kernels import quant as qk
 from kvviz.methods.base import CacheLayout, LayoutField, QuantizedKV, register
-from kvviz.methods.quant_common import DequantisedAttention, PerTokenRecordMethod
+from kvviz.methods.quant_common import PerTokenRecordMethod, SiblingFastAttention
 from kvviz.paging import PAD_SLOT
 
 F16_INF_FROM = np.float32(65520.0)  # the smallest float32 that rounds to an f16 inf (ties to even)
@@ -51,7 +51,7 @@ _FORMULA = {
 }
 
 
-class GgmlBlockMethod(PerTokenRecordMethod):
+class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
     """A llama.cpp block type; subclasses set `id` and `type_name`."""
 
     family = "ggml"
@@ -117,15 +117,6 @@ class GgmlBlockMethod(PerTokenRecordMethod):
         if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or fdg.unsupported(self.type_name, D, shape[1] // kvh):
             return None
         return fdg.GgmlFastDecode(ctx.rt).plan(self.type_name, qc.k, qc.v, kvh, q, batch, scale)
-
-    def attend(self, ctx, qkv, batch, q, scale):
-        """The fast split-K decode over the packed cache where it takes the shape, else the first-wave path
-        (the f32 paged decode over the dequantised cache)."""
-        plan = self._fast_plan(ctx, qkv.device["cache"], batch, q, scale)
-        if plan is None:
-            return DequantisedAttention.attend(self, ctx, qkv, batch, q, scale)
-        ctx.rt.run(plan.dispatches)
-        return ctx.rt.read(plan.out, np.float32, plan.shape)
 
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
         """The per-token-record rows (writers, dequantise, f32 decode) plus the fast decode's row."""

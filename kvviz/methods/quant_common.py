@@ -38,6 +38,19 @@ class DequantisedAttention:
         return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
 
 
+class SiblingFastAttention:
+    """attend() through the method's own fast decode (`_fast_plan(ctx, cache, batch, q, scale)`: a plan, or None
+    where it cannot take the shape), else the first-wave path (DequantisedAttention): the llama.cpp types and
+    NVFP4, whose decodes are fast_decode's siblings."""
+
+    def attend(self, ctx, qkv, batch, q, scale):
+        plan = self._fast_plan(ctx, qkv.device["cache"], batch, q, scale)
+        if plan is None:
+            return DequantisedAttention.attend(self, ctx, qkv, batch, q, scale)
+        ctx.rt.run(plan.dispatches)
+        return ctx.rt.read(plan.out, np.float32, plan.shape)
+
+
 class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     """Subclasses define wpt(), the writer / dequantise specs and unpack().
 
