@@ -45,16 +45,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lw = lane * WPL;
   let bt = seq * p.max_blocks;
   let kstride = p.num_kv_heads * p.block_size;
-{{PROLOGUE}}
-  // Every row group runs the same number of steps (uniform control flow for the shuffles);
-  // tokens past t1 are clamped for the loads and masked in the logit.
-  for (var tb = t0; tb < t1; tb = tb + RG * U) {
-{{STEP}}
-  }
-  // Merge the row groups: a tree over workgroup memory, all heads at once.
-{{MERGE}}
-  {{SG_GUARD}}
-  if (rg == 0u) {
-{{WRITE}}
-  }
+// #include "fast/split_loop.wgsl"
 }

@@ -52,16 +52,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let cv2 = vec4<f32>(p.c2);
   let cv3 = vec4<f32>(p.c3);
   let ONE = vec4<f32>(1.0);
-{{PROLOGUE}}
-  // Every row group runs the same number of steps (uniform control flow for the shuffles);
-  // tokens past t1 are clamped for the loads and masked in the logit.
-  for (var tb = t0; tb < t1; tb = tb + RG * U) {
-{{STEP}}
-  }
-  // Merge the row groups: a tree over workgroup memory, all heads at once.
-{{MERGE}}
-  {{SG_GUARD}}
-  if (rg == 0u) {
-{{WRITE}}
-  }
+// #include "fast/split_loop.wgsl"
 }
