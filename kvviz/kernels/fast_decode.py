@@ -529,6 +529,20 @@ def own_select(names, idx: str) -> str:
     return e
 
 
+def partial_writes(G: int, nv: int, J: str = "    ", head0: str = "seq * p.num_heads + ") -> list[str]:
+    """WGSL of row group 0 writing its partition's state [m, l, acc[0..D)] of each of the G heads to `partials`
+    (lane 0 writes m and l, every lane its DPL dims): the WRITE block of every split kernel. head0: the
+    sequence's first head row ("" for a per-sequence partials buffer: TurboQuant's per-sequence decode)."""
+    out = []
+    for g in range(G):
+        out.append(f"{J}let pb{g} = (({head0}kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        out.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
+        for i in range(nv):
+            for c in range(4):
+                out.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    return out
+
+
 def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None):
     """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml,
     fast_decode_kivi): (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens
@@ -800,12 +814,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     # ---- merge of the row groups, a tree over workgroup memory
     merge += post + merge_tree(G, nv, stride, RG, I)
     # ---- row group 0 writes the partition's state
-    for g in range(G):
-        write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
-        write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
-        for i in range(nv):
-            for c in range(4):
-                write.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    write += partial_writes(G, nv, J)
     return {
         "FORMAT": f"{fmt.name}" + (f", {fmt.scale} scale" if fmt.scale != "none" else "") + (f", group {gs}" if gs else ""),
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
@@ -1025,19 +1034,6 @@ def fast_decode_rows(ctx, method, k, v, num_kv_heads: int, batch: PagedBatch, q,
     nbytes, flops = decode_traffic(fmt, batch, H, num_kv_heads, D, plan.num_partitions)
     return [TimedKernel(f"fast_decode_{fmt.name} ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
                         "decode", "fast", flops)]
-
-
-def partial_writes(G: int, nv: int, J: str = "    ") -> list[str]:
-    """WGSL of row group 0 writing its partition's state [m, l, acc[0..D)] of each of the G heads to `partials`
-    (lane 0 writes m and l, every lane its DPL dims): the WRITE block of a split kernel (fast_decode_fp4)."""
-    out = []
-    for g in range(G):
-        out.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
-        out.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
-        for i in range(nv):
-            for c in range(4):
-                out.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
-    return out
 
 
 # ---------------------------------------------------------------------------------- siblings' launcher

@@ -296,12 +296,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
     step += rotate  # the prefetched words become the next step's
     # ---- merge of the row groups (fast_decode's tree), row group 0 writes the partition's state
     merge += post + fd.merge_tree(G, nv, stride, RG, I)
-    for g in range(G):
-        write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
-        write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
-        for i in range(nv):
-            for c in range(4):
-                write.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    write += fd.partial_writes(G, nv, J)
     return {
         "FORMAT": t.name, "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "WPT": str(t.words_per_token(D)), "BPB": str(t.block_bytes), "DPL": str(dpl), "STRIDE": str(stride),

@@ -315,12 +315,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         for i in range(nv):
             fold.append(f"{I}a{g}_{i} = a{g}_{i} + vec4<f32>(zs{g});")
     merge = fd.merge_tree(G, nv, stride, RG, I)
-    for g in range(G):
-        write.append(f"{J}let pb{g} = ((seq * p.num_heads + kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
-        write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
-        for i in range(nv):
-            for c in range(4):
-                write.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    write += fd.partial_writes(G, nv, J)
     return {
         "BITS": str(bits), "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "KW": str(KW), "VW": str(KW + 2), "TG": str(tg), "R": str(R), "GPS": str(RG // R),

@@ -207,12 +207,7 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
     # ---- merge of the row groups (fast_decode.render's tree)
     merge += post + fd.merge_tree(G, nv, stride, RG, I)
     head0 = "seq * p.num_heads + " if paged else ""  # paged: one partials buffer [S, H, P, D+2] for the batch
-    for g in range(G):
-        write.append(f"{J}let pb{g} = (({head0}kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
-        write.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
-        for i in range(nv):
-            for c in range(4):
-                write.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    write += fd.partial_writes(G, nv, J, head0)
     return {
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),

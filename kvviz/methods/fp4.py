@@ -22,7 +22,7 @@ import numpy as np
 from kvviz.formats import fp4 as f4
 from kvviz.kernels import ggml as gk
 from kvviz.kernels import quant as qk
-from kvviz.methods.base import CacheLayout, LayoutField, QuantizedKV, register
+from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.quant_common import PerTokenRecordMethod, SiblingFastAttention
 
 def _e4m3(codes) -> np.ndarray:
@@ -84,25 +84,10 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
             return None
         return ffd.Fp4FastDecode(ctx.rt).plan(qc.k, qc.v, qc.extra["tensor"], kvh, q, batch, scale)
 
-    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
-        """The per-token-record rows (writers, dequantise, f32 decode: the first-wave path) plus the fast
-        decode's row ("fast_decode_nvfp4 (N partitions)") where it takes the shape."""
+    def _fast_traffic(self, batch, plan, qc):
         from kvviz.kernels import fast_decode_fp4 as ffd
-        from kvviz.kernels.timed import TimedKernel
 
-        if qkv is None:
-            key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
-            ctx.rt.run(wd + dd)
-            qkv = QuantizedKV(self, key.shape[2], key.shape[1], None, None, None, None, self.code_range,
-                              device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd})
-        rows = super().timed_kernels(ctx, batch, key, value, q, scale, qkv)
-        qc = qkv.device["cache"]
-        plan = self._fast_plan(ctx, qc, batch, np.asarray(q, np.float32), scale)
-        if plan is not None:
-            nbytes, flops = ffd.decode_traffic(batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)
-            rows.append(TimedKernel(f"fast_decode_nvfp4 ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
-                                    "decode", "fast", flops))
-        return rows
+        return ffd.decode_traffic(batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)
 
     def tensor_scales(self, ctx, qkv) -> tuple[float, float]:
         """(K, V) tensor scales s_t, read from the GPU."""

@@ -34,7 +34,7 @@ from kvviz.errors import InvalidInput
 from kvviz.formats import ggml as fg
 from kvviz.kernels import ggml as gk
 from kvviz.kernels import quant as qk
-from kvviz.methods.base import CacheLayout, LayoutField, QuantizedKV, register
+from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.quant_common import PerTokenRecordMethod, SiblingFastAttention
 from kvviz.paging import PAD_SLOT
 
@@ -118,25 +118,10 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
             return None
         return fdg.GgmlFastDecode(ctx.rt).plan(self.type_name, qc.k, qc.v, kvh, q, batch, scale)
 
-    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
-        """The per-token-record rows (writers, dequantise, f32 decode) plus the fast decode's row."""
+    def _fast_traffic(self, batch, plan, qc):
         from kvviz.kernels import fast_decode_ggml as fdg
-        from kvviz.kernels.timed import TimedKernel
 
-        if qkv is None:
-            key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
-            ctx.rt.run(wd + dd)
-            qkv = QuantizedKV(self, key.shape[2], key.shape[1], None, None, None, None, self.code_range,
-                              device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd})
-        rows = super().timed_kernels(ctx, batch, key, value, q, scale, qkv)
-        qc = qkv.device["cache"]
-        plan = self._fast_plan(ctx, qc, batch, np.asarray(q, np.float32), scale)
-        if plan is not None:
-            H = plan.shape[1]
-            nbytes, flops = fdg.decode_traffic(self.type_name, batch, H, qc.num_kv_heads, qc.head_size, plan.num_partitions)
-            rows.append(TimedKernel(f"fast_decode_{self.type_name} ({plan.num_partitions} partitions)", plan.dispatches,
-                                    nbytes, "decode", "fast", flops))
-        return rows
+        return fdg.decode_traffic(self.type_name, batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)
 
     # ------------------------------------------------------------------ checks
     def check_values(self, key, value):

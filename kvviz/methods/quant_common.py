@@ -50,6 +50,23 @@ class SiblingFastAttention:
         ctx.rt.run(plan.dispatches)
         return ctx.rt.read(plan.out, np.float32, plan.shape)
 
+    def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
+        """The per-token-record rows (writers, dequantise, f32 decode: the first-wave path) plus the fast
+        decode's row ("fast_decode_<type> (N partitions)", its bytes from `_fast_traffic`) where it takes the shape."""
+        if qkv is None:
+            key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)
+            ctx.rt.run(wd + dd)
+            qkv = QuantizedKV(self, key.shape[2], key.shape[1], None, None, None, None, self.code_range,
+                              device={"cache": qc, "f32": f32c, "writer": wd, "dequant": dd})
+        rows = super().timed_kernels(ctx, batch, key, value, q, scale, qkv)
+        qc = qkv.device["cache"]
+        plan = self._fast_plan(ctx, qc, batch, np.asarray(q, np.float32), scale)
+        if plan is not None:
+            nbytes, flops = self._fast_traffic(batch, plan, qc)
+            rows.append(TimedKernel(f"fast_decode_{plan.label} ({plan.num_partitions} partitions)", plan.dispatches,
+                                    nbytes, "decode", "fast", flops))
+        return rows
+
 
 class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     """Subclasses define wpt(), the writer / dequantise specs and unpack().
