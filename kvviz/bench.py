@@ -224,9 +224,9 @@ def run_bench(
                                      flops=arith.decode_flops(batch, shape.num_heads, shape.head_size)))
                     if fe == frontends[0] or fmt == "f32":  # the fast decode reads the cache as is: once per format
                         rows.append(_fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, mid))
-                    if fmt == "q8" and fe == frontends[0]:  # the fast writer of the seed layout, beside the seed's
+                    if fmt == "q8" and fe == frontends[0]:  # the int8-query variant and the fast writer of the seed layout
                         rows.append(_fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter,
-                                                  refs["q8_caches"], tol))
+                                                  refs["q8_caches"], ref, tol))
                         rows += _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter)
                     werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
                     rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr, 2e-6, adapter, wnote or "correctness only"))
@@ -328,11 +328,11 @@ def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, a
 I8Q_UNROLL = 4
 
 
-def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, caches, tol):
+def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, caches, exact, tol):
     """The measured variant of the fast decode over the seed layout's int8 cache: the query quantised to int8
     (one scale a head) and dotted with K's codes by dot4I8Packed. Checked against ITS oracle (the float64 decode
     of the dequantised int8 query: kvviz/kernels/fast_decode.py, variants), with the f32 kernel's tolerance;
-    the note gives its distance from the f32-query oracle too (the query's quantisation error)."""
+    the note gives its distance from the f32-query oracle `exact` too (the query's quantisation error)."""
     from kvviz.kernels import fast_decode as fd
 
     name = "fast_decode_int8 (int8 query)"
@@ -347,7 +347,6 @@ def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, ad
         kf, vf = caches
         ref = oracle.decode(codes.astype(np.float64) * qs[..., None].astype(np.float64), kf, vf, batch.block_tables,
                             batch.context_lens, shape.block_size, scale)
-        exact = oracle.decode(q, kf, vf, batch.block_tables, batch.context_lens, shape.block_size, scale)
         err, note = _max_err(out, ref, name)
         if not note:
             note = f"vs the f32-query oracle: {float(np.abs(out - exact).max()):.2e} (the query's int8 rounding)"
