@@ -34,15 +34,7 @@ const BPB: u32 = {{BPB}}u;   // bytes of one 32-element block
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
-  let part = wid.x;
-  let kvh = wid.y;
-  let seq = wid.z;
-  let lane = li % L;
-  let rg = li / L;
-  let t0 = part * p.partition_tokens;
-  let t1 = min(context_lens[seq], t0 + p.partition_tokens);
-  let qb = (seq * p.num_heads + kvh * {{G}}u) * D + lane * DPL;
-  let bt = seq * p.max_blocks;
+// #include "fast/split_entry.wgsl"
   let e0 = (lane * DPL) % 32u;  // this lane's first element inside its block
 // #include "fast/split_loop.wgsl"
 }

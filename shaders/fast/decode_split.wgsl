@@ -34,16 +34,8 @@ const WPL: u32 = {{WPL}}u;   // code words per lane
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
-  let part = wid.x;
-  let kvh = wid.y;
-  let seq = wid.z;
-  let lane = li % L;
-  let rg = li / L;
-  let t0 = part * p.partition_tokens;
-  let t1 = min(context_lens[seq], t0 + p.partition_tokens);
-  let qb = (seq * p.num_heads + kvh * {{G}}u) * D + lane * DPL;
+// #include "fast/split_entry.wgsl"
   let lw = lane * WPL;
-  let bt = seq * p.max_blocks;
   let kstride = p.num_kv_heads * p.block_size;
 // #include "fast/split_loop.wgsl"
 }

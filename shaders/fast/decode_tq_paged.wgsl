@@ -35,15 +35,7 @@ const WPT: u32 = 1u;         // step_loads' row is the record index; WK / WV sca
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
-  let part = wid.x;
-  let kvh = wid.y;
-  let seq = wid.z;
-  let lane = li % L;
-  let rg = li / L;
-  let t0 = part * p.partition_tokens;
-  let t1 = min(context_lens[seq], t0 + p.partition_tokens);
-  let bt = seq * p.max_blocks;
-  let qb = (seq * p.num_heads + kvh * {{G}}u) * D + lane * DPL;
+// #include "fast/split_entry.wgsl"
   let lw = lane * WPL;
   let cv0 = vec4<f32>(p.c0);
   let cv1 = vec4<f32>(p.c1);
