@@ -99,7 +99,8 @@ def render(fmt: fd.CacheFormat, head_size: int, group: int, block_size: int, ptm
     scales = []
     if fmt.scale == "tensor":
         scales += [f"{I}let ks_t = bitcast<f32>(tensor[2u]);", f"{I}let vs_t = bitcast<f32>(tensor[3u]);"]
-    # ---- A: UA tokens of each lane group, every load first, then the dots
+    # ---- A: UA tokens of each lane group, every load first, then the dots (the lane's query slices in registers)
+    qreg = [f"{I}let q{g}_{k} = qs[{g * CW}u + la + {k * la}u];" for g in range(G) for k in range(wpla)]
     a = []
     for u in range(ua):
         a.append(f"{J}let ia{u} = i0 + tg + {u * (WG // la)}u;")
@@ -115,7 +116,7 @@ def render(fmt: fd.CacheFormat, head_size: int, group: int, block_size: int, ptm
     for u in range(ua):
         for g in range(G):
             s = f"s{g}_{u}"
-            a.append(f"{J}var {s} = " + " + ".join(f"dot(qs[{g * CW}u + la + {k * la}u], kv{u}_{k})" for k in range(wpla)) + ";")
+            a.append(f"{J}var {s} = " + " + ".join(f"dot(q{g}_{k}, kv{u}_{k})" for k in range(wpla)) + ";")
             a += fd.lane_allreduce(s, la, J)
         scale = {"token": f" * ks{u}", "tensor": " * ks_t"}.get(fmt.scale, "")
         a.append(f"{J}if (ia{u} < n) {{")
@@ -185,7 +186,7 @@ def render(fmt: fd.CacheFormat, head_size: int, group: int, block_size: int, ptm
         "LA": str(la), "NA": str(WG // la), "UA": str(ua), "LC": str(LC), "RC": str(RC), "UC": str(uc),
         "PTM": str(ptm), "QS": str(G * CW), "WL": str(G * ptm), "RED": str(G * WG),
         "HELPERS": fd._helpers(fmt, magic and fmt.name == "int8"), **sg,
-        "SCALES": "\n".join(scales), "PHASE_A": "\n".join(a), "PHASE_B": "\n".join(b),
+        "SCALES": "\n".join(scales), "QREG": "\n".join(qreg), "PHASE_A": "\n".join(a), "PHASE_B": "\n".join(b),
         "PHASE_C_PRO": "\n".join(cpro), "PHASE_C": "\n".join(c), "MERGE": "\n".join(mg),
     }
 
@@ -232,8 +233,8 @@ class TileDecode:
         if not ptm:
             raise DeviceLimitError(f"tile decode: head size {D} x GQA {G} does not fit this adapter's workgroup memory",
                                    "The split fast decode takes this shape.")
-        if unroll_a not in (1, 2, 4) or unroll_c not in (1, 2, 4, 8):
-            raise InvalidInput(f"unroll_a must be 1, 2 or 4 and unroll_c 1, 2, 4 or 8, got {unroll_a}, {unroll_c}")
+        if unroll_a not in (1, 2, 4) or unroll_c not in (1, 2, 4, 8, 16):
+            raise InvalidInput(f"unroll_a must be 1, 2 or 4 and unroll_c 1, 2, 4, 8 or 16, got {unroll_a}, {unroll_c}")
         la = lanes_a(D, self.fast.subgroup_size, lanes)
         mcl = int(batch.max_context_len)
         planned = min(fd.plan_partitions(S, num_kv_heads, mcl, 128), ptm)

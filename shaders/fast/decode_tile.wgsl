@@ -7,7 +7,7 @@
 // G queries and accumulators), a lane here holds almost nothing across tokens, so many more warps fit a
 // compute unit and their loads overlap:
 //   A. logits: LA lanes a token (each LA-th code word of the record, so a lane group's loads are contiguous),
-//      the G queries read from workgroup memory, the LA partial dots summed by subgroupShuffleXor; the
+//      each lane's slices of the G queries in registers, the LA partial dots summed by subgroupShuffleXor; the
 //      logit (base 2: q pre-scaled by scale*log2(e), times the token's K scale) goes to workgroup memory;
 //   B. the partition's max per head, then p = 2^(s - m), l = sum p and the weight p * (V scale) in place;
 //   C. P.V: LC = D/4 lanes a token row (a lane owns one code word: 4 dims), RC rows of tokens in flight,
@@ -68,6 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // ---- A: logits
   let la = li % LA;
   let tg = li / LA;
+{{QREG}}
   for (var i0 = 0u; i0 < n; i0 = i0 + NA * UA) {
 {{PHASE_A}}
   }
