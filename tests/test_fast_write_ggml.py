@@ -9,7 +9,8 @@ first, so every word of a written record (padding bytes included) must be stored
 Every type runs at the default lane split and at twice the blocks a lane (one lane a row at head 64 .. 128);
 the writers need no cross-lane reduction, so there is no subgroup variant of their own (NVFP4's amax pass,
 fast_write's WRITE_FP8_AMAX, runs with and without subgroups). A 2-D grid (grid limit forced to 16) and
-the methods' wiring (writer impl "fast", the first-wave writer timed beside it) are checked too.
+the methods' wiring (writer impl "fast", the first-wave writer timed beside it) are checked too, and iq4_nl's
+division (write_ggml.wgsl div_fast) against float32 a / b on its own.
 """
 from __future__ import annotations
 
@@ -273,3 +274,57 @@ def test_methods_write_with_the_fast_writer(ctx, mid):
     rows = m.timed_kernels(ctx, batch, k, v, q, 0.1, qkv)
     w = [(r.name, r.impl) for r in rows if r.role == "writer"]
     assert w == [(f"{mid} writer", "first-wave"), (f"{mid} writer (fast)", "fast")], w
+
+
+def test_iq4_fast_division_is_div_rn(ctx):
+    """write_ggml.wgsl's div_fast (iq4_nl's divisions: a float estimate of the significands' quotient corrected on
+    the exact remainder) gives div_rn's bits, i.e. IEEE float32 a / b, over random operands of every exponent
+    (subnormals, overflow to inf, underflow to subnormals and zero) and iq4_nl's own operands."""
+    import re
+
+    from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch
+    from kvviz.gpu.shaders import SHADER_DIR, ShaderSpec, resolve_includes
+
+    rt = ctx.rt
+    text = (SHADER_DIR / "fast/write_ggml.wgsl").read_text()
+    fn = re.search(r"^fn div_fast_bits\(.*?^}\n", text, re.S | re.M).group(0)
+    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + fn + """
+@group(0) @binding(0) var<storage, read> ab: array<vec2<u32>>;
+@group(0) @binding(1) var<storage, read_write> res: array<vec2<u32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  let i = g.x;
+  if (i >= arrayLength(&res)) { return; }
+  let a = bitcast<f32>(ab[i].x);
+  let b = bitcast<f32>(ab[i].y);
+  res[i] = vec2<u32>(div_fast_bits(a, b), div_rn_bits(a, b));
+}
+"""
+    kern = rt.kernel(ShaderSpec("tests/iq4_div_fast_probe.wgsl"), [STORAGE_RO, STORAGE_RW], 0, _source=src)
+    rng = np.random.default_rng(5)
+    n = 1 << 18
+
+    def finite(bits):
+        return bits[((bits >> 23) & 0xFF) != 0xFF]
+
+    r = lambda k: rng.integers(0, 1 << 32, k, dtype=np.uint64).astype(np.uint32)  # noqa: E731
+    a = [finite(r(n)), finite(r(n)) & np.uint32(0x807FFFFF), finite(r(n))]          # any, subnormal, any
+    b = [finite(r(n)), finite(r(n)), finite(r(n)) & np.uint32(0x807FFFFF)]          # any, any, subnormal
+    small = (rng.integers(-134, -119, n).astype(np.float32)).view(np.uint32)         # the trials' numerators
+    mx = (rng.standard_normal(n) * 10.0 ** rng.uniform(-15, 6, n)).astype(np.float32).view(np.uint32)
+    a.append(small), b.append(mx)
+    a.append(np.full(n, np.float32(1.0)).view(np.uint32)), b.append(mx)
+    m = min(len(x) for x in a + b)
+    A = np.concatenate([x[:m] for x in a])
+    B = np.concatenate([x[:m] for x in b])
+    keep = (B & np.uint32(0x7FFFFFFF)) != 0
+    A, B = A[keep], B[keep]
+    with np.errstate(all="ignore"):
+        want = (A.view(np.float32) / B.view(np.float32)).view(np.uint32)
+    ab = rt.upload(np.stack([A, B], 1).reshape(-1), "ab")
+    out = rt.upload(np.zeros(2 * len(A), np.uint32), "res")
+    rt.run([Dispatch(kern, [ab, out], (-(-len(A) // 64), 1, 1))])
+    got = rt.read(out, np.uint32, (len(A), 2))
+    bad = np.flatnonzero(got[:, 0] != want)
+    assert bad.size == 0, [(hex(A[i]), hex(B[i]), hex(got[i, 0]), hex(want[i])) for i in bad[:4]]
+    assert (got[:, 1] == want).all()

@@ -10,9 +10,13 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     V one after the other; R = 64 / L rows a workgroup. The blocks a lane owns span whole u32 words of the
     byte-packed record (q8_0: 2 blocks = 68 bytes = 17 words, q4_0 / q5_0 / iq4_nl: 2, q4_1 / q5_1: 1,
     mxfp4: 4 blocks = 68 bytes), so a lane builds its words in registers (the byte offsets are constants
-    once the loops are unrolled) and stores them itself: no barrier, no workgroup memory, and no value
-    crosses lanes (a block's amax, min / max and iq4_nl's 16 scale trials all lie in its lane), so there
-    is no lane-group reduction to do and no subgroup feature to ask for;
+    once the loops are unrolled) and stores them itself: no value crosses lanes (a block's amax, min / max
+    and iq4_nl's 16 scale trials all lie in its lane), so there is no lane-group reduction to do and no
+    subgroup feature to ask for; no barrier and no workgroup memory either, but for iq4_nl's table;
+  - iq4_nl: the nearest of the 16 values (each of the 16 trials x 32 values, and the codes) is one load from
+    a workgroup table indexed by floor(2 id x) (IQ4_TABLE entries, built by the workgroup, one barrier),
+    not a 16-value search; its divisions (17+ a block) are exact by a float estimate corrected on the
+    exact integer remainder (write_ggml.wgsl div_fast), not a 25-step loop: the same bits;
   - 16-B loads (8 vec4s a block), codes 4 at a time, whole-word stores;
   - NVFP4's codes from q = x * (1/s_t) * (1/e4m3) checked 16 ulp either side, the two exact divisions only
     where q is that close to an E2M1 rounding boundary (write_common.wgsl's rule);
@@ -39,6 +43,8 @@ WRITE_GGML = KernelSpec("fast/write_ggml.wgsl", bindings=_TOKENS + rw("k_cache",
 WRITE_NVFP4 = KernelSpec("fast/write_nvfp4.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"),
                          immediates=Struct("P", "kvh hd bs wpt rows gx"))
 WG = 64
+# iq4_nl's nearest-value table in workgroup memory (write_ggml.wgsl iq4_table): entries floor(2a) = -272 .. 271
+IQ4_TABLE = 544
 
 
 def min_blocks_per_lane(t: GgmlType) -> int:
@@ -58,7 +64,7 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1) -> Kernel
     nb = nb_lane or min_blocks_per_lane(t)
     nwl = -(-nb * t.block_bytes // 4)
     return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
-                             NW2=nwl - min(nwl, 16))
+                             NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1)
 
 
 def nvfp4_spec(ng: int = 4, lanes: int = 1) -> KernelSpec:

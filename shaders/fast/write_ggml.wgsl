@@ -2,10 +2,11 @@
 // Fast llama.cpp block-type writer, type {{TYPE}} (0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q5_1, 5 iq4_nl, 6 mxfp4):
 // the record of ggml/ggml_write.wgsl (the token's ggml row, {{BPB}} bytes a 32-element block, padded to whole
 // u32 words), the same bytes (kvviz/oracles/ggml.py): the same per-block arithmetic, element for element:
-// correctly rounded divisions (div_rn) for d and id, codes from products x * id passed through opq() (xor
-// with the immediate `zero`, 0 at run time) so that no driver fuses them into the add that follows, f16 by
-// integer round to nearest even, the first element of largest |x| as the block's `max`, blocks with
-// max |x| < 2^-100 at id = 0, iq4_nl's 16 scale trials in llama.cpp's order.
+// correctly rounded divisions (div_rn; iq4_nl's div_fast, the same bits) for d and id, codes from products
+// x * id passed through opq() (xor with the immediate `zero`, 0 at run time) so that no driver fuses them
+// into the add that follows, f16 by integer round to nearest even, the first element of largest |x| as the
+// block's `max`, blocks with max |x| < 2^-100 at id = 0, iq4_nl's 16 scale trials in llama.cpp's order, its
+// nearest values from a workgroup table (below: best_index_int8's codes, one load, not a 16-value search).
 //
 // Lanes: a lane owns NB = {{NB}} consecutive blocks of a (token, KV head) row, K and V one after the other;
 // NB * BPB is a multiple of 4 bytes (or the lane ends the row), so a lane's bytes are whole u32 words of
@@ -14,6 +15,7 @@
 // power of two; lanes past the row's blocks idle), R = 64 / L rows a workgroup. Lane l loads the 8 vec4s
 // of each of its blocks (16-B loads), builds its words in registers (constant byte offsets: the loops are
 // unrolled) and stores them. Grid 2-D: workgroup (x, y) is number y * gx + x. PAD_SLOT rows are skipped.
+// iq4_nl only: the workgroup first fills its nearest-value table (IQ4_TV / IQ4_TC), one barrier, then as above.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -40,49 +42,74 @@ var<private> LOG2_UP_TAB: array<u32, 256> = array<u32, 256>({{LOG2_UP}});
 fn opq(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ p.zero); }
 fn opq4(x: vec4<f32>) -> vec4<f32> { return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(p.zero)); }
 
-// kvalues_iq4nl as a const array: indexed by constants only (unrolled loops), so no table lookups at run time.
+// kvalues_iq4nl as a const array: indexed by constants only (unrolled loops).
 const IQ4V = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
                             1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
-// best_index_int8(16, kvalues_iq4nl, x) for 4 values, as ggml_write.wgsl's best_index (the nearer neighbour,
-// the upper one on a tie), and the chosen values: ml / v[ml] / v[ml + 1] tracked by selects over the
-// increasing values (no table indexed by a run-time code: a private array so indexed leaves registers).
-struct Iq4 { c: vec4<u32>, v: vec4<f32> }
-fn best_index4(x: vec4<f32>) -> Iq4 {
-  var ml = vec4<u32>(0u);
-  var vl = vec4<f32>(IQ4V[0]);
-  var vu = vec4<f32>(IQ4V[1]);
-  // @unroll
-  for (var i = 0u; i < 14u; i = i + 1u) {
-    let le = vec4<f32>(IQ4V[i + 1u]) <= x;
-    ml = ml + select(vec4<u32>(0u), vec4<u32>(1u), le);
-    vl = select(vl, vec4<f32>(IQ4V[i + 1u]), le);
-    vu = select(vu, vec4<f32>(IQ4V[i + 2u]), le);
+// iq4_nl's nearest value by table. best_index_int8(16, kvalues_iq4nl, a) (the nearer neighbour, the upper
+// one on a tie: `a - v[l] < v[l + 1] - a ? l : l + 1`, 0 at a <= -127, 15 at a >= 113) is the number of
+// midpoints m_i = (v[i] + v[i + 1]) / 2 with a >= m_i: near a midpoint both differences are exact
+// (Sterbenz-like: |m_i| is at least half the gap there), so the rounded comparison is the exact one
+// (checked over every float32 in [-300, 300]). The midpoints are half-integers, so a >= m_i iff
+// floor(2a) >= 2 m_i: entry n = floor(2a) + IQ4_OFF of IQ4_TC holds that count and of IQ4_TV its value.
+// The scale trials' |a| = |id x| <= 134 (1 + 2^-22) (|x| <= |max|, |id| <= 134 / |max| correctly rounded),
+// floor(2a) in [-269, 268]: in range unclamped; the final codes clamp (|1/d x| has no such bound).
+// Built by the workgroup before anything else (iq4_nl only; the other types get a 1-entry table unused).
+const IQ4_TN: u32 = {{IQ4_TN}}u;   // 544 (iq4_nl) or 1
+const IQ4_OFF: i32 = 272;
+// an integral t in [-272, 271] (a floor(2a)) -> its entry t + IQ4_OFF: t + 1.5 * 2^23 + IQ4_OFF is exact and
+// its bits are 0x4B400000 + the entry (no float -> int conversion)
+fn iq4_entry(t: vec4<f32>) -> vec4<u32> {
+  return bitcast<vec4<u32>>(t + vec4<f32>(12582912.0 + f32(IQ4_OFF))) - vec4<u32>(0x4B400000u);
+}
+var<workgroup> IQ4_TV: array<f32, IQ4_TN>;
+var<workgroup> IQ4_TC: array<u32, IQ4_TN>;
+
+fn iq4_table(lid: u32) {
+  for (var k = 0u; k < (IQ4_TN + 63u) / 64u; k = k + 1u) {   // a uniform loop: the barrier follows it
+    let n = lid + 64u * k;
+    if (n < IQ4_TN) {
+      let t = f32(i32(n) - IQ4_OFF);   // floor(2a)
+      var c = 0u;
+      var v = IQ4V[0];
+      // @unroll
+      for (var i = 0u; i < 15u; i = i + 1u) {
+        let ge = t >= IQ4V[i] + IQ4V[i + 1u];   // 2 m_i, exact
+        c = c + select(0u, 1u, ge);
+        v = select(v, IQ4V[i + 1u], ge);
+      }
+      IQ4_TC[n] = c;
+      IQ4_TV[n] = v;
+    }
   }
-  let lower = x - vl < vu - x;
-  var r: Iq4;
-  r.c = select(ml + vec4<u32>(1u), ml, lower);
-  r.v = select(vu, vl, lower);
-  let lo = x <= vec4<f32>(-127.0);
-  let hi = x >= vec4<f32>(113.0);
-  r.c = select(select(r.c, vec4<u32>(0u), lo), vec4<u32>(15u), hi);
-  r.v = select(select(r.v, vec4<f32>(-127.0), lo), vec4<f32>(113.0), hi);
-  return r;
 }
 
-// iq4_nl's weighted sums for one trial id (weights x^2), in element order, unfused (ggml_write.wgsl iq4_sums).
+// best_index_int8 of 4 products a (the final codes): floor(2a) clamped to the table's ends (codes 0 and 15,
+// as for every floor(2a) beyond them; +-inf too); NaN gives 1, as the select search it replaces did.
+fn iq4_codes(a: vec4<f32>) -> vec4<u32> {
+  let n = iq4_entry(clamp(floor(a + a), vec4<f32>(f32(-IQ4_OFF)), vec4<f32>(f32(IQ4_OFF - 1))));
+  var c: vec4<u32>;
+  // @unroll
+  for (var k = 0u; k < 4u; k = k + 1u) { c[k] = IQ4_TC[n[k]]; }
+  return select(c, vec4<u32>(1u), a != a);
+}
+
+// iq4_nl's weighted sums for one trial id (weights x^2), in element order, unfused (ggml_write.wgsl
+// iq4_sums): q the value nearest id * x, by table at floor(2 id x) = floor((id + id) * x) (exact doubling; a
+// product underflowing to 0 or a subnormal lands at 0 or -1, the same code 8); the two terms added are
+// opaque products (no fused multiply-add), the products that only feed products need no such guard.
 fn iq4_sums(x: array<vec4<f32>, 8>, id: f32) -> vec2<f32> {
+  let id2 = vec4<f32>(id + id);
   var sqx = 0.0;
   var sq2 = 0.0;
   // @unroll
   for (var j = 0u; j < 8u; j = j + 1u) {
     let v = x[j];
-    let q4 = best_index4(opq4(vec4<f32>(id) * v)).v;
+    let n = iq4_entry(floor(id2 * v));
     // @unroll
     for (var c = 0u; c < 4u; c = c + 1u) {
       let xe = v[c];
-      let q = q4[c];
-      let w = opq(xe * xe);
-      let wq = opq(w * q);
+      let q = IQ4_TV[n[c]];
+      let wq = (xe * xe) * q;
       sqx = sqx + opq(wq * xe);
       sq2 = sq2 + opq(wq * q);
     }
@@ -90,9 +117,53 @@ fn iq4_sums(x: array<vec4<f32>, 8>, id: f32) -> vec2<f32> {
   return vec2<f32>(sqx, sq2);
 }
 
+// div_rn (quant/common.wgsl) with its 25-step restoring loop replaced: the same bits for every input. The
+// quotient q = floor(ma 2^24 / mb) in [2^24, 2^25) and whether a remainder is left (`sticky`) are what the
+// loop gives; here q starts from the float quotient of the exact significands (f32(ma) / f32(mb), both
+// exact, within 2.5 ulp: a few units of q) and is corrected one unit at a time on the exact remainder
+// ma 2^24 - q mb (while q is within 127 units of the answer |.| < 2^31, so its value mod 2^32 in u32
+// arithmetic is exact). iq4_nl runs 17 or more divisions a block (its trials' ids and scales): this one
+// is ~25 operations, the loop ~150 (tests/test_fast_write_ggml.py checks it against float32 a / b).
+fn div_fast_bits(a: f32, b: f32) -> u32 {
+  let ua = bitcast<u32>(a);
+  let ub = bitcast<u32>(b);
+  let sign = (ua ^ ub) & SIGN_BIT;
+  var ea = i32((ua >> 23u) & 0xFFu);
+  var ma = ua & 0x7FFFFFu;
+  var eb = i32((ub >> 23u) & 0xFFu);
+  var mb = ub & 0x7FFFFFu;
+  if (ea == 0 && ma == 0u) { return sign; }
+  if (eb == 0 && mb == 0u) { return sign | 0x7F800000u; }
+  if (ea == 0) { let s = countLeadingZeros(ma) - 8u; ma = ma << s; ea = 1 - i32(s); } else { ma = ma | 0x800000u; }
+  if (eb == 0) { let s = countLeadingZeros(mb) - 8u; mb = mb << s; eb = 1 - i32(s); } else { mb = mb | 0x800000u; }
+  var e = ea - eb;
+  if (ma < mb) { ma = ma << 1u; e = e - 1; }
+  var q = u32(f32(ma) / f32(mb) * 16777216.0);
+  var r = bitcast<i32>((ma << 24u) - q * mb);
+  loop { if (r >= 0) { break; } q = q - 1u; r = r + i32(mb); }
+  loop { if (r < i32(mb)) { break; } q = q + 1u; r = r - i32(mb); }
+  let sticky = r != 0;
+  if (e >= -126) {
+    var sig = q >> 1u;
+    if ((q & 1u) == 1u && (sticky || (sig & 1u) == 1u)) { sig = sig + 1u; }
+    var be = e + 127;
+    if (sig == 0x1000000u) { sig = sig >> 1u; be = be + 1; }
+    if (be >= 255) { return sign | 0x7F800000u; }
+    return sign | (u32(be) << 23u) | (sig & 0x7FFFFFu);
+  }
+  let sh = u32(-(e + 125));
+  if (sh > 25u) { return sign; }
+  var v = q >> sh;
+  let rb = (q >> (sh - 1u)) & 1u;
+  let low = q & ((1u << (sh - 1u)) - 1u);
+  if (rb == 1u && (sticky || low != 0u || (v & 1u) == 1u)) { v = v + 1u; }
+  return sign | v;
+}
+fn div_fast(a: f32, b: f32) -> f32 { return bitcast<f32>(div_fast_bits(a, b)); }
+
 fn iq4_trial_id(r: u32, mx: f32) -> f32 {
-  if (r == 0u) { return div_rn(1.0, div_rn(-mx, -127.0)); }
-  return div_rn(f32(i32(r) - 8 - 127), mx);
+  if (r == 0u) { return div_fast(1.0, div_fast(-mx, -127.0)); }
+  return div_fast(f32(i32(r) - 8 - 127), mx);
 }
 
 // A block's bytes: header (HDR bytes, little-endian), the q5 high-bit plane, NQ qs words.
@@ -148,13 +219,13 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
       for (var r = 0u; r < 16u; r = r + 1u) {   // one copy of the trial's code: trial 0 sets d and best
         let s = iq4_sums(x, iq4_trial_id(r, mx));
         if (r == 0u || (s.y > 0.0 && opq(s.x * s.x) > opq(best * s.y))) {
-          d = div_rn(s.x, s.y);
+          d = div_fast(s.x, s.y);
           best = opq(d * s.x);
         }
       }
     }
     out.hdr = f32_to_f16_bits(d);
-    id = select(0.0, div_rn(1.0, d), (bitcast<u32>(d) & ABS_MASK) != 0u);
+    id = select(0.0, div_fast(1.0, d), (bitcast<u32>(d) & ABS_MASK) != 0u);
   } else {
     // mxfp4: e = floor(log2f(amax)) - 2 + 127, log2f correctly rounded (kvviz/formats/ggml.py LOG2_UP)
     var e = 0u;
@@ -186,7 +257,7 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
     } else if (TYPE == 2u || TYPE == 4u) {
       c = min(vec4<u32>(select(31u, 15u, TYPE == 2u)), vec4<u32>(trunc(opq4((v - vec4<f32>(mn)) * id) + vec4<f32>(0.5))));
     } else if (TYPE == 5u) {
-      c = best_index4(opq4(vec4<f32>(id) * v)).c;
+      c = iq4_codes(opq4(vec4<f32>(id) * v));
     } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d; d*kv exact)
       var best = abs(vec4<f32>(id * e2m1_doubled(0u)) - v);
       c = vec4<u32>(0u);
@@ -231,6 +302,10 @@ fn put(ob: ptr<function, array<u32, NWL>>, o: u32, w: u32) {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  if (TYPE == 5u) {   // iq4_nl's table, before any lane returns
+    iq4_table(lid);
+    workgroupBarrier();
+  }
   let row = (wg.y * p.gx + wg.x) * R + lid / L;
   let lane = lid % L;
   let nb = p.hd / 32u;
