@@ -90,7 +90,7 @@ fn iq4_codes(a: vec4<f32>) -> vec4<u32> {
   var c: vec4<u32>;
   // @unroll
   for (var k = 0u; k < 4u; k = k + 1u) { c[k] = IQ4_TC[n[k]]; }
-  return select(c, vec4<u32>(1u), a != a);
+  return select(c, vec4<u32>(1u), (bitcast<vec4<u32>>(a) & vec4<u32>(ABS_MASK)) > vec4<u32>(0x7F800000u));   // NaN
 }
 
 // iq4_nl's weighted sums for one trial id (weights x^2), in element order, unfused (ggml_write.wgsl
