@@ -24,6 +24,18 @@ S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
 # --assume-subgroup=N: an experiment, not a product path: let lane groups of up to N lanes use subgroup shuffles
 # although wgpu only guarantees its reported minimum (4 on NVIDIA); the words are still checked against the oracle.
 ASSUME_SG = int(FLAGS.get("assume-subgroup", 0))
+# --auto=N (an experiment on the default variant every method's writer takes): N lanes a row through subgroup
+# shuffles where the adapter guarantees subgroups of N (N = 4 on NVIDIA); --auto=Nsg: N lanes through shuffles,
+# assuming subgroups of 32 (the H200's real size; wgpu does not guarantee it). The words are the conformance
+# suites' to check (the seed-layout rows below are checked here).
+AUTO = FLAGS.get("auto", "")
+if AUTO:
+    from kvviz.kernels import fast_write as _fw
+
+    _n = int(AUTO.rstrip("sg"))
+    if AUTO.endswith("sg"):
+        _fw.smallest_subgroup = lambda rt: 32  # noqa: E731 (the experiment above)
+    _fw.AUTO_LANES, _fw.MAX_LANES = _n, _n
 
 KVH, D, BS = 8, 128, 16
 rt = GpuRuntime()
@@ -81,7 +93,8 @@ if FLAGS.get("only") == "seed":
 q = rng.standard_normal((S, 32, D)).astype(np.float32)
 for key_, opts in [("int8_token", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scale_mode": "per_tensor"}), ("fp8_e5m2", {}),
                    ("int4_group", {}), ("kivi", {"bits": 2, "recent": 128}), ("kivi", {"bits": 4, "recent": 128}),
-                   ("f16", {})]:
+                   ("f16", {}), ("q8_0", {}), ("q4_0", {}), ("q4_1", {}), ("q5_0", {}), ("q5_1", {}), ("iq4_nl", {}),
+                   ("mxfp4", {}), ("nvfp4", {}), ("turboquant", {})]:
     m = get_method(key_, **opts)
     rows = [t for t in m.timed_kernels(ctx, batch, key, value, q, 0.088) if t.role == "writer"]
     for t in rows:
