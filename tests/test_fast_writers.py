@@ -383,3 +383,21 @@ def test_bad_input_is_refused(rt):
     if fw.subgroups_available(rt):
         with pytest.raises(InvalidInput, match="smallest subgroup"):
             fw.Variant(rt, True, 64)
+
+
+def test_seed_writer_default_on_a_small_guaranteed_subgroup(rt, monkeypatch):
+    """Where wgpu guarantees only subgroups of 4 (NVIDIA), the seed-layout writer's default is 4 lanes a row
+    through shuffles (fw.SEED_SUBGROUP_LANES), the other writers keep 8 lanes through workgroup memory; the
+    default seed writer still writes the seed oracle's words."""
+    if not fw.subgroups_available(rt):
+        pytest.skip("this adapter has no subgroups: the seed writer's default is the workgroup-memory one")
+    monkeypatch.setattr(fw, "smallest_subgroup", lambda rt: 4)
+    var = fw.seed_variant(rt)
+    assert var.subgroups and var.lanes(32) == 4
+    assert not fw.Variant(rt).subgroups and fw.Variant(rt).lanes(32) == fw.AUTO_LANES
+    D, bs, lens, policy, pad_every, kvh = SHAPES[1]
+    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=3)
+    k, v = make_rows(np.random.default_rng(3), batch.num_tokens, kvh, D, "int8_seed")
+    gk, gv, _, _ = run_writer(rt, "int8_seed", batch, k, v, None)
+    for x, got in ((k, gk), (v, gv)):
+        np.testing.assert_array_equal(got, oracle_words("int8_seed", batch, x, None))

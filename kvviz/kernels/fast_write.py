@@ -222,6 +222,21 @@ def _row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: i
     return out
 
 
+# The int8 seed-layout writer where wgpu guarantees only subgroups of fewer than AUTO_LANES (NVIDIA reports 4):
+# 4 lanes a row through subgroup shuffles measured 290.6 and 292.7 us against 304.0 for 8 lanes through workgroup
+# memory on the H200 (anchor shape, tools/device-writers-6.sh, assets/bench/h200-2026-12-01-fast-writers-6.txt).
+# The other writers measured slower that way (int8_token 373.8 vs 330.8 us, fp8_e4m3 996.2 vs 560.0, int4 527.9 vs
+# 436.0), so only this one takes it.
+SEED_SUBGROUP_LANES = 4
+
+
+def seed_variant(rt: GpuRuntime) -> Variant:
+    """The default variant of the seed-layout int8 writer (SEED_SUBGROUP_LANES above)."""
+    if subgroups_available(rt) and smallest_subgroup(rt) < AUTO_LANES:
+        return Variant(rt, True, min(SEED_SUBGROUP_LANES, max_lanes(rt, True)))
+    return Variant(rt)
+
+
 # ------------------------------------------------------------------------------ writers
 def int8_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size: int, *, seed: bool = False,
                     variant: Variant | None = None) -> list[Dispatch]:
@@ -229,7 +244,7 @@ def int8_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size:
     seed=True the seed GLSL writer's (same bytes as reshape_and_cache_q8.comp; kvviz/oracles/paged.py)."""
     key, value, sm = _check_rows(key, value, slots)
     T, kvh, D = key.shape
-    var = variant or Variant(rt)
+    var = variant or (seed_variant(rt) if seed else Variant(rt))
     L = var.lanes(D // 4)
     kern = rt.compile(WRITE_INT8, SEED="true" if seed else "false", NV=D // (4 * L), **var.defines(L))
     return _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
