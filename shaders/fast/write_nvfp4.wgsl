@@ -6,15 +6,21 @@
 //         (fast/write_fp8_amax.wgsl); the writer stores s_t's bits in tensor[2|3];
 //   sc = E4M3(div_rn(div_rn(max |x|, s_t), 6)) per 16 elements (RNE, saturating);
 //   code = E2M1(div_rn(div_rn(x, s_t), e4m3(sc))) (RNE, saturating; 0 where e4m3(sc) = 0).
-// The codes: q = (x * (1/s_t)) * (1/e4m3) on the hardware, the E2M1 encoder evaluated at |q| - 16 ulp and
-// |q| + 16 ulp; where both agree that is the code of the exactly rounded quotient (a few ulp from q, the
-// encoder monotone), otherwise (within 16 ulp of a rounding boundary, exact ties included) or for a
-// subnormal x the exact divisions decide (write_common.wgsl). The sign bit is x's (-0 codes 8, as ml_dtypes).
+// The fast path (write_common.wgsl's rule, branch-free): the scale from q = max|x| * (1/s_t * 1/6) and the
+// codes from q = |x| * (1/s_t * 1/e4m3), a few ulp from the exactly rounded quotients (at most ~14 ulp with
+// a divider within 2.5 ulp), encoded on the float bits by round-half-up (e4m3_fast / codes4); an encoder
+// is a step function whose steps (the rounding boundaries) sit at known bit patterns, so when q is farther
+// than NEAR2 = 32 ulp from every boundary the code of q is the code of the exact quotient. Otherwise (within
+// 32 ulp of a boundary, exact ties included; a boundary above E2M1's or E4M3's largest value is a harmless
+// extra), or for a subnormal x or max |x| (which a GPU may flush), the group is marked and, after the lane's
+// groups, redone exactly (exact_group: div_fast, div_rn's bits, and the f32_to_fp8 encoders). The sign bit
+// is x's (-0 codes 8, as ml_dtypes).
 // Record: ceil(hd/64) words of scale bytes, then hd/8 code words (byte i of sub-block s: element 16s+i
 // low nibble | element 16s+8+i high nibble).
 // Lanes: a lane owns NG = {{NG}} consecutive 16-element groups (a multiple of 4: whole scale words, 2 code
-// words a group) of a (token, KV head) row, K and V one after the other; nothing crosses lanes. L =
-// {{LANES}} lanes a row (lanes past the row's groups idle), R = 64 / L rows a workgroup; grid 2-D.
+// words a group) of a (token, KV head) row, K and V together (a group of each an iteration: 8 16-B loads,
+// no branch between them); nothing crosses lanes. L = {{LANES}} lanes a row (lanes past the row's groups
+// idle), R = 64 / L rows a workgroup; grid 2-D.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -26,27 +32,151 @@ var<immediate> p: P;
 const NG: u32 = {{NG}}u;
 const E4M3_MAX_BITS: u32 = 0x43E00000u;  // 448
 const E2M1_MAX_BITS: u32 = 0x40C00000u;  // 6
+const INV6_BITS: u32 = 0x3E2AAAABu;      // 1/6 rounded to nearest
+const NEAR2: u32 = 32u;                  // the fast path's margin, in ulp of the encoded value
+
+// div_rn (quant/common.wgsl) without its 25-step loop, the same bits for every input: a copy of
+// write_ggml.wgsl's (tests/test_fast_write_ggml.py checks that one against float32 a / b).
+fn div_fast_bits(a: f32, b: f32) -> u32 {
+  let ua = bitcast<u32>(a);
+  let ub = bitcast<u32>(b);
+  let sign = (ua ^ ub) & SIGN_BIT;
+  var ea = i32((ua >> 23u) & 0xFFu);
+  var ma = ua & 0x7FFFFFu;
+  var eb = i32((ub >> 23u) & 0xFFu);
+  var mb = ub & 0x7FFFFFu;
+  if (ea == 0 && ma == 0u) { return sign; }
+  if (eb == 0 && mb == 0u) { return sign | 0x7F800000u; }
+  if (ea == 0) { let s = countLeadingZeros(ma) - 8u; ma = ma << s; ea = 1 - i32(s); } else { ma = ma | 0x800000u; }
+  if (eb == 0) { let s = countLeadingZeros(mb) - 8u; mb = mb << s; eb = 1 - i32(s); } else { mb = mb | 0x800000u; }
+  var e = ea - eb;
+  if (ma < mb) { ma = ma << 1u; e = e - 1; }
+  var q = u32(f32(ma) / f32(mb) * 16777216.0);
+  var r = bitcast<i32>((ma << 24u) - q * mb);
+  loop { if (r >= 0) { break; } q = q - 1u; r = r + i32(mb); }
+  loop { if (r < i32(mb)) { break; } q = q + 1u; r = r - i32(mb); }
+  let sticky = r != 0;
+  if (e >= -126) {
+    var sig = q >> 1u;
+    if ((q & 1u) == 1u && (sticky || (sig & 1u) == 1u)) { sig = sig + 1u; }
+    var be = e + 127;
+    if (sig == 0x1000000u) { sig = sig >> 1u; be = be + 1; }
+    if (be >= 255) { return sign | 0x7F800000u; }
+    return sign | (u32(be) << 23u) | (sig & 0x7FFFFFu);
+  }
+  let sh = u32(-(e + 125));
+  if (sh > 25u) { return sign; }
+  var v = q >> sh;
+  let rb = (q >> (sh - 1u)) & 1u;
+  let low = q & ((1u << (sh - 1u)) - 1u);
+  if (rb == 1u && (sticky || low != 0u || (v & 1u) == 1u)) { v = v + 1u; }
+  return sign | v;
+}
+fn div_fast(a: f32, b: f32) -> f32 { return bitcast<f32>(div_fast_bits(a, b)); }
 
 fn e2m1_mag(bits: u32) -> u32 { return f32_to_fp8(bits & ABS_MASK, 1u, 1, E2M1_MAX_BITS, 7u) & 7u; }
 
-// E2M1 codes (sign in bit 3) of div_rn(div_rn(x, st), e) for 4 values from q = (x * ist) * ie (ist ~ 1/st,
-// ie ~ 1/e); bit 8 set where the 16-ulp check cannot decide (or x is subnormal): the exact path redoes those.
-fn codes4(x: vec4<f32>, ist: f32, ie: f32) -> vec4<u32> {
+// E4M3 code of q >= 0 (x) and 1 where q is within NEAR2 ulp of a rounding boundary (y). The boundaries:
+// q >= 2^-6 (E4M3 normal, 3 mantissa bits): the points whose low 20 bits are 0x80000 (above 448: none,
+// the code saturates; such points only mark more groups for the exact path); q < 2^-6 (subnormal, steps
+// of 2^-9): q + 2^-6 (rounded, or fused: within 8 ulp of the exact sum) lies in [2^-6, 2^-5] where the
+// E4M3 grid is the same 2^-9, so its bits less 2^23 (the value halved) take the same formula.
+fn e4m3_fast(q: f32) -> vec2<u32> {
+  let qb = bitcast<u32>(q);
+  let u = select(qb, bitcast<u32>(q + 0.015625) - 0x800000u, qb < 0x3C800000u);
+  let c = min((u + 0x80000u) >> 20u, 0x43Eu) - 0x3C0u;
+  return vec2<u32>(c, select(0u, 1u, ((u + 0x80000u + NEAR2) & 0xFFFFFu) <= 2u * NEAR2));
+}
+
+// The value of an E4M3 code (sign 0): fp8_to_f32(sc, 3, 7), branch-free.
+fn e4m3_value(sc: u32) -> f32 {
+  return select(f32(sc) * 0.001953125, bitcast<f32>((sc + 0x3C0u) << 20u), sc >= 8u);
+}
+
+// E2M1 codes (sign in bit 3) of x / (s_t e) for 4 values from a = |x| * sie (sie ~ 1 / (s_t e)); bit 8 set
+// where a is within NEAR2 ulp of a rounding boundary or x is subnormal. The boundaries: a >= 1 (E2M1
+// normal, 1 mantissa bit): the points whose low 22 bits are 0x200000 (1.25, 1.75, 2.5, 3.5, 5; 7, 10, ...
+// past 6 are extra); a < 1 (0.25, 0.75): a + 1 (steps of 0.5 on [1, 2] as on [0, 1]) at 1.25 and 1.75,
+// its bits less 2^23 giving the code by the same formula.
+fn codes4(x: vec4<f32>, sie: f32) -> vec4<u32> {
   let xb = bitcast<vec4<u32>>(x);
-  let sg = select(vec4<u32>(0u), vec4<u32>(8u), (xb & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
-  let m = bitcast<vec4<u32>>((x * ist) * ie) & vec4<u32>(ABS_MASK);
-  let lo = near_lo(m);
-  let hi = near_hi(m);
-  let a = vec4<u32>(e2m1_mag(lo.x), e2m1_mag(lo.y), e2m1_mag(lo.z), e2m1_mag(lo.w));
-  let b = vec4<u32>(e2m1_mag(hi.x), e2m1_mag(hi.y), e2m1_mag(hi.z), e2m1_mag(hi.w));
-  let ab = xb & vec4<u32>(ABS_MASK);
-  let sub = (ab != vec4<u32>(0u)) & (ab < vec4<u32>(F32_MIN_NORMAL_BITS));
-  return a | sg | select(vec4<u32>(0u), vec4<u32>(0x100u), (a != b) | sub);
+  let ax = xb & vec4<u32>(ABS_MASK);
+  let a = bitcast<vec4<f32>>(ax) * sie;
+  let ab = bitcast<vec4<u32>>(a);
+  let u = select(ab, bitcast<vec4<u32>>(a + vec4<f32>(1.0)) - vec4<u32>(0x800000u), ab < vec4<u32>(0x3F800000u));
+  let c = min((u + vec4<u32>(0x200000u)) >> vec4<u32>(22u), vec4<u32>(259u)) - vec4<u32>(252u);
+  let near = ((u + vec4<u32>(0x200000u + NEAR2)) & vec4<u32>(0x3FFFFFu)) <= vec4<u32>(2u * NEAR2);
+  let sub = (ax - vec4<u32>(1u)) < vec4<u32>(F32_MIN_NORMAL_BITS - 1u);
+  return c | ((xb >> vec4<u32>(28u)) & vec4<u32>(8u)) | select(vec4<u32>(0u), vec4<u32>(0x100u), near | sub);
 }
 
 fn nibbles(lo: vec4<u32>, hi: vec4<u32>) -> u32 {
-  let b = lo | (hi << vec4<u32>(4u));
+  let b = (lo & vec4<u32>(15u)) | ((hi & vec4<u32>(15u)) << vec4<u32>(4u));
   return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
+
+// A group's two code words, its scale code and whether the exact path must redo it (fix 1).
+struct Grp { w0: u32, w1: u32, sc: u32, fix: u32 }
+
+fn group(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, ist: f32) -> Grp {
+  let am = vec4<u32>(ABS_MASK);   // max |x| on the bits (no float max: a GPU may flush subnormals)
+  let a4 = max(max(bitcast<vec4<u32>>(x0) & am, bitcast<vec4<u32>>(x1) & am),
+               max(bitcast<vec4<u32>>(x2) & am, bitcast<vec4<u32>>(x3) & am));
+  let m = max(max(a4.x, a4.y), max(a4.z, a4.w));
+  let s = e4m3_fast(bitcast<f32>(m) * (ist * bitcast<f32>(INV6_BITS)));
+  var g: Grp;
+  g.sc = s.x;
+  let sie = ist * approx_inv(e4m3_value(s.x));
+  let c0 = codes4(x0, sie);
+  let c1 = codes4(x1, sie);
+  let c2 = codes4(x2, sie);
+  let c3 = codes4(x3, sie);
+  let ok = s.x != 0u;   // a zero scale: codes 0
+  g.w0 = select(0u, nibbles(c0, c2), ok);
+  g.w1 = select(0u, nibbles(c1, c3), ok);
+  let und = ((c0 | c1 | c2 | c3) & vec4<u32>(0x100u)) != vec4<u32>(0u);
+  g.fix = select(0u, 1u, s.y != 0u || (m - 1u) < F32_MIN_NORMAL_BITS - 1u || (ok && any(und)));
+  return g;
+}
+
+fn load_x(which: u32, i: u32) -> vec4<f32> {
+  if (which == 0u) { return key_in[i]; }
+  return val_in[i];
+}
+
+// The exact path: group g (first vec4 xi) of K (which 0) or V redone with the reference's arithmetic (both
+// divisions correctly rounded, the f32_to_fp8 encoders); its code words and its scale byte rewritten.
+fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
+  var m = 0u;
+  for (var j = 0u; j < 4u; j = j + 1u) {
+    let a = bitcast<vec4<u32>>(load_x(which, xi + j)) & vec4<u32>(ABS_MASK);
+    m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+  }
+  let sc = f32_to_fp8(div_fast_bits(div_fast(bitcast<f32>(m), st), 6.0), 3u, 7, E4M3_MAX_BITS, 0x7Eu);
+  var w0 = 0u;
+  var w1 = 0u;
+  if (sc != 0u) {
+    let e = fp8_to_f32(sc, 3u, 7);
+    for (var i = 0u; i < 16u; i = i + 1u) {   // element i: byte i % 8 (w0: 0..3), high nibble for i >= 8
+      let xe = load_x(which, xi + i / 4u)[i % 4u];
+      let c = e2m1_mag(div_fast_bits(div_fast(xe, st), e)) | ((bitcast<u32>(xe) >> 28u) & 8u);
+      let pos = 8u * (i % 4u) + 4u * (i / 8u);
+      if (i % 8u < 4u) { w0 = w0 | (c << pos); } else { w1 = w1 | (c << pos); }
+    }
+  }
+  let cw = base + sw + 2u * g;
+  let wi = base + g / 4u;
+  let keep = ~(0xFFu << (8u * (g % 4u)));
+  let sb = sc << (8u * (g % 4u));
+  if (which == 0u) {
+    k_cache[cw] = w0;
+    k_cache[cw + 1u] = w1;
+    k_cache[wi] = (k_cache[wi] & keep) | sb;
+  } else {
+    v_cache[cw] = w0;
+    v_cache[cw + 1u] = w1;
+    v_cache[wi] = (v_cache[wi] & keep) | sb;
+  }
 }
 
 @compute @workgroup_size(64)
@@ -55,7 +185,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let lane = lid % L;
   let ns = p.hd / 16u;
   let g0 = lane * NG;
-  var stb = vec2<u32>(div_rn_bits(bitcast<f32>(tensor[0]), 2688.0), div_rn_bits(bitcast<f32>(tensor[1]), 2688.0));
+  var stb = vec2<u32>(div_fast_bits(bitcast<f32>(tensor[0]), 2688.0), div_fast_bits(bitcast<f32>(tensor[1]), 2688.0));
   stb = max(stb, vec2<u32>(F32_MIN_NORMAL_BITS));
   if (row == 0u && lane == 0u) {
     tensor[2] = stb.x;
@@ -69,59 +199,51 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let base = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
   let sw = (ns + 3u) / 4u;
   let src = row * (p.hd / 4u) + 4u * g0;
-  for (var which = 0u; which < 2u; which = which + 1u) {   // K, then V (not unrolled: one copy of the code)
-    let st = bitcast<f32>(select(stb.y, stb.x, which == 0u));
-    let ist = approx_inv(st);
-    var scw = 0u;
-    for (var k = 0u; k < NG; k = k + 1u) {                      // not unrolled: the exact path stays one copy
+  let stk = bitcast<f32>(stb.x);
+  let stv = bitcast<f32>(stb.y);
+  let istk = approx_inv(stk);
+  let istv = approx_inv(stv);
+  var sck = 0u;   // the scale words being built
+  var scv = 0u;
+  var fixk = 0u;  // bit k % 32: group g0 + k needs the exact path
+  var fixv = 0u;
+  for (var k = 0u; k < NG; k = k + 1u) {
+    if (g0 + k >= ns) { break; }
+    let xi = src + 4u * k;
+    let kx0 = key_in[xi];
+    let kx1 = key_in[xi + 1u];
+    let kx2 = key_in[xi + 2u];
+    let kx3 = key_in[xi + 3u];
+    let vx0 = val_in[xi];
+    let vx1 = val_in[xi + 1u];
+    let vx2 = val_in[xi + 2u];
+    let vx3 = val_in[xi + 3u];
+    let gk = group(kx0, kx1, kx2, kx3, istk);
+    let gv = group(vx0, vx1, vx2, vx3, istv);
+    let sh = 8u * (k % 4u);
+    sck = sck | (gk.sc << sh);
+    scv = scv | (gv.sc << sh);
+    fixk = fixk | (gk.fix << (k % 32u));
+    fixv = fixv | (gv.fix << (k % 32u));
+    let cw = base + sw + 2u * (g0 + k);
+    k_cache[cw] = gk.w0;
+    k_cache[cw + 1u] = gk.w1;
+    v_cache[cw] = gv.w0;
+    v_cache[cw + 1u] = gv.w1;
+    if (k % 4u == 3u || g0 + k + 1u == ns) {
+      let w = base + (g0 + k) / 4u;
+      k_cache[w] = sck;
+      v_cache[w] = scv;
+      sck = 0u;
+      scv = 0u;
+    }
+  }
+  if ((fixk | fixv) != 0u) {   // rare: a code or scale within NEAR2 ulp of a rounding boundary, subnormals
+    for (var k = 0u; k < NG; k = k + 1u) {
       if (g0 + k >= ns) { break; }
-      var x: array<vec4<f32>, 4>;
-      // @unroll
-      for (var j = 0u; j < 4u; j = j + 1u) {
-        if (which == 0u) { x[j] = key_in[src + 4u * k + j]; } else { x[j] = val_in[src + 4u * k + j]; }
-      }
-      let am = vec4<u32>(ABS_MASK);   // max |x| on the bits (no float max: a GPU may flush subnormals)
-      let a4 = max(max(bitcast<vec4<u32>>(x[0]) & am, bitcast<vec4<u32>>(x[1]) & am),
-                   max(bitcast<vec4<u32>>(x[2]) & am, bitcast<vec4<u32>>(x[3]) & am));
-      let m = bitcast<f32>(max(max(a4.x, a4.y), max(a4.z, a4.w)));
-      let sc = f32_to_fp8(div_rn_bits(div_rn(m, st), 6.0), 3u, 7, E4M3_MAX_BITS, 0x7Eu);
-      scw = scw | (sc << (8u * (k % 4u)));
-      var w0 = 0u;
-      var w1 = 0u;
-      if (sc != 0u) {
-        let e = fp8_to_f32(sc, 3u, 7);
-        let ie = approx_inv(e);
-        let c0 = codes4(x[0], ist, ie);
-        let c1 = codes4(x[1], ist, ie);
-        let c2 = codes4(x[2], ist, ie);
-        let c3 = codes4(x[3], ist, ie);
-        w0 = nibbles(c0 & vec4<u32>(15u), c2 & vec4<u32>(15u));
-        w1 = nibbles(c1 & vec4<u32>(15u), c3 & vec4<u32>(15u));
-        let amb = (c0 | c1 | c2 | c3) & vec4<u32>(0x100u);
-        if (any(amb != vec4<u32>(0u))) {
-          // the exact divisions for the undecided elements (element i: byte i % 8, high nibble for i >= 8)
-          for (var i = 0u; i < 16u; i = i + 1u) {
-            let j = i / 4u;
-            let xv = select(select(x[0], x[1], j == 1u), select(x[2], x[3], j == 3u), j >= 2u);
-            let cv = select(select(c0, c1, j == 1u), select(c2, c3, j == 3u), j >= 2u);
-            if ((cv[i % 4u] & 0x100u) != 0u) {
-              let xe = xv[i % 4u];
-              let c = e2m1_mag(div_rn_bits(div_rn(xe, st), e)) | select(0u, 8u, (bitcast<u32>(xe) & SIGN_BIT) != 0u);
-              let e8 = (j % 2u) * 4u + i % 4u;     // element's byte in the sub-block: 0..7 (j 0, 1: low; 2, 3: high)
-              let pos = 8u * (e8 % 4u) + 4u * (j / 2u);
-              let mask = ~(15u << pos);
-              if (e8 < 4u) { w0 = (w0 & mask) | (c << pos); } else { w1 = (w1 & mask) | (c << pos); }
-            }
-          }
-        }
-      }
-      let cw = base + sw + 2u * (g0 + k);
-      if (which == 0u) { k_cache[cw] = w0; k_cache[cw + 1u] = w1; } else { v_cache[cw] = w0; v_cache[cw + 1u] = w1; }
-      if (k % 4u == 3u || g0 + k + 1u == ns) {
-        let w = (g0 + k) / 4u;
-        if (which == 0u) { k_cache[base + w] = scw; } else { v_cache[base + w] = scw; }
-        scw = 0u;
-      }
+      let bit = 1u << (k % 32u);   // NG > 32: groups k, k + 32, ... share a bit (redoing more is harmless)
+      if ((fixk & bit) != 0u) { exact_group(0u, src + 4u * k, stk, base, sw, g0 + k); }
+      if ((fixv & bit) != 0u) { exact_group(1u, src + 4u * k, stv, base, sw, g0 + k); }
     }
   }
 }
