@@ -263,9 +263,11 @@ def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_b
     wpt = D // 4 + (0 if per_tensor else 1)
     out = []
     if per_tensor:
+        # the amax kernel strides over the rows (any grid is correct): about 4 row blocks a workgroup, so
+        # a quarter of the reductions and atomics
         amax = rt.compile(WRITE_FP8_AMAX, NV=D // (4 * L), **var.defines(L))
         out += _row_dispatches(rt, amax, key, value, sm, [tensor],
-                               lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
+                               lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), 4 * (WG // L))
     kern = rt.compile(WRITE_FP8, **d)
     out += _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
                            lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)

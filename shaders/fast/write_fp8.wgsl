@@ -6,6 +6,11 @@
 //   true : scale = max(amax_tensor / FMAX, 2^-126), amax_tensor in tensor[0|1] (K|V) from
 //          fast/write_fp8_amax.wgsl; the first row stores the scale bits in tensor[2|3]; record = codes.
 // One lane group of L lanes per (token, KV head) row, K and V together (see write_common.wgsl).
+// Codes: every vec4 through fast_codes (branch-free: one encode of q = |x| * (1/scale) and a test, on the
+// bits of q, that q is not within 16 ulp of an FP8 midpoint, nor an FP8 subnormal / zero, nor from a
+// subnormal x); a lane with an unsure word redoes those words through the exact path `codes` (div_rn_bits
+// where needed), so the words equal quant/fp8_write.wgsl's. Scales: amax / FMAX by scale_bits (an integer
+// division by 7, the same bits as div_rn_bits).
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -41,13 +46,14 @@ fn fp8_sure(m: u32) -> bool {
   return max(rem, half) - min(rem, half) > NEAR;
 }
 
-// 4 FP8 codes (element l in byte l) of x / scale, inv ~ 1 / scale.
+// The exact path: 4 FP8 codes (element l in byte l) of x / scale, inv ~ 1 / scale, each from one encode of
+// q = x * inv where fp8_sure, else (or for a subnormal x, which a GPU may flush) from div_rn_bits. Only the
+// words that fast_codes leaves unsure come here (a loop, not unrolled: one copy of the division).
 fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
   let m = bitcast<vec4<u32>>(x * inv) & vec4<u32>(ABS_MASK);
   let sign = (bitcast<vec4<u32>>(x) >> vec4<u32>(24u)) & vec4<u32>(0x80u);
   let sub = any_subnormal(x);
   var word = 0u;
-  // @unroll
   for (var l = 0u; l < 4u; l = l + 1u) {
     var c = enc(m[l]);
     if (sub || !fp8_sure(m[l])) { c = enc(div_rn_bits(x[l], scale) & ABS_MASK); }
@@ -56,7 +62,56 @@ fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
   return word;
 }
 
-fn scale_bits(amax_bits: u32) -> u32 { return max(div_rn_bits(bitcast<f32>(amax_bits), FMAX), F32_MIN_NORMAL_BITS); }
+// The fast path, branch-free on the vec4 (a few integer ops an element, one encode). With m = |q| bits,
+// q = |x| * inv, and m at least the smallest FP8 normal (MIN8): the code is m's rebiased bits (m - OFF)
+// rounded at SH bits; rem = the SH low bits of m. t = m - OFF + HALF rounds half up: the same as round
+// half to even except at rem == HALF, an exact midpoint, which the NEAR test sends to the exact path.
+// rem within NEAR of HALF <=> ((t + NEAR) mod 2^SH) <= 2 NEAR: then q may be on the other side of a
+// midpoint from x / scale (fp8_sure's test with sh = SH). Beyond max the rounded code is >= MAX_CODE
+// (monotone): min() saturates it as f32_to_fp8 does. Returned: (word, 1 when every element is sure, else 0).
+// An element is unsure (its word goes to `codes`) when near a midpoint, when m < MIN8 (FP8 subnormals,
+// zeros, a flushed q) or when x has a zero exponent field (a subnormal x a GPU may flush; zeros).
+const SH: u32 = 23u - {{MBITS}}u;
+const HALF: u32 = 1u << (SH - 1u);
+const MASK: u32 = (1u << SH) - 1u;
+const OFF: u32 = u32(127 - {{BIAS}}) << 23u;     // float32 bits of 2^-BIAS: m - OFF rebiases the exponent
+const MIN8: u32 = u32(128 - {{BIAS}}) << 23u;    // float32 bits of the smallest FP8 normal, 2^(1 - BIAS)
+fn fast_codes(x: vec4<f32>, inv: f32) -> vec2<u32> {
+  let u = bitcast<vec4<u32>>(x);
+  let m = bitcast<vec4<u32>>(abs(x) * inv);
+  let t = m - vec4<u32>(OFF - HALF);
+  let c = min(t >> vec4<u32>(SH), vec4<u32>({{MAX_CODE}}u));
+  let near = ((t + vec4<u32>(NEAR)) & vec4<u32>(MASK)) <= vec4<u32>(2u * NEAR);
+  let low = m < vec4<u32>(MIN8);
+  let flat = (u << vec4<u32>(1u)) < vec4<u32>(F32_MIN_NORMAL_BITS << 1u);
+  let word = pack4xU8(c | ((u >> vec4<u32>(24u)) & vec4<u32>(0x80u)));
+  return vec2<u32>(word, select(1u, 0u, any(near | low | flat)));
+}
+
+// max(amax / FMAX correctly rounded, 2^-126) (div_rn_bits' bits). FMAX = 1.75 * 2^k for both formats: the
+// 25 quotient bits of the significands are (ma << 3) / 7, one integer division by a constant instead of
+// div_rn_bits' 25-step loop (the generic division stays for another FMAX and for inf / NaN / sign bits).
+const FMAX_SIG: u32 = ({{MAX_BITS}}u & 0x7FFFFFu) | 0x800000u;
+const FMAX_EXP: i32 = i32({{MAX_BITS}}u >> 23u) - 127;
+fn scale_bits(amax_bits: u32) -> u32 {
+  let ea = i32(amax_bits >> 23u);
+  if (FMAX_SIG != 0xE00000u || ea >= 255) {
+    return max(div_rn_bits(bitcast<f32>(amax_bits), FMAX), F32_MIN_NORMAL_BITS);
+  }
+  if (ea == 0) { return F32_MIN_NORMAL_BITS; }     // 0 or a subnormal amax: a quotient below 2^-126
+  var ma = (amax_bits & 0x7FFFFFu) | 0x800000u;
+  var e = ea - 127 - FMAX_EXP;
+  if (ma < FMAX_SIG) { ma = ma << 1u; e = e - 1; }
+  if (e < -126) { return F32_MIN_NORMAL_BITS; }    // quotient below 2^-126: rounds to at most 2^-126
+  let n = ma << 3u;                                // ma * 2^24 / (7 * 2^21)
+  let q = n / 7u;                                  // in [2^24, 2^25): 24 significand bits + a round bit
+  let sticky = n != q * 7u;
+  var sig = q >> 1u;
+  if ((q & 1u) == 1u && (sticky || (sig & 1u) == 1u)) { sig = sig + 1u; }
+  var be = e + 127;
+  if (sig == 0x1000000u) { sig = sig >> 1u; be = be + 1; }
+  return (u32(be) << 23u) | (sig & 0x7FFFFFu);
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -97,10 +152,29 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let ik = approx_inv(sk);
   let iv = approx_inv(sv);
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
+  var sure = 1u;
   // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
-    k_cache[dst + lane + j * L] = codes(xk[j], sk, ik);
-    v_cache[dst + lane + j * L] = codes(xv[j], sv, iv);
+    let wk = fast_codes(xk[j], ik);
+    let wv = fast_codes(xv[j], iv);
+    k_cache[dst + lane + j * L] = wk.x;
+    v_cache[dst + lane + j * L] = wv.x;
+    sure = sure & wk.y & wv.y;
+  }
+  if (sure == 0u) {
+    // rare (a value within 16 ulp of an FP8 midpoint, an FP8 subnormal, a zero): the lane's unsure words
+    // again through the exact path, K then V, its vec4s reloaded (a loop: one copy of the exact path)
+    for (var j = 0u; j < 2u * NV; j = j + 1u) {
+      let isv = j >= NV;
+      let o = lane + (j % NV) * L;
+      var x: vec4<f32>;
+      var s = sk;
+      var inv = ik;
+      if (isv) { x = val_in[src + (j % NV) * L]; s = sv; inv = iv; } else { x = key_in[src + (j % NV) * L]; }
+      if (fast_codes(x, inv).y == 1u) { continue; }
+      let w = codes(x, s, inv);
+      if (isv) { v_cache[dst + o] = w; } else { k_cache[dst + o] = w; }
+    }
   }
   if (!PER_TENSOR && lane == 0u) {
     k_cache[dst + nv4] = bitcast<u32>(sk);

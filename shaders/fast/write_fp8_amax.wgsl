@@ -3,7 +3,10 @@
 // Per-tensor amax for the fast FP8 writer's per_tensor mode: tensor[0] (K) / tensor[1] (V) = max |x| bits
 // over every real (non-padding) row and head (unsigned order of |x| bits = float order). Lane groups of L
 // lanes a row reduce by red_min2, the rows of a workgroup through workgroup atomics, then one atomicMax a
-// workgroup on the tensor words. tensor must be zeroed before. Grid: see write_common.wgsl.
+// workgroup on the tensor words. tensor must be zeroed before. Grid: see write_common.wgsl, except that the
+// workgroups stride over the rows (workgroup w takes the row blocks w, w + W, ... of R rows, W = the grid's
+// workgroups): any grid covers every row once, and a grid of fewer workgroups than row blocks (the launcher
+// gives each about 4) does one reduction and one pair of atomics a workgroup for several blocks.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -14,26 +17,31 @@ const NV: u32 = {{NV}}u;
 var<workgroup> s_amax: array<atomic<u32>, 2>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let row = (wg.y * p.gx + wg.x) * R + lid / L;
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
   let lane = lid % L;
-  var live = row < p.rows;
-  if (live) { live = slots[row / p.kvh] != PAD_SLOT; }
-  let src = row * (p.hd / 4u) + lane;
+  let total = nwg.x * nwg.y;
   var m = vec2<u32>(0xFFFFFFFFu);
-  if (live) {
-    // @unroll
-    for (var j = 0u; j < NV; j = j + 1u) {
-      m = min(m, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
+  for (var blk = wg.y * p.gx + wg.x; blk * R < p.rows; blk = blk + total) {
+    let row = blk * R + lid / L;
+    var live = row < p.rows;
+    if (live) { live = slots[row / p.kvh] != PAD_SLOT; }
+    let src = row * (p.hd / 4u) + lane;
+    if (live) {
+      // @unroll
+      for (var j = 0u; j < NV; j = j + 1u) {
+        m = min(m, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
+      }
     }
   }
+  // every lane's key covers only live rows (0xFFFFFFFF: none): ~m is 0 there, harmless to atomicMax
   m = red_min2(m, lid, L);
   if (lid == 0u) {
     atomicStore(&s_amax[0], 0u);
     atomicStore(&s_amax[1], 0u);
   }
   workgroupBarrier();
-  if (live && lane == 0u) {
+  if (lane == 0u) {
     atomicMax(&s_amax[0], ~m.x);
     atomicMax(&s_amax[1], ~m.y);
   }
