@@ -62,7 +62,8 @@ def special_rows(name: str, D: int) -> list[np.ndarray]:
     if name == "q8_0":      # d = 1: x = k + 1/2 rounds away from zero
         t = np.clip(halves * 3, -126.5, 126.5).astype(np.float32)
         t[blk == 0] = 127.0
-        rows += [t, (np.linspace(-1, 1, D) * np.float32(65500 * 127)).astype(np.float32)]
+        n = np.where(i % 2, np.float32(np.inf), np.float32(-np.inf)).astype(np.float32)
+        rows += [t, (np.linspace(-1, 1, D) * np.float32(65500 * 127)).astype(np.float32), np.nextafter(t, n)]
     elif name in ("q4_0", "q5_0"):
         lim = 8 if name == "q4_0" else 16
         t = np.clip(halves, -lim + 0.5, lim - 0.5).astype(np.float32)
@@ -90,7 +91,10 @@ def special_rows(name: str, D: int) -> list[np.ndarray]:
                                 np.nextafter(np.float32(2.0**-80), np.float32(0))], np.float32), D // 32)
         edge = (np.linspace(-1, 1, D).reshape(-1, 32) * e[:, None]).astype(np.float32)
         edge[:, 7] = e
-        rows += [t, edge.reshape(D), np.full(D, np.float32(3.0e38)) * np.where(i % 2, 1, -1).astype(np.float32)]
+        # amax within 44 ulp of 2^128: e = 253, d = 2^125, gguf's 8d and 12d (and their errors) overflow to inf
+        big = (np.resize(np.linspace(-1, 1, 32), D) * np.float32(np.finfo(np.float32).max)).astype(np.float32)
+        big[blk == 0] = np.finfo(np.float32).max
+        rows += [t, edge.reshape(D), np.full(D, np.float32(3.0e38)) * np.where(i % 2, 1, -1).astype(np.float32), big]
     return rows
 
 
@@ -328,3 +332,42 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     bad = np.flatnonzero(got[:, 0] != want)
     assert bad.size == 0, [(hex(A[i]), hex(B[i]), hex(got[i, 0]), hex(want[i])) for i in bad[:4]]
     assert (got[:, 1] == want).all()
+
+
+def test_mxfp4_exponent_formula(ctx):
+    """write_ggml.wgsl's mxfp4_e (floor(log2f(amax)) - 2 + 127 by a formula, not a table) equals gguf's
+    np.floor(np.log2(amax)) - 2 + 127 and kvviz/formats/ggml.py log2_up_table for every non-tiny exponent, at
+    the mantissas around each rounding threshold and at random ones."""
+    import re
+
+    from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch
+    from kvviz.gpu.shaders import SHADER_DIR, ShaderSpec, resolve_includes
+
+    rt = ctx.rt
+    text = (SHADER_DIR / "fast/write_ggml.wgsl").read_text()
+    fn = re.search(r"^fn mxfp4_e\(.*?^}\n", text, re.S | re.M).group(0)
+    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + fn + """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read_write> res: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x < arrayLength(&res)) { res[g.x] = mxfp4_e(a[g.x]); }
+}
+"""
+    kern = rt.kernel(ShaderSpec("tests/mxfp4_e_probe.wgsl"), [STORAGE_RO, STORAGE_RW], 0, _source=src)
+    tab = fg.log2_up_table().astype(np.int64)
+    rng = np.random.default_rng(9)
+    bits = []
+    for be in range(27, 255):   # amax >= 2^-100 (TINY): be >= 27
+        m = np.concatenate([tab[be] + np.arange(-3, 3), [0, 1, (1 << 23) - 1], rng.integers(0, 1 << 23, 8)])
+        m = m[(m >= 0) & (m < (1 << 23))]
+        bits.append((be << 23) | m)
+    A = np.concatenate(bits).astype(np.uint32)
+    ab = rt.upload(A, "a")
+    out = rt.upload(np.zeros(len(A), np.uint32), "res")
+    rt.run([Dispatch(kern, [ab, out], (-(-len(A) // 64), 1, 1))])
+    got = rt.read(out, np.uint32, (len(A),))
+    want = (np.floor(np.log2(A.view(np.float32))) - 2 + 127).astype(np.int64)
+    assert (want == (A >> 23).astype(np.int64) - 2 + ((A & 0x7FFFFF) >= tab[A >> 23])).all()
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, [(hex(A[i]), int(got[i]), int(want[i])) for i in bad[:4]]
