@@ -281,18 +281,14 @@ def test_methods_write_with_the_fast_writer(ctx, mid):
 
 
 def test_iq4_fast_division_is_div_rn(ctx):
-    """write_ggml.wgsl's div_fast (iq4_nl's divisions: a float estimate of the significands' quotient corrected on
-    the exact remainder) gives div_rn's bits, i.e. IEEE float32 a / b, over random operands of every exponent
+    """quant/common.wgsl's div_fast (the fast writers' divisions: a float estimate of the significands' quotient
+    corrected on the exact remainder) gives div_rn's bits, i.e. IEEE float32 a / b, over random operands of every exponent
     (subnormals, overflow to inf, underflow to subnormals and zero) and iq4_nl's own operands."""
-    import re
-
     from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch
-    from kvviz.gpu.shaders import SHADER_DIR, ShaderSpec, resolve_includes
+    from kvviz.gpu.shaders import ShaderSpec, resolve_includes
 
     rt = ctx.rt
-    text = (SHADER_DIR / "fast/write_ggml.wgsl").read_text()
-    fn = re.search(r"^fn div_fast_bits\(.*?^}\n", text, re.S | re.M).group(0)
-    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + fn + """
+    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + """
 @group(0) @binding(0) var<storage, read> ab: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read_write> res: array<vec2<u32>>;
 @compute @workgroup_size(64)

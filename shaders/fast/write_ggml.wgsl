@@ -120,49 +120,7 @@ fn iq4_sums(x: array<vec4<f32>, 8>, id: f32) -> vec2<f32> {
   return vec2<f32>(sqx, sq2);
 }
 
-// div_rn (quant/common.wgsl) with its 25-step restoring loop replaced: the same bits for every input. The
-// quotient q = floor(ma 2^24 / mb) in [2^24, 2^25) and whether a remainder is left (`sticky`) are what the
-// loop gives; here q starts from the float quotient of the exact significands (f32(ma) / f32(mb), both
-// exact, within 2.5 ulp: a few units of q) and is corrected one unit at a time on the exact remainder
-// ma 2^24 - q mb (while q is within 127 units of the answer |.| < 2^31, so its value mod 2^32 in u32
-// arithmetic is exact). iq4_nl runs 17 or more divisions a block (its trials' ids and scales): this one
-// is ~25 operations, the loop ~150 (tests/test_fast_write_ggml.py checks it against float32 a / b).
-fn div_fast_bits(a: f32, b: f32) -> u32 {
-  let ua = bitcast<u32>(a);
-  let ub = bitcast<u32>(b);
-  let sign = (ua ^ ub) & SIGN_BIT;
-  var ea = i32((ua >> 23u) & 0xFFu);
-  var ma = ua & 0x7FFFFFu;
-  var eb = i32((ub >> 23u) & 0xFFu);
-  var mb = ub & 0x7FFFFFu;
-  if (ea == 0 && ma == 0u) { return sign; }
-  if (eb == 0 && mb == 0u) { return sign | 0x7F800000u; }
-  if (ea == 0) { let s = countLeadingZeros(ma) - 8u; ma = ma << s; ea = 1 - i32(s); } else { ma = ma | 0x800000u; }
-  if (eb == 0) { let s = countLeadingZeros(mb) - 8u; mb = mb << s; eb = 1 - i32(s); } else { mb = mb | 0x800000u; }
-  var e = ea - eb;
-  if (ma < mb) { ma = ma << 1u; e = e - 1; }
-  var q = u32(f32(ma) / f32(mb) * 16777216.0);
-  var r = bitcast<i32>((ma << 24u) - q * mb);
-  loop { if (r >= 0) { break; } q = q - 1u; r = r + i32(mb); }
-  loop { if (r < i32(mb)) { break; } q = q + 1u; r = r - i32(mb); }
-  let sticky = r != 0;
-  if (e >= -126) {
-    var sig = q >> 1u;
-    if ((q & 1u) == 1u && (sticky || (sig & 1u) == 1u)) { sig = sig + 1u; }
-    var be = e + 127;
-    if (sig == 0x1000000u) { sig = sig >> 1u; be = be + 1; }
-    if (be >= 255) { return sign | 0x7F800000u; }
-    return sign | (u32(be) << 23u) | (sig & 0x7FFFFFu);
-  }
-  let sh = u32(-(e + 125));
-  if (sh > 25u) { return sign; }
-  var v = q >> sh;
-  let rb = (q >> (sh - 1u)) & 1u;
-  let low = q & ((1u << (sh - 1u)) - 1u);
-  if (rb == 1u && (sticky || low != 0u || (v & 1u) == 1u)) { v = v + 1u; }
-  return sign | v;
-}
-fn div_fast(a: f32, b: f32) -> f32 { return bitcast<f32>(div_fast_bits(a, b)); }
+// div_fast / div_fast_bits: quant/common.wgsl (div_rn_bits without its 25-step loop, the same bits).
 
 fn iq4_trial_id(r: u32, mx: f32) -> f32 {
   if (r == 0u) { return div_fast(1.0, div_fast(-mx, -127.0)); }

@@ -35,44 +35,7 @@ const E2M1_MAX_BITS: u32 = 0x40C00000u;  // 6
 const INV6_BITS: u32 = 0x3E2AAAABu;      // 1/6 rounded to nearest
 const NEAR2: u32 = 32u;                  // the fast path's margin, in ulp of the encoded value
 
-// div_rn (quant/common.wgsl) without its 25-step loop, the same bits for every input: a copy of
-// write_ggml.wgsl's (tests/test_fast_write_ggml.py checks that one against float32 a / b).
-fn div_fast_bits(a: f32, b: f32) -> u32 {
-  let ua = bitcast<u32>(a);
-  let ub = bitcast<u32>(b);
-  let sign = (ua ^ ub) & SIGN_BIT;
-  var ea = i32((ua >> 23u) & 0xFFu);
-  var ma = ua & 0x7FFFFFu;
-  var eb = i32((ub >> 23u) & 0xFFu);
-  var mb = ub & 0x7FFFFFu;
-  if (ea == 0 && ma == 0u) { return sign; }
-  if (eb == 0 && mb == 0u) { return sign | 0x7F800000u; }
-  if (ea == 0) { let s = countLeadingZeros(ma) - 8u; ma = ma << s; ea = 1 - i32(s); } else { ma = ma | 0x800000u; }
-  if (eb == 0) { let s = countLeadingZeros(mb) - 8u; mb = mb << s; eb = 1 - i32(s); } else { mb = mb | 0x800000u; }
-  var e = ea - eb;
-  if (ma < mb) { ma = ma << 1u; e = e - 1; }
-  var q = u32(f32(ma) / f32(mb) * 16777216.0);
-  var r = bitcast<i32>((ma << 24u) - q * mb);
-  loop { if (r >= 0) { break; } q = q - 1u; r = r + i32(mb); }
-  loop { if (r < i32(mb)) { break; } q = q + 1u; r = r - i32(mb); }
-  let sticky = r != 0;
-  if (e >= -126) {
-    var sig = q >> 1u;
-    if ((q & 1u) == 1u && (sticky || (sig & 1u) == 1u)) { sig = sig + 1u; }
-    var be = e + 127;
-    if (sig == 0x1000000u) { sig = sig >> 1u; be = be + 1; }
-    if (be >= 255) { return sign | 0x7F800000u; }
-    return sign | (u32(be) << 23u) | (sig & 0x7FFFFFu);
-  }
-  let sh = u32(-(e + 125));
-  if (sh > 25u) { return sign; }
-  var v = q >> sh;
-  let rb = (q >> (sh - 1u)) & 1u;
-  let low = q & ((1u << (sh - 1u)) - 1u);
-  if (rb == 1u && (sticky || low != 0u || (v & 1u) == 1u)) { v = v + 1u; }
-  return sign | v;
-}
-fn div_fast(a: f32, b: f32) -> f32 { return bitcast<f32>(div_fast_bits(a, b)); }
+// div_fast / div_fast_bits: quant/common.wgsl (div_rn_bits without its 25-step loop, the same bits).
 
 fn e2m1_mag(bits: u32) -> u32 { return f32_to_fp8(bits & ABS_MASK, 1u, 1, E2M1_MAX_BITS, 7u) & 7u; }
 
