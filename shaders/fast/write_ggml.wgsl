@@ -228,12 +228,13 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
       c = min(vec4<u32>(select(31u, 15u, TYPE == 2u)), vec4<u32>(trunc(opq4((v - vec4<f32>(mn)) * id) + vec4<f32>(0.5))));
     } else if (TYPE == 5u) {
       c = iq4_codes(opq4(vec4<f32>(id) * v));
-    } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d; d*kv exact)
-      var best = abs(vec4<f32>(id * e2m1_doubled(0u)) - v);
+    } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d; d*kv exact or, for
+      // amax within 44 ulp of 2^128, inf as in gguf: opq keeps a driver from fusing it into the subtraction)
+      var best = abs(opq4(vec4<f32>(id * e2m1_doubled(0u))) - v);
       c = vec4<u32>(0u);
       // @unroll
       for (var k = 0u; k < 15u; k = k + 1u) {
-        let err = abs(vec4<f32>(id * e2m1_doubled(k + 1u)) - v);
+        let err = abs(opq4(vec4<f32>(id * e2m1_doubled(k + 1u))) - v);
         let lt = err < best;
         best = select(best, err, lt);
         c = select(c, vec4<u32>(k + 1u), lt);

@@ -191,7 +191,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d)
       var best = 0.0;
       for (var k = 0u; k < 16u; k = k + 1u) {
-        let err = abs(id * e2m1_doubled(k) - x);
+        let err = abs(opq(id * e2m1_doubled(k)) - x);   // d*kv: exact, or inf as in gguf (not fused away)
         if (k == 0u || err < best) { best = err; c = k; }
       }
     }
