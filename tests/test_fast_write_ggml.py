@@ -329,3 +329,41 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
     assert bad.size == 0, [(hex(A[i]), hex(B[i]), hex(got[i, 0]), hex(want[i])) for i in bad[:4]]
     assert (got[:, 1] == want).all()
 
+
+def test_mxfp4_exponent_formula(ctx):
+    """write_ggml.wgsl's mxfp4_e (floor(log2f(amax)) - 2 + 127 by a formula, not a table) equals gguf's
+    np.floor(np.log2(amax)) - 2 + 127 and kvviz/formats/ggml.py log2_up_table for every non-tiny exponent, at
+    the mantissas around each rounding threshold and at random ones."""
+    import re
+
+    from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch
+    from kvviz.gpu.shaders import SHADER_DIR, ShaderSpec, resolve_includes
+
+    rt = ctx.rt
+    text = (SHADER_DIR / "fast/write_ggml.wgsl").read_text()
+    fn = re.search(r"^fn mxfp4_e\(.*?^}\n", text, re.S | re.M).group(0)
+    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + fn + """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read_write> res: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+  if (g.x < arrayLength(&res)) { res[g.x] = mxfp4_e(a[g.x]); }
+}
+"""
+    kern = rt.kernel(ShaderSpec("tests/mxfp4_e_probe.wgsl"), [STORAGE_RO, STORAGE_RW], 0, _source=src)
+    tab = fg.log2_up_table().astype(np.int64)
+    rng = np.random.default_rng(9)
+    bits = []
+    for be in range(27, 255):   # amax >= 2^-100 (TINY): be >= 27
+        m = np.concatenate([tab[be] + np.arange(-3, 3), [0, 1, (1 << 23) - 1], rng.integers(0, 1 << 23, 8)])
+        m = m[(m >= 0) & (m < (1 << 23))]
+        bits.append((be << 23) | m)
+    A = np.concatenate(bits).astype(np.uint32)
+    ab = rt.upload(A, "a")
+    out = rt.upload(np.zeros(len(A), np.uint32), "res")
+    rt.run([Dispatch(kern, [ab, out], (-(-len(A) // 64), 1, 1))])
+    got = rt.read(out, np.uint32, (len(A),))
+    want = (np.floor(np.log2(A.view(np.float32))) - 2 + 127).astype(np.int64)
+    assert (want == (A >> 23).astype(np.int64) - 2 + ((A & 0x7FFFFF) >= tab[A >> 23])).all()
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, [(hex(A[i]), int(got[i]), int(want[i])) for i in bad[:4]]

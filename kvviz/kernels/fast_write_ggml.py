@@ -18,9 +18,9 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     not a 16-value search;
   - every type's divisions (d, id; iq4_nl's 17+ a block) are exact by a float estimate corrected on the
     exact integer remainder (write_ggml.wgsl div_fast), not a 25-step loop: the same bits;
-  - q8_0's roundf on the bits of q + 1.5 * 2^23 (no floor, no float -> int conversion); (mxfp4's exponent by a
-    formula and its codes as the nearest value on the float bits passed on lavapipe but wrote other words than
-    gguf on the H200 in one method test: not kept, the table and the argmin stay);
+  - q8_0's roundf on the bits of q + 1.5 * 2^23 (no floor, no float -> int conversion); mxfp4's exponent by
+    a formula (no 256-entry private table; tests: against kvviz/formats/ggml.py log2_up_table and gguf) and
+    its codes as the nearest doubled E2M1 value on the bits (not a 16-value argmin search; the same codes);
   - 16-B loads (8 vec4s a block), codes 4 at a time, whole-word stores;
   - NVFP4: scales and codes from one product each (max|x| * (1/s_t * 1/6), |x| * (1/s_t * 1/e4m3)),
     encoded on the float bits, branch-free; a group with a value within 32 ulp of a rounding boundary (or
@@ -65,7 +65,7 @@ def _pow2_at_least(n: int) -> int:
 
 
 def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1) -> KernelSpec:
-    d = t.defines()
+    d = {k: v for k, v in t.defines().items() if k != "LOG2_UP"}   # mxfp4's exponent: a formula (mxfp4_e)
     nb = nb_lane or min_blocks_per_lane(t)
     nwl = -(-nb * t.block_bytes // 4)
     return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),

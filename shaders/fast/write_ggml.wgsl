@@ -8,7 +8,9 @@
 // follows, f16 by integer round to nearest even, the first element of largest |x| as the block's `max`,
 // blocks with max |x| < 2^-100 at id = 0, iq4_nl's 16 scale trials in llama.cpp's order, its nearest values
 // from a workgroup table (below: best_index_int8's codes, one load, not a 16-value search); q8_0's roundf
-// without float -> int conversions or floor (the bits of q + 1.5 * 2^23).
+// without float -> int conversions or floor (the bits of q + 1.5 * 2^23), mxfp4's exponent by a formula
+// (mxfp4_e, no 256-entry private table) and its codes as the nearest value on the bits (mxfp4_codes, not
+// a 16-value search).
 //
 // Lanes: a lane owns NB = {{NB}} consecutive blocks of a (token, KV head) row, K and V one after the other;
 // NB * BPB is a multiple of 4 bytes (or the lane ends the row), so a lane's bytes are whole u32 words of
@@ -39,7 +41,6 @@ const NW1: u32 = {{NW1}}u;   // min(NWL, 16)
 const NW2: u32 = {{NW2}}u;   // NWL - NW1
 const TINY_BITS: u32 = 0x0D800000u;      // 2^-100
 const IQ4_EPS_BITS: u32 = 0x26901D7Du;   // GROUP_MAX_EPS = 1e-15f
-var<private> LOG2_UP_TAB: array<u32, 256> = array<u32, 256>({{LOG2_UP}});
 
 fn opq(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ p.zero); }
 fn opq4(x: vec4<f32>) -> vec4<f32> { return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(p.zero)); }
@@ -126,6 +127,37 @@ fn iq4_trial_id(r: u32, mx: f32) -> f32 {
   return div_fast(f32(i32(r) - 8 - 127), mx);
 }
 
+// mxfp4's e = floor(log2f(amax)) - 2 + 127 for a non-tiny amax (biased exponent be >= 27), log2f correctly
+// rounded: be - 127, or be - 126 where amax is within c ulp of the next power of two (its mantissa + c >= 2^23),
+// c = floor(2^j ln 2) = 44 >> (6 - j), 2^j <= |log2 amax| < 2^(j + 1) the magnitude of the log just below
+// that power (be - 127 >= 1 above 1, 126 - be >= 1 below 1; 0: c = 0): the log rounds up to the next integer
+// n where it lies within half an ulp of n. kvviz/formats/ggml.py log2_up_table holds 2^23 - c, checked there
+// against numpy's float32 log2 (tests/test_fast_write_ggml.py: this formula against that table).
+fn mxfp4_e(amax_bits: u32) -> u32 {
+  let be = amax_bits >> 23u;
+  let t = select(126u - be, be - 127u, be >= 127u);
+  let c = select(44u >> (6u - firstLeadingBit(t)), 0u, t == 0u);
+  return be - 2u + select(0u, 1u, (amax_bits & 0x7FFFFFu) + c >= 0x800000u);
+}
+
+// mxfp4 codes of 4 values: gguf's argmin over kv of |d kv - x| (kvalues_mxfp4, the doubled E2M1 values; the
+// first index on a tie) is the nearest of 0, d, 2d, 3d, 4d, 6d, 8d, 12d to |x| (the smaller on a tie) with
+// x's sign (code + 8; 0 where the nearest is 0: index 0 beats index 8 and every value of the other sign):
+// for |x| < 16 d the errors of the two neighbours of |x| are exact (Sterbenz) and any other candidate's
+// exceeds them by at least d, so the rounded errors order as the exact ones. On t = |x| / d (exact: id = 1/d
+// a power of two; a flushed subnormal gives 0, its code anyway): t < 2: 0, 1, 2 at the midpoints 0.5, 1.5
+// (ties down); t >= 2: 1 mantissa bit (steps 1, 2, 4 on [2, 4), [4, 8), [8, 16)), rounded half down on the
+// bits: code (bits + 2^21 - 1) >> 22 less 254. mx: the largest code, 7; 5 where e = 253 (amax within 44 ulp
+// of 2^128: d = 2^125, 8d and 12d overflow to inf and so do their errors).
+fn mxfp4_codes(v: vec4<f32>, id: f32, mx: u32) -> vec4<u32> {
+  let t = abs(v) * id;
+  let tb = bitcast<vec4<u32>>(t);
+  let big = ((tb + vec4<u32>(0x1FFFFFu)) >> vec4<u32>(22u)) - vec4<u32>(254u);   // t >= 2 only
+  let small = select(vec4<u32>(0u), vec4<u32>(1u), t > vec4<f32>(0.5)) + select(vec4<u32>(0u), vec4<u32>(1u), t > vec4<f32>(1.5));
+  let m = min(select(small, big, tb >= vec4<u32>(0x40000000u)), vec4<u32>(mx));
+  return m | select(vec4<u32>(0u), vec4<u32>(8u), (v < vec4<f32>(0.0)) & (m != vec4<u32>(0u)));
+}
+
 // A block's bytes: header (HDR bytes, little-endian), the q5 high-bit plane, NQ qs words.
 struct Blk { hdr: u32, qh: u32, qs: array<u32, 8> }
 
@@ -162,6 +194,7 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
   let tiny = amax_bits < TINY_BITS;
   var id = 0.0;
   var mn = 0.0;
+  var mx4 = 7u;
   if (TYPE == 0u || TYPE == 1u || TYPE == 3u) {
     var d: f32;
     if (TYPE == 0u) { d = div_fast(bitcast<f32>(amax_bits), 127.0); }
@@ -191,14 +224,12 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
     out.hdr = f32_to_f16_bits(d);
     id = select(0.0, div_fast(1.0, d), (bitcast<u32>(d) & ABS_MASK) != 0u);
   } else {
-    // mxfp4: e = floor(log2f(amax)) - 2 + 127, log2f correctly rounded (kvviz/formats/ggml.py LOG2_UP)
-    var e = 0u;
-    if (!tiny) {
-      let be = amax_bits >> 23u;
-      e = be - 2u + select(0u, 1u, (amax_bits & 0x7FFFFFu) >= LOG2_UP_TAB[be]);
-    }
+    // mxfp4: e = floor(log2f(amax)) - 2 + 127, log2f correctly rounded (mxfp4_e); id holds 1/d = 2^(128 - e)
+    // (exact, a normal float for the non-tiny e = 25 .. 253), 0 for a tiny block (codes 0)
+    let e = select(mxfp4_e(amax_bits), 0u, tiny);
     out.hdr = e;
-    id = select(bitcast<f32>(e8m0_half_bits(e)), 0.0, tiny);
+    id = select(bitcast<f32>((255u - e) << 23u), 0.0, tiny);
+    mx4 = select(7u, 5u, e >= 253u);
   }
 
   // codes, 4 at a time
@@ -228,17 +259,8 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
       c = min(vec4<u32>(select(31u, 15u, TYPE == 2u)), vec4<u32>(trunc(opq4((v - vec4<f32>(mn)) * id) + vec4<f32>(0.5))));
     } else if (TYPE == 5u) {
       c = iq4_codes(opq4(vec4<f32>(id) * v));
-    } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie (id holds d; d*kv exact or, for
-      // amax within 44 ulp of 2^128, inf as in gguf: opq keeps a driver from fusing it into the subtraction)
-      var best = abs(opq4(vec4<f32>(id * e2m1_doubled(0u))) - v);
-      c = vec4<u32>(0u);
-      // @unroll
-      for (var k = 0u; k < 15u; k = k + 1u) {
-        let err = abs(opq4(vec4<f32>(id * e2m1_doubled(k + 1u))) - v);
-        let lt = err < best;
-        best = select(best, err, lt);
-        c = select(c, vec4<u32>(k + 1u), lt);
-      }
+    } else {                   // mxfp4: argmin |d*kv - x|, the first on a tie: mxfp4_codes
+      c = mxfp4_codes(v, id, mx4);
     }
     c4[j] = c;
     if (QH == 1u) {
