@@ -1,5 +1,7 @@
 // ---- shaders/fast/write_common.wgsl: what every fast writer (fast/write_*.wgsl) shares ----------
-// (included after quant/common.wgsl: div_rn_bits, order keys, f32_to_fp8; docs/fast-kernels.md s.3, s.7.)
+// (included after quant/common.wgsl: div_rn_bits / div_fast, order keys, f32_to_fp8; docs/fast-kernels.md s.3, s.7.)
+// The per-row scales divide by div_fast (div_rn_bits' bits without its 25-step loop, quant/common.wgsl); the rare
+// per-element exact path keeps div_rn (inlined 4 x NV times, div_fast made lavapipe's LLVM compile for over 10 minutes).
 //
 // Lanes: a row (one token of one KV head, K and V together) is served by L = {{LANES}} consecutive
 // invocations of a 64-invocation workgroup, R = 64 / L rows a workgroup. The grid is 2-D: workgroup
@@ -41,6 +43,13 @@ fn round_div4(a: vec4<f32>, b: f32, inv: f32) -> vec4<f32> {
   let hi = round(bitcast<vec4<f32>>(near_hi(m)));
   if (all(lo == hi) && !any_subnormal(a)) { return select(lo, -lo, a < vec4<f32>(0.0)); }
   return vec4<f32>(round(div_rn(a.x, b)), round(div_rn(a.y, b)), round(div_rn(a.z, b)), round(div_rn(a.w, b)));
+}
+
+// asym_scale (quant/common.wgsl) through div_fast: the same bits.
+fn asym_scale_fast(mn: f32, mx: f32, levels: u32) -> f32 {
+  let range = mx - mn;
+  if (!(range >= bitcast<f32>(MIN_RANGE_BITS))) { return 0.0; }
+  return div_fast(range, f32(levels));
 }
 
 // Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as

@@ -70,8 +70,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let s = st[k];
     let mnk = bitcast<f32>(key_bits(s.x));
     let mnv = bitcast<f32>(key_bits(s.y));
-    let sck = asym_scale(mnk, bitcast<f32>(key_bits(~s.z)), 15u);
-    let scv = asym_scale(mnv, bitcast<f32>(key_bits(~s.w)), 15u);
+    let sck = asym_scale_fast(mnk, bitcast<f32>(key_bits(~s.z)), 15u);
+    let scv = asym_scale_fast(mnv, bitcast<f32>(key_bits(~s.w)), 15u);
     let ik = select(0.0, approx_inv(sck), sck != 0.0);
     let iv = select(0.0, approx_inv(scv), scv != 0.0);
     // @unroll

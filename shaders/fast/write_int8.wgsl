@@ -26,10 +26,10 @@ fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
 
 fn scale_inv(amax: f32) -> vec2<f32> {
   if (SEED) {
-    if (amax > 0.0) { return vec2<f32>(div_rn(amax, 127.0), div_rn(127.0, amax)); }
+    if (amax > 0.0) { return vec2<f32>(div_fast(amax, 127.0), div_fast(127.0, amax)); }
     return vec2<f32>(1.0, 0.0);
   }
-  let s = max(div_rn(amax, 127.0), 1e-8f);
+  let s = max(div_fast(amax, 127.0), 1e-8f);
   return vec2<f32>(s, approx_inv(s));
 }
 

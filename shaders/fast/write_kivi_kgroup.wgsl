@@ -65,7 +65,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // @unroll
     for (var l = 0u; l < 4u; l = l + 1u) {
       let z = bitcast<f32>(key_bits(mn[i][l]));
-      let s = asym_scale(z, bitcast<f32>(key_bits(mx[i][l])), LEVELS);
+      let s = asym_scale_fast(z, bitcast<f32>(key_bits(mx[i][l])), LEVELS);
       zero[i][l] = z;
       scale[i][l] = s;
       inv[i][l] = select(0.0, approx_inv(s), s != 0.0);

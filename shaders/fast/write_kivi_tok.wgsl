@@ -72,7 +72,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     return;
   }
   let mn = bitcast<f32>(key_bits(m.x));
-  let scale = asym_scale(mn, bitcast<f32>(key_bits(~m.y)), LEVELS);
+  let scale = asym_scale_fast(mn, bitcast<f32>(key_bits(~m.y)), LEVELS);
   let inv = select(0.0, approx_inv(scale), scale != 0.0);
   // @unroll
   for (var j = 0u; j < NJ; j = j + 1u) {
