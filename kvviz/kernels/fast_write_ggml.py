@@ -17,7 +17,7 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     a workgroup table indexed by floor(2 id x) (IQ4_TABLE entries, built by the workgroup, one barrier),
     not a 16-value search;
   - every type's divisions (d, id; iq4_nl's 17+ a block) are exact by a float estimate corrected on the
-    exact integer remainder (write_ggml.wgsl div_fast), not a 25-step loop: the same bits;
+    exact integer remainder (quant/common.wgsl div_fast), not a 25-step loop: the same bits;
   - q8_0's roundf on the bits of q + 1.5 * 2^23 (no floor, no float -> int conversion); mxfp4's exponent by
     a formula (no 256-entry private table; tests: against kvviz/formats/ggml.py log2_up_table and gguf) and
     its codes as the nearest doubled E2M1 value on the bits (not a 16-value argmin search; the same codes);
