@@ -1,7 +1,8 @@
 // ---- shaders/fast/write_common.wgsl: what every fast writer (fast/write_*.wgsl) shares ----------
 // (included after quant/common.wgsl: div_rn_bits / div_fast, order keys, f32_to_fp8; docs/fast-kernels.md s.3, s.7.)
 // The per-row scales divide by div_fast (div_rn_bits' bits without its 25-step loop, quant/common.wgsl); the rare
-// per-element exact path keeps div_rn (inlined 4 x NV times, div_fast made lavapipe's LLVM compile for over 10 minutes).
+// per-element exact path keeps div_rn, in a loop after the writer's main loop (inlined 4 x NV times, div_fast made
+// lavapipe's LLVM compile for over 10 minutes).
 //
 // Lanes: a row (one token of one KV head, K and V together) is served by L = {{LANES}} consecutive
 // invocations of a 64-invocation workgroup, R = 64 / L rows a workgroup. The grid is 2-D: workgroup
@@ -36,13 +37,27 @@ fn any_subnormal(x: vec4<f32>) -> bool {
   return any((b != vec4<u32>(0u)) & (b < vec4<u32>(F32_MIN_NORMAL_BITS)));
 }
 
-// round(div_rn(a, b)) (half to even) for 4 values; inv ~ 1 / b.
-fn round_div4(a: vec4<f32>, b: f32, inv: f32) -> vec4<f32> {
+// The fast path of round(div_rn(a, b)) (half to even) for 4 values, branch-free: q = round(a * inv) with a's
+// sign (inv ~ 1 / b), and whether that is the exact code for all 4 (sure: a * inv is not within NEAR ulp of a
+// rounding boundary, and no a is subnormal, which a GPU may flush). Writers keep their codes of the sure ones
+// and redo the rest after their main loop, so the exact division is not inlined into every unrolled step.
+struct Round4 { q: vec4<f32>, sure: bool }
+fn round_mul4v(a: vec4<f32>, inv: vec4<f32>) -> Round4 {  // a divisor a lane (KIVI's per-channel keys)
   let m = bitcast<vec4<u32>>(a * inv) & vec4<u32>(ABS_MASK);
   let lo = round(bitcast<vec4<f32>>(near_lo(m)));
   let hi = round(bitcast<vec4<f32>>(near_hi(m)));
-  if (all(lo == hi) && !any_subnormal(a)) { return select(lo, -lo, a < vec4<f32>(0.0)); }
-  return vec4<f32>(round(div_rn(a.x, b)), round(div_rn(a.y, b)), round(div_rn(a.z, b)), round(div_rn(a.w, b)));
+  return Round4(select(lo, -lo, a < vec4<f32>(0.0)), all(lo == hi) && !any_subnormal(a));
+}
+fn round_mul4(a: vec4<f32>, inv: f32) -> Round4 { return round_mul4v(a, vec4<f32>(inv)); }
+
+// round(div_rn(a, b)) (half to even) for 4 values, exactly: round_mul4 where it is sure, else div_rn an
+// element at a time (a loop: one copy of the division).
+fn round_div4(a: vec4<f32>, b: f32, inv: f32) -> vec4<f32> {
+  let r = round_mul4(a, inv);
+  if (r.sure) { return r.q; }
+  var q: vec4<f32>;
+  for (var l = 0u; l < 4u; l = l + 1u) { q[l] = round(div_rn(a[l], b)); }
+  return q;
 }
 
 // asym_scale (quant/common.wgsl) through div_fast: the same bits.
@@ -53,7 +68,14 @@ fn asym_scale_fast(mn: f32, mx: f32, levels: u32) -> f32 {
 }
 
 // Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as
-// common.wgsl asym_code does them one by one.
+// common.wgsl asym_code does them one by one: asym_codes4 exactly, asym_codes4_fast the branch-free fast
+// path and whether it is exact for all 4 (round_mul4).
+struct Codes4 { c: vec4<u32>, sure: bool }
+fn asym_codes4_fast(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> Codes4 {
+  let r = round_mul4(x - vec4<f32>(mn), inv);
+  let c = vec4<u32>(clamp(r.q, vec4<f32>(0.0), vec4<f32>(f32(levels))));
+  return Codes4(select(c, vec4<u32>(0u), scale == 0.0), r.sure || scale == 0.0);
+}
 fn asym_codes4(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> vec4<u32> {
   if (scale == 0.0) { return vec4<u32>(0u); }
   let q = round_div4(x - vec4<f32>(mn), scale, inv);

@@ -1,5 +1,6 @@
 // #include "quant/common.wgsl"
 // #include "fast/write_common.wgsl"
+// #include "fast/write_redo.wgsl"
 // Fast FP8 writer ({{NAME}}: {{MBITS}} mantissa bits, bias {{BIAS}}, max {{FMAX}}), the codes and scales of
 // quant/fp8_write.wgsl (saturating RNE of x / scale, scale floored at 2^-126). PER_TENSOR = {{PER_TENSOR}}:
 //   false: scale = max(amax_token / FMAX, 2^-126) per (token, KV head), record [hd/4 code words | scale];
@@ -161,21 +162,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     v_cache[dst + lane + j * L] = wv.x;
     sure = sure & wk.y & wv.y;
   }
-  if (sure == 0u) {
-    // rare (a value within 16 ulp of an FP8 midpoint, an FP8 subnormal, a zero): the lane's unsure words
-    // again through the exact path, K then V, its vec4s reloaded (a loop: one copy of the exact path)
-    for (var j = 0u; j < 2u * NV; j = j + 1u) {
-      let isv = j >= NV;
-      let o = lane + (j % NV) * L;
-      var x: vec4<f32>;
-      var s = sk;
-      var inv = ik;
-      if (isv) { x = val_in[src + (j % NV) * L]; s = sv; inv = iv; } else { x = key_in[src + (j % NV) * L]; }
-      if (fast_codes(x, inv).y == 1u) { continue; }
-      let w = codes(x, s, inv);
-      if (isv) { v_cache[dst + o] = w; } else { k_cache[dst + o] = w; }
-    }
-  }
+  // rare (a value within 16 ulp of an FP8 midpoint, an FP8 subnormal, a zero): the lane's unsure words again
+  if (sure == 0u) { redo_unsure(src, dst + lane, sk, ik, sv, iv); }
   if (!PER_TENSOR && lane == 0u) {
     k_cache[dst + nv4] = bitcast<u32>(sk);
     v_cache[dst + nv4] = bitcast<u32>(sv);

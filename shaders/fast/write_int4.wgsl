@@ -8,6 +8,7 @@
 //   GU <= L: unit j of a lane lies in group (l + j*L) / GU, spread over GU aligned lanes: reduced over
 //            a span of GU lanes (JG = 1 unit a group per lane);
 //   GU >  L: a group is JG = GU / L consecutive j of every lane: combined in the lane, then over L lanes.
+// Codes: branch-free (asym_codes4_fast); a lane with an unsure word redoes it exactly after the main loop.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -22,10 +23,27 @@ const JG: u32 = max(GU / L, 1u);
 const SPAN: u32 = min(GU, L);
 const NK: u32 = NJ / JG;
 
-fn word4(x0: vec4<f32>, x1: vec4<f32>, mn: f32, scale: f32, inv: f32) -> u32 {
-  let a = asym_codes4(x0, mn, scale, inv, 15u);
-  let b = asym_codes4(x1, mn, scale, inv, 15u);
+fn pack8(a: vec4<u32>, b: vec4<u32>) -> u32 {
   return a.x | (a.y << 4u) | (a.z << 8u) | (a.w << 12u) | (b.x << 16u) | (b.y << 20u) | (b.z << 24u) | (b.w << 28u);
+}
+
+// The exact code word of 8 values (asym_codes4: its fast path, else div_rn an element at a time).
+fn word4(x0: vec4<f32>, x1: vec4<f32>, g: vec3<f32>) -> u32 {
+  return pack8(asym_codes4(x0, g.x, g.y, g.z, 15u), asym_codes4(x1, g.x, g.y, g.z, 15u));
+}
+
+// (word, 1 when sure): the branch-free code word of the main loop (asym_codes4_fast).
+fn word4_fast(x0: vec4<f32>, x1: vec4<f32>, g: vec3<f32>) -> vec2<u32> {
+  let a = asym_codes4_fast(x0, g.x, g.y, g.z, 15u);
+  let b = asym_codes4_fast(x1, g.x, g.y, g.z, 15u);
+  return vec2<u32>(pack8(a.c, b.c), select(0u, 1u, a.sure && b.sure));
+}
+
+// (min, scale, 1 / scale or 0) of K (isv false) or V from a group's reduced keys s.
+fn group_params(s: vec4<u32>, isv: bool) -> vec3<f32> {
+  let mn = bitcast<f32>(key_bits(select(s.x, s.y, isv)));
+  let sc = asym_scale_fast(mn, bitcast<f32>(key_bits(~select(s.z, s.w, isv))), 15u);
+  return vec3<f32>(mn, sc, select(0.0, approx_inv(sc), sc != 0.0));
 }
 
 @compute @workgroup_size(64)
@@ -65,29 +83,48 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (slot == PAD_SLOT) { return; }
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
   let nw = p.hd / 8u;
+  var sure = 1u;
   // @unroll
   for (var k = 0u; k < NK; k = k + 1u) {
-    let s = st[k];
-    let mnk = bitcast<f32>(key_bits(s.x));
-    let mnv = bitcast<f32>(key_bits(s.y));
-    let sck = asym_scale_fast(mnk, bitcast<f32>(key_bits(~s.z)), 15u);
-    let scv = asym_scale_fast(mnv, bitcast<f32>(key_bits(~s.w)), 15u);
-    let ik = select(0.0, approx_inv(sck), sck != 0.0);
-    let iv = select(0.0, approx_inv(scv), scv != 0.0);
+    let gk = group_params(st[k], false);
+    let gv = group_params(st[k], true);
     // @unroll
     for (var i = 0u; i < JG; i = i + 1u) {
       let j = k * JG + i;
       let u = lane + j * L;
-      k_cache[dst + u] = word4(xk[2u * j], xk[2u * j + 1u], mnk, sck, ik);
-      v_cache[dst + u] = word4(xv[2u * j], xv[2u * j + 1u], mnv, scv, iv);
+      let wk = word4_fast(xk[2u * j], xk[2u * j + 1u], gk);
+      let wv = word4_fast(xv[2u * j], xv[2u * j + 1u], gv);
+      k_cache[dst + u] = wk.x;
+      v_cache[dst + u] = wv.x;
+      sure = sure & wk.y & wv.y;
     }
     let u0 = lane + k * JG * L;
     if (u0 % GU == 0u) {
       let g = u0 / GU;
-      k_cache[dst + nw + 2u * g] = bitcast<u32>(sck);
-      k_cache[dst + nw + 2u * g + 1u] = bitcast<u32>(mnk);
-      v_cache[dst + nw + 2u * g] = bitcast<u32>(scv);
-      v_cache[dst + nw + 2u * g + 1u] = bitcast<u32>(mnv);
+      k_cache[dst + nw + 2u * g] = bitcast<u32>(gk.y);
+      k_cache[dst + nw + 2u * g + 1u] = bitcast<u32>(gk.x);
+      v_cache[dst + nw + 2u * g] = bitcast<u32>(gv.y);
+      v_cache[dst + nw + 2u * g + 1u] = bitcast<u32>(gv.x);
+    }
+  }
+  if (sure == 0u) {
+    // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): the lane's unsure words again,
+    // K then V, reloaded (a loop: one copy of the exact path; the group's keys picked by constant indices)
+    for (var j = 0u; j < 2u * NJ; j = j + 1u) {
+      let isv = j >= NJ;
+      let jj = j % NJ;
+      var s = st[0];
+      // @unroll
+      for (var k = 0u; k < NK; k = k + 1u) { if (jj / JG == k) { s = st[k]; } }
+      let g = group_params(s, isv);
+      let u = lane + jj * L;
+      var x0: vec4<f32>;
+      var x1: vec4<f32>;
+      if (isv) { x0 = val_in[src + 2u * u]; x1 = val_in[src + 2u * u + 1u]; }
+      else { x0 = key_in[src + 2u * u]; x1 = key_in[src + 2u * u + 1u]; }
+      if (word4_fast(x0, x1, g).y == 1u) { continue; }
+      let w = word4(x0, x1, g);
+      if (isv) { v_cache[dst + u] = w; } else { k_cache[dst + u] = w; }
     }
   }
 }

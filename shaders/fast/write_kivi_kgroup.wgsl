@@ -6,7 +6,8 @@
 // host), so a group can be written when it fills (a live append) as well as in a prefill.
 // One invocation per (group, KV head, code word w): it owns the CPW = 32/BITS channels of word w: min / max
 // of each over the 32 rows, the (scale, zero) side words, then the 32 rows' code word w. No cross-lane
-// reduction (LANES = {{LANES}} is unused here). Grid: 2-D over groups * kv_heads * KW invocations.
+// reduction (LANES = {{LANES}} is unused here). Codes branch-free (round_mul4v); a row's unsure vec4s are redone
+// exactly after its word. Grid: 2-D over groups * kv_heads * KW invocations.
 // groups[i] = (seq, g, 0, 0); info = [seq_info (4 words a sequence) | block tables (mbs words a sequence)].
 // Side stream of a sequence (per kv head): word 2D*g + 2c = scale, 2D*g + 2c + 1 = zero of channel c, in
 // logical block o / WS of the sequence at K-buffer word bs*KW + o % WS of that (block, head); WS = hd*bs/16.
@@ -27,6 +28,20 @@ fn side_word(seq: u32, h: u32, o: u32) -> u32 {
   let ws = p.hd * p.bs / 16u;
   let phys = info[p.bt_off + seq * p.mbs + o / ws];
   return (phys * p.kvh + h) * p.kstride + p.bs * (p.hd * BITS / 32u) + o % ws;
+}
+
+// 4 codes of BITS bits as vec4 i of a code word
+fn pack4(c: vec4<u32>, i: u32) -> u32 {
+  return (c.x | (c.y << BITS) | (c.z << (2u * BITS)) | (c.w << (3u * BITS))) << (4u * BITS * i);
+}
+
+// The exact codes clamp(round(div_rn(x - z, s)), 0, LEVELS) of 4 channels (0 where s = 0).
+fn exact_codes4(x: vec4<f32>, z: vec4<f32>, s: vec4<f32>) -> vec4<u32> {
+  var c = vec4<u32>(0u);
+  for (var l = 0u; l < 4u; l = l + 1u) {
+    if (s[l] != 0.0) { c[l] = u32(clamp(round(div_rn(x[l] - z[l], s[l])), 0.0, f32(LEVELS))); }
+  }
+  return c;
 }
 
 @compute @workgroup_size(64)
@@ -79,25 +94,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let src = (tr * p.kvh + h) * nv4 + w * VPU;
     let slot = slots[tr];
     var word = 0u;
+    var unsure = 0u;  // bit i: vec4 i has a code round_mul4v is not sure of
     // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
-      let x = key_in[src + i];
-      // @unroll
-      for (var l = 0u; l < 4u; l = l + 1u) {
-        var c = 0u;
-        let s = scale[i][l];
-        if (s != 0.0) {
-          let d = x[l] - zero[i][l];
-          let q = d * inv[i][l];
-          let lo = round(bitcast<f32>(max(bitcast<u32>(q) & ABS_MASK, NEAR) - NEAR));
-          let hi = round(bitcast<f32>(min((bitcast<u32>(q) & ABS_MASK) + NEAR, 0x7F7FFFFFu)));
-          var qq = lo;
-          let db = bitcast<u32>(d) & ABS_MASK;
-          if (lo != hi || (db != 0u && db < F32_MIN_NORMAL_BITS)) { qq = round(div_rn(d, s)); }
-          else if (d < 0.0) { qq = -lo; }
-          c = u32(clamp(qq, 0.0, f32(LEVELS)));
-        }
-        word = word | (c << (BITS * (4u * i + l)));
+      let r = round_mul4v(key_in[src + i] - zero[i], inv[i]);
+      let c = select(vec4<u32>(clamp(r.q, vec4<f32>(0.0), vec4<f32>(f32(LEVELS)))), vec4<u32>(0u), scale[i] == vec4<f32>(0.0));
+      word = word | pack4(c, i);
+      unsure = unsure | select(1u << i, 0u, r.sure);
+    }
+    if (unsure != 0u) {
+      // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): those vec4s again, exactly
+      // (a loop: one copy of the exact path; the channels' zero and scale picked by constant indices)
+      for (var i = 0u; i < VPU; i = i + 1u) {
+        if ((unsure & (1u << i)) == 0u) { continue; }
+        var z = zero[0];
+        var sc = scale[0];
+        // @unroll
+        for (var k = 0u; k < VPU; k = k + 1u) { if (i == k) { z = zero[k]; sc = scale[k]; } }
+        let sh = 4u * BITS * i;
+        word = (word & ~(((1u << (4u * BITS)) - 1u) << sh)) | pack4(exact_codes4(key_in[src + i], z, sc), i);
       }
     }
     k_cache[((slot / p.bs) * p.kvh + h) * p.kstride + (slot % p.bs) * kw + w] = word;

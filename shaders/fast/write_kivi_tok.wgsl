@@ -6,7 +6,8 @@
 //  - quantised row: V asymmetric per token over the head vector (2^BITS-1 levels), record
 //    [codes KW | scale | zero]; its K codes are written by fast/write_kivi_kgroup.wgsl.
 // One lane group of L lanes per (token, KV head) row; a unit is one code word (CPW = 32/BITS elements,
-// CPW/4 vec4s); lane l owns the units l + j*L, j < NJ = KW / L. K buffer per (block, head): kstride words
+// CPW/4 vec4s); lane l owns the units l + j*L, j < NJ = KW / L. Codes branch-free (asym_codes4_fast); a lane
+// with an unsure code redoes its words exactly after the main loop. K buffer per (block, head): kstride words
 // (bs*KW codes, then the side stream); V buffer per (block, head): bs*(KW+2) words. KW = hd*BITS/32.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
@@ -22,6 +23,11 @@ const LEVELS: u32 = (1u << BITS) - 1u;
 const CPW: u32 = 32u / BITS;
 const VPU: u32 = CPW / 4u;   // vec4s a unit
 const NJ: u32 = {{NJ}}u;
+
+// 4 codes of BITS bits as vec4 i of a code word
+fn pack4(c: vec4<u32>, i: u32) -> u32 {
+  return (c.x | (c.y << BITS) | (c.z << (2u * BITS)) | (c.w << (3u * BITS))) << (4u * BITS * i);
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -74,15 +80,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let mn = bitcast<f32>(key_bits(m.x));
   let scale = asym_scale_fast(mn, bitcast<f32>(key_bits(~m.y)), LEVELS);
   let inv = select(0.0, approx_inv(scale), scale != 0.0);
+  var sure = true;
   // @unroll
   for (var j = 0u; j < NJ; j = j + 1u) {
     var word = 0u;
     // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
-      let c = asym_codes4(xv[j * VPU + i], mn, scale, inv, LEVELS);
-      word = word | ((c.x | (c.y << BITS) | (c.z << (2u * BITS)) | (c.w << (3u * BITS))) << (4u * BITS * i));
+      let c = asym_codes4_fast(xv[j * VPU + i], mn, scale, inv, LEVELS);
+      word = word | pack4(c.c, i);
+      sure = sure && c.sure;
     }
     v_cache[vdst + lane + j * L] = word;
+  }
+  if (!sure) {
+    // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): the lane's words again, exactly,
+    // reloaded (a loop: one copy of the exact path)
+    for (var j = 0u; j < NJ; j = j + 1u) {
+      var word = 0u;
+      for (var i = 0u; i < VPU; i = i + 1u) {
+        word = word | pack4(asym_codes4(val_in[src + (lane + j * L) * VPU + i], mn, scale, inv, LEVELS), i);
+      }
+      v_cache[vdst + lane + j * L] = word;
+    }
   }
   if (lane == 0u) {
     v_cache[vdst + kw] = bitcast<u32>(scale);
