@@ -401,3 +401,24 @@ def test_seed_writer_default_on_a_small_guaranteed_subgroup(rt, monkeypatch):
     gk, gv, _, _ = run_writer(rt, "int8_seed", batch, k, v, None)
     for x, got in ((k, gk), (v, gv)):
         np.testing.assert_array_equal(got, oracle_words("int8_seed", batch, x, None))
+
+
+@pytest.mark.parametrize("writer", ["int4-32", "int4-128"])
+def test_int4_group_reduction_by_shuffles_inside_a_small_subgroup(rt, writer, monkeypatch):
+    """Where wgpu guarantees only subgroups of 4, the default int4 writer takes 8 lanes through workgroup memory
+    but reduces a group of 4 units (G = 32) by shuffles: an aligned span of 4 lanes lies in one subgroup. G = 128
+    spans 8 lanes and keeps workgroup memory. Both write the oracle's words."""
+    if not fw.subgroups_available(rt):
+        pytest.skip("this adapter has no subgroups: every int4 reduction goes through workgroup memory")
+    monkeypatch.setattr(fw, "smallest_subgroup", lambda rt: 4)
+    var = fw.Variant(rt)
+    assert not var.subgroups and var.lanes(16, 4) == fw.AUTO_LANES
+    assert var.defines(8, span=4)["REDUCE_KIND"] == "subgroup shuffles"
+    assert var.defines(8, span=8)["REDUCE_KIND"] == "workgroup memory"
+    assert fw.Variant(rt, False).defines(8, span=4)["REDUCE_KIND"] == "workgroup memory"   # asked for: kept
+    D, bs, lens, policy, pad_every, kvh = SHAPES[1]   # D = 128: 16 units, 8 lanes
+    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=5)
+    k, v = make_rows(np.random.default_rng(5), batch.num_tokens, kvh, D, writer)
+    gk, gv, _, method = run_writer(rt, writer, batch, k, v, var)
+    np.testing.assert_array_equal(gk, oracle_words(writer, batch, k, method))
+    np.testing.assert_array_equal(gv, oracle_words(writer, batch, v, method))

@@ -166,13 +166,17 @@ class Variant:
         """inv_ulps: move the hardware 1/scale by that many ulp (tests: an inexact divider on any device)."""
         self.inv_ulps = int(inv_ulps)
         have = subgroups_available(rt)
-        if subgroups is None and lanes is None and have and smallest_subgroup(rt) < AUTO_LANES:
+        auto = subgroups is None and lanes is None and have and smallest_subgroup(rt) < AUTO_LANES
+        if auto:
             # wgpu guarantees subgroups of fewer than 8 lanes (Vulkan adapters report 4, NVIDIA's included):
             # 8 lanes a row through workgroup memory measured 2.5x faster on the H200 than 4 lanes through
             # subgroup shuffles (int8 seed layout at the anchor shape: 378 vs 936 us,
             # assets/bench/h200-2026-11-30-fast-writers.txt)
             subgroups, lanes = False, AUTO_LANES
         self.subgroups = have if subgroups is None else bool(subgroups)
+        # where the default took workgroup memory only because subgroups are small: the widest aligned lane span a
+        # shuffle reduction may still take (defines(span=...)); 0 for a variant asked for explicitly
+        self.shuffle_span = max_lanes(rt, True) if auto else 0
         if self.subgroups and not have:
             raise InvalidInput("fast writer: this adapter has no subgroup feature", "Use subgroups=False.")
         self.most = max_lanes(rt, self.subgroups)
@@ -187,9 +191,13 @@ class Variant:
     def lanes(self, units: int, group_units: int = 0) -> int:
         return choose_lanes(units, group_units, self.most)
 
-    def defines(self, lanes: int) -> dict:
-        return {"LANES": lanes, "REDUCE": _REDUCE_SUBGROUP if self.subgroups else _REDUCE_WORKGROUP,
-                "REDUCE_KIND": "subgroup shuffles" if self.subgroups else "workgroup memory", "INV_ULPS": self.inv_ulps}
+    def defines(self, lanes: int, span: int | None = None) -> dict:
+        """span: the widest lane span the kernel reduces over, where it is narrower than the lane group (int4's
+        groups of 4 units at 8 lanes). A workgroup-memory variant whose spans all fit the adapter's smallest
+        subgroup then reduces by shuffles anyway: an aligned span of lanes lies inside one subgroup."""
+        sg = self.subgroups or (span is not None and 1 <= span <= self.shuffle_span)
+        return {"LANES": lanes, "REDUCE": _REDUCE_SUBGROUP if sg else _REDUCE_WORKGROUP,
+                "REDUCE_KIND": "subgroup shuffles" if sg else "workgroup memory", "INV_ULPS": self.inv_ulps}
 
 
 def _check_rows(key, value, sm):
@@ -283,7 +291,9 @@ def int4_dispatches(rt: GpuRuntime, group: int, key, value, slots, k_buf, v_buf,
         raise UnsupportedShape(f"fast int4 writer: head_size {D} and group {group} must be multiples of 8, the group dividing the head")
     var = variant or Variant(rt)
     L = var.lanes(D // 8, group // 8)
-    kern = rt.compile(WRITE_INT4, GROUP=group, NJ=D // (8 * L), **var.defines(L))
+    # a group's statistics are reduced over min(group units, L) lanes (write_int4.wgsl SPAN): shuffles where that
+    # span fits the smallest subgroup (tools/device-writers-7d.sh measured it against workgroup memory)
+    kern = rt.compile(WRITE_INT4, GROUP=group, NJ=D // (8 * L), **var.defines(L, span=min(group // 8, L)))
     wpt = D // 8 + 2 * (D // group)
     return _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
                            lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)

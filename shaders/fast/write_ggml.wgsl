@@ -17,8 +17,9 @@
 // the record and it stores them itself: no lane talks to another (no reduction crosses lanes: a block's
 // max, min and scale trials lie in one lane). L = {{LANES}} lanes a row (ceil(blocks / NB) rounded up to a
 // power of two; lanes past the row's blocks idle), R = 64 / L rows a workgroup. Lane l loads the 8 vec4s
-// of each of its blocks (16-B loads), builds its words in registers (constant byte offsets: the loops are
-// unrolled) and stores them. Grid 2-D: workgroup (x, y) is number y * gx + x. PAD_SLOT rows are skipped.
+// of each of its blocks (16-B loads; the next block's are issued before it quantises one), builds its words
+// in registers (constant byte offsets: the loops are unrolled) and stores them. Grid 2-D: workgroup (x, y)
+// is number y * gx + x. PAD_SLOT rows are skipped.
 // iq4_nl only: the workgroup first fills its nearest-value table (IQ4_TV / IQ4_TC), one barrier, then as above.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
@@ -293,6 +294,29 @@ fn put(ob: ptr<function, array<u32, NWL>>, o: u32, w: u32) {
   }
 }
 
+// The 8 vec4s of the block at vec4 `at` of K (which = 0) or V (zeros where `ok` is false: past the row's blocks).
+fn load_block(which: u32, at: u32, ok: bool) -> array<vec4<f32>, 8> {
+  var x: array<vec4<f32>, 8>;
+  if (ok) {
+    // @unroll
+    for (var j = 0u; j < 8u; j = j + 1u) {
+      if (which == 0u) { x[j] = key_in[at + j]; } else { x[j] = val_in[at + j]; }
+    }
+  }
+  return x;
+}
+
+// The block after block k of K (which = 0) or V: block k + 1, or V's first after K's last (zeros after V's last).
+fn next_block(which: u32, k: u32, src: u32, b0: u32, nb: u32) -> array<vec4<f32>, 8> {
+  if (k + 1u < NB) { return load_block(which, src + 8u * (k + 1u), b0 + k + 1u < nb); }
+  return load_block(1u, src, which == 0u && b0 < nb);
+}
+
+// Measured on the H200 at the anchor (tools/device-writers-7d.sh): q8_0 558.5 -> 478.6 us, q4_0 288.5 -> 260.6,
+// q5_0 345.1 -> 305.8, mxfp4 358.4 -> 316.3; iq4_nl 2098.7 -> 2345.3 (its 16 trials want the registers), so not
+// iq4_nl: it loads the next block after quantising one.
+const PIPELINE: bool = TYPE != 5u;
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   if (TYPE == 5u) {   // iq4_nl's table, before any lane returns
@@ -311,17 +335,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt + (b0 * BPB) / 4u;
   let nw = min(NWL, p.wpt - (b0 * BPB) / 4u);
   let src = row * (p.hd / 4u) + 8u * b0;
+  // Software-pipelined loads (PIPELINE): the next block's 8 vec4s (K's blocks, then V's) are loaded before this
+  // one is quantised, so a lane has two blocks' loads in flight instead of one.
+  var x = load_block(0u, src, b0 < nb);
   for (var which = 0u; which < 2u; which = which + 1u) {   // K, then V (not unrolled: one copy of the code)
     var ob: array<u32, NWL>;
     ob = array<u32, NWL>();   // zeroed each pass (naga hoists loop locals: the declaration zeroes once)
     // @unroll
     for (var k = 0u; k < NB; k = k + 1u) {
+      var nxt: array<vec4<f32>, 8>;
+      if (PIPELINE) { nxt = next_block(which, k, src, b0, nb); }
       if (b0 + k < nb) {
-        var x: array<vec4<f32>, 8>;
-        // @unroll
-        for (var j = 0u; j < 8u; j = j + 1u) {
-          if (which == 0u) { x[j] = key_in[src + 8u * k + j]; } else { x[j] = val_in[src + 8u * k + j]; }
-        }
         let blk = quant_block(x);
         let o = k * BPB;
         put(&ob, o, blk.hdr);
@@ -329,6 +353,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         // @unroll
         for (var i = 0u; i < NQ; i = i + 1u) { put(&ob, o + HDR + 4u * QH + 4u * i, blk.qs[i]); }
       }
+      if (!PIPELINE) { nxt = next_block(which, k, src, b0, nb); }
+      x = nxt;
     }
     // the stores in two unrolled runs of at most 16 words (kvviz/gpu/shaders.UNROLL_MAX: a longer marked
     // loop stays a loop, and ob indexed by its variable would leave registers)

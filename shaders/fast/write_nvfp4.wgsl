@@ -19,8 +19,8 @@
 // low nibble | element 16s+8+i high nibble).
 // Lanes: a lane owns NG = {{NG}} consecutive 16-element groups (a multiple of 4: whole scale words, 2 code
 // words a group) of a (token, KV head) row, K and V together (a group of each an iteration: 8 16-B loads,
-// no branch between them); nothing crosses lanes. L = {{LANES}} lanes a row (lanes past the row's groups
-// idle), R = 64 / L rows a workgroup; grid 2-D.
+// no branch between them; the next group's are issued before one is encoded); nothing crosses lanes.
+// L = {{LANES}} lanes a row (lanes past the row's groups idle), R = 64 / L rows a workgroup; grid 2-D.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -107,6 +107,10 @@ fn load_x(which: u32, i: u32) -> vec4<f32> {
   return val_in[i];
 }
 
+fn load_group(which: u32, i: u32) -> array<vec4<f32>, 4> {
+  return array<vec4<f32>, 4>(load_x(which, i), load_x(which, i + 1u), load_x(which, i + 2u), load_x(which, i + 3u));
+}
+
 // The exact path: group g (first vec4 xi) of K (which 0) or V redone with the reference's arithmetic (both
 // divisions correctly rounded, the f32_to_fp8 encoders); its code words and its scale byte rewritten.
 fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
@@ -170,19 +174,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var scv = 0u;
   var fixk = 0u;  // bit k % 32: group g0 + k needs the exact path
   var fixv = 0u;
+  // software-pipelined: group k + 1's 8 vec4s are loaded before group k is encoded (two groups in flight)
+  var kx = load_group(0u, src);
+  var vx = load_group(1u, src);
   for (var k = 0u; k < NG; k = k + 1u) {
     if (g0 + k >= ns) { break; }
-    let xi = src + 4u * k;
-    let kx0 = key_in[xi];
-    let kx1 = key_in[xi + 1u];
-    let kx2 = key_in[xi + 2u];
-    let kx3 = key_in[xi + 3u];
-    let vx0 = val_in[xi];
-    let vx1 = val_in[xi + 1u];
-    let vx2 = val_in[xi + 2u];
-    let vx3 = val_in[xi + 3u];
-    let gk = group(kx0, kx1, kx2, kx3, istk);
-    let gv = group(vx0, vx1, vx2, vx3, istv);
+    var nk: array<vec4<f32>, 4>;
+    var nv: array<vec4<f32>, 4>;
+    if (k + 1u < NG && g0 + k + 1u < ns) {
+      nk = load_group(0u, src + 4u * (k + 1u));
+      nv = load_group(1u, src + 4u * (k + 1u));
+    }
+    let gk = group(kx[0], kx[1], kx[2], kx[3], istk);
+    let gv = group(vx[0], vx[1], vx[2], vx[3], istv);
+    kx = nk;
+    vx = nv;
     let sh = 8u * (k % 4u);
     sck = sck | (gk.sc << sh);
     scv = scv | (gv.sc << sh);
