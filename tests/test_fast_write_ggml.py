@@ -159,6 +159,28 @@ def test_ggml_words_equal_the_oracle(ctx, name):
         check_ggml(ctx.rt, name, batch, k, v, blocks_per_lane=2 * base)
 
 
+
+@pytest.mark.parametrize("name", [n for n in TYPES if fwg.min_blocks_per_lane(fg.TYPES[n]) > 1])
+def test_block_exchange_and_whole_words_write_the_same_words(ctx, name):
+    """The types whose blocks end inside a word (q8_0 34 B, q4_0 / iq4_nl 18 B, q5_0 22 B, mxfp4 17 B): a lane a
+    block handing the shared word over by a subgroup shuffle (the default where a unit fits the smallest
+    subgroup) and whole words a lane both write the oracle's words; 3 and 5 blocks a row leave a unit short
+    (an idle partner lane), and the shuffle crosses rows of one workgroup."""
+    rt = ctx.rt
+    base = fwg.min_blocks_per_lane(fg.TYPES[name])
+    if not (fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)):
+        pytest.skip("this adapter's subgroups cannot hold a unit of blocks: the writer takes whole words a lane")
+    rng = np.random.default_rng(11)
+    for D, bs, lens, policy, pe, kvh in [(96, 16, [21, 0, 6], "scattered", 4, 3), (160, 8, [9, 2], "contiguous", 0, 2),
+                                         (128, 16, [40], "fragmented", 0, 2)]:
+        batch = make_batch(lens, bs, policy=policy, pad_every=pe, seed=D)
+        k, v = make_rows(rng, name, batch.num_tokens, kvh, D)
+        d = check_ggml(rt, name, batch, k, v, exchange=True)
+        assert "XCH=1" in d[-1].kernel.name and "NB=1" in d[-1].kernel.name
+        d = check_ggml(rt, name, batch, k, v, exchange=False)
+        assert "XCH=0" in d[-1].kernel.name
+    assert "XCH=1" in check_ggml(rt, name, batch, k, v)[-1].kernel.name   # the default here
+
 def run_nvfp4(rt, batch, k, v, **kw):
     kvh, D = k.shape[1], k.shape[2]
     wpt = f4.words_per_token(D)

@@ -89,12 +89,15 @@ for label, sub, lanes in variants:
 
 if FLAGS.get("only") == "seed":
     sys.exit(0)
+# --methods=kivi,q8_0: only those methods' writers below
 # every method's first-wave and fast writer (their timed rows)
 q = rng.standard_normal((S, 32, D)).astype(np.float32)
 for key_, opts in [("int8_token", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scale_mode": "per_tensor"}), ("fp8_e5m2", {}),
                    ("int4_group", {}), ("kivi", {"bits": 2, "recent": 128}), ("kivi", {"bits": 4, "recent": 128}),
                    ("f16", {}), ("q8_0", {}), ("q4_0", {}), ("q4_1", {}), ("q5_0", {}), ("q5_1", {}), ("iq4_nl", {}),
                    ("mxfp4", {}), ("nvfp4", {}), ("turboquant", {})]:
+    if FLAGS.get("methods") and key_ not in FLAGS["methods"].split(","):
+        continue
     m = get_method(key_, **opts)
     rows = [t for t in m.timed_kernels(ctx, batch, key, value, q, 0.088) if t.role == "writer"]
     for t in rows:

@@ -64,12 +64,15 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1) -> KernelSpec:
+def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange: bool = False) -> KernelSpec:
+    """exchange: a lane a block, the word two blocks share handed over by a subgroup shuffle (write_ggml.wgsl XCH)."""
     d = {k: v for k, v in t.defines().items() if k != "LOG2_UP"}   # mxfp4's exponent: a formula (mxfp4_e)
-    nb = nb_lane or min_blocks_per_lane(t)
-    nwl = -(-nb * t.block_bytes // 4)
+    nb = 1 if exchange else (nb_lane or min_blocks_per_lane(t))
+    nwl = -(-nb * t.block_bytes // 4) + (1 if exchange else 0)   # exchange: a spare word for the shifted bytes
     return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
-                             NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1)
+                             NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
+                             XCH=1 if exchange else 0,
+                             NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
 
 
 def nvfp4_spec(ng: int = 4, lanes: int = 1) -> KernelSpec:
@@ -87,9 +90,11 @@ def _lanes(units: int, per_lane: int) -> int:
 
 
 def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf, v_buf, block_size: int, *,
-                    blocks_per_lane: int | None = None) -> list[Dispatch]:
+                    blocks_per_lane: int | None = None, exchange: bool | None = None) -> list[Dispatch]:
     """The ggml records of `t` (kvviz/formats/ggml.py: the token's ggml row padded to whole words) of K and V
-    into the paged caches k_buf / v_buf [num_blocks, kv_heads, block_size, wpt] through `slots`."""
+    into the paged caches k_buf / v_buf [num_blocks, kv_heads, block_size, wpt] through `slots`.
+    exchange (default: where subgroups allow, unless blocks_per_lane is given): a lane a block, the words two
+    blocks share handed over by a subgroup shuffle, instead of the fewest blocks whose bytes are whole words."""
     t = TYPES[t] if isinstance(t, str) else t
     key, value, sm = fw._check_rows(key, value, slots)
     T, kvh, D = key.shape
@@ -99,8 +104,15 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
     nbl = blocks_per_lane or base
     if nbl % base:
         raise InvalidInput(f"fast ggml writer: {t.name} takes blocks_per_lane in multiples of {base}, got {nbl}")
+    if exchange is None:   # the default: a lane a block wherever a word-aligned unit of blocks fits a subgroup
+        exchange = blocks_per_lane is None and base > 1 and fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)
+    elif exchange and not (fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)):
+        raise InvalidInput(f"fast ggml writer: the block exchange needs subgroups of at least {base} lanes on this adapter",
+                           "Leave exchange unset: the writer then takes whole words a lane.")
+    if exchange:
+        nbl = 1
     L = _lanes(D // BLOCK, nbl)
-    kern = rt.compile(ggml_spec(t, nbl, L))
+    kern = rt.compile(ggml_spec(t, nbl, L, bool(exchange)))
     wpt = t.words_per_token(D)
     return fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)

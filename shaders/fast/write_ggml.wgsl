@@ -307,15 +307,24 @@ fn load_block(which: u32, at: u32, ok: bool) -> array<vec4<f32>, 8> {
 }
 
 // The block after block k of K (which = 0) or V: block k + 1, or V's first after K's last (zeros after V's last).
-fn next_block(which: u32, k: u32, src: u32, b0: u32, nb: u32) -> array<vec4<f32>, 8> {
-  if (k + 1u < NB) { return load_block(which, src + 8u * (k + 1u), b0 + k + 1u < nb); }
-  return load_block(1u, src, which == 0u && b0 < nb);
+fn next_block(which: u32, k: u32, src: u32, b0: u32, nb: u32, ok: bool) -> array<vec4<f32>, 8> {
+  if (k + 1u < NB) { return load_block(which, src + 8u * (k + 1u), ok && b0 + k + 1u < nb); }
+  return load_block(1u, src, ok && which == 0u);
 }
 
 // Measured on the H200 at the anchor (tools/device-writers-7d.sh): q8_0 558.5 -> 478.6 us, q4_0 288.5 -> 260.6,
 // q5_0 345.1 -> 305.8, mxfp4 358.4 -> 316.3; iq4_nl 2098.7 -> 2345.3 (its 16 trials want the registers), so not
 // iq4_nl: it loads the next block after quantising one.
 const PIPELINE: bool = TYPE != 5u;
+
+// XCH = 1 (where the adapter's smallest subgroup holds a unit of UNIT lanes): a lane a block (NB = 1). A block
+// that ends inside a word shares that word with the next block's lane: the lane builds its block's bytes
+// shifted to their place in the word stream (sh = (b * BPB) % 4 bytes), takes the next lane's first word by
+// subgroupShuffleDown and ORs it in; that lane does not store it. A unit's blocks end word-aligned, so the
+// partner lies in the same aligned unit, inside one subgroup. XCH = 0: NB blocks a lane, no exchange.
+const XCH: u32 = {{XCH}}u;
+// the next lane's first word (XCH = 1: subgroupShuffleDown; 0: unused, no subgroup op in the shader)
+fn next_first(v: u32) -> u32 { {{NEXT_FIRST}} }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -327,25 +336,32 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let lane = lid % L;
   let nb = p.hd / 32u;
   let b0 = lane * NB;
-  if (row >= p.rows || b0 >= nb) { return; }
-  let t = row / p.kvh;
+  let ok = row < p.rows && b0 < nb;   // a lane with blocks to quantise (XCH: idle ones still shuffle)
+  if (XCH == 0u && !ok) { return; }
+  let t = select(0u, row / p.kvh, ok);
   let h = row % p.kvh;
   let slot = slots[t];
-  if (slot == PAD_SLOT) { return; }
-  let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt + (b0 * BPB) / 4u;
-  let nw = min(NWL, p.wpt - (b0 * BPB) / 4u);
+  let store = ok && slot != PAD_SLOT;
+  if (XCH == 0u && !store) { return; }
+  let w0 = (b0 * BPB) / 4u;
+  let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt + w0;
+  let nw = min(NWL, p.wpt - min(p.wpt, w0));
   let src = row * (p.hd / 4u) + 8u * b0;
+  let sh = 8u * ((b0 * BPB) % 4u);                          // XCH: the block's first byte in its first word, in bits
+  let cnt = (sh / 8u + BPB + 3u) / 4u;                      // XCH: words the block touches
+  let give = XCH == 1u && sh != 0u;                         // XCH: the first word is the previous lane's to store
+  let take = XCH == 1u && ((b0 + 1u) * BPB) % 4u != 0u && b0 + 1u < nb;   // XCH: the last word is shared
   // Software-pipelined loads (PIPELINE): the next block's 8 vec4s (K's blocks, then V's) are loaded before this
   // one is quantised, so a lane has two blocks' loads in flight instead of one.
-  var x = load_block(0u, src, b0 < nb);
+  var x = load_block(0u, src, ok);
   for (var which = 0u; which < 2u; which = which + 1u) {   // K, then V (not unrolled: one copy of the code)
     var ob: array<u32, NWL>;
     ob = array<u32, NWL>();   // zeroed each pass (naga hoists loop locals: the declaration zeroes once)
     // @unroll
     for (var k = 0u; k < NB; k = k + 1u) {
       var nxt: array<vec4<f32>, 8>;
-      if (PIPELINE) { nxt = next_block(which, k, src, b0, nb); }
-      if (b0 + k < nb) {
+      if (PIPELINE) { nxt = next_block(which, k, src, b0, nb, ok); }
+      if (ok && b0 + k < nb) {
         let blk = quant_block(x);
         let o = k * BPB;
         put(&ob, o, blk.hdr);
@@ -353,22 +369,41 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         // @unroll
         for (var i = 0u; i < NQ; i = i + 1u) { put(&ob, o + HDR + 4u * QH + 4u * i, blk.qs[i]); }
       }
-      if (!PIPELINE) { nxt = next_block(which, k, src, b0, nb); }
+      if (!PIPELINE) { nxt = next_block(which, k, src, b0, nb, ok); }
       x = nxt;
     }
-    // the stores in two unrolled runs of at most 16 words (kvviz/gpu/shaders.UNROLL_MAX: a longer marked
-    // loop stays a loop, and ob indexed by its variable would leave registers)
-    // @unroll
-    for (var w = 0u; w < NW1; w = w + 1u) {
-      if (w < nw) {
-        if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
+    if (XCH == 1u) {
+      // shift the block's bytes to byte sh / 8 of its first word (ob's last word is spare: the carry lands there)
+      if (sh != 0u) {
+        // @unroll
+        for (var j = 0u; j < NWL; j = j + 1u) {
+          let i = NWL - 1u - j;
+          var w = ob[i] << sh;
+          if (i > 0u) { w = w | (ob[max(i, 1u) - 1u] >> (32u - sh)); }
+          ob[i] = w;
+        }
+      }
+      let nf = next_first(ob[0]);   // the next lane's first word
+      // @unroll
+      for (var i = 0u; i < NWL; i = i + 1u) {
+        if (take && i + 1u == cnt) { ob[i] = ob[i] | nf; }
       }
     }
-    // @unroll
-    for (var i = 0u; i < NW2; i = i + 1u) {
-      let w = NW1 + i;
-      if (w < nw) {
-        if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
+    if (store) {
+      // the stores in two unrolled runs of at most 16 words (kvviz/gpu/shaders.UNROLL_MAX: a longer marked
+      // loop stays a loop, and ob indexed by its variable would leave registers)
+      // @unroll
+      for (var w = 0u; w < NW1; w = w + 1u) {
+        if (w < nw && (XCH == 0u || (w < cnt && !(give && w == 0u)))) {
+          if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
+        }
+      }
+      // @unroll
+      for (var i = 0u; i < NW2; i = i + 1u) {
+        let w = NW1 + i;
+        if (w < nw) {
+          if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
+        }
       }
     }
   }

@@ -6,8 +6,8 @@
 // host), so a group can be written when it fills (a live append) as well as in a prefill.
 // One invocation per (group, KV head, code word w): it owns the CPW = 32/BITS channels of word w: min / max
 // of each over the 32 rows, the (scale, zero) side words, then the 32 rows' code word w. No cross-lane
-// reduction (LANES = {{LANES}} is unused here). Codes branch-free (round_mul4v); a row's unsure vec4s are redone
-// exactly after its word. Grid: 2-D over groups * kv_heads * KW invocations.
+// reduction (LANES = {{LANES}} is unused here). Rows RU at a time (their loads issued together). Codes
+// branch-free (round_mul4v); rows with an unsure code are redone exactly after the loop. Grid: 2-D over groups * kv_heads * KW invocations.
 // groups[i] = (seq, g, 0, 0); info = [seq_info (4 words a sequence) | block tables (mbs words a sequence)].
 // Side stream of a sequence (per kv head): word 2D*g + 2c = scale, 2D*g + 2c + 1 = zero of channel c, in
 // logical block o / WS of the sequence at K-buffer word bs*KW + o % WS of that (block, head); WS = hd*bs/16.
@@ -23,6 +23,10 @@ const BITS: u32 = {{BITS}}u;
 const LEVELS: u32 = (1u << BITS) - 1u;
 const CPW: u32 = 32u / BITS;
 const VPU: u32 = CPW / 4u;
+// rows a step of the row loops: 8 vec4s in flight for 4-bit (and 8-bit) codes; 2-bit codes keep one row a step:
+// 2 rows of 4 vec4s measured slower on the H200 (tools/device-writers-7e.sh: 2-bit 378.9 -> 397.4 us, 4-bit at 4
+// rows a step 343.6 -> 335.9)
+const RU: u32 = 8u / VPU / (1u + VPU / 4u);   // VPU 1, 2, 4: 8, 4, 1 rows
 
 fn side_word(seq: u32, h: u32, o: u32) -> u32 {
   let ws = p.hd * p.bs / 16u;
@@ -62,14 +66,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     mn[i] = vec4<u32>(0xFFFFFFFFu);
     mx[i] = vec4<u32>(0u);
   }
-  for (var r = 0u; r < 32u; r = r + 1u) {
-    let src = (grows[gi * 32u + r] * p.kvh + h) * nv4 + w * VPU;
+  // RU rows a step, every load of the step issued before any arithmetic (the row loop is a runtime loop: without
+  // this a lane waits on one row's index and then its vec4s at a time)
+  for (var r0 = 0u; r0 < 32u; r0 = r0 + RU) {
+    var xs: array<vec4<f32>, RU * VPU>;
     // @unroll
-    for (var i = 0u; i < VPU; i = i + 1u) {
-      let u = bitcast<vec4<u32>>(key_in[src + i]);
-      let k = select(u | vec4<u32>(SIGN_BIT), ~u, (u & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
-      mn[i] = min(mn[i], k);
-      mx[i] = max(mx[i], k);
+    for (var q = 0u; q < RU; q = q + 1u) {
+      let src = (grows[gi * 32u + r0 + q] * p.kvh + h) * nv4 + w * VPU;
+      // @unroll
+      for (var i = 0u; i < VPU; i = i + 1u) { xs[q * VPU + i] = key_in[src + i]; }
+    }
+    // @unroll
+    for (var q = 0u; q < RU; q = q + 1u) {
+      // @unroll
+      for (var i = 0u; i < VPU; i = i + 1u) {
+        let u = bitcast<vec4<u32>>(xs[q * VPU + i]);
+        let k = select(u | vec4<u32>(SIGN_BIT), ~u, (u & vec4<u32>(SIGN_BIT)) != vec4<u32>(0u));
+        mn[i] = min(mn[i], k);
+        mx[i] = max(mx[i], k);
+      }
     }
   }
   var zero: array<vec4<f32>, VPU>;
@@ -89,31 +104,48 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       k_cache[side_word(seq, h, o + 1u)] = bitcast<u32>(z);
     }
   }
+  var unsure = 0u;  // bit r: row r has a code round_mul4v is not sure of
+  for (var r0 = 0u; r0 < 32u; r0 = r0 + RU) {
+    var xs: array<vec4<f32>, RU * VPU>;
+    var dst: array<u32, RU>;
+    // @unroll
+    for (var q = 0u; q < RU; q = q + 1u) {
+      let tr = grows[gi * 32u + r0 + q];
+      let src = (tr * p.kvh + h) * nv4 + w * VPU;
+      let slot = slots[tr];
+      dst[q] = ((slot / p.bs) * p.kvh + h) * p.kstride + (slot % p.bs) * kw + w;
+      // @unroll
+      for (var i = 0u; i < VPU; i = i + 1u) { xs[q * VPU + i] = key_in[src + i]; }
+    }
+    // @unroll
+    for (var q = 0u; q < RU; q = q + 1u) {
+      var word = 0u;
+      var sure = true;
+      // @unroll
+      for (var i = 0u; i < VPU; i = i + 1u) {
+        let r = round_mul4v(xs[q * VPU + i] - zero[i], inv[i]);
+        let c = select(vec4<u32>(clamp(r.q, vec4<f32>(0.0), vec4<f32>(f32(LEVELS)))), vec4<u32>(0u), scale[i] == vec4<f32>(0.0));
+        word = word | pack4(c, i);
+        sure = sure && r.sure;
+      }
+      k_cache[dst[q]] = word;
+      unsure = unsure | select(1u << (r0 + q), 0u, sure);
+    }
+  }
+  // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): those rows' words again, exactly
+  // (a loop: one copy of the exact path; the channels' zero and scale picked by constant indices)
   for (var r = 0u; r < 32u; r = r + 1u) {
+    if ((unsure & (1u << r)) == 0u) { continue; }
     let tr = grows[gi * 32u + r];
     let src = (tr * p.kvh + h) * nv4 + w * VPU;
     let slot = slots[tr];
     var word = 0u;
-    var unsure = 0u;  // bit i: vec4 i has a code round_mul4v is not sure of
-    // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
-      let r = round_mul4v(key_in[src + i] - zero[i], inv[i]);
-      let c = select(vec4<u32>(clamp(r.q, vec4<f32>(0.0), vec4<f32>(f32(LEVELS)))), vec4<u32>(0u), scale[i] == vec4<f32>(0.0));
-      word = word | pack4(c, i);
-      unsure = unsure | select(1u << i, 0u, r.sure);
-    }
-    if (unsure != 0u) {
-      // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): those vec4s again, exactly
-      // (a loop: one copy of the exact path; the channels' zero and scale picked by constant indices)
-      for (var i = 0u; i < VPU; i = i + 1u) {
-        if ((unsure & (1u << i)) == 0u) { continue; }
-        var z = zero[0];
-        var sc = scale[0];
-        // @unroll
-        for (var k = 0u; k < VPU; k = k + 1u) { if (i == k) { z = zero[k]; sc = scale[k]; } }
-        let sh = 4u * BITS * i;
-        word = (word & ~(((1u << (4u * BITS)) - 1u) << sh)) | pack4(exact_codes4(key_in[src + i], z, sc), i);
-      }
+      var z = zero[0];
+      var sc = scale[0];
+      // @unroll
+      for (var k = 0u; k < VPU; k = k + 1u) { if (i == k) { z = zero[k]; sc = scale[k]; } }
+      word = word | pack4(exact_codes4(key_in[src + i], z, sc), i);
     }
     k_cache[((slot / p.bs) * p.kvh + h) * p.kstride + (slot % p.bs) * kw + w] = word;
   }
