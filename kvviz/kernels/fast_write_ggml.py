@@ -7,12 +7,19 @@ fp4/nvfp4_write.wgsl and the oracles kvviz/oracles/ggml.py (gguf.quants) and kvv
 Against the first-wave writers (one 64-thread workgroup per (token, KV head, K|V), loops of stride 64,
 workgroup memory and barriers between the block parameters, the codes and the words):
   - a lane owns whole 32-element blocks (NVFP4: groups of 4 x 16 elements) of a (token, KV head) row, K and
-    V one after the other; R = 64 / L rows a workgroup. The blocks a lane owns span whole u32 words of the
-    byte-packed record (q8_0: 2 blocks = 68 bytes = 17 words, q4_0 / q5_0 / iq4_nl: 2, q4_1 / q5_1: 1,
-    mxfp4: 4 blocks = 68 bytes), so a lane builds its words in registers (the byte offsets are constants
-    once the loops are unrolled) and stores them itself: no value crosses lanes (a block's amax, min / max
-    and iq4_nl's 16 scale trials all lie in its lane), so there is no lane-group reduction to do and no
-    subgroup feature to ask for; no barrier and no workgroup memory either, but for iq4_nl's table;
+    V one after the other; R = 64 / L rows a workgroup; a lane builds its words in registers (the byte
+    offsets are constants once the loops are unrolled) and stores them itself. No block statistic crosses
+    lanes (a block's amax, min / max and iq4_nl's 16 scale trials all lie in its lane): no lane-group
+    reduction, no barrier and no workgroup memory, but for iq4_nl's table;
+  - where the blocks' bytes end inside a word (q8_0 34 B, q4_0 / iq4_nl 18, q5_0 22, mxfp4 17), a lane takes one
+    block and the word it shares with the next block's lane comes over by subgroupShuffleDown (`exchange`, the
+    default where the word-aligned unit of 2 or 4 blocks fits the smallest subgroup wgpu guarantees); otherwise
+    a lane owns the fewest blocks that span whole u32 words (q8_0: 2 blocks = 68 bytes = 17 words, q4_0 / q5_0
+    / iq4_nl: 2, q4_1 / q5_1: 1, mxfp4: 4). H200 at the anchor, whole words -> a lane a block: q8_0 498.4 ->
+    417.8 us, q4_0 283.1 -> 221.8, q5_0 321.7 -> 251.3, mxfp4 321.5 -> 216.3
+    (assets/bench/h200-2026-12-01-writers-exchange-7.txt);
+  - the next block's (NVFP4: group's) 8 vec4s are loaded before a block is quantised (not iq4_nl, whose trials
+    want the registers): q8_0 558.5 -> 478.6 us, NVFP4 548.2 -> 490.4 (...-writers-pipelined-7.txt);
   - iq4_nl: the nearest of the 16 values (each of the 16 trials x 32 values, and the codes) is one load from
     a workgroup table indexed by floor(2 id x) (IQ4_TABLE entries, built by the workgroup, one barrier),
     not a 16-value search;
@@ -27,8 +34,9 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     a subnormal) is redone exactly after the lane's loop (div_fast twice a value, as the first-wave writer);
   - a 2-D grid (fast_write.grid_2d): more than 65535 workgroups take one dispatch; the input is split
     only where it exceeds one storage binding (fast_write.input_chunks).
-`blocks_per_lane` (a multiple of the type's smallest word-aligned block count) gives a lane more blocks:
-the tests run every type at the default and at one lane a row.
+`blocks_per_lane` (a multiple of the type's smallest word-aligned block count) gives a lane more blocks (and
+turns the exchange off): the tests run every type at the default, with and without the exchange, and at twice
+the blocks a lane.
 """
 from __future__ import annotations
 
