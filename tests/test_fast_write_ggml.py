@@ -62,6 +62,7 @@ def special_rows(name: str, D: int) -> list[np.ndarray]:
     if name == "q8_0":      # d = 1: x = k + 1/2 rounds away from zero
         t = np.clip(halves * 3, -126.5, 126.5).astype(np.float32)
         t[blk == 0] = 127.0
+        t[blk == 1], t[blk == 2] = np.float32(0.49999997), np.float32(-0.49999997)   # + 0.5 would round them up
         n = np.where(i % 2, np.float32(np.inf), np.float32(-np.inf)).astype(np.float32)
         rows += [t, (np.linspace(-1, 1, D) * np.float32(65500 * 127)).astype(np.float32), np.nextafter(t, n)]
     elif name in ("q4_0", "q5_0"):

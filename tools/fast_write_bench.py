@@ -70,6 +70,8 @@ print(f"the seed GLSL writer vs its oracle: {int((seed_words != want).sum())} of
       "(a driver's division need not be correctly rounded; the tests allow it 3 ULP on scales and 1 code at ties)")
 variants = [("default", None, None)] + [(f"{n} lanes", None, n) for n in (4, 8, 16, 32)] + \
            [(f"no subgroups, {n} lanes", False, n) for n in (8, 32)]
+if FLAGS.get("methods"):  # --methods=...: only those methods' writers (below), not these variants
+    variants = []
 if ASSUME_SG:
     fw.smallest_subgroup = lambda rt: ASSUME_SG  # noqa: E731 (the experiment above)
     variants = [("default", None, None)] + [(f"subgroups assumed {ASSUME_SG}, {n} lanes", True, n) for n in (4, 8, 16, 32)
@@ -89,7 +91,7 @@ for label, sub, lanes in variants:
 
 if FLAGS.get("only") == "seed":
     sys.exit(0)
-# --methods=kivi,q8_0: only those methods' writers below
+# --methods=kivi,q8_0: only those methods' writers below (and the seed writer above, the copy's reference)
 # every method's first-wave and fast writer (their timed rows)
 q = rng.standard_normal((S, 32, D)).astype(np.float32)
 for key_, opts in [("int8_token", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scale_mode": "per_tensor"}), ("fp8_e5m2", {}),
