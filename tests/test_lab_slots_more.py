@@ -1,6 +1,6 @@
 """Kernel lab slots of issue 12 item 1 beyond the first ones: the fast decode over every cache format it
 reads (f16, the int8 seed layout, FP8 E4M3 / E5M2 with per-token scales, int4 per group), the f16 method's
-kernels, the vLLM FP8 writers and dequantisers, the seed layout's fast writer.
+kernels, the vLLM FP8 writers and dequantisers, the seed layout's fast writer, the llama.cpp types' fast writers.
 
 `kvviz kernel new` output passing its own slot's check is tests/test_lab.py::test_kernel_new_passes_its_slot,
 parametrised over every slot (these included). Here: their contracts, and deliberately wrong kernels failing
@@ -13,8 +13,11 @@ import pytest
 
 from kvviz.bench import BenchShape, make_inputs
 from kvviz.cli import main
+from kvviz.formats import ggml as fg
+from kvviz.kernels import fast_write as fw
 from kvviz.lab import check
 from kvviz.lab.slots import slot, slots
+from kvviz.oracles import ggml as og
 from kvviz.paging import PAD_SLOT
 
 pytestmark = pytest.mark.gpu
@@ -134,6 +137,35 @@ def test_wrong_vllm_writer_fails(ctx, inputs, tmp_path):
     assert not c.ok and c.bad > 0
     assert all(col >= kvh * D for _, col in c.where)  # V's columns only
     assert c.heat.shape[1] % 2 == 0 and c.heat[:, : c.heat.shape[1] // 2].sum() == 0  # no K element anywhere
+
+
+
+def test_wrong_ggml_fast_writer_fails_with_the_right_count(ctx, inputs, tmp_path):
+    """The q8_0 fast writer without the word two blocks share (a lane a block, where subgroups allow): block 1's
+    d (bytes 34-35, in word 8) is never stored, so every element of block 1 of every head vector is off, K and V,
+    and nothing else; without the exchange (no subgroups of 2) the template writes whole words and passes."""
+    s = slot("q8_0.writer_fast")
+    assert s.role == "writer" and s.impl == "fast" and s.method == "q8_0"
+    src = s.starting_source()
+    needle = "if (take && i + 1u == cnt) { ob[i] = ob[i] | nf; }"
+    assert needle in src
+    path = tmp_path / "wrong.wgsl"
+    path.write_text(src.replace(needle, ""))
+    batch, key, value, q = inputs
+    real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
+    kvh, D = key.shape[1], key.shape[2]
+    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    print(c.summary())
+    if not (fw.subgroups_available(ctx.rt) and fw.smallest_subgroup(ctx.rt) >= 2):
+        assert c.ok
+        return
+    assert not c.ok and not c.untouched
+    # off: every element of block 1 (D = 64: blocks 0 and 1) whose true value is not 0 (d = 0 gives 0 there)
+    rows = np.asarray(batch.slot_mapping) != PAD_SLOT
+    t = fg.TYPES["q8_0"]
+    want = sum(int(np.count_nonzero(og.dequantize(og.quantize(x[rows], t), D, t)[..., 32:])) for x in (key, value))
+    assert c.bad == want and want > real * kvh * 30 and c.total == 2 * real * kvh * D
+    assert all(col % D >= 32 for _, col in c.where)  # block 1 of a head vector, K or V
 
 
 # ------------------------------------------------------------------------------ KIVI

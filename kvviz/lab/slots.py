@@ -333,6 +333,23 @@ def _fast_slots() -> None:
                  "a lane group of LANES lanes per (token, KV head) row",
             oracle=base.oracle, tolerance=base.tolerance, timed_name=f"{mid} writer (fast)", template=True,
         ))
+    # the llama.cpp block types' fast writer (kvviz/kernels/fast_write_ggml.py): the first-wave writer's bytes
+    from kvviz.kernels import fast_write_ggml as fwg
+
+    for mid in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
+        if mid not in registry() or f"{mid}.writer" not in _SLOTS:
+            continue
+        m = get_method(mid)
+        base = _SLOTS[f"{mid}.writer"]
+        register(Slot(
+            f"{mid}.writer_fast", f"{m.label} fast writer", "writer", "fast", fwg.WRITE_GGML, mid, "method-writer",
+            buffers=_buffers(fwg.WRITE_GGML, {b.name: (b.elem, b.shape, b.layout) for b in base.buffers}),
+            immediates=_imm(fwg.WRITE_GGML),
+            grid="2-D (gx, gy, 1), workgroup w = y * gx + x: 64 / LANES token rows a workgroup, K then V; a lane a "
+                 "32-element block (XCH = 1: the word it shares with the next block's lane by subgroupShuffleDown) "
+                 "or NB blocks that fill whole words",
+            oracle=base.oracle, tolerance=base.tolerance, timed_name=f"{mid} writer (fast)", template=True,
+        ))
     # the seed layout's fast writer (fast_write.int8_dispatches(seed=True)): the seed writer's bytes
     if "int8_seed" in registry():
         base = _SLOTS["int8_seed.writer"]
