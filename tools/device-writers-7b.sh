@@ -2,6 +2,8 @@
 # round_mul4 / asym_codes4_fast, unsure words redone after it: int8_token, int4, KIVI, FP8 through write_redo.wgsl),
 # timed against the previous shaders on the same machine (exp-ab/: HEAD's copies, swapped in for the second run),
 # then the writers' conformance suites on the H200.
+# exp-ab/ (not in the repository) held 3427b48's shaders/fast/{write_common,write_fp8,write_int8,write_int4,
+# write_kivi_tok,write_kivi_kgroup}.wgsl, made with `git show 3427b48:<path>` before the run; the new files: 6f9081b's.
 source tools/device-env.sh
 t=$(date +%s); timeout 150 python3 tools/fast_write_bench.py > "$OUT/writers-new.txt" 2>&1; echo "writers new rc=$? $(( $(date +%s) - t )) s"
 mkdir -p /tmp/new && cp shaders/fast/write_*.wgsl /tmp/new/ && cp exp-ab/fast/*.wgsl shaders/fast/ && rm -rf /tmp/kvviz-cache

@@ -1,6 +1,8 @@
 # Device run (H200), 2026-12-01 (session 7): the ggml writers (q8_0 .. mxfp4) loading their rows coalesced through workgroup memory,
 # timed against the previous shader on the same machine (exp-ab/: HEAD's copy, swapped in for the second run),
 # then the writers' conformance suites on the H200.
+# exp-ab/ (not in the repository) held 6f9081b's write_ggml.wgsl; the staged shader timed as new is the diff at the
+# end of assets/bench/h200-2026-12-01-ggml-staging-experiment.txt (applied to 6f9081b).
 source tools/device-env.sh
 t=$(date +%s); timeout 150 python3 tools/fast_write_bench.py > "$OUT/writers-new.txt" 2>&1; echo "writers new rc=$? $(( $(date +%s) - t )) s"
 mkdir -p /tmp/new && cp shaders/fast/write_ggml.wgsl /tmp/new/ && cp exp-ab/fast/*.wgsl shaders/fast/ && rm -rf /tmp/kvviz-cache

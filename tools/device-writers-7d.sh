@@ -3,6 +3,8 @@
 # group statistics reduced by shuffles over their 4-lane span where the default takes workgroup memory; timed
 # against the previous files on the same machine (exp-ab/: HEAD's copies, swapped in for the second run), then the
 # suites of those writers on the H200.
+# exp-ab/ (not in the repository) held 55efceb's shaders/fast/write_ggml.wgsl, shaders/fast/write_nvfp4.wgsl and
+# kvviz/kernels/fast_write.py (`git show 55efceb:<path>`); the new files: f0cb7e5's.
 source tools/device-env.sh
 t=$(date +%s); timeout 150 python3 tools/fast_write_bench.py > "$OUT/writers-new.txt" 2>&1; echo "writers new rc=$? $(( $(date +%s) - t )) s"
 mkdir -p /tmp/new && cp -r shaders kvviz /tmp/new/ && cp -r exp-ab/* . && rm -rf /tmp/kvviz-cache

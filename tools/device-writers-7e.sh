@@ -3,6 +3,8 @@
 # over by subgroupShuffleDown; the KIVI key-group writer's row loops two / four rows a step (their loads issued
 # together). Timed against the previous files on the same machine (exp-ab/: HEAD's copies, swapped in for the
 # second run), then the suites of those writers on the H200.
+# exp-ab/ (not in the repository) held f0cb7e5's shaders/fast/write_ggml.wgsl, shaders/fast/write_kivi_kgroup.wgsl
+# and kvviz/kernels/fast_write_ggml.py; the new files: e426642's, but for RU = 2 rows a step at 2-bit in the KIVI one.
 source tools/device-env.sh
 t=$(date +%s); timeout 150 python3 tools/fast_write_bench.py > "$OUT/writers-new.txt" 2>&1; echo "writers new rc=$? $(( $(date +%s) - t )) s"
 mkdir -p /tmp/new && cp -r shaders kvviz /tmp/new/ && cp -r exp-ab/* . && rm -rf /tmp/kvviz-cache
