@@ -161,6 +161,19 @@ def test_ggml_words_equal_the_oracle(ctx, name):
 
 
 
+
+def test_q8_0_trunc_roundf_variant_writes_the_same_words(ctx):
+    """write_ggml.wgsl Q8_TRUNC (off by default until the H200 has timed it): q8_0's roundf as
+    trunc(q + copysign(0.5 - 2^-25, q)) writes gguf's words over every shape, the special rows included (exact
+    ties, x = +-0.49999997 at d = 1, where adding 0.5 itself would round up), with and without the exchange."""
+    rng = np.random.default_rng(21)
+    for D, bs, lens, policy, pe, kvh in SHAPES:
+        batch = make_batch(lens, bs, policy=policy, pad_every=pe)
+        k, v = make_rows(rng, "q8_0", batch.num_tokens, kvh, D)
+        d = check_ggml(ctx.rt, "q8_0", batch, k, v, q8_trunc=True)
+        assert "Q8_TRUNC=true" in d[-1].kernel.name
+        check_ggml(ctx.rt, "q8_0", batch, k, v, q8_trunc=True, blocks_per_lane=2)
+
 @pytest.mark.parametrize("name", [n for n in TYPES if fwg.min_blocks_per_lane(fg.TYPES[n]) > 1])
 def test_block_exchange_and_whole_words_write_the_same_words(ctx, name):
     """The types whose blocks end inside a word (q8_0 34 B, q4_0 / iq4_nl 18 B, q5_0 22 B, mxfp4 17 B): a lane a

@@ -29,6 +29,11 @@ ASSUME_SG = int(FLAGS.get("assume-subgroup", 0))
 # assuming subgroups of 32 (the H200's real size; wgpu does not guarantee it). The words are the conformance
 # suites' to check (the seed-layout rows below are checked here).
 AUTO = FLAGS.get("auto", "")
+# --q8-trunc: q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC), the variant to time
+if "--q8-trunc" in sys.argv[1:]:
+    from kvviz.kernels import fast_write_ggml as _fwg
+
+    _fwg.Q8_TRUNC = True
 if AUTO:
     from kvviz.kernels import fast_write as _fw
 

@@ -43,6 +43,13 @@ const NW2: u32 = {{NW2}}u;   // NWL - NW1
 const TINY_BITS: u32 = 0x0D800000u;      // 2^-100
 const IQ4_EPS_BITS: u32 = 0x26901D7Du;   // GROUP_MAX_EPS = 1e-15f
 
+// Q8_TRUNC (a variant, off by default until the H200 has timed it: tools/fast_write_bench.py --q8-trunc): q8_0's
+// roundf as trunc(q + copysign(0.5 - 2^-25, q)), 6 operations and a conversion an element against the bit-level
+// RNE with a tie fix (18). Exact for every |q| < 256 (checked over every float32 there against round half away
+// from zero; |q| <= 127 (1 + 2^-22) here): a tie k + 1/2 reaches k + 1 - 2^-25, which rounds to k + 1, and
+// anything below it stays below k + 1. opq4: the product is not fused into the add.
+const Q8_TRUNC: bool = {{Q8_TRUNC}};
+
 fn opq(x: f32) -> f32 { return bitcast<f32>(bitcast<u32>(x) ^ p.zero); }
 fn opq4(x: vec4<f32>) -> vec4<f32> { return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(p.zero)); }
 
@@ -240,7 +247,11 @@ fn quant_block(x: array<vec4<f32>, 8>) -> Blk {
   for (var j = 0u; j < 8u; j = j + 1u) {
     let v = x[j];
     var c: vec4<u32>;
-    if (TYPE == 0u) {          // roundf (half away from zero), as gguf's np_roundf: r = rne(q) (|q| <= 128:
+    if (TYPE == 0u && Q8_TRUNC) {   // roundf as trunc(q + copysign(0.5 - 2^-25, q)): see Q8_TRUNC above
+      let q = opq4(v * id);
+      let hp = bitcast<vec4<f32>>((bitcast<vec4<u32>>(q) & vec4<u32>(SIGN_BIT)) | vec4<u32>(0x3EFFFFFFu));
+      c = bitcast<vec4<u32>>(vec4<i32>(trunc(q + hp))) & vec4<u32>(0xFFu);
+    } else if (TYPE == 0u) {   // roundf (half away from zero), as gguf's np_roundf: r = rne(q) (|q| <= 128:
       // the bits of q + 1.5 * 2^23 less 0x4B400000), then 1 away from zero where r is a tie rounded toward
       // zero (q - r = 1/2, q > 0 or q - r = -1/2, q < 0; exact); no float -> int conversion, no floor
       // (quarter-rate on a GPU). opq4: the sum is not folded into the subtraction that recovers r.
