@@ -33,6 +33,20 @@ def inputs():
     return make_inputs(SHAPE)
 
 
+def wrong_run(ctx, inputs, tmp_path, sid: str, needle: str, replacement: str):
+    """The slot's starting source with `needle` (which must be in it) replaced, run through the lab's check:
+    (the check, real tokens, KV heads, head size)."""
+    src = slot(sid).starting_source()
+    assert needle in src
+    path = tmp_path / "wrong.wgsl"
+    path.write_text(src.replace(needle, replacement))
+    batch, key, value, q = inputs
+    real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
+    c = check.lab_run(ctx, sid, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    print(c.summary())
+    return c, real, key.shape[1], key.shape[2]
+
+
 def test_fast_decode_slots_cover_every_format():
     """One slot per cache format the fast decode reads, each over its method's cache, the template slot's
     contract with the method's CacheLayout for kc / vc and the conformance tests' tolerance."""
@@ -105,17 +119,8 @@ def test_wrong_fast_decode_fails_with_the_right_count(ctx, inputs, tmp_path, sid
 def test_wrong_f16_writer_fails_with_the_right_count(ctx, inputs, tmp_path):
     """The f16 writer with the lowest mantissa bit of every K element 4i flipped: exactly real tokens x KV
     heads x head_size / 4 elements are off (the exact tolerance), all K, all channels 4i."""
-    s = slot("f16.writer_fast")
-    src = s.starting_source()
-    needle = "k_cache[dst] = pack4(key_in[item]);"
-    assert needle in src
-    path = tmp_path / "wrong.wgsl"
-    path.write_text(src.replace(needle, "k_cache[dst] = pack4(key_in[item]) ^ vec2<u32>(1u, 0u);"))
-    batch, key, value, q = inputs
-    real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
-    kvh, D = key.shape[1], key.shape[2]
-    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
-    print(c.summary())
+    c, real, kvh, D = wrong_run(ctx, inputs, tmp_path, "f16.writer_fast", "k_cache[dst] = pack4(key_in[item]);",
+                                "k_cache[dst] = pack4(key_in[item]) ^ vec2<u32>(1u, 0u);")
     assert not c.ok and not c.untouched
     assert c.bad == real * kvh * D // 4 and c.total == 2 * real * kvh * D
     assert all(col < kvh * D and col % 4 == 0 for _, col in c.where)  # K, element 4i of a head vector
@@ -146,16 +151,9 @@ def test_wrong_ggml_fast_writer_fails_with_the_right_count(ctx, inputs, tmp_path
     and nothing else; without the exchange (no subgroups of 2) the template writes whole words and passes."""
     s = slot("q8_0.writer_fast")
     assert s.role == "writer" and s.impl == "fast" and s.method == "q8_0"
-    src = s.starting_source()
-    needle = "if (take && i + 1u == cnt) { ob[i] = ob[i] | nf; }"
-    assert needle in src
-    path = tmp_path / "wrong.wgsl"
-    path.write_text(src.replace(needle, ""))
+    c, real, kvh, D = wrong_run(ctx, inputs, tmp_path, s.id, "if (take && i + 1u == cnt) { ob[i] = ob[i] | nf; }",
+                                "")
     batch, key, value, q = inputs
-    real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
-    kvh, D = key.shape[1], key.shape[2]
-    c = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False).check
-    print(c.summary())
     if not (fw.subgroups_available(ctx.rt) and fw.smallest_subgroup(ctx.rt) >= 2):
         assert c.ok
         return
