@@ -84,9 +84,10 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
     d = {k: v for k, v in t.defines().items() if k != "LOG2_UP"}   # mxfp4's exponent: a formula (mxfp4_e)
     nb = 1 if exchange else (nb_lane or min_blocks_per_lane(t))
     nwl = -(-nb * t.block_bytes // 4) + (1 if exchange else 0)   # exchange: a spare word for the shifted bytes
+    trunc = Q8_TRUNC if q8_trunc is None else q8_trunc
     return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
                              NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
-                             XCH=1 if exchange else 0, Q8_TRUNC="true" if (Q8_TRUNC if q8_trunc is None else q8_trunc) else "false",
+                             XCH=1 if exchange else 0, Q8_TRUNC="true" if trunc else "false",
                              NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
 
 
@@ -120,9 +121,10 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
     nbl = blocks_per_lane or base
     if nbl % base:
         raise InvalidInput(f"fast ggml writer: {t.name} takes blocks_per_lane in multiples of {base}, got {nbl}")
-    if exchange is None:   # the default: a lane a block wherever a word-aligned unit of blocks fits a subgroup
-        exchange = blocks_per_lane is None and base > 1 and fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)
-    elif exchange and not (fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)):
+    fits = fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)   # a word-aligned unit in a subgroup
+    if exchange is None:   # the default: a lane a block wherever it can
+        exchange = blocks_per_lane is None and base > 1 and fits
+    elif exchange and not fits:
         raise InvalidInput(f"fast ggml writer: the block exchange needs subgroups of at least {base} lanes on this adapter",
                            "Leave exchange unset: the writer then takes whole words a lane.")
     if exchange:

@@ -82,6 +82,11 @@ fn asym_codes4(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> vec4
   return vec4<u32>(clamp(q, vec4<f32>(0.0), vec4<f32>(f32(levels))));
 }
 
+// 4 codes of `bits` bits (c.x lowest) as the i-th group of 4 in a code word (int4's two, KIVI's 2 or 4 a word).
+fn pack_codes4(c: vec4<u32>, bits: u32, i: u32) -> u32 {
+  return (c.x | (c.y << bits) | (c.z << (2u * bits)) | (c.w << (3u * bits))) << (4u * bits * i);
+}
+
 // Order keys of 4 floats reduced to (min key, ~max key).
 fn minmax_keys4(x: vec4<f32>) -> vec2<u32> {
   let u = bitcast<vec4<u32>>(x);

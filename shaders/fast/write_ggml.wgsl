@@ -390,7 +390,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var j = 0u; j < NWL; j = j + 1u) {
           let i = NWL - 1u - j;
           var w = ob[i] << sh;
-          if (i > 0u) { w = w | (ob[max(i, 1u) - 1u] >> (32u - sh)); }
+          if (i > 0u) { w = w | (ob[max(i, 1u) - 1u] >> (32u - sh)); }   // max: naga checks ob[i - 1] at i = 0 too
           ob[i] = w;
         }
       }

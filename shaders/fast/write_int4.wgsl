@@ -23,9 +23,7 @@ const JG: u32 = max(GU / L, 1u);
 const SPAN: u32 = min(GU, L);
 const NK: u32 = NJ / JG;
 
-fn pack8(a: vec4<u32>, b: vec4<u32>) -> u32 {
-  return a.x | (a.y << 4u) | (a.z << 8u) | (a.w << 12u) | (b.x << 16u) | (b.y << 20u) | (b.z << 24u) | (b.w << 28u);
-}
+fn pack8(a: vec4<u32>, b: vec4<u32>) -> u32 { return pack_codes4(a, 4u, 0u) | pack_codes4(b, 4u, 1u); }
 
 // The exact code word of 8 values (asym_codes4: its fast path, else div_rn an element at a time).
 fn word4(x0: vec4<f32>, x1: vec4<f32>, g: vec3<f32>) -> u32 {

@@ -7,7 +7,8 @@
 // One invocation per (group, KV head, code word w): it owns the CPW = 32/BITS channels of word w: min / max
 // of each over the 32 rows, the (scale, zero) side words, then the 32 rows' code word w. No cross-lane
 // reduction (LANES = {{LANES}} is unused here). Rows RU at a time (their loads issued together). Codes
-// branch-free (round_mul4v); rows with an unsure code are redone exactly after the loop. Grid: 2-D over groups * kv_heads * KW invocations.
+// branch-free (round_mul4v); rows with an unsure code are redone exactly after the loop. Grid: 2-D over
+// groups * kv_heads * KW invocations.
 // groups[i] = (seq, g, 0, 0); info = [seq_info (4 words a sequence) | block tables (mbs words a sequence)].
 // Side stream of a sequence (per kv head): word 2D*g + 2c = scale, 2D*g + 2c + 1 = zero of channel c, in
 // logical block o / WS of the sequence at K-buffer word bs*KW + o % WS of that (block, head); WS = hd*bs/16.
@@ -32,11 +33,6 @@ fn side_word(seq: u32, h: u32, o: u32) -> u32 {
   let ws = p.hd * p.bs / 16u;
   let phys = info[p.bt_off + seq * p.mbs + o / ws];
   return (phys * p.kvh + h) * p.kstride + p.bs * (p.hd * BITS / 32u) + o % ws;
-}
-
-// 4 codes of BITS bits as vec4 i of a code word
-fn pack4(c: vec4<u32>, i: u32) -> u32 {
-  return (c.x | (c.y << BITS) | (c.z << (2u * BITS)) | (c.w << (3u * BITS))) << (4u * BITS * i);
 }
 
 // The exact codes clamp(round(div_rn(x - z, s)), 0, LEVELS) of 4 channels (0 where s = 0).
@@ -125,7 +121,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       for (var i = 0u; i < VPU; i = i + 1u) {
         let r = round_mul4v(xs[q * VPU + i] - zero[i], inv[i]);
         let c = select(vec4<u32>(clamp(r.q, vec4<f32>(0.0), vec4<f32>(f32(LEVELS)))), vec4<u32>(0u), scale[i] == vec4<f32>(0.0));
-        word = word | pack4(c, i);
+        word = word | pack_codes4(c, BITS, i);
         sure = sure && r.sure;
       }
       k_cache[dst[q]] = word;
@@ -145,7 +141,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       var sc = scale[0];
       // @unroll
       for (var k = 0u; k < VPU; k = k + 1u) { if (i == k) { z = zero[k]; sc = scale[k]; } }
-      word = word | pack4(exact_codes4(key_in[src + i], z, sc), i);
+      word = word | pack_codes4(exact_codes4(key_in[src + i], z, sc), BITS, i);
     }
     k_cache[((slot / p.bs) * p.kvh + h) * p.kstride + (slot % p.bs) * kw + w] = word;
   }

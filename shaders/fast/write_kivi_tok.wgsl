@@ -24,11 +24,6 @@ const CPW: u32 = 32u / BITS;
 const VPU: u32 = CPW / 4u;   // vec4s a unit
 const NJ: u32 = {{NJ}}u;
 
-// 4 codes of BITS bits as vec4 i of a code word
-fn pack4(c: vec4<u32>, i: u32) -> u32 {
-  return (c.x | (c.y << BITS) | (c.z << (2u * BITS)) | (c.w << (3u * BITS))) << (4u * BITS * i);
-}
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let row = (wg.y * p.gx + wg.x) * R + lid / L;
@@ -87,7 +82,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
       let c = asym_codes4_fast(xv[j * VPU + i], mn, scale, inv, LEVELS);
-      word = word | pack4(c.c, i);
+      word = word | pack_codes4(c.c, BITS, i);
       sure = sure && c.sure;
     }
     v_cache[vdst + lane + j * L] = word;
@@ -98,7 +93,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var j = 0u; j < NJ; j = j + 1u) {
       var word = 0u;
       for (var i = 0u; i < VPU; i = i + 1u) {
-        word = word | pack4(asym_codes4(val_in[src + (lane + j * L) * VPU + i], mn, scale, inv, LEVELS), i);
+        word = word | pack_codes4(asym_codes4(val_in[src + (lane + j * L) * VPU + i], mn, scale, inv, LEVELS), BITS, i);
       }
       v_cache[vdst + lane + j * L] = word;
     }
