@@ -150,6 +150,10 @@ def test_wrong_architecture_and_missing_tensor(tmp_path):
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all")
     with pytest.raises(InvalidInput, match="not a readable GGUF"):
         load_gguf_llama(tmp_path / "junk.gguf")
+    # a tensor type gguf's numpy dequantiser does not implement (NotImplementedError there): a clear error naming it
+    write_tiny_gguf(tmp_path / "i8.gguf", int8=("blk.0.attn_v.weight",))
+    with pytest.raises(InvalidInput, match=r"cannot dequantise blk\.0\.attn_v\.weight \(I8\)"):
+        load_gguf_llama(tmp_path / "i8.gguf")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -53,8 +53,10 @@ def hf_weights(seed: int, n_vocab: int, head_size: int) -> dict[str, np.ndarray]
     return w
 
 
-def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256):
-    """Write the model; returns its weights in the rotate-half layout."""
+def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256,
+                    int8=()):
+    """Write the model; returns its weights in the rotate-half layout. Tensors named in `int8` are stored as
+    GGML I8 (a type gguf's numpy dequantiser does not take)."""
     import gguf
 
     voc = vocab()
@@ -83,7 +85,7 @@ def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), me
             a = permute_llamacpp(a, N_HEADS)
         elif name.endswith("attn_k.weight"):
             a = permute_llamacpp(a, N_KV)
-        wr.add_tensor(name, a)
+        wr.add_tensor(name, a.astype(np.int8) if name in int8 else a)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
