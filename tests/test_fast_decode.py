@@ -250,8 +250,10 @@ def test_prefetch_layouts(rt, unroll, lanes, bs):
 def test_lazy_rescale(rt, fmt):
     """Rescaling only when the running max grows: against the oracle (run_case's f32 tolerance), over large
     logits (the max jumps often) and ragged lengths, with and without prefetch."""
-    run_case(rt, fmt, [1, 0, 333, 64], 8, 2, 128, 16, q_amp=20.0, lazy=True, partition_tokens=128)
-    run_case(rt, fmt, [257, 5], 4, 4, 64, 8, lazy=True, prefetch=True)
+    for scatter in (True, False):  # the scatter softmax's lazy rescale moves the max only past it + LAZY_TAU
+        run_case(rt, fmt, [1, 0, 333, 64], 8, 2, 128, 16, q_amp=20.0, lazy=True, partition_tokens=128, scatter=scatter)
+        run_case(rt, fmt, [257, 5], 4, 4, 64, 8, lazy=True, prefetch=True, scatter=scatter)
+        run_case(rt, fmt, [700, 3], 8, 2, 64, 16, q_amp=1.0, lazy=True, scatter=scatter)  # logits within LAZY_TAU
 
 
 @pytest.mark.parametrize("fmt", [fd.F32, fd.INT8, fd.fp8_format("e4m3", True), fd.int4_format(32)], ids=lambda f: f.name)
@@ -268,15 +270,17 @@ def test_scatter_and_all_lane_softmax(rt, fmt, H, kvh, unroll, lanes):
 
 
 def test_scatter_default_and_refusals(rt):
-    """Where the scatter softmax is the default, and where it is refused (one lane a row, f16 P.V, lazy)."""
+    """Where the scatter softmax is the default, where it is refused (one lane a row, f16 P.V), and its lazy
+    rescale: one branch on subgroupAny for the whole step."""
     fast = fd.FastDecode(rt)
     lay = fast.layout(fd.INT8, 64, 4)
     assert fd.SCATTER and "scatter softmax" in fd.render(fd.INT8, 64, 4, lay, scatter=True)["VARIANT"]
     one = fast.layout(fd.INT8, 64, 4, subgroups=False)
     with pytest.raises(InvalidInput, match="scatter"):
         fd.render(fd.INT8, 64, 4, one, scatter=True)
-    with pytest.raises(InvalidInput, match="scatter"):
-        fd.render(fd.INT8, 64, 4, lay, lazy=True, scatter=True)
+    lazy = fd.render(fd.INT8, 64, 4, lay, lazy=True, scatter=True)["STEP"]   # one subgroup-uniform rescale branch
+    assert lazy.count("if (anyg) {") == 1 and "subgroupAny(" in lazy
+    assert "anyg" not in fd.render(fd.INT8, 64, 4, lay, scatter=True)["STEP"]
 
 
 @pytest.mark.parametrize("kind", ["e4m3", "e5m2"])

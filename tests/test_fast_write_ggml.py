@@ -195,6 +195,22 @@ def test_block_exchange_and_whole_words_write_the_same_words(ctx, name):
         assert "XCH=0" in d[-1].kernel.name
     assert "XCH=1" in check_ggml(rt, name, batch, k, v)[-1].kernel.name   # the default here
 
+
+@pytest.mark.parametrize("name", ["q8_0", "q4_1", "iq4_nl", "mxfp4"])
+def test_staged_and_in_place_stores_write_the_same_words(ctx, name):
+    """The records stored through workgroup memory by consecutive threads (write_ggml.wgsl STAGE) and each lane
+    storing its own words: both the oracle's words, with and without the exchange, over rows that leave a
+    workgroup's last rows empty (21 + 6 tokens x 3 heads is not a multiple of its rows) and padding slots."""
+    rt = ctx.rt
+    rng = np.random.default_rng(12)
+    batch = make_batch([21, 0, 6], 16, policy="scattered", pad_every=4, seed=5)
+    k, v = make_rows(rng, name, batch.num_tokens, 3, 96)
+    default = check_ggml(rt, name, batch, k, v)[-1].kernel.name
+    assert ("STAGE=0" if name in fwg.NO_STAGE else "STAGE=1") in default
+    for stage in (True, False):
+        assert f"STAGE={int(stage)}" in check_ggml(rt, name, batch, k, v, stage=stage)[-1].kernel.name
+        check_ggml(rt, name, batch, k, v, stage=stage, exchange=False)
+
 def run_nvfp4(rt, batch, k, v, **kw):
     kvh, D = k.shape[1], k.shape[2]
     wpt = f4.words_per_token(D)

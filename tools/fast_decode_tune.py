@@ -8,7 +8,7 @@ of each format in `formats` (default int8,f16) for every combination of the kern
 (kvviz/kernels/fast_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
 `flush` steps, naga's runtime checks on | off; --lanes / --unroll: layouts, default 16 / 2; --prefetch=on,off: the
 software-pipelined loads (default: fast_decode.PREFETCH); --lazy=on,off: rescale only when the max grows
-(default: fast_decode.LAZY_RESCALE); --scatter=on,off: the reduce-scatter softmax (default: fast_decode.SCATTER); --magic=on,off: int8/int4 codes to f32 by the 2^23 trick (default:
+(default: on for fast_decode.LAZY_FORMATS); --scatter=on,off: the reduce-scatter softmax (default: fast_decode.SCATTER); --magic=on,off: int8/int4 codes to f32 by the 2^23 trick (default:
 fast_decode.MAGIC_CVT); --split: also time the split kernel without the reduce; --pt=N,...: tokens a partition
 (0: the planner's); --rows=N,...: row groups a workgroup (0: the layout's); --budget=S: start no
 new plan after S seconds), each output checked against its own oracle and tolerance
@@ -69,10 +69,10 @@ def variant_table(fmt, k, v, kw, vw):
     pvs = FLAGS.get("pv") or ("f32,f16" if every else "f32")
     flushes = [int(x) for x in (FLAGS.get("flush") or ("2,4,8" if every else str(fd.PV_FLUSH))).split(",")]
     checks_list = [c == "on" for c in (FLAGS.get("checks") or ("on,off" if every else "on")).split(",")]
-    layouts = [(int(ln), int(u), pf == "on", lz == "on", None if mg == "default" else mg == "on", int(pt), int(rw), None if sc == "default" else sc == "on")
+    layouts = [(int(ln), int(u), pf == "on", None if lz == "default" else lz == "on", None if mg == "default" else mg == "on", int(pt), int(rw), None if sc == "default" else sc == "on")
                for ln in (FLAGS.get("lanes") or "16").split(",")
                for u in (FLAGS.get("unroll") or "2").split(",") for pf in (FLAGS.get("prefetch") or ("on" if fd.PREFETCH else "off")).split(",")
-               for lz in (FLAGS.get("lazy") or ("on" if fd.LAZY_RESCALE else "off")).split(",")
+               for lz in (FLAGS.get("lazy") or "default").split(",")
                for mg in (FLAGS.get("magic") or "default").split(",")
                for pt in (FLAGS.get("pt") or "0").split(",") for rw in (FLAGS.get("rows") or "0").split(",")
                for sc in (FLAGS.get("scatter") or "default").split(",")]
@@ -86,7 +86,7 @@ def variant_table(fmt, k, v, kw, vw):
             for (lanes, unroll, prefetch, lazy, magic, pt, rw, sc), flush, checks in [(lay, f, c) for lay in layouts for f in (flushes if pv == "f16" else [fd.PV_FLUSH])
                                                    for c in checks_list]:
                 name = (fd.variant_name(qk, pv, flush) + ("" if (lanes, unroll) == (16, 2) else f" [L<={lanes}, U={unroll}]")
-                        + (", prefetch" if prefetch else "") + (", lazy rescale" if lazy else "") + ("" if magic is None else ", magic cvt" if magic else ", no magic cvt")
+                        + (", prefetch" if prefetch else "") + ("" if lazy is None else ", lazy rescale" if lazy else ", eager rescale") + ("" if magic is None else ", magic cvt" if magic else ", no magic cvt")
                         + (f", {pt} tokens a partition" if pt else "") + (f", {rw} rows" if rw else "")
                         + ("" if sc is None else ", scatter softmax" if sc else ", all-lane softmax"))
                 if BUDGET_S and time.monotonic() - STARTED > BUDGET_S:

@@ -29,7 +29,13 @@ ASSUME_SG = int(FLAGS.get("assume-subgroup", 0))
 # assuming subgroups of 32 (the H200's real size; wgpu does not guarantee it). The words are the conformance
 # suites' to check (the seed-layout rows below are checked here).
 AUTO = FLAGS.get("auto", "")
+# --per-dispatch: a writer row of several dispatches (KIVI: its tokens, then its key groups) also timed dispatch by dispatch
 # --q8-trunc: q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC), the variant to time
+# --no-stage: the llama.cpp exchange writers store each lane's words in place (write_ggml.wgsl STAGE = 0), the A/B
+if "--no-stage" in sys.argv[1:]:
+    from kvviz.kernels import fast_write_ggml as _fwg
+
+    _fwg.STAGE = False
 if "--q8-trunc" in sys.argv[1:]:
     from kvviz.kernels import fast_write_ggml as _fwg
 
@@ -109,3 +115,6 @@ for key_, opts in [("int8_token", {}), ("fp8_e4m3", {}), ("fp8_e4m3", {"scale_mo
     rows = [t for t in m.timed_kernels(ctx, batch, key, value, q, 0.088) if t.role == "writer"]
     for t in rows:
         report(f"{m.label}: {t.name} [{t.impl}]", t.dispatches, t.bytes)
+        if "--per-dispatch" in sys.argv[1:] and len(t.dispatches) > 1:  # each dispatch of the row alone (% on the row's bytes)
+            for i, d in enumerate(t.dispatches):
+                report(f"  {i}: {d.kernel.name.split('[')[0]} {d.grid}", [d], t.bytes)

@@ -98,7 +98,14 @@ def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
         extra = 4 * max(1, lay.dims_per_lane // fmt.group_size)
     return lay.unroll * (2 * wpl + extra) <= PREFETCH_MAX_WORDS
 MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
-LAZY_RESCALE = False  # rescale only when the running max grows (render's lazy; tools/fast_decode_tune.py --lazy)
+# Lazy rescale (render's lazy; tools/fast_decode_tune.py --lazy), the default for these formats. With the scatter
+# softmax an owner moves its max only past the old one + LAZY_TAU (log2 units, so p <= 2^8: no f32 range concern)
+# and the G heads' accumulators are rescaled in one branch uniform over the subgroup (scatter_softmax's tau,
+# lazy_rescale). H200 at the anchor (tools/device-session8a.sh / 8b.sh, two runs): int8 95.5 -> 92.7 us, the int8
+# query at 4 tokens a row 72.2 -> 71.0; f16 84.6 -> 93.4, fp8_e4m3 93.7 -> 94.0, int4 102.4 -> 99.5 (but 101.2 ->
+# 113.2 at 4 tokens a row), so int8 only. Without the scatter softmax: rescale in the steps where the max grows.
+LAZY_FORMATS = ("int8",)
+LAZY_TAU = 8.0
 # The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter), measured on the H200 at the
 # anchor (tools/device-scatter.sh, 2026-12-01, one run): int8 102.4 -> 95.7 us, f16 91.4 -> 85.0, fp8 138.4 -> 130.6,
 # int4 106.5 -> 102.7, the int8-query variant 88.8 -> 75.0 (72.1 at 4 tokens a row per step).
@@ -376,7 +383,7 @@ def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
 
 
 def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I: str = "  ", J: str = "    ",
-                    extras=()):
+                    extras=(), tau: float | None = None):
     """WGSL of the "scatter" online softmax of a split kernel (render's scatter=True): (prologue lines, step
     lines, lines after the loop). Instead of every one of a row's L lanes summing all G x U partial logits of
     a step (G x U x log2 L shuffles) and each running the G heads' softmax (3 exp2 a head), the lanes
@@ -392,7 +399,10 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
     masks it, `wscale(i)` the V scale of own slot i's token (None: none). `extras`: (name, expr(i) or None)
     per-head sums of p * expr kept by the owners like l (rescaled; None: only rescaled), gathered into
     var {name}{g} after the loop (KIVI's V zeros). Needs L >= 2 and the subgroup_invocation_id builtin `sgi`
-    (row lanes at sgi's low bits: the guard checks it)."""
+    (row lanes at sgi's low bits: the guard checks it).
+    tau (lazy rescale): an owner moves its running max only when the step's max exceeds it by more than tau
+    (log2 units), so p <= 2^tau and most steps keep alpha = 1; `anyg` (subgroupAny of the owners' moves, uniform
+    over the subgroup) then says whether any accumulator of the subgroup needs the rescale (render's branch)."""
     b = L.bit_length() - 1
     V = G * U
     Vp = 1 << (V - 1).bit_length()
@@ -436,7 +446,11 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
             step.append(f"{J}mx{h0} = max(mx{h0}, subgroupShuffleXor(mx{h0}, {1 << (b - m + t)}u));")
             t += 1
         for i in range(h0, h0 + per):
-            step.append(f"{J}let mno{i} = max(mo{i}, mx{h0});")
+            if tau is not None:
+                step.append(f"{J}let gro{i} = mx{h0} > mo{i} + {float(tau)!r};")
+                step.append(f"{J}let mno{i} = select(mo{i}, mx{h0}, gro{i});")
+            else:
+                step.append(f"{J}let mno{i} = max(mo{i}, mx{h0});")
             step.append(f"{J}let alo{i} = exp2(mo{i} - mno{i});")
             step.append(f"{J}let pp{i} = exp2(so{i} - mno{i});")
             step.append(f"{J}lo{i} = lo{i} * alo{i} + pp{i};")
@@ -446,6 +460,9 @@ def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I
             step.append(f"{J}mo{i} = mno{i};")
             ws = wscale(i)
             step.append(f"{J}let wo{i} = {f'pp{i} * {ws}' if ws else f'pp{i}'};")
+
+    if tau is not None:
+        step.append(f"{J}let anyg = subgroupAny({' || '.join(f'gro{i}' for i in range(own))});")
 
     def src(j):  # (own slot, subgroup lane) of an owner of slot j
         return j % own, f"sgb | {(j // own) << (b - m)}u"
@@ -481,6 +498,13 @@ def online_update(g: int, U: int, J: str) -> list[str]:
     return ([f"{J}let mn{g} = max(m{g}, {mx});", f"{J}let al{g} = exp2(m{g} - mn{g});"]
             + [f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});" for u in range(U)]
             + [f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};", f"{J}m{g} = mn{g};"])
+
+
+def lazy_rescale(G: int, nv: int, J: str) -> list[str]:
+    """WGSL of the lazy scatter softmax's rescale (scatter_softmax's tau): a{g}_i *= al{g} for the G heads, in a
+    branch on `anyg`, which is uniform over the subgroup (most steps skip it: alpha is exactly 1 there)."""
+    return ([f"{J}if (anyg) {{"] + [f"{J}  a{g}_{i} = a{g}_{i} * al{g};" for g in range(G) for i in range(nv)]
+            + [f"{J}}}"])
 
 
 def pv_accumulate(g: int, nv: int, U: int, J: str, vals, weight=lambda g, u: f"w{g}_{u}", rescale: bool = True):
@@ -632,16 +656,17 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     bit: tests/test_fast_decode.py).
     lazy: the accumulators and l are rescaled only in the steps where the running max grows (a branch,
     uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
-    the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only.
+    the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only. With the
+    scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup (lazy_rescale).
     magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (INT_TO_F32_WGSL) instead of the int-to-float
     conversion; exact, bit-identical outputs.
     scatter: the reduce-scatter softmax (scatter_softmax): each (head, token) logit's softmax step runs on the
-    lanes that own it instead of on all L lanes; f32 P.V, not lazy, L >= 2. Same arithmetic per logit, the
+    lanes that own it instead of on all L lanes; f32 P.V, L >= 2. Same arithmetic per logit, the
     lane sums in another order: within the f32 tolerance, not bit for bit."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     i8, h16 = qk == "i8", pv == "f16"
-    if scatter and (L < 2 or h16 or lazy):
-        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row, f32 P.V and no lazy rescale")
+    if scatter and (L < 2 or h16):
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row and f32 P.V")
     qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
     dpl = lay.dims_per_lane
     nv = dpl // 4
@@ -743,7 +768,8 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             return f"select(MASKED, {f'{x} * {k}' if k else x}, tb + rg * U + uo{i} < t1)"
 
         sc_pro, sc_step, post = scatter_softmax(G, U, L, (lambda g, u: f"si{g}_{u}") if i8 else (lambda g, u: f"s{g}_{u}"),
-                                                "0i" if i8 else "0.0", logit, lambda i: own_scale(vs, i), I, J)
+                                                "0i" if i8 else "0.0", logit, lambda i: own_scale(vs, i), I, J,
+                                                tau=LAZY_TAU if lazy else None)
         pro += sc_pro
         if i8:  # the owner's query scale (its head's, fixed per lane)
             own = max(1, (1 << (G * U - 1).bit_length()) // L)
@@ -758,9 +784,11 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             else:
                 step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
     vvals = lambda u, i: f"vv{u}_{i}"  # noqa: E731
+    if scatter and lazy:  # the accumulators are rescaled only in the steps where an owner of the subgroup moved its max
+        step += lazy_rescale(G, nv, J)
     for g in range(G):
         if scatter:  # al{g}, w{g}_u come from their owners
-            step += pv_accumulate(g, nv, U, J, vvals)
+            step += pv_accumulate(g, nv, U, J, vvals, rescale=not lazy)
             continue
         mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
         if lazy and not h16:
@@ -911,7 +939,7 @@ class FastDecode:
         if prefetch is None:  # the default: where it measured faster (PREFETCH, prefetch_fits); True / False force it
             prefetch = PREFETCH and prefetch_fits(fmt, head_size, lay)
         if scatter is None:  # the default (SCATTER) where the layout allows it; True forces it (or refuses)
-            scatter = SCATTER and lay.lanes > 1 and pv == "f32" and not lazy
+            scatter = SCATTER and lay.lanes > 1 and pv == "f32"
         defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic, scatter)
         if not checks:
             from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
@@ -960,7 +988,7 @@ class FastDecode:
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush,
                                 batch.block_size if const_block else 0, prefetch,
-                                LAZY_RESCALE if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic,
+                                fmt.name in LAZY_FORMATS if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic,
                                 scatter)
         mcl = int(batch.max_context_len)
         pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),

@@ -77,15 +77,25 @@ def _pow2_at_least(n: int) -> int:
 Q8_TRUNC = False
 
 
+# The records staged through workgroup memory and stored by consecutive threads (write_ggml.wgsl STAGE), not by
+# each lane at its block's bytes: every type but iq4_nl (measured slower: write_ggml.wgsl says by how much).
+STAGE = True
+NO_STAGE = ("iq4_nl",)
+
+
 def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange: bool = False,
-              q8_trunc: bool | None = None) -> KernelSpec:
+              q8_trunc: bool | None = None, head_size: int = 128, stage: bool | None = None) -> KernelSpec:
     """exchange: a lane a block, the word two blocks share handed over by a subgroup shuffle (write_ggml.wgsl XCH);
-    q8_trunc: q8_0's roundf variant (Q8_TRUNC; default the module's)."""
+    q8_trunc: q8_0's roundf variant (Q8_TRUNC; default the module's); stage (default: STAGE but NO_STAGE): the
+    records stored through workgroup memory by consecutive threads."""
     d = {k: v for k, v in t.defines().items() if k != "LOG2_UP"}   # mxfp4's exponent: a formula (mxfp4_e)
     nb = 1 if exchange else (nb_lane or min_blocks_per_lane(t))
     nwl = -(-nb * t.block_bytes // 4) + (1 if exchange else 0)   # exchange: a spare word for the shifted bytes
     trunc = Q8_TRUNC if q8_trunc is None else q8_trunc
-    return WRITE_GGML.define(**d, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
+    st = (STAGE and t.name not in NO_STAGE) if stage is None else stage
+    wpr = t.words_per_token(head_size)
+    return WRITE_GGML.define(**d, STAGE=1 if st else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if st else 1,
+                             SD_LEN=WG // lanes if st else 1, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
                              NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
                              XCH=1 if exchange else 0, Q8_TRUNC="true" if trunc else "false",
                              NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
@@ -107,7 +117,7 @@ def _lanes(units: int, per_lane: int) -> int:
 
 def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf, v_buf, block_size: int, *,
                     blocks_per_lane: int | None = None, exchange: bool | None = None,
-                    q8_trunc: bool | None = None) -> list[Dispatch]:
+                    q8_trunc: bool | None = None, stage: bool | None = None) -> list[Dispatch]:
     """The ggml records of `t` (kvviz/formats/ggml.py: the token's ggml row padded to whole words) of K and V
     into the paged caches k_buf / v_buf [num_blocks, kv_heads, block_size, wpt] through `slots`.
     exchange (default: where subgroups allow, unless blocks_per_lane is given): a lane a block, the words two
@@ -130,7 +140,7 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
     if exchange:
         nbl = 1
     L = _lanes(D // BLOCK, nbl)
-    kern = rt.compile(ggml_spec(t, nbl, L, bool(exchange), q8_trunc))
+    kern = rt.compile(ggml_spec(t, nbl, L, bool(exchange), q8_trunc, D, stage))
     wpt = t.words_per_token(D)
     return fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)

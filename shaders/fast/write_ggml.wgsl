@@ -337,6 +337,20 @@ const XCH: u32 = {{XCH}}u;
 // the next lane's first word (XCH = 1: subgroupShuffleDown; 0: unused, no subgroup op in the shader)
 fn next_first(v: u32) -> u32 { {{NEXT_FIRST}} }
 
+// STAGE = 1: the lanes put their words into workgroup memory at their row's place (SO), with each row's
+// record start (SD), and after a barrier the 64 threads store the workgroup's R records word by word, thread j
+// words j, j + 64, ...: consecutive threads, consecutive words of a record. Without it a store instruction
+// writes 4-byte words a lane's bytes apart (BPB with a lane a block), touching a sector for every lane. H200 at
+// the anchor (tools/device-session8b.sh, two passes each): q8_0 418.3 -> 248.8 us, q4_0 220.4 -> 194.0, q5_0
+// 251.3 -> 210.2, mxfp4 214.3 -> 185.3 (a lane a block), q4_1 228.5 -> 208.8, q5_1 251.4 -> 225.3 (tools/device-
+// session8c.sh, a lane its whole words); iq4_nl 1795.6 -> 1929.7 (its table shares the workgroup memory), so not
+// iq4_nl.
+const STAGE: u32 = {{STAGE}}u;
+const WPR: u32 = {{WPR}}u;                 // words of a row's record (the type's words per token)
+const NO_ROW: u32 = 0xFFFFFFFFu;
+var<workgroup> SO: array<u32, {{SO_LEN}}>;   // R * WPR (STAGE) or 1
+var<workgroup> SD: array<u32, {{SD_LEN}}>;   // R (STAGE) or 1
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   if (TYPE == 5u) {   // iq4_nl's table, before any lane returns
@@ -348,12 +362,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let nb = p.hd / 32u;
   let b0 = lane * NB;
   let ok = row < p.rows && b0 < nb;   // a lane with blocks to quantise (XCH: idle ones still shuffle)
-  if (XCH == 0u && !ok) { return; }
+  if (XCH == 0u && STAGE == 0u && !ok) { return; }   // (STAGE: every thread reaches the barriers)
   let t = select(0u, row / p.kvh, ok);
   let h = row % p.kvh;
   let slot = slots[t];
   let store = ok && slot != PAD_SLOT;
-  if (XCH == 0u && !store) { return; }
+  if (XCH == 0u && STAGE == 0u && !store) { return; }
   let w0 = (b0 * BPB) / 4u;
   let dst = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt + w0;
   let nw = min(NWL, p.wpt - min(p.wpt, w0));
@@ -400,7 +414,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (take && i + 1u == cnt) { ob[i] = ob[i] | nf; }
       }
     }
-    if (store) {
+    if (STAGE == 1u) {
+      let rl = lid / L;
+      if (lane == 0u) { SD[rl] = select(NO_ROW, dst - w0, store); }
+      // @unroll
+      for (var w = 0u; w < NW1; w = w + 1u) {
+        if (store && w < nw && (XCH == 0u || (w < cnt && !(give && w == 0u)))) { SO[rl * WPR + w0 + w] = ob[w]; }
+      }
+      // @unroll
+      for (var i = 0u; i < NW2; i = i + 1u) {
+        if (store && NW1 + i < nw) { SO[rl * WPR + w0 + NW1 + i] = ob[NW1 + i]; }
+      }
+      workgroupBarrier();
+      for (var n = lid; n < R * WPR; n = n + 64u) {
+        let r = n / WPR;
+        let d = SD[r];
+        if (d != NO_ROW) {
+          if (which == 0u) { k_cache[d + n % WPR] = SO[n]; } else { v_cache[d + n % WPR] = SO[n]; }
+        }
+      }
+      workgroupBarrier();
+    } else if (store) {
       // the stores in two unrolled runs of at most 16 words (kvviz/gpu/shaders.UNROLL_MAX: a longer marked
       // loop stays a loop, and ob indexed by its variable would leave registers)
       // @unroll
