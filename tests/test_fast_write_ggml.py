@@ -162,17 +162,19 @@ def test_ggml_words_equal_the_oracle(ctx, name):
 
 
 
-def test_q8_0_trunc_roundf_variant_writes_the_same_words(ctx):
-    """write_ggml.wgsl Q8_TRUNC (off by default until the H200 has timed it): q8_0's roundf as
-    trunc(q + copysign(0.5 - 2^-25, q)) writes gguf's words over every shape, the special rows included (exact
-    ties, x = +-0.49999997 at d = 1, where adding 0.5 itself would round up), with and without the exchange."""
+def test_q8_0_both_roundf_forms_write_the_same_words(ctx):
+    """q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC, the default: every other
+    q8_0 test runs it) and on the bits of q + 1.5 * 2^23 with a tie fix (Q8_TRUNC off) both write gguf's words over
+    every shape, the special rows included (exact ties, x = +-0.49999997 at d = 1, where adding 0.5 itself would
+    round up), with and without the exchange."""
     rng = np.random.default_rng(21)
     for D, bs, lens, policy, pe, kvh in SHAPES:
         batch = make_batch(lens, bs, policy=policy, pad_every=pe)
         k, v = make_rows(rng, "q8_0", batch.num_tokens, kvh, D)
-        d = check_ggml(ctx.rt, "q8_0", batch, k, v, q8_trunc=True)
-        assert "Q8_TRUNC=true" in d[-1].kernel.name
-        check_ggml(ctx.rt, "q8_0", batch, k, v, q8_trunc=True, blocks_per_lane=2)
+        assert "Q8_TRUNC=true" in check_ggml(ctx.rt, "q8_0", batch, k, v)[-1].kernel.name
+        d = check_ggml(ctx.rt, "q8_0", batch, k, v, q8_trunc=False)
+        assert "Q8_TRUNC=false" in d[-1].kernel.name
+        check_ggml(ctx.rt, "q8_0", batch, k, v, q8_trunc=False, blocks_per_lane=2)
 
 @pytest.mark.parametrize("name", [n for n in TYPES if fwg.min_blocks_per_lane(fg.TYPES[n]) > 1])
 def test_block_exchange_and_whole_words_write_the_same_words(ctx, name):
@@ -257,8 +259,12 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
     for D, bs, lens, policy, pe, kvh in SHAPES + [(80, 16, [21, 3], "scattered", 4, 2), (16, 1, [4, 5], "contiguous", 3, 1)]:
         batch = make_batch(lens, bs, policy=policy, pad_every=pe)
         k, v = nvfp4_rows(rng, batch.num_tokens, kvh, D)
-        check_nvfp4(rt, batch, k, v, variant=var)
+        d = check_nvfp4(rt, batch, k, v, variant=var)
+        assert "STAGE=1" in d[-1].kernel.name   # the default: records staged through workgroup memory
         check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
+        if variant == "default":   # each lane storing its own words
+            check_nvfp4(rt, batch, k, v, stage=False)
+            check_nvfp4(rt, batch, k, v, stage=False, groups_per_lane=4 * -(-D // 64))
 
 
 def test_nvfp4_near_rule_with_an_inexact_divider(ctx):
@@ -267,10 +273,10 @@ def test_nvfp4_near_rule_with_an_inexact_divider(ctx):
     batch = make_batch([30, 7], 16, policy="scattered", pad_every=5)
     k, v = nvfp4_rows(np.random.default_rng(8), batch.num_tokens, 2, 128)
     saved = fwg.nvfp4_spec
-    fwg.nvfp4_spec = lambda ng=4, lanes=1: fwg.WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none",
-                                                                  INV_ULPS=3)
+    fwg.nvfp4_spec = lambda *a, **kw: saved(*a, **kw).define(INV_ULPS=3)
     try:
         check_nvfp4(rt, batch, k, v)
+        check_nvfp4(rt, batch, k, v, stage=False)
     finally:
         fwg.nvfp4_spec = saved
 

@@ -31,6 +31,9 @@ ASSUME_SG = int(FLAGS.get("assume-subgroup", 0))
 AUTO = FLAGS.get("auto", "")
 # --per-dispatch: a writer row of several dispatches (KIVI: its tokens, then its key groups) also timed dispatch by dispatch
 # --q8-trunc: q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC), the variant to time
+# --amax-blocks=N: row blocks a workgroup of the per-tensor amax pass (fast_write.AMAX_BLOCKS), the A/B
+if FLAGS.get("amax-blocks"):
+    fw.AMAX_BLOCKS = int(FLAGS["amax-blocks"])
 # --no-stage: the llama.cpp exchange writers store each lane's words in place (write_ggml.wgsl STAGE = 0), the A/B
 if "--no-stage" in sys.argv[1:]:
     from kvviz.kernels import fast_write_ggml as _fwg

@@ -273,15 +273,27 @@ def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_b
     wpt = D // 4 + (0 if per_tensor else 1)
     out = []
     if per_tensor:
-        # the amax kernel strides over the rows (any grid is correct): about 4 row blocks a workgroup, so
-        # a quarter of the reductions and atomics
-        amax = rt.compile(WRITE_FP8_AMAX, NV=D // (4 * L), **var.defines(L))
-        out += _row_dispatches(rt, amax, key, value, sm, [tensor],
-                               lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), 4 * (WG // L))
+        out += amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, var)
     kern = rt.compile(WRITE_FP8, **d)
     out += _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
                            lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
     return out
+
+
+# Row blocks a workgroup of the per-tensor amax pass (it strides over the rows: any grid is correct; fewer
+# workgroups, fewer reductions and atomics). H200 at the anchor (tools/device-session8e.sh, the slot and the
+# values loaded together): 1 block 215.3 us, 4 130.6, 16 121.0, 64 123.4 (FP8 per-tensor's pass; NVFP4's the same).
+AMAX_BLOCKS = 16
+
+
+def amax_dispatches(rt: GpuRuntime, key, value, sm, tensor, block_size: int, wpt: int, var: Variant) -> list[Dispatch]:
+    """The per-tensor amax pass (fast/write_fp8_amax.wgsl) of the FP8 per-tensor and NVFP4 writers: max |x| bits of
+    K and V into tensor[0|1] (zeroed before)."""
+    T, kvh, D = key.shape
+    L = var.lanes(D // 4)
+    amax = rt.compile(WRITE_FP8_AMAX, NV=D // (4 * L), **var.defines(L))
+    return _row_dispatches(rt, amax, key, value, sm, [tensor],
+                           lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), AMAX_BLOCKS * (WG // L))
 
 
 def int4_dispatches(rt: GpuRuntime, group: int, key, value, slots, k_buf, v_buf, block_size: int, *,
@@ -406,4 +418,4 @@ def describe(rt: GpuRuntime) -> str:
 
 
 __all__ = ["KERNELS", "Variant", "choose_lanes", "int8_dispatches", "fp8_dispatches", "int4_dispatches",
-           "kivi_token_dispatches", "kivi_group_dispatches", "f16_dispatches", "method_dispatches", "describe"]
+           "kivi_token_dispatches", "kivi_group_dispatches", "amax_dispatches", "f16_dispatches", "method_dispatches", "describe"]

@@ -25,13 +25,16 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     not a 16-value search;
   - every type's divisions (d, id; iq4_nl's 17+ a block) are exact by a float estimate corrected on the
     exact integer remainder (quant/common.wgsl div_fast), not a 25-step loop: the same bits;
-  - q8_0's roundf on the bits of q + 1.5 * 2^23 (no floor, no float -> int conversion); mxfp4's exponent by
+  - q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (Q8_TRUNC; or on the bits of q + 1.5 * 2^23 with a tie
+    fix); mxfp4's exponent by
     a formula (no 256-entry private table; tests: against kvviz/formats/ggml.py log2_up_table and gguf) and
     its codes as the nearest doubled E2M1 value on the bits (not a 16-value argmin search; the same codes);
   - 16-B loads (8 vec4s a block), codes 4 at a time, whole-word stores;
   - NVFP4: scales and codes from one product each (max|x| * (1/s_t * 1/6), |x| * (1/s_t * 1/e4m3)),
     encoded on the float bits, branch-free; a group with a value within 32 ulp of a rounding boundary (or
     a subnormal) is redone exactly after the lane's loop (div_fast twice a value, as the first-wave writer);
+  - the records staged through workgroup memory and stored by consecutive threads (STAGE; not iq4_nl): a lane's
+    own stores would write 4-byte words a block apart, a sector each: q8_0 418.3 -> 248.8 us on the H200;
   - a 2-D grid (fast_write.grid_2d): more than 65535 workgroups take one dispatch; the input is split
     only where it exceeds one storage binding (fast_write.input_chunks).
 `blocks_per_lane` (a multiple of the type's smallest word-aligned block count) gives a lane more blocks (and
@@ -72,13 +75,15 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-# q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC): the same words, fewer operations,
-# not yet timed on the H200 (tools/fast_write_bench.py --q8-trunc times it), so off by default.
-Q8_TRUNC = False
+# q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC): the same words, fewer operations.
+# H200 at the anchor, with the staged stores (tools/device-session8d.sh, two passes): 250.1 -> 219.4 us (before the
+# staging it made no difference: 415.9 -> 415.2, the stores were the limit).
+Q8_TRUNC = True
 
 
-# The records staged through workgroup memory and stored by consecutive threads (write_ggml.wgsl STAGE), not by
-# each lane at its block's bytes: every type but iq4_nl (measured slower: write_ggml.wgsl says by how much).
+# The records staged through workgroup memory and stored by consecutive threads (write_ggml.wgsl and
+# write_nvfp4.wgsl STAGE), not by each lane at its block's bytes: every type but iq4_nl (measured slower:
+# write_ggml.wgsl says by how much).
 STAGE = True
 NO_STAGE = ("iq4_nl",)
 
@@ -101,8 +106,13 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
                              NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
 
 
-def nvfp4_spec(ng: int = 4, lanes: int = 1) -> KernelSpec:
-    return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0)
+def nvfp4_spec(ng: int = 4, lanes: int = 1, head_size: int = 128, stage: bool | None = None) -> KernelSpec:
+    """stage (default STAGE): the records stored through workgroup memory by consecutive threads."""
+    st = STAGE if stage is None else stage
+    wpr = f4.words_per_token(head_size)
+    return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0,
+                              STAGE=1 if st else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if st else 1,
+                              SD_LEN=WG // lanes if st else 1)
 
 
 KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values()) + (nvfp4_spec(),)}
@@ -147,7 +157,8 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
 
 
 def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
-                     groups_per_lane: int = 4, variant: fw.Variant | None = None) -> list[Dispatch]:
+                     groups_per_lane: int = 4, variant: fw.Variant | None = None,
+                     stage: bool | None = None) -> list[Dispatch]:
     """NVFP4 records (kvviz/formats/fp4.py) of K and V: the per-tensor amax pass (fast/write_fp8_amax.wgsl,
     lane groups of `variant`, into tensor[0|1], which must be zeroed before), then the writer (s_t into
     tensor[2|3])."""
@@ -158,13 +169,9 @@ def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, bl
     if groups_per_lane < 4 or groups_per_lane % 4:
         raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be a multiple of 4, got {groups_per_lane}")
     wpt = f4.words_per_token(D)
-    var = variant or fw.Variant(rt)
-    La = var.lanes(D // 4)
-    amax = rt.compile(fw.WRITE_FP8_AMAX, NV=D // (4 * La), **var.defines(La))
-    out = fw._row_dispatches(rt, amax, key, value, sm, [tensor],
-                             lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), WG // La)
+    out = fw.amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, variant or fw.Variant(rt))
     L = _lanes(D // f4.SUB, groups_per_lane)
-    kern = rt.compile(nvfp4_spec(groups_per_lane, L))
+    kern = rt.compile(nvfp4_spec(groups_per_lane, L, D, stage))
     out += fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
     return out

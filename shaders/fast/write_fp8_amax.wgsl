@@ -6,7 +6,8 @@
 // workgroup on the tensor words. tensor must be zeroed before. Grid: see write_common.wgsl, except that the
 // workgroups stride over the rows (workgroup w takes the row blocks w, w + W, ... of R rows, W = the grid's
 // workgroups): any grid covers every row once, and a grid of fewer workgroups than row blocks (the launcher
-// gives each about 4) does one reduction and one pair of atomics a workgroup for several blocks.
+// gives each AMAX_BLOCKS, kvviz/kernels/fast_write.py) does one reduction and one pair of atomics a workgroup for
+// several blocks.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> slots: array<u32>;
@@ -24,14 +25,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   var m = vec2<u32>(0xFFFFFFFFu);
   for (var blk = wg.y * p.gx + wg.x; blk * R < p.rows; blk = blk + total) {
     let row = blk * R + lid / L;
-    var live = row < p.rows;
-    if (live) { live = slots[row / p.kvh] != PAD_SLOT; }
+    let ok = row < p.rows;
     let src = row * (p.hd / 4u) + lane;
-    if (live) {
+    if (ok) {
+      // the row's slot and its values loaded together (the padding test masks the keys after: no load waits on it)
+      let pad = slots[row / p.kvh] == PAD_SLOT;
+      var r = vec2<u32>(0xFFFFFFFFu);
       // @unroll
       for (var j = 0u; j < NV; j = j + 1u) {
-        m = min(m, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
+        r = min(r, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
       }
+      m = min(m, select(r, vec2<u32>(0xFFFFFFFFu), pad));
     }
   }
   // every lane's key covers only live rows (0xFFFFFFFF: none): ~m is 0 there, harmless to atomicMax

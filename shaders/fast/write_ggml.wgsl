@@ -8,7 +8,7 @@
 // follows, f16 by integer round to nearest even, the first element of largest |x| as the block's `max`,
 // blocks with max |x| < 2^-100 at id = 0, iq4_nl's 16 scale trials in llama.cpp's order, its nearest values
 // from a workgroup table (below: best_index_int8's codes, one load, not a 16-value search); q8_0's roundf
-// without float -> int conversions or floor (the bits of q + 1.5 * 2^23), mxfp4's exponent by a formula
+// as trunc(q + copysign(0.5 - 2^-25, q)) (Q8_TRUNC below; or on the bits of q + 1.5 * 2^23), mxfp4's exponent by a formula
 // (mxfp4_e, no 256-entry private table) and its codes as the nearest value on the bits (mxfp4_codes, not
 // a 16-value search).
 //
@@ -43,9 +43,9 @@ const NW2: u32 = {{NW2}}u;   // NWL - NW1
 const TINY_BITS: u32 = 0x0D800000u;      // 2^-100
 const IQ4_EPS_BITS: u32 = 0x26901D7Du;   // GROUP_MAX_EPS = 1e-15f
 
-// Q8_TRUNC (a variant, off by default until the H200 has timed it: tools/fast_write_bench.py --q8-trunc): q8_0's
-// roundf as trunc(q + copysign(0.5 - 2^-25, q)), 6 operations and a conversion an element against the bit-level
-// RNE with a tie fix (18). Exact for every |q| < 256 (checked over every float32 there against round half away
+// Q8_TRUNC (the default; kvviz/kernels/fast_write_ggml.py has its timing): q8_0's roundf as
+// trunc(q + copysign(0.5 - 2^-25, q)), 6 operations and a conversion an element against the bit-level RNE with a
+// tie fix (18). Exact for every |q| < 256 (checked over every float32 there against round half away
 // from zero; |q| <= 127 (1 + 2^-22) here): a tie k + 1/2 reaches k + 1 - 2^-25, which rounds to k + 1, and
 // anything below it stays below k + 1. opq4: the product is not fused into the add.
 const Q8_TRUNC: bool = {{Q8_TRUNC}};

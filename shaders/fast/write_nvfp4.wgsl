@@ -135,15 +135,35 @@ fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
   let wi = base + g / 4u;
   let keep = ~(0xFFu << (8u * (g % 4u)));
   let sb = sc << (8u * (g % 4u));
-  if (which == 0u) {
-    k_cache[cw] = w0;
-    k_cache[cw + 1u] = w1;
-    k_cache[wi] = (k_cache[wi] & keep) | sb;
-  } else {
-    v_cache[cw] = w0;
-    v_cache[cw + 1u] = w1;
-    v_cache[wi] = (v_cache[wi] & keep) | sb;
+  put_word(which, cw, w0);
+  put_word(which, cw + 1u, w1);
+  put_word(which, wi, (rec_word(which, wi) & keep) | sb);
+}
+
+// STAGE = 1: a lane's words go to workgroup memory at its row's place (SOK / SOV, `base` = the row's offset
+// there), each row's record start to SD, and after a barrier the 64 threads store the workgroup's R records
+// word by word (thread j: words j, j + 64, ...), consecutive threads at consecutive words, instead of each
+// lane storing 4-byte words 8 words apart. STAGE = 0: `base` is the record's offset in the cache.
+const STAGE: u32 = {{STAGE}}u;
+const WPR: u32 = {{WPR}}u;   // words of a record
+const NO_ROW: u32 = 0xFFFFFFFFu;
+var<workgroup> SOK: array<u32, {{SO_LEN}}>;
+var<workgroup> SOV: array<u32, {{SO_LEN}}>;
+var<workgroup> SD: array<u32, {{SD_LEN}}>;
+
+fn put_word(which: u32, i: u32, w: u32) {
+  if (STAGE == 1u) {
+    if (which == 0u) { SOK[i] = w; } else { SOV[i] = w; }
+  } else if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; }
+}
+
+fn rec_word(which: u32, i: u32) -> u32 {
+  if (STAGE == 1u) {
+    if (which == 0u) { return SOK[i]; }
+    return SOV[i];
   }
+  if (which == 0u) { return k_cache[i]; }
+  return v_cache[i];
 }
 
 @compute @workgroup_size(64)
@@ -158,12 +178,32 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     tensor[2] = stb.x;
     tensor[3] = stb.y;
   }
-  if (row >= p.rows || g0 >= ns) { return; }
-  let t = row / p.kvh;
+  let live = row < p.rows && g0 < ns;
+  if (STAGE == 0u && !live) { return; }   // (STAGE: every thread reaches the barrier)
+  let t = select(0u, row / p.kvh, live);
   let h = row % p.kvh;
   let slot = slots[t];
-  if (slot == PAD_SLOT) { return; }
-  let base = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
+  let store = live && slot != PAD_SLOT;
+  if (STAGE == 0u && !store) { return; }
+  let rec = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
+  let rl = lid / L;
+  let base = select(rec, rl * WPR, STAGE == 1u);
+  if (store) { encode(row, g0, ns, base, stb); }
+  if (STAGE == 1u) {
+    if (lane == 0u) { SD[rl] = select(NO_ROW, rec, store); }
+    workgroupBarrier();
+    for (var n = lid; n < R * WPR; n = n + 64u) {
+      let d = SD[n / WPR];
+      if (d != NO_ROW) {
+        k_cache[d + n % WPR] = SOK[n];
+        v_cache[d + n % WPR] = SOV[n];
+      }
+    }
+  }
+}
+
+// The lane's groups g0 .. of row `row`, K and V, their words put at `base` (put_word: the cache or workgroup memory).
+fn encode(row: u32, g0: u32, ns: u32, base: u32, stb: vec2<u32>) {
   let sw = (ns + 3u) / 4u;
   let src = row * (p.hd / 4u) + 4u * g0;
   let stk = bitcast<f32>(stb.x);
@@ -195,14 +235,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     fixk = fixk | (gk.fix << (k % 32u));
     fixv = fixv | (gv.fix << (k % 32u));
     let cw = base + sw + 2u * (g0 + k);
-    k_cache[cw] = gk.w0;
-    k_cache[cw + 1u] = gk.w1;
-    v_cache[cw] = gv.w0;
-    v_cache[cw + 1u] = gv.w1;
+    put_word(0u, cw, gk.w0);
+    put_word(0u, cw + 1u, gk.w1);
+    put_word(1u, cw, gv.w0);
+    put_word(1u, cw + 1u, gv.w1);
     if (k % 4u == 3u || g0 + k + 1u == ns) {
       let w = base + (g0 + k) / 4u;
-      k_cache[w] = sck;
-      v_cache[w] = scv;
+      put_word(0u, w, sck);
+      put_word(1u, w, scv);
       sck = 0u;
       scv = 0u;
     }
