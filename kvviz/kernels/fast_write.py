@@ -261,6 +261,12 @@ def int8_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size:
                            lambda rows, gx: kern.pack(kvh, D, block_size, D // 4 + 1, rows, gx), WG // L)
 
 
+# Lanes a row of the FP8 per-tensor writer pass by default: it reduces nothing across lanes, so any lane count is
+# legal without subgroups. H200 at the anchor (tools/device-session8f.sh): 8 lanes 199.6 us, 16 lanes 178.2, 32
+# lanes 201.0, 4 lanes 238.1.
+PER_TENSOR_LANES = 16
+
+
 def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
                    variant: Variant | None = None) -> list[Dispatch]:
     """FP8 records (kvviz/formats/fp8.py `fmt`), per-token scale word or per-tensor scales in `tensor`
@@ -269,6 +275,8 @@ def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_b
     T, kvh, D = key.shape
     var = variant or Variant(rt)
     L = var.lanes(D // 4)
+    if per_tensor and variant is None:   # no row reduction: the lanes need no subgroup (PER_TENSOR_LANES)
+        L = choose_lanes(D // 4, 0, PER_TENSOR_LANES)
     d = dict(fmt.defines(), PER_TENSOR="true" if per_tensor else "false", NAME=fmt.name, NV=D // (4 * L), **var.defines(L))
     wpt = D // 4 + (0 if per_tensor else 1)
     out = []
