@@ -26,6 +26,7 @@ from kvviz.kernels import fast_decode as fd
 from kvviz.kernels.copy import measure_copy
 from kvviz.paging import make_batch
 
+# --fp8-unit=off: e4m3 codes converted times 2^8 a vec4 (fast_decode.FP8_UNIT emptied), the A/B of the folded unit
 FLAGS = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:] if a.startswith("--"))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
@@ -36,6 +37,8 @@ BUDGET_S = float(FLAGS.get("budget") or 0)  # variant mode: start no new plan af
 STARTED = time.monotonic()
 H, KVH, D, BS = 32, 8, 128, 16
 SCALE = 0.088
+if FLAGS.get("fp8-unit") == "off":
+    fd.FP8_UNIT = {}
 rt = GpuRuntime()
 print(rt.summary.line())
 copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)

@@ -97,6 +97,9 @@ def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
     if fmt.group_size:
         extra = 4 * max(1, lay.dims_per_lane // fmt.group_size)
     return lay.unroll * (2 * wpl + extra) <= PREFETCH_MAX_WORDS
+# FP8 formats whose fp8x4 yields value / FP8_UNIT, the unit folded into the query and the V scale (exact: a power of
+# two), not multiplied into every vec4 of codes.
+FP8_UNIT = {"e4m3": 256.0}
 MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
 # Lazy rescale (render's lazy; tools/fast_decode_tune.py --lazy), the default for these formats. With the scatter
 # softmax an owner moves its max only past the old one + LAZY_TAU (log2 units, so p <= 2^8: no f32 range concern)
@@ -284,7 +287,9 @@ fn u4x4(w: u32, sh: u32) -> vec4<f32> {
 }"""
 
 
-def _helpers(fmt: CacheFormat, magic: bool = False) -> str:
+def _helpers(fmt: CacheFormat, magic: bool = False, fold_unit: bool = False) -> str:
+    """fold_unit: e4m3's fp8x4 returns the value / 2^8 (the f16 pattern's own value) and the caller folds the 2^8
+    into its scales (render: the query and the V scale, FP8_UNIT), instead of 4 multiplies a vec4."""
     if not fmt.fp8:
         return INT_TO_F32_WGSL if magic and fmt.elems_per_word in (4, 8) else ""
     # FP8 bytes -> f16 bit patterns by shifts and masks (e5m2 is the top byte of an f16; e4m3's 4-bit exponent and
@@ -297,10 +302,13 @@ def _helpers(fmt: CacheFormat, magic: bool = False) -> str:
     else:
         pairs = "((w << 7u) & 0x3F803F80u) | ((w << 8u) & 0x80008000u)"
         unit = "((w >> 1u) & 0x3F803F80u) | (w & 0x80008000u)"
-        scale = " * 256.0"
+        scale = "" if fold_unit else " * 256.0"
+    note = ""
+    if fmt.fp8 == "e4m3":
+        note = "; the f16 is the value / 2^8" + (", which\n// the query and the V scale take back (x 2^8: exact)" if fold_unit else "")
     return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: bytes 0, 2 and bytes 1, 3 become two f16 pairs
-// (sign, exponent and mantissa moved into f16 bit positions{'; the f16 is the value / 2^8' if scale else ''}). The writer
-// saturates, so the NaN / inf encodings never occur.
+// (sign, exponent and mantissa moved into f16 bit positions{note}). The writer saturates, so the NaN / inf
+// encodings never occur.
 fn fp8x4(w: u32) -> vec4<f32> {{
   let a = unpack2x16float({pairs});
   let b = unpack2x16float({unit});
@@ -679,6 +687,8 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     # ---- prologue: the G query slices (pre-scaled), the online-softmax states
     if i8:
         pro.append(f"{I}let qhb = (seq * p.num_heads + kvh * {G}u) * {qrec}u;  // this GQA group's int8 query records")
+    unit = FP8_UNIT.get(fmt.fp8 or "", 1.0)  # e4m3 codes enter as value / 2^8 (_helpers' fold_unit): q and V scale x 2^8
+    qf = f"p.scale_log2 * {unit!r}" if unit != 1.0 else "p.scale_log2"
     for g in range(G):
         if i8:  # this lane's code words of head g, and the head's scale folded with scale*log2(e)
             for w in range(wpl):
@@ -686,7 +696,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
             pro.append(f"{I}let qs{g} = bitcast<f32>(q[qhb + {g * qrec + D // 4}u]) * p.scale_log2;")
         else:
             for i in range(nv):
-                pro.append(query_line(g, i, D, "p.scale_log2", I))
+                pro.append(query_line(g, i, D, qf, I))
         if not scatter:
             pro.append(f"{I}var m{g} = EMPTY;")
             pro.append(f"{I}var l{g} = 0.0;")
@@ -738,6 +748,8 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
                 step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i), magic)};")
     ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
     vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
+    if unit != 1.0:
+        vs = f"({vs or '1.0'} * {unit!r})"
     for g in range(G):
         for u in range(U):
             s = f"s{g}_{u}"
@@ -848,7 +860,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
         "SHARED": str(max(1, RG // 2) * G * stride),
-        "HELPERS": _helpers(fmt, magic),
+        "HELPERS": _helpers(fmt, magic, fold_unit=unit != 1.0),
         **subgroup_defines(L, scatter),
         "VARIANT": variant_name(qk, pv, pv_flush, U) + ("; scatter softmax" if scatter else ""),
         "ENABLES": "enable f16;" if h16 else "",
