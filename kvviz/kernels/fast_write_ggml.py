@@ -76,8 +76,9 @@ def _pow2_at_least(n: int) -> int:
 
 
 # q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC): the same words, fewer operations.
-# H200 at the anchor, with the staged stores (tools/device-session8d.sh, two passes): 250.1 -> 219.4 us (before the
-# staging it made no difference: 415.9 -> 415.2, the stores were the limit).
+# H200 at the anchor, with the staged stores (tools/device-session8d.sh, two passes): 250.1 -> 219.4 us; on another
+# machine (device-session8e.sh) 218.9 -> 218.1, so that gain did not reproduce. Before the staging it made no
+# difference (415.9 -> 415.2: the stores were the limit).
 Q8_TRUNC = True
 
 
@@ -100,8 +101,8 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
     st = (STAGE and t.name not in NO_STAGE) if stage is None else stage
     wpr = t.words_per_token(head_size)
     return WRITE_GGML.define(**d, STAGE=1 if st else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if st else 1,
-                             SD_LEN=WG // lanes if st else 1, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes, NWL=nwl, NW1=min(nwl, 16),
-                             NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
+                             SD_LEN=WG // lanes if st else 1, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes,
+                             NWL=nwl, NW1=min(nwl, 16), NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
                              XCH=1 if exchange else 0, Q8_TRUNC="true" if trunc else "false",
                              NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
 
