@@ -283,6 +283,23 @@ def test_scatter_default_and_refusals(rt):
     assert "anyg" not in fd.render(fd.INT8, 64, 4, lay, scatter=True)["STEP"]
 
 
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_fp8_e4m3_unit_folded_into_query_and_v_scale(rt, monkeypatch, per_tensor):
+    """The e4m3 codes enter the dots as value / 2^8 and the 2^8 goes into the query and the V scale once
+    (fast_decode.FP8_UNIT): the rendered kernel multiplies no vec4 of codes by 256, and its outputs are the ones of
+    the kernel that does, bit for bit (power-of-two scalings are exact; no weight underflows here), over wide values
+    and a long row."""
+    fmt = fd.fp8_format("e4m3", per_tensor)
+    lay = fd.FastDecode(rt).layout(fmt, 128, 4)
+    r = fd.render(fmt, 128, 4, lay, scatter=True)
+    assert "* 256.0;" not in r["HELPERS"] and "p.scale_log2 * 256.0" in r["PROLOGUE"] and "* 256.0)" in r["STEP"]
+    kw = dict(amp=30.0, q_amp=3.0, tensor=(0.02, 0.5), partition_tokens=256)
+    folded, _, _ = run_case(rt, fmt, [700, 1, 33], 8, 2, 128, 16, **kw)
+    monkeypatch.setattr(fd, "FP8_UNIT", {})
+    plain, _, _ = run_case(rt, fmt, [700, 1, 33], 8, 2, 128, 16, **kw)
+    np.testing.assert_array_equal(folded, plain)
+
+
 @pytest.mark.parametrize("kind", ["e4m3", "e5m2"])
 def test_fp8_conversion_every_code(rt, kind):
     """The fast decode's FP8 -> f32 conversion (bytes moved into f16 bit patterns, unpack2x16float) is exact for
