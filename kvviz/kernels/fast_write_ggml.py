@@ -89,6 +89,12 @@ STAGE = True
 NO_STAGE = ("iq4_nl",)
 
 
+def _stage_defines(stage: bool, lanes: int, wpr: int) -> dict:
+    """STAGE and the workgroup-memory sizes of its records (R = 64 / lanes rows of wpr words; 1 without it)."""
+    return dict(STAGE=1 if stage else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if stage else 1,
+                SD_LEN=WG // lanes if stage else 1)
+
+
 def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange: bool = False,
               q8_trunc: bool | None = None, head_size: int = 128, stage: bool | None = None) -> KernelSpec:
     """exchange: a lane a block, the word two blocks share handed over by a subgroup shuffle (write_ggml.wgsl XCH);
@@ -99,9 +105,8 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
     nwl = -(-nb * t.block_bytes // 4) + (1 if exchange else 0)   # exchange: a spare word for the shifted bytes
     trunc = Q8_TRUNC if q8_trunc is None else q8_trunc
     st = (STAGE and t.name not in NO_STAGE) if stage is None else stage
-    wpr = t.words_per_token(head_size)
-    return WRITE_GGML.define(**d, STAGE=1 if st else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if st else 1,
-                             SD_LEN=WG // lanes if st else 1, NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes,
+    return WRITE_GGML.define(**d, **_stage_defines(st, lanes, t.words_per_token(head_size)),
+                             NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes,
                              NWL=nwl, NW1=min(nwl, 16), NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
                              XCH=1 if exchange else 0, Q8_TRUNC="true" if trunc else "false",
                              NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
@@ -109,11 +114,8 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
 
 def nvfp4_spec(ng: int = 4, lanes: int = 1, head_size: int = 128, stage: bool | None = None) -> KernelSpec:
     """stage (default STAGE): the records stored through workgroup memory by consecutive threads."""
-    st = STAGE if stage is None else stage
-    wpr = f4.words_per_token(head_size)
     return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0,
-                              STAGE=1 if st else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if st else 1,
-                              SD_LEN=WG // lanes if st else 1)
+                              **_stage_defines(STAGE if stage is None else stage, lanes, f4.words_per_token(head_size)))
 
 
 KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values()) + (nvfp4_spec(),)}

@@ -351,6 +351,11 @@ const NO_ROW: u32 = 0xFFFFFFFFu;
 var<workgroup> SO: array<u32, {{SO_LEN}}>;   // R * WPR (STAGE) or 1
 var<workgroup> SD: array<u32, {{SD_LEN}}>;   // R (STAGE) or 1
 
+// Word `w` of K (which = 0) or V at index i: of SO (STAGE) or of the cache.
+fn emit(which: u32, i: u32, w: u32) {
+  if (STAGE == 1u) { SO[i] = w; } else if (which == 0u) { k_cache[i] = w; } else { v_cache[i] = w; }
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   if (TYPE == 5u) {   // iq4_nl's table, before any lane returns
@@ -414,42 +419,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         if (take && i + 1u == cnt) { ob[i] = ob[i] | nf; }
       }
     }
-    if (STAGE == 1u) {
-      let rl = lid / L;
-      if (lane == 0u) { SD[rl] = select(NO_ROW, dst - w0, store); }
+    let rl = lid / L;
+    let at = select(dst, rl * WPR + w0, STAGE == 1u);   // the lane's first word: in SO (STAGE) or in the cache
+    if (store) {
+      // the lane's words in two unrolled runs of at most 16 (kvviz/gpu/shaders.UNROLL_MAX: a longer marked loop
+      // stays a loop, and ob indexed by its variable would leave registers)
       // @unroll
       for (var w = 0u; w < NW1; w = w + 1u) {
-        if (store && w < nw && (XCH == 0u || (w < cnt && !(give && w == 0u)))) { SO[rl * WPR + w0 + w] = ob[w]; }
+        if (w < nw && (XCH == 0u || (w < cnt && !(give && w == 0u)))) { emit(which, at + w, ob[w]); }
       }
       // @unroll
       for (var i = 0u; i < NW2; i = i + 1u) {
-        if (store && NW1 + i < nw) { SO[rl * WPR + w0 + NW1 + i] = ob[NW1 + i]; }
+        if (NW1 + i < nw) { emit(which, at + NW1 + i, ob[NW1 + i]); }
       }
+    }
+    if (STAGE == 1u) {   // the workgroup's records from SO, word by word
+      if (lane == 0u) { SD[rl] = select(NO_ROW, dst - w0, store); }
       workgroupBarrier();
       for (var n = lid; n < R * WPR; n = n + 64u) {
-        let r = n / WPR;
-        let d = SD[r];
+        let d = SD[n / WPR];
         if (d != NO_ROW) {
           if (which == 0u) { k_cache[d + n % WPR] = SO[n]; } else { v_cache[d + n % WPR] = SO[n]; }
         }
       }
       workgroupBarrier();
-    } else if (store) {
-      // the stores in two unrolled runs of at most 16 words (kvviz/gpu/shaders.UNROLL_MAX: a longer marked
-      // loop stays a loop, and ob indexed by its variable would leave registers)
-      // @unroll
-      for (var w = 0u; w < NW1; w = w + 1u) {
-        if (w < nw && (XCH == 0u || (w < cnt && !(give && w == 0u)))) {
-          if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
-        }
-      }
-      // @unroll
-      for (var i = 0u; i < NW2; i = i + 1u) {
-        let w = NW1 + i;
-        if (w < nw) {
-          if (which == 0u) { k_cache[dst + w] = ob[w]; } else { v_cache[dst + w] = ob[w]; }
-        }
-      }
     }
   }
 }
