@@ -34,6 +34,9 @@ AUTO = FLAGS.get("auto", "")
 # --amax-blocks=N: row blocks a workgroup of the per-tensor amax pass (fast_write.AMAX_BLOCKS), the A/B
 if FLAGS.get("amax-blocks"):
     fw.AMAX_BLOCKS = int(FLAGS["amax-blocks"])
+# --kgroup-rs=N: row sets of KIVI's key-group writer (fast_write.KGROUP_ROW_SETS: N x D/4 threads, 32/N rows a thread)
+if FLAGS.get("kgroup-rs"):
+    fw.KGROUP_ROW_SETS = int(FLAGS["kgroup-rs"])
 # --no-stage: the llama.cpp exchange writers store each lane's words in place (write_ggml.wgsl STAGE = 0), the A/B
 if "--no-stage" in sys.argv[1:]:
     from kvviz.kernels import fast_write_ggml as _fwg

@@ -97,7 +97,7 @@ WRITE_FP8 = WRITE_FP8.define(REDUCE=_REDUCE_WORKGROUP, **_FP8_DEFAULTS, **_LANE_
 WRITE_FP8_AMAX = WRITE_FP8_AMAX.define(REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
 WRITE_INT4 = WRITE_INT4.define(GROUP=32, REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
 WRITE_KIVI_TOK = WRITE_KIVI_TOK.define(BITS=2, REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
-WRITE_KIVI_KGROUP = WRITE_KIVI_KGROUP.define(BITS=2, REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
+WRITE_KIVI_KGROUP = WRITE_KIVI_KGROUP.define(BITS=2, REDUCE=_REDUCE_WORKGROUP, NV4=32, RS=4, SBUF=1024, **_LANE_DEFAULTS)
 # family "fast_write" (the quantised methods' writers) and family "f16" (the f16 method's kernels)
 KERNELS = {"fast_write": (WRITE_INT8, WRITE_FP8, WRITE_FP8_AMAX, WRITE_INT4, WRITE_KIVI_TOK, WRITE_KIVI_KGROUP),
            "f16": (WRITE_F16, F16_DEQUANT)}
@@ -335,6 +335,21 @@ def kivi_token_dispatches(rt: GpuRuntime, bits: int, key, value, slots, row_res,
                            extra_rows=[np.asarray(row_res, np.uint32)])
 
 
+KGROUP_ROW_SETS = 4  # write_kivi_kgroup.wgsl's row sets RS where RS x D/4 threads fit (fast_write_bench.py --kgroup-rs=N)
+
+
+def kgroup_defines(rt: GpuRuntime, head_size: int) -> dict:
+    """write_kivi_kgroup.wgsl's shape: NV4 = D/4 vec4 columns, RS row sets (4 where 4 x NV4 threads fit the
+    adapter's workgroup, else 2 or 1), so TG = RS x NV4 threads and 32 / RS rows a thread; SBUF its workgroup words."""
+    nv4 = head_size // 4
+    most = int(rt.limits.get("max-compute-invocations-per-workgroup", 256) or 256)
+    rs = next((r for r in (KGROUP_ROW_SETS, 4, 2, 1) if r <= KGROUP_ROW_SETS and r * nv4 <= most), 0)
+    if not rs:
+        raise UnsupportedShape(f"fast KIVI key-group writer: head size {head_size} needs {nv4} threads a workgroup, "
+                               f"the adapter allows {most}")
+    return {"NV4": nv4, "RS": rs, "SBUF": max(8 * rs * nv4, 32 * nv4)}
+
+
 def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndarray, group_rows: np.ndarray, info_buf,
                           k_buf, block_size: int, kstride: int, bt_off: int, mbs: int, *, key_buf=None,
                           variant: Variant | None = None) -> list[Dispatch]:
@@ -347,9 +362,8 @@ def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndar
     group_rows = np.asarray(group_rows, np.int64).reshape(-1, 32)
     if not len(groups):
         return []
-    kw = D * bits // 32
     var = variant or Variant(rt)
-    kern = rt.compile(WRITE_KIVI_KGROUP, BITS=bits, **var.defines(1))
+    kern = rt.compile(WRITE_KIVI_KGROUP, BITS=bits, **kgroup_defines(rt, D), **var.defines(1))
     sm = np.asarray(slots).astype(np.uint32)
     row_bytes = kvh * D * 4
     out = []
@@ -368,8 +382,8 @@ def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndar
             flat = rows.reshape(-1)
             kbuf, sbuf = rt.upload(key[flat], "kivi_key_groups"), rt.upload(sm[flat], "kivi_group_slots")
             local = np.arange(flat.size).reshape(rows.shape)
-        items = (b - a) * kvh * kw
-        gx, gy, gz = grid_2d(rt, -(-items // WG))
+        items = (b - a) * kvh  # a workgroup a (group, KV head)
+        gx, gy, gz = grid_2d(rt, items)
         out.append(kern.dispatch((gx, gy, gz), [kbuf, sbuf, rt.upload(local.astype(np.uint32), "kivi_group_rows"),
                                                 rt.upload(groups[a:b], "kivi_groups"), info_buf, k_buf],
                                  imm=kern.pack(kvh, D, block_size, kstride, bt_off, mbs, items, gx)))

@@ -465,8 +465,9 @@ def _kivi_slots() -> None:
                "codes and its per-channel (scale, zero) side words")
     fast_row = ("2-D (gx, gy, 1), workgroup w = y * gx + x: one workgroup per `rows` token rows, a lane group of LANES "
                 "lanes per (token, KV head) row: its V record or its residual K and V rows")
-    fast_kg = ("2-D (gx, gy, 1), workgroup w = y * gx + x: one invocation per work item (key group, KV head, K code word), "
-               "64 a workgroup; the group's rows read in place through grows")
+    fast_kg = ("2-D (gx, gy, 1), workgroup w = y * gx + x: one workgroup per work item (key group, KV head), RS x NV4 "
+               "threads (NV4 = head_size / 4, RS = 4 where that fits the adapter); the group's rows read in place "
+               "through grows")
     for sid, title, impl, spec, grid, tmpl, timed in (
         ("kivi.writer_tokens", "KIVI token writer (V codes, residual rows)", "first-wave",
          qk.KIVI_WRITE_TOK.define(BITS=2), tok_grid, False, "kivi writer (tokens + key groups)"),

@@ -42,13 +42,12 @@ fn any_subnormal(x: vec4<f32>) -> bool {
 // rounding boundary, and no a is subnormal, which a GPU may flush). Writers keep their codes of the sure ones
 // and redo the rest after their main loop, so the exact division is not inlined into every unrolled step.
 struct Round4 { q: vec4<f32>, sure: bool }
-fn round_mul4v(a: vec4<f32>, inv: vec4<f32>) -> Round4 {  // a divisor a lane (KIVI's per-channel keys)
+fn round_mul4(a: vec4<f32>, inv: f32) -> Round4 {
   let m = bitcast<vec4<u32>>(a * inv) & vec4<u32>(ABS_MASK);
   let lo = round(bitcast<vec4<f32>>(near_lo(m)));
   let hi = round(bitcast<vec4<f32>>(near_hi(m)));
   return Round4(select(lo, -lo, a < vec4<f32>(0.0)), all(lo == hi) && !any_subnormal(a));
 }
-fn round_mul4(a: vec4<f32>, inv: f32) -> Round4 { return round_mul4v(a, vec4<f32>(inv)); }
 
 // round(div_rn(a, b)) (half to even) for 4 values, exactly: round_mul4 where it is sure, else div_rn an
 // element at a time (a loop: one copy of the division).
@@ -69,12 +68,32 @@ fn asym_scale_fast(mn: f32, mx: f32, levels: u32) -> f32 {
 
 // Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as
 // common.wgsl asym_code does them one by one: asym_codes4 exactly, asym_codes4_fast the branch-free fast
-// path and whether it is exact for all 4 (round_mul4).
+// path and whether it is exact for all 4.
+// The fast path knows more than round_mul4: the quotient Q = (x - mn) / scale lies in [0, levels + 1), levels + 1 =
+// 2^K. So t = q + 2^(K+1) (q = (x - mn) * inv) has the exponent K+1 and q's value in its low 23 bits in units of
+// 2^-F, F = 22 - K: integer ops on those bits give the code (round half up, then the tie test below) and how far q
+// is from a halfway point, with no round and no float-to-int instruction (each 16 a clock an SM on NVIDIA against
+// 128 adds: the writers were bound by them, not by bytes), and no float identity a compiler could fold (a 1.5 x 2^23
+// add and subtract was: Mesa's NIR rewrote (q + c) - c as q). The code is sure when q's fraction lies more than
+// 8 units of 2^-F from one half: q is within 7 x 2^(K-23) of Q (1/scale within 2.5 ulp on Vulkan, 3 more in the
+// tests' inexact divider, the product's rounding; a driver contracting into an FMA only moves q closer), t rounds
+// q by half a unit, and a subnormal x, mn or x - mn flushed to 0 moves Q by at most 2^-126 / scale <= levels x
+// 2^-26 (scale >= 2^-100 / levels: common.wgsl's degenerate range): 4.1 units in all, so Q and q round to the same
+// integer and Q is no tie. A q outside [0, 2^(K+1)) (NaN from an overflowing range) is never sure.
+// inv must be 0 where scale is 0 (then every code is 0, sure).
 struct Codes4 { c: vec4<u32>, sure: bool }
+fn asym_codes4v_fast(x: vec4<f32>, mn: vec4<f32>, inv: vec4<f32>, levels: u32) -> Codes4 {
+  let k = firstLeadingBit(levels);                     // K - 1
+  let base = (k + 129u) << 23u;                         // the bits of 2^(K+1)
+  let fb = 21u - k;                                     // F
+  let half = 1u << (fb - 1u);
+  let b = bitcast<vec4<u32>>((x - mn) * inv + vec4<f32>(bitcast<f32>(base)));
+  let c = min((b - vec4<u32>(base - half)) >> vec4<u32>(fb), vec4<u32>(levels));
+  let off = abs(bitcast<vec4<i32>>(b & vec4<u32>((1u << fb) - 1u)) - vec4<i32>(i32(half)));
+  return Codes4(c, all(off > vec4<i32>(8)) && all(b - vec4<u32>(base) < vec4<u32>(1u << 23u)));
+}
 fn asym_codes4_fast(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> Codes4 {
-  let r = round_mul4(x - vec4<f32>(mn), inv);
-  let c = vec4<u32>(clamp(r.q, vec4<f32>(0.0), vec4<f32>(f32(levels))));
-  return Codes4(select(c, vec4<u32>(0u), scale == 0.0), r.sure || scale == 0.0);
+  return asym_codes4v_fast(x, vec4<f32>(mn), vec4<f32>(inv), levels);
 }
 fn asym_codes4(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> vec4<u32> {
   if (scale == 0.0) { return vec4<u32>(0u); }
