@@ -69,27 +69,41 @@ fn asym_scale_fast(mn: f32, mx: f32, levels: u32) -> f32 {
 // Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as
 // common.wgsl asym_code does them one by one: asym_codes4 exactly, asym_codes4_fast the branch-free fast
 // path and whether it is exact for all 4.
-// The fast path knows more than round_mul4: the quotient Q = (x - mn) / scale lies in [0, levels + 1), levels + 1 =
-// 2^K. So t = q + 2^(K+1) (q = (x - mn) * inv) has the exponent K+1 and q's value in its low 23 bits in units of
-// 2^-F, F = 22 - K: integer ops on those bits give the code (round half up, then the tie test below) and how far q
-// is from a halfway point, with no round and no float-to-int instruction (each 16 a clock an SM on NVIDIA against
-// 128 adds: the writers were bound by them, not by bytes), and no float identity a compiler could fold (a 1.5 x 2^23
-// add and subtract was: Mesa's NIR rewrote (q + c) - c as q). The code is sure when q's fraction lies more than
-// 8 units of 2^-F from one half: q is within 7 x 2^(K-23) of Q (1/scale within 2.5 ulp on Vulkan, 3 more in the
-// tests' inexact divider, the product's rounding; a driver contracting into an FMA only moves q closer), t rounds
-// q by half a unit, and a subnormal x, mn or x - mn flushed to 0 moves Q by at most 2^-126 / scale <= levels x
-// 2^-26 (scale >= 2^-100 / levels: common.wgsl's degenerate range): 4.1 units in all, so Q and q round to the same
-// integer and Q is no tie. A q outside [0, 2^(K+1)) (NaN from an overflowing range) is never sure.
-// inv must be 0 where scale is 0 (then every code is 0, sure).
+// The writers' fast path where the quotient is known to be small, |Q| < 2^k (int8_token: |x / scale| <= 127 (1 +
+// 2^-23), k = 7; asymmetric codes: (x - mn) / scale in [0, levels + 1) = [0, 2^k)): t = q + 3 x 2^k lies in
+// [2^(k+1), 2^(k+2)), so its low 23 bits are q + 2^k in units of 2^-F, F = 22 - k, and integer ops on them give
+// q's nearest integer (half up; ties are never sure) and how far q is from a halfway point. No round and no
+// float-to-int instruction (each 16 a clock an SM on NVIDIA against 128 adds: the writers were bound by them, not
+// by bytes), and no float identity a compiler may fold (a (q + c) - c was: Mesa's NIR rewrites it as q).
+// Sure when q's fraction lies more than 8 units from one half: q = a * inv is within 6 x 2^(k-23) of the exact
+// quotient Q (1/scale within 2.5 ulp on Vulkan, 3 more in the tests' inexact divider, the product's rounding; a
+// driver contracting into an FMA only moves q closer), 3 units; t rounds q by half a unit; a subnormal operand
+// flushed to 0 moves Q by at most 2^-126 / scale (asymmetric: <= levels x 2^-26, scale >= 2^-100 / levels by
+// common.wgsl's degenerate range; int8_token: scale >= 1e-8): under 4 units in all, so Q and q round to the same
+// integer and Q is no tie. A q outside (-2^k, 2^k) (NaN from an overflowing range) is never sure.
+struct Fix4 { n: vec4<i32>, sure: bool }
+fn round_fixed4(q: vec4<f32>, k: u32) -> Fix4 {
+  let f = 22u - k;
+  let half = 1u << (f - 1u);
+  let u = bitcast<vec4<u32>>(q + vec4<f32>(f32(3u << k))) - vec4<u32>((k + 128u) << 23u);   // less 2^(k+1)'s bits
+  let n = bitcast<vec4<i32>>((u + vec4<u32>(half)) >> vec4<u32>(f)) - vec4<i32>(i32(1u << k));
+  let off = abs(bitcast<vec4<i32>>(u & vec4<u32>((1u << f) - 1u)) - vec4<i32>(i32(half)));
+  return Fix4(n, all(off > vec4<i32>(8)) && all(u < vec4<u32>(1u << 23u)));
+}
+
+// Asymmetric codes (levels = 2^k - 1) by round_fixed4's rule, with q >= 0 known: t = q + 2^(k+1) (the same exponent
+// and units), so the integer comes out without the offset and only the top needs a clamp: two integer ops fewer an
+// element (on the H200, tools/device-session9d.sh: round_fixed4 itself measured KIVI 2-bit 260.9 us against this
+// form's 256.0, int4 241.2 against 233.0). inv must be 0 where scale is 0 (every code 0, sure).
 struct Codes4 { c: vec4<u32>, sure: bool }
 fn asym_codes4v_fast(x: vec4<f32>, mn: vec4<f32>, inv: vec4<f32>, levels: u32) -> Codes4 {
-  let k = firstLeadingBit(levels);                     // K - 1
-  let base = (k + 129u) << 23u;                         // the bits of 2^(K+1)
-  let fb = 21u - k;                                     // F
-  let half = 1u << (fb - 1u);
+  let k = firstLeadingBit(levels) + 1u;
+  let base = (k + 128u) << 23u;                         // the bits of 2^(k+1)
+  let f = 22u - k;
+  let half = 1u << (f - 1u);
   let b = bitcast<vec4<u32>>((x - mn) * inv + vec4<f32>(bitcast<f32>(base)));
-  let c = min((b - vec4<u32>(base - half)) >> vec4<u32>(fb), vec4<u32>(levels));
-  let off = abs(bitcast<vec4<i32>>(b & vec4<u32>((1u << fb) - 1u)) - vec4<i32>(i32(half)));
+  let c = min((b - vec4<u32>(base - half)) >> vec4<u32>(f), vec4<u32>(levels));
+  let off = abs(bitcast<vec4<i32>>(b & vec4<u32>((1u << f) - 1u)) - vec4<i32>(i32(half)));
   return Codes4(c, all(off > vec4<i32>(8)) && all(b - vec4<u32>(base) < vec4<u32>(1u << 23u)));
 }
 fn asym_codes4_fast(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> Codes4 {

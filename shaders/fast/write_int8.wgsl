@@ -9,7 +9,7 @@
 //                 127 / amax and amax / 127 divided exactly (kvviz/oracles/paged.py's float32 arithmetic).
 // One lane group of L lanes per (token, KV head) row, K and V together: lane l loads the vec4s
 // l, l + L, ... of the row (NV = hd / (4L) each), amax by red_min2, codes packed with pack4xI8 (int8_token:
-// branch-free by round_mul4, a lane's unsure words redone by fast/write_redo.wgsl).
+// branch-free by round_fixed4, a lane's unsure words redone by fast/write_redo.wgsl).
 // Cache u32 [num_blocks, kv_heads, block_size, wpt], wpt = hd/4 + 1; PAD_SLOT rows are skipped.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
@@ -27,12 +27,12 @@ fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
   return pack4xI8(clamp(vec4<i32>(round_div4(x, scale, inv)), vec4<i32>(-128), vec4<i32>(127)));
 }
 
-// (word, 1 when sure): the branch-free codes of the main loop (round_mul4); the seed's are always exact
+// (word, 1 when sure): the branch-free codes of the main loop (round_fixed4); the seed's are always exact
 // (round(x * inv), the seed's own arithmetic).
 fn fast_codes(x: vec4<f32>, inv: f32) -> vec2<u32> {
   if (SEED) { return vec2<u32>(pack4xI8(clamp(vec4<i32>(round(x * inv)), vec4<i32>(-127), vec4<i32>(127))), 1u); }
-  let r = round_mul4(x, inv);
-  return vec2<u32>(pack4xI8(clamp(vec4<i32>(r.q), vec4<i32>(-128), vec4<i32>(127))), select(0u, 1u, r.sure));
+  let r = round_fixed4(x * inv, 7u);
+  return vec2<u32>(pack4xI8(clamp(r.n, vec4<i32>(-128), vec4<i32>(127))), select(0u, 1u, r.sure));
 }
 
 fn scale_inv(amax: f32) -> vec2<f32> {
