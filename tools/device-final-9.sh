@@ -2,6 +2,8 @@
 # column's 4 channels) against one thread writing all four (HEAD's kernel, tools/ab-old2), twice each, interleaved;
 # the anchor bench (tools/device-check.sh anchor-core), every writer at the anchor (tools/fast_write_bench.py), then
 # the suites of the kernels changed this session on the H200.
+# tools/ab-old2 (not committed) held commit a881282's files, the A/B's old side; from a checkout: mkdir -p tools/ab-old2 &&
+#   git show a881282:shaders/fast/write_kivi_kgroup.wgsl > tools/ab-old2/write_kivi_kgroup.wgsl
 source tools/device-env.sh
 K=shaders/fast/write_kivi_kgroup.wgsl; cp $K /tmp/kg-new.wgsl
 for pass in 1 2; do

@@ -1,6 +1,9 @@
 # Device run (H200), session 9: KIVI's key-group writer, a workgroup a (group, KV head) that loads the 32-row tile
 # once (write_kivi_kgroup.wgsl), against the thread-a-code-word kernel it replaced (tools/ab-old: HEAD's shader
 # and launcher, swapped in), twice each, interleaved; then the KIVI suites on the H200.
+# tools/ab-old (not committed) held commit d240cef's files, the A/B's old side; from a checkout: mkdir -p tools/ab-old &&
+#   git show d240cef:shaders/fast/write_kivi_kgroup.wgsl > tools/ab-old/write_kivi_kgroup.wgsl
+#   git show d240cef:kvviz/kernels/fast_write.py > tools/ab-old/fast_write.py
 source tools/device-env.sh
 mkdir -p /tmp/new && cp shaders/fast/write_kivi_kgroup.wgsl kvviz/kernels/fast_write.py /tmp/new/
 for pass in 1 2; do

@@ -2,6 +2,10 @@
 # (write_common.wgsl asym_codes4v_fast: no round, no float-to-int) and KIVI's key groups a workgroup a (group, head),
 # against HEAD's write_common / key-group writer / launcher (tools/ab-old, swapped in), twice each, interleaved:
 # KIVI 2 / 4-bit (per dispatch) and int4_group. Then the writer suites on the H200.
+# tools/ab-old (not committed) held commit d240cef's files, the A/B's old side; from a checkout: mkdir -p tools/ab-old &&
+#   git show d240cef:shaders/fast/write_kivi_kgroup.wgsl > tools/ab-old/write_kivi_kgroup.wgsl
+#   git show d240cef:shaders/fast/write_common.wgsl > tools/ab-old/write_common.wgsl
+#   git show d240cef:kvviz/kernels/fast_write.py > tools/ab-old/fast_write.py
 source tools/device-env.sh
 mkdir -p /tmp/new && cp shaders/fast/write_kivi_kgroup.wgsl shaders/fast/write_common.wgsl kvviz/kernels/fast_write.py /tmp/new/
 swap() { for f in write_kivi_kgroup.wgsl write_common.wgsl; do cp $1/$f shaders/fast/; done; cp $1/fast_write.py kvviz/kernels/; }

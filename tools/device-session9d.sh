@@ -2,6 +2,9 @@
 # and no float-to-int), against 361feda's write_common / write_int8 (tools/ab-old2, swapped in), twice each,
 # interleaved; the KIVI / int4 rows ride along (their code path moved into round_fixed4, the same ops). Then the
 # writer suites on the H200.
+# tools/ab-old2 (not committed) held commit 361feda's files, the A/B's old side; from a checkout: mkdir -p tools/ab-old2 &&
+#   git show 361feda:shaders/fast/write_common.wgsl > tools/ab-old2/write_common.wgsl
+#   git show 361feda:shaders/fast/write_int8.wgsl > tools/ab-old2/write_int8.wgsl
 source tools/device-env.sh
 mkdir -p /tmp/new && cp shaders/fast/write_common.wgsl shaders/fast/write_int8.wgsl /tmp/new/
 swap() { cp $1/write_common.wgsl $1/write_int8.wgsl shaders/fast/; }
