@@ -18,7 +18,9 @@ Without the subgroup feature `dispatches` returns None and the caller keeps the 
 
 H200, anchor (15 x 4096 tokens, 8 KV heads, head 128; assets/bench/h200-2026-12-01-tq-writer.txt): 301.8 us at
 8 lanes a row (1812 GB/s, 43% of the copy shader), 318.8 at 4, 353.5 at 16; tq_general_compress 7463 us, the seed
-compressor tq_compress 2912 us.
+compressor tq_compress 2912 us. The kernel is bound by its instructions, not its bytes: the cross-lane butterflies
+as one fma by +-1 (not an add, a subtract and a select), the code and centroid from one set of compares and the JL
+nibble by ORs took it to 271.7 us (302.9 before, two passes each, tools/device-session9f.sh; 49.6 % of copy).
 """
 from __future__ import annotations
 
@@ -92,7 +94,8 @@ def _encode(which: str, L: int, NJ: int, I: str = "  ") -> list[str]:
     o += [f"{I}var {y[j]} = ({x}{j} * {x}k) * signs[{sp} * (D / 4u) + lane + {j}u * L];" for j in J]
     o += _wht(y, L, I)
     q = [f"{x}q{j}" for j in J]
-    o += [f"{I}let {q[j]} = qidx({y[j]}, {B});" for j in J]
+    o += [f"{I}let {q[j]}c = quant({y[j]}, {B}, {C});" for j in J]
+    o += [f"{I}let {q[j]} = {q[j]}c.q;" for j in J]
     # polar words: lane l's byte (its 4 codes) at bits 8 (l & 3) of word (l >> 2) + (L / 4) j
     pw = [f"{x}pw{j}" for j in J]
     for j in J:
@@ -101,7 +104,7 @@ def _encode(which: str, L: int, NJ: int, I: str = "  ") -> list[str]:
     rn = "0.0"
     if keys:
         r = [f"{x}r{j}" for j in J]
-        o += [f"{I}let {r[j]} = {y[j]} - cent({q[j]}, {C});" for j in J]
+        o += [f"{I}let {r[j]} = {y[j]} - {q[j]}c.c;" for j in J]
         o += [f"{I}{a[j]} = opaque({r[j]} * {r[j]});" for j in J]
         o += _tree(a, I)
         o += [f"{I}let {x}rn = sqrt(lane_sum({a[0]}));", f"{I}let {x}nr = {x}rn < EPS;",
@@ -110,8 +113,8 @@ def _encode(which: str, L: int, NJ: int, I: str = "  ") -> list[str]:
         o += [f"{I}var {z[j]} = ({r[j]} / {x}srn) * signs[(D / 4u) + lane + {j}u * L];" for j in J]
         o += _wht(z, L, I)
         nib = [f"{x}b{j}" for j in J]
-        o += [f"{I}let {nib[j]} = dot(select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), {z[j]} >= vec4<f32>(0.0)), vec4<u32>(1u));"
-              for j in J]
+        o += [f"{I}let {nib[j]}v = select(vec4<u32>(0u), vec4<u32>(1u, 2u, 4u, 8u), {z[j]} >= vec4<f32>(0.0));" for j in J]
+        o += [f"{I}let {nib[j]} = ({nib[j]}v.x | {nib[j]}v.y) | ({nib[j]}v.z | {nib[j]}v.w);" for j in J]
         rn = f"{x}rn"
     stores = []
     for j in J:
@@ -140,6 +143,8 @@ def render_defines(d: int, L: int, st: tqf.TQSettings) -> dict:
     (ik,), (iv,) = st.instances("K"), st.instances("V")
     ck, bk = ik.codebook
     cv, bv = iv.codebook
+    if any((np.diff(np.asarray(b, np.float64)) <= 0).any() for b in (bk, bv)):  # write_tq.wgsl quant() relies on the order
+        raise UnsupportedShape("fast TurboQuant writer: the codebook boundaries must be ascending")
     I = "  "
     load = [f"{I}var {x}{j} = vec4<f32>(0.0);" for x in "kv" for j in range(NJ)]
     load.append(f"{I}if (live) {{")

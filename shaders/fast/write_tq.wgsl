@@ -47,14 +47,15 @@ const BV: vec3<f32> = vec3<f32>({{BV}});
 
 fn opaque(x: vec4<f32>) -> vec4<f32> { return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) | vec4<u32>(p.zero)); }
 
-fn qidx(y: vec4<f32>, b: vec3<f32>) -> vec4<u32> {
-  return select(vec4<u32>(0u), vec4<u32>(1u), y >= vec4<f32>(b.x)) + select(vec4<u32>(0u), vec4<u32>(1u), y >= vec4<f32>(b.y))
-       + select(vec4<u32>(0u), vec4<u32>(1u), y >= vec4<f32>(b.z));
-}
-
-fn cent(q: vec4<u32>, c: vec4<f32>) -> vec4<f32> {
-  return select(select(vec4<f32>(c.x), vec4<f32>(c.y), q == vec4<u32>(1u)),
-                select(vec4<f32>(c.z), vec4<f32>(c.w), q == vec4<u32>(3u)), q >= vec4<u32>(2u));
+// The 2-bit code of y (the number of boundaries <= y; b ascending) and its centroid, from one set of compares: where
+// y >= b.y, also y >= b.x. NaN: code 0, centroid c.x.
+struct QC { q: vec4<u32>, c: vec4<f32> }
+fn quant(y: vec4<f32>, b: vec3<f32>, c: vec4<f32>) -> QC {
+  let g0 = y >= vec4<f32>(b.x);
+  let g1 = y >= vec4<f32>(b.y);
+  let g2 = y >= vec4<f32>(b.z);
+  return QC(select(select(vec4<u32>(0u), vec4<u32>(1u), g0), select(vec4<u32>(2u), vec4<u32>(3u), g2), g1),
+            select(select(vec4<f32>(c.x), vec4<f32>(c.y), g0), select(vec4<f32>(c.z), vec4<f32>(c.w), g2), g1));
 }
 
 // the butterflies of strides 1 and 2 (inside a vec4)
@@ -63,10 +64,10 @@ fn bfly12(v: vec4<f32>) -> vec4<f32> {
   return vec4<f32>(a.x + a.z, a.y + a.w, a.x - a.z, a.y - a.w);
 }
 
-// the butterfly across lanes l and l ^ m (stride 4m)
+// the butterfly across lanes l and l ^ m (stride 4m): own + partner in the lower lane, partner - own in the upper, as
+// one fma by +-1 (the product is exact, so the same single rounding as the add or subtract, not two ops and a select)
 fn xbfly(v: vec4<f32>, m: u32, lane: u32) -> vec4<f32> {
-  let o = subgroupShuffleXor(v, m);
-  return select(v + o, o - v, vec4<bool>((lane & m) != 0u));
+  return fma(v, vec4<f32>(select(1.0, -1.0, (lane & m) != 0u)), subgroupShuffleXor(v, m));
 }
 
 // the tree's lane and c steps: every lane returns the row's sum
