@@ -20,7 +20,10 @@ H200, anchor (15 x 4096 tokens, 8 KV heads, head 128; assets/bench/h200-2026-12-
 8 lanes a row (1812 GB/s, 43% of the copy shader), 318.8 at 4, 353.5 at 16; tq_general_compress 7463 us, the seed
 compressor tq_compress 2912 us. The kernel is bound by its instructions, not its bytes: the cross-lane butterflies
 as one fma by +-1 (not an add, a subtract and a select), the code and centroid from one set of compares and the JL
-nibble by ORs took it to 271.7 us (302.9 before, two passes each, tools/device-session9f.sh; 49.6 % of copy).
+nibble by ORs took it to 271.7 us (302.9 before, two passes each, tools/device-session9f.sh; 49.6 % of copy), and
+the OR of code words over 4 / 8 lanes written straight-line instead of a loop (naga bounds every loop with a counter
+the driver does not see through, so a 2-step loop stayed a loop) to 220.7 us (270.9 before, tools/device-session9g.sh;
+61.2 % of copy).
 """
 from __future__ import annotations
 
@@ -99,8 +102,8 @@ def _encode(which: str, L: int, NJ: int, I: str = "  ") -> list[str]:
     # polar words: lane l's byte (its 4 codes) at bits 8 (l & 3) of word (l >> 2) + (L / 4) j
     pw = [f"{x}pw{j}" for j in J]
     for j in J:
-        o.append(f"{I}let {pw[j]} = or_lanes(({q[j]}.x | ({q[j]}.y << 2u) | ({q[j]}.z << 4u) | ({q[j]}.w << 6u))"
-                 f" << (8u * (lane & 3u)), 4u);")
+        o.append(f"{I}let {pw[j]} = or4(({q[j]}.x | ({q[j]}.y << 2u) | ({q[j]}.z << 4u) | ({q[j]}.w << 6u))"
+                 f" << (8u * (lane & 3u)));")
     rn = "0.0"
     if keys:
         r = [f"{x}r{j}" for j in J]
@@ -123,12 +126,12 @@ def _encode(which: str, L: int, NJ: int, I: str = "  ") -> list[str]:
         jz = f"{x}z || {x}nr"
         if L >= 8:  # lane l's nibble at bits 4 (l & 7) of word (l >> 3) + (L / 8) j
             for j in J:
-                o.append(f"{I}let {x}jw{j} = or_lanes({nib[j]} << (4u * (lane & 7u)), 8u);")
+                o.append(f"{I}let {x}jw{j} = or8({nib[j]} << (4u * (lane & 7u)));")
                 stores.append(f"{I}  if ((lane & 7u) == 0u) {{ {cache}[{dst} + D / 16u + (lane >> 3u) + {L // 8}u * {j}u] = "
                               f"select({x}jw{j}, 0u, {jz}); }}")
         else:  # L = 4: word j >> 1 holds j's nibbles at 4 l + 16 (j & 1)
             for w in range(NJ // 2):
-                o.append(f"{I}let {x}jw{w} = or_lanes(({nib[2 * w]} | ({nib[2 * w + 1]} << 16u)) << (4u * lane), 4u);")
+                o.append(f"{I}let {x}jw{w} = or4(({nib[2 * w]} | ({nib[2 * w + 1]} << 16u)) << (4u * lane));")
                 stores.append(f"{I}  if (lane == 0u) {{ {cache}[{dst} + D / 16u + {w}u] = select({x}jw{w}, 0u, {jz}); }}")
     o.append(f"{I}if (store) {{")
     o += stores

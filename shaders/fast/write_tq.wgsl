@@ -77,10 +77,14 @@ fn lane_sum(v: vec4<f32>) -> f32 {
   return (s.x + s.z) + (s.y + s.w);
 }
 
-fn or_lanes(v: u32, span: u32) -> u32 {
-  var w = v;
-  for (var m = 1u; m < span; m = m << 1u) { w = w | subgroupShuffleXor(w, m); }
-  return w;
+// OR over the aligned 4 / 8 lanes, straight-line (a loop over the lane bits stays a loop: naga bounds it)
+fn or4(v: u32) -> u32 {
+  let a = v | subgroupShuffleXor(v, 1u);
+  return a | subgroupShuffleXor(a, 2u);
+}
+fn or8(v: u32) -> u32 {
+  let a = or4(v);
+  return a | subgroupShuffleXor(a, 4u);
 }
 
 @compute @workgroup_size(64)
