@@ -184,6 +184,70 @@ def test_the_margin_is_what_keeps_the_codes_exact(rt):
     assert (gk != ofw.int8_token(batch, k)).any()
 
 
+def _near_halves(lo: int, hi: int, span: int = 40) -> np.ndarray:
+    """Every float32 within `span` ulp of each halfway point k + 1/2, k in [lo, hi) (the halfway points included)."""
+    out = []
+    for k in range(lo, hi):
+        h = np.float32(k + 0.5)
+        vals = [h]
+        a = b = h
+        for _ in range(span):
+            a = np.nextafter(a, np.float32(-np.inf), dtype=np.float32)
+            b = np.nextafter(b, np.float32(np.inf), dtype=np.float32)
+            vals += [a, b]
+        out.append(np.array(vals, np.float32))
+    return np.concatenate(out)
+
+
+def _rows_with(head: np.ndarray, vals: np.ndarray, D: int) -> np.ndarray:
+    """Rows of D values: `head` first (it fixes the row's scale), then `vals` in order (the last row padded with them)."""
+    per = D - len(head)
+    n = -(-len(vals) // per)
+    body = np.resize(vals, n * per).reshape(n, per)
+    return np.concatenate([np.broadcast_to(head, (n, len(head))), body], 1).astype(np.float32)
+
+
+@pytest.mark.parametrize("ulps", [-3, 0, 3])
+def test_codes_within_40_ulp_of_every_halfway_point(ctx, ulps, monkeypatch):
+    """The fast path's codes come from integer ops on the bits of q + 3 x 2^k (write_common.wgsl round_fixed4 and
+    asym_codes4v_fast); a code is sure only 8 units of 2^(k-22) away from a halfway point. Every value within 40 ulp
+    of every halfway point of int8_token (scale exactly 1: amax 127), int4 (min 0, max 15 a group: scale 1) and KIVI
+    (min 0, max 2^bits - 1 a row and a channel), with the divider exact and 3 ulp off either way: the oracle's words."""
+    from kvviz.oracles import kivi as okv
+
+    D = 64
+    i8 = _rows_with(np.array([127.0], np.float32), np.concatenate([_near_halves(-127, 127), -_near_halves(0, 1)]), D)
+    batch = make_batch([len(i8)], 16)
+    var = fw.Variant(ctx.rt, inv_ulps=ulps)
+    gk, gv, _, _ = run_writer(ctx.rt, "int8_token", batch, i8[:, None, :], i8[::-1, None, :].copy(), var)
+    np.testing.assert_array_equal(gk, ofw.int8_token(batch, i8[:, None, :]))
+    np.testing.assert_array_equal(gv, ofw.int8_token(batch, i8[::-1, None, :].copy()))
+    # int4, groups of 32: each group 0, 15, then 30 values near the halfway points of [0, 15]
+    g = _rows_with(np.array([0.0, 15.0], np.float32), _near_halves(0, 15), 32).reshape(-1)
+    i4 = np.resize(g, (-(-len(g) // D)) * D).reshape(-1, D)
+    batch = make_batch([len(i4)], 16)
+    gk, gv, _, method = run_writer(ctx.rt, "int4-32", batch, i4[:, None, :], i4[::-1, None, :].copy(), var)
+    np.testing.assert_array_equal(gk, ofw.int4(batch, i4[:, None, :], 32))
+    np.testing.assert_array_equal(gv, ofw.int4(batch, i4[::-1, None, :].copy(), 32))
+    # KIVI: V per token over the head, K per channel over 32-token groups; rows 32g, 32g + 1 are 0 and the top level
+    real = fw.Variant
+    monkeypatch.setattr(fw, "Variant", lambda rt, subgroups=None, lanes=None: real(rt, subgroups, lanes, ulps))
+    for bits in (2, 4):
+        top = float(2 ** bits - 1)
+        near = _near_halves(0, 2 ** bits - 1)
+        v = _rows_with(np.array([0.0, top], np.float32), near, D)
+        T = -(-len(v) // 32) * 32
+        v = np.resize(v, (T, D))
+        k = np.resize(near, (T, D)).astype(np.float32)
+        k[0::32], k[1::32] = 0.0, top
+        batch = make_batch([T], 16)
+        m = get_method("kivi", bits=bits, recent=0)
+        got = m.read_buffers(ctx, m.quantize(ctx, batch, k[:, None, :], v[:, None, :]))
+        ref = okv.write_buffers(batch, k[:, None, :], v[:, None, :], bits, 0)
+        np.testing.assert_array_equal(got["k"], ref["k"])
+        np.testing.assert_array_equal(got["v"], ref["v"])
+
+
 @pytest.mark.parametrize("ulps", [-3, 3])
 def test_kivi_exact_with_an_inexact_divider(ctx, ulps, monkeypatch):
     from kvviz.oracles import kivi as okv
