@@ -74,7 +74,8 @@ fn asym_scale_fast(mn: f32, mx: f32, levels: u32) -> f32 {
 // [2^(k+1), 2^(k+2)), so its low 23 bits are q + 2^k in units of 2^-F, F = 22 - k, and integer ops on them give
 // q's nearest integer (half up; ties are never sure) and how far q is from a halfway point. No round and no
 // float-to-int instruction (each 16 a clock an SM on NVIDIA against 128 adds: the writers were bound by them, not
-// by bytes), and no float identity a compiler may fold (a (q + c) - c was: Mesa's NIR rewrites it as q).
+// by bytes), and no float identity a compiler may fold (a (q + c) - c form gave a wrong code at a tie on lavapipe:
+// Mesa's NIR may rewrite float ops not marked exact, (q + c) - c as q).
 // Sure when q's fraction lies more than 8 units from one half: q = a * inv is within 6 x 2^(k-23) of the exact
 // quotient Q (1/scale within 2.5 ulp on Vulkan, 3 more in the tests' inexact divider, the product's rounding; a
 // driver contracting into an FMA only moves q closer), 3 units; t rounds q by half a unit; a subnormal operand
