@@ -380,6 +380,44 @@ def test_kivi_fast_writer_words_equal_the_oracle(ctx, shape, bits, recent, no_su
     np.testing.assert_array_equal(got["res"][:n].view(np.uint32), ref["res"][:n].view(np.uint32))
 
 
+@pytest.mark.parametrize("row_sets", [1, 2, 8])
+def test_kivi_key_groups_at_other_row_sets(ctx, row_sets, monkeypatch):
+    """write_kivi_kgroup.wgsl at 1, 2 and 8 row sets (32, 16, 4 rows a thread; the product takes 4): the oracle's
+    words, K and V, head 64 and 128."""
+    from kvviz.oracles import kivi as okv
+
+    monkeypatch.setattr(fw, "KGROUP_ROW_SETS", row_sets)
+    for D, bits in ((64, 2), (128, 4)):
+        assert fw.kgroup_defines(ctx.rt, D)["RS"] == row_sets
+        batch = make_batch([100, 33], 16, policy="scattered", pad_every=5, seed=row_sets)
+        k, v = make_rows(np.random.default_rng(D + row_sets), batch.num_tokens, 2, D, "int4")
+        m = get_method("kivi", bits=bits, recent=0)
+        qkv = m.quantize(ctx, batch, k, v)
+        assert qkv.device["cache"].extra["writer_impl"] == "fast"
+        got, ref = m.read_buffers(ctx, qkv), okv.write_buffers(batch, k, v, bits, 0)
+        np.testing.assert_array_equal(got["k"], ref["k"])
+        np.testing.assert_array_equal(got["v"], ref["v"])
+
+
+def test_kivi_key_groups_beyond_the_workgroup_take_the_first_wave_writer(ctx, monkeypatch):
+    """A head whose key-group tile the adapter's workgroup cannot hold: kgroup_defines says why, and the method
+    writes the cache with the first-wave writers instead (the same words), saying so in writer_impl."""
+    from kvviz.oracles import kivi as okv
+
+    monkeypatch.setitem(ctx.rt.limits, "max-compute-workgroup-storage-size", 4096)   # 128 x D/4 bytes needed: D <= 128
+    assert fw.kgroup_defines(ctx.rt, 128)["NV4"] == 32
+    with pytest.raises(UnsupportedShape, match="workgroup memory"):
+        fw.kgroup_defines(ctx.rt, 256)
+    batch = make_batch([70], 16, seed=3)
+    k, v = make_rows(np.random.default_rng(5), batch.num_tokens, 1, 256, "int4")
+    m = get_method("kivi", bits=2, recent=0)
+    qkv = m.quantize(ctx, batch, k, v)
+    assert qkv.device["cache"].extra["writer_impl"] == "first-wave"
+    got, ref = m.read_buffers(ctx, qkv), okv.write_buffers(batch, k, v, 2, 0)
+    np.testing.assert_array_equal(got["k"], ref["k"])
+    np.testing.assert_array_equal(got["v"], ref["v"])
+
+
 def test_kivi_key_group_written_when_it_fills(ctx):
     """The key-group writer takes any list of (sequence, group) with their token rows: a group written
     alone after its 32nd token arrives (a live append) gives the prefill's words."""

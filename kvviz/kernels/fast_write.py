@@ -349,11 +349,13 @@ def kgroup_defines(rt: GpuRuntime, head_size: int) -> dict:
     adapter's workgroup, else 2 or 1), so TG = RS x NV4 threads and 32 / RS rows a thread; SBUF its workgroup words."""
     nv4 = head_size // 4
     most = int(rt.limits.get("max-compute-invocations-per-workgroup", 256) or 256)
-    rs = next((r for r in (KGROUP_ROW_SETS, 4, 2, 1) if r <= KGROUP_ROW_SETS and r * nv4 <= most), 0)
-    if not rs:
-        raise UnsupportedShape(f"fast KIVI key-group writer: head size {head_size} needs {nv4} threads a workgroup, "
-                               f"the adapter allows {most}")
-    return {"NV4": nv4, "RS": rs, "SBUF": max(8 * rs * nv4, 32 * nv4)}
+    shared = int(rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+    fits = [r for r in (KGROUP_ROW_SETS, 4, 2, 1) if r <= KGROUP_ROW_SETS and r * nv4 <= most
+            and 4 * max(8 * r * nv4, 32 * nv4) <= shared]
+    if not fits:
+        raise UnsupportedShape(f"fast KIVI key-group writer: head size {head_size} needs {nv4} threads and "
+                               f"{128 * nv4} bytes of workgroup memory, the adapter allows {most} and {shared}")
+    return {"NV4": nv4, "RS": fits[0], "SBUF": max(8 * fits[0] * nv4, 32 * nv4)}
 
 
 def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndarray, group_rows: np.ndarray, info_buf,

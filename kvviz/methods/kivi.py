@@ -19,9 +19,11 @@ on the host and locating its side words through the block table) touch disjoint 
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-from kvviz.errors import InvalidInput
+from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.gpu.runtime import Dispatch
 from kvviz.kernels import quant as qk
 from kvviz.kernels.timed import TimedKernel
@@ -32,6 +34,8 @@ from kvviz.methods.quant_common import DequantisedAttention
 from kvviz.formats import kivi as layout
 from kvviz.formats.asym import unpack_codes
 from kvviz.paging import PAD_SLOT
+
+log = logging.getLogger("kvviz.methods.kivi")
 
 BITS = (2, 4)
 GROUP = layout.GROUP
@@ -314,12 +318,16 @@ class Kivi(DequantisedAttention, KVMethod):
         defines = {"BITS": self.bits}
         out: list[Dispatch] = []
         if impl == "fast":
-            if T:
-                out += fw.kivi_token_dispatches(rt, self.bits, key, value, sm, row_res, qc.k, qc.v, res, bs, kstride)
-            out += fw.kivi_group_dispatches(rt, self.bits, key, sm, np.asarray(groups, np.uint32).reshape(-1, 4),
-                                            np.asarray(rows, np.int64).reshape(-1, GROUP), info_buf, qc.k, bs, kstride,
-                                            bt_off, mbs)
-            return out, impl
+            try:
+                if T:
+                    out += fw.kivi_token_dispatches(rt, self.bits, key, value, sm, row_res, qc.k, qc.v, res, bs, kstride)
+                out += fw.kivi_group_dispatches(rt, self.bits, key, sm, np.asarray(groups, np.uint32).reshape(-1, 4),
+                                                np.asarray(rows, np.int64).reshape(-1, GROUP), info_buf, qc.k, bs,
+                                                kstride, bt_off, mbs)
+                return out, impl
+            except UnsupportedShape as exc:  # a head the fast key-group writer's workgroup cannot hold: the same words
+                log.info("kivi: %s; the first-wave writers write this cache", exc)
+                out, impl = [], "first-wave"
         if T:
             tok = rt.compile(qk.KIVI_WRITE_TOK, **defines)
             imm = tok.pack(kvh, D, bs, kstride)
