@@ -66,9 +66,6 @@ fn asym_scale_fast(mn: f32, mx: f32, levels: u32) -> f32 {
   return div_fast(range, f32(levels));
 }
 
-// Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as
-// common.wgsl asym_code does them one by one: asym_codes4 exactly, asym_codes4_fast the branch-free fast
-// path and whether it is exact for all 4.
 // The writers' fast path where the quotient is known to be small, |Q| < 2^k (int8_token: |x / scale| <= 127 (1 +
 // 2^-23), k = 7; asymmetric codes: (x - mn) / scale in [0, levels + 1) = [0, 2^k)): t = q + 3 x 2^k lies in
 // [2^(k+1), 2^(k+2)), so its low 23 bits are q + 2^k in units of 2^-F, F = 22 - k, and integer ops on them give
@@ -107,6 +104,12 @@ fn asym_codes4v_fast(x: vec4<f32>, mn: vec4<f32>, inv: vec4<f32>, levels: u32) -
   let off = abs(bitcast<vec4<i32>>(b & vec4<u32>((1u << f) - 1u)) - vec4<i32>(i32(half)));
   return Codes4(c, all(off > vec4<i32>(8)) && all(b - vec4<u32>(base) < vec4<u32>(1u << 23u)));
 }
+
+// Asymmetric codes clamp(round((x - mn) / scale), 0, levels) of 4 values (scale 0: all 0), as
+// common.wgsl asym_code does them one by one: asym_codes4 exactly, asym_codes4_fast the branch-free fast
+// path and whether it is exact for all 4.
+// (scale stays in the signature, which user kernels copied from the int4 and KIVI templates call; the fast path
+// reads only inv, 0 where scale is 0.)
 fn asym_codes4_fast(x: vec4<f32>, mn: f32, scale: f32, inv: f32, levels: u32) -> Codes4 {
   return asym_codes4v_fast(x, vec4<f32>(mn), vec4<f32>(inv), levels);
 }
