@@ -154,6 +154,17 @@ def test_wrong_architecture_and_missing_tensor(tmp_path):
     write_tiny_gguf(tmp_path / "i8.gguf", int8=("blk.0.attn_v.weight",))
     with pytest.raises(InvalidInput, match=r"cannot dequantise blk\.0\.attn_v\.weight \(I8\)"):
         load_gguf_llama(tmp_path / "i8.gguf")
+    # a quantised row whose bytes are not whole blocks (ValueError there): the same clear error
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType
+
+    from kvviz.sources.gguf_llama import _dequant
+
+    bad = SimpleNamespace(name="blk.0.attn_q.weight", tensor_type=GGMLQuantizationType.Q8_0,
+                          data=np.zeros((2, 17), np.uint8), shape=[17, 2])   # q8_0 blocks are 34 bytes
+    with pytest.raises(InvalidInput, match=r"cannot dequantise blk\.0\.attn_q\.weight \(Q8_0\)"):
+        _dequant(bad, tmp_path / "bad.gguf")
 
 
 # ----------------------------------------------------------------------------------------------

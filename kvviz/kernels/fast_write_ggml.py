@@ -26,9 +26,9 @@ workgroup memory and barriers between the block parameters, the codes and the wo
   - every type's divisions (d, id; iq4_nl's 17+ a block) are exact by a float estimate corrected on the
     exact integer remainder (quant/common.wgsl div_fast), not a 25-step loop: the same bits;
   - q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (Q8_TRUNC; or on the bits of q + 1.5 * 2^23 with a tie
-    fix); mxfp4's exponent by
-    a formula (no 256-entry private table; tests: against kvviz/formats/ggml.py log2_up_table and gguf) and
-    its codes as the nearest doubled E2M1 value on the bits (not a 16-value argmin search; the same codes);
+    fix); mxfp4's exponent by a formula (no 256-entry private table; tests: against kvviz/formats/ggml.py
+    log2_up_table and gguf) and its codes as the nearest doubled E2M1 value on the bits (not a 16-value argmin
+    search; the same codes);
   - 16-B loads (8 vec4s a block), codes 4 at a time, whole-word stores;
   - NVFP4: scales and codes from one product each (max|x| * (1/s_t * 1/6), |x| * (1/s_t * 1/e4m3)),
     encoded on the float bits, branch-free; a group with a value within 32 ulp of a rounding boundary (or
