@@ -348,6 +348,7 @@ fn next_first(v: u32) -> u32 { {{NEXT_FIRST}} }
 const STAGE: u32 = {{STAGE}}u;
 const WPR: u32 = {{WPR}}u;                 // words of a row's record (the type's words per token)
 const NO_ROW: u32 = 0xFFFFFFFFu;
+const STORES: u32 = (R * WPR + 63u) / 64u;   // the staged stores a thread makes (STAGE)
 var<workgroup> SO: array<u32, {{SO_LEN}}>;   // R * WPR (STAGE) or 1
 var<workgroup> SD: array<u32, {{SD_LEN}}>;   // R (STAGE) or 1
 
@@ -436,9 +437,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (STAGE == 1u) {   // the workgroup's records from SO, word by word
       if (lane == 0u) { SD[rl] = select(NO_ROW, dst - w0, store); }
       workgroupBarrier();
-      for (var n = lid; n < R * WPR; n = n + 64u) {
-        let d = SD[n / WPR];
-        if (d != NO_ROW) {
+      // @unroll (straight-line: naga bounds a loop, so a loop stays a loop)
+      for (var j = 0u; j < STORES; j = j + 1u) {
+        let n = lid + 64u * j;
+        let d = SD[min(n / WPR, R - 1u)];
+        if (n < R * WPR && d != NO_ROW) {
           if (which == 0u) { k_cache[d + n % WPR] = SO[n]; } else { v_cache[d + n % WPR] = SO[n]; }
         }
       }

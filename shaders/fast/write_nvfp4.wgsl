@@ -147,6 +147,7 @@ fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
 const STAGE: u32 = {{STAGE}}u;
 const WPR: u32 = {{WPR}}u;   // words of a record
 const NO_ROW: u32 = 0xFFFFFFFFu;
+const STORES: u32 = (R * WPR + 63u) / 64u;   // the staged stores a thread makes
 var<workgroup> SOK: array<u32, {{SO_LEN}}>;
 var<workgroup> SOV: array<u32, {{SO_LEN}}>;
 var<workgroup> SD: array<u32, {{SD_LEN}}>;
@@ -192,9 +193,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   if (STAGE == 1u) {
     if (lane == 0u) { SD[rl] = select(NO_ROW, rec, store); }
     workgroupBarrier();
-    for (var n = lid; n < R * WPR; n = n + 64u) {
-      let d = SD[n / WPR];
-      if (d != NO_ROW) {
+    // @unroll
+    for (var j = 0u; j < STORES; j = j + 1u) {   // straight-line: naga bounds a loop, so a loop stays a loop
+      let n = lid + 64u * j;
+      let d = SD[min(n / WPR, R - 1u)];
+      if (n < R * WPR && d != NO_ROW) {
         k_cache[d + n % WPR] = SOK[n];
         v_cache[d + n % WPR] = SOV[n];
       }
