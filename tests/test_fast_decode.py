@@ -11,6 +11,8 @@ context split into many partitions, and the variant without subgroups.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -120,6 +122,27 @@ def test_partitions_single_and_many(rt):
     a, ref, _ = run_case(rt, fd.INT8, [700, 33, 2048], 8, 2, 128, 16, partition_tokens=4096)
     b, _, _ = run_case(rt, fd.INT8, [700, 33, 2048], 8, 2, 128, 16, partition_tokens=16)
     assert np.abs(a - b).max() <= 2e-5 * max(1.0, float(np.abs(ref).max()))
+
+
+def test_reduce_partitions_past_its_chunk(rt):
+    """The reduce takes the partitions REDUCE_CHUNK at a time: 13 partitions (a chunk and a partial one, the 33-token
+    sequence's 12 of them empty) and 9 give the oracle's output, and the shader's chunk is the host's."""
+    for pt in (160, 240):
+        run_case(rt, fd.INT8, [700, 33, 2048], 8, 2, 128, 16, partition_tokens=pt)
+    src = (Path(fd.__file__).parents[2] / "shaders" / fd.REDUCE.path).read_text()
+    assert f"const CHUNK: u32 = {fd.REDUCE_CHUNK}u;" in src
+
+
+@pytest.mark.parametrize("fmt", [fd.F16, fd.INT8, fd.int4_format(32)], ids=lambda f: f.name)
+def test_block_ids_a_step_ahead(rt, fmt, monkeypatch):
+    """The block-table entries loaded a step ahead (BT_AHEAD_FORMATS) give the same bits as loaded in the step that
+    uses them, over ragged, scattered sequences and a block size that is not a power of two."""
+    lens = [1, 250, 0, 77, 300]
+    outs = []
+    for ahead in (("f16", "int8", "int4"), ()):
+        monkeypatch.setattr(fd, "BT_AHEAD_FORMATS", ahead)
+        outs.append(run_case(rt, fmt, lens, 8, 2, 64, 5, prefetch=True, partition_tokens=96)[0])
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def test_no_subgroups_variant(rt):
@@ -232,6 +255,33 @@ def test_prefetch_and_constant_block_bit_identical(rt, fmt):
     got, _, _ = run_case(rt, fmt, lens, 8, 2, 128, 16, tensor=(0.02, 0.5), prefetch=True, const_block=True,
                          partition_tokens=64, magic=True, unroll=unroll)
     np.testing.assert_array_equal(got, base)
+
+
+def test_int8_conversions_every_code(rt, monkeypatch):
+    """Every int8 code -128..127 in K and V: the codes converted by f16 pairs (I8X4_VIA_F16, the default), by the
+    2^23 trick alone and by unpack4xI8 give the same output bit for bit, within the oracle's tolerance."""
+    kvh, D, bs = 2, 128, 16
+    batch = make_batch([300, 17], bs, policy="scattered", seed=3)
+    n = batch.num_blocks * kvh * bs
+    codes = (np.arange(n * D) * 7 % 256).astype(np.uint8).reshape(n, D)   # every byte, in shifting orders
+    words = np.empty((n, D // 4 + 1), np.uint32)
+    words[:, :D // 4] = codes.view(np.uint32)
+    words[:, D // 4] = np.float32(0.03).view(np.uint32)
+    vwords = words.copy()
+    vwords[:, :D // 4] = codes[::-1].copy().view(np.uint32)
+    q = np.random.default_rng(3).standard_normal((2, 8, D)).astype(np.float32)
+    k, v = rt.upload(words.ravel(), "k"), rt.upload(vwords.ravel(), "v")
+    fast = fd.FastDecode(rt)
+    outs = []
+    for magic, via_f16 in ((False, True), (True, True), (True, False)):
+        monkeypatch.setattr(fd, "I8X4_VIA_F16", via_f16)
+        outs.append(fast.decode(fd.INT8, k, v, kvh, q, batch, 0.088, magic=magic, partition_tokens=64))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[2], outs[0])
+    val = lambda w: w[:, :D // 4].copy().view(np.int8).astype(np.float64) * 0.03  # noqa: E731
+    shape = (batch.num_blocks, kvh, bs, D)
+    ref = O.decode(q, val(words).reshape(shape), val(vwords).reshape(shape), batch.block_tables, batch.context_lens, bs, 0.088)
+    assert np.abs(outs[0] - ref).max() <= 2e-5 * max(1.0, float(np.abs(val(vwords)).max()))
 
 
 @pytest.mark.parametrize("unroll,lanes,bs", [(1, 16, 8), (2, 8, 32), (2, 4, 5)])

@@ -26,7 +26,9 @@ from kvviz.kernels import fast_decode as fd
 from kvviz.kernels.copy import measure_copy
 from kvviz.paging import make_batch
 
-# --fp8-unit=off: e4m3 codes converted times 2^8 a vec4 (fast_decode.FP8_UNIT emptied), the A/B of the folded unit
+# --fp8-unit=off: e4m3 codes converted times 2^8 a vec4 (fast_decode.FP8_UNIT emptied), the A/B of the folded unit;
+# --bt-ahead=off|all: each block-table entry loaded in the step that uses it, or a step ahead, for every format
+# (fast_decode.BT_AHEAD_FORMATS: the default's formats)
 FLAGS = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[1:] if a.startswith("--"))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
@@ -39,6 +41,10 @@ H, KVH, D, BS = 32, 8, 128, 16
 SCALE = 0.088
 if FLAGS.get("fp8-unit") == "off":
     fd.FP8_UNIT = {}
+if FLAGS.get("i8-f16"):  # int8 codes -> f32 by f16 pairs, or by the 2^23 trick alone (fast_decode.I8X4_VIA_F16)
+    fd.I8X4_VIA_F16 = FLAGS["i8-f16"] == "on"
+if FLAGS.get("bt-ahead") in ("off", "all"):  # block-table entries a step ahead for no format / every format
+    fd.BT_AHEAD_FORMATS = () if FLAGS["bt-ahead"] == "off" else ("f32", "f16", "int8", "fp8_e4m3", "fp8_e5m2", "int4")
 rt = GpuRuntime()
 print(rt.summary.line())
 copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)

@@ -88,6 +88,19 @@ PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decod
 # without subgroups: a whole head a lane) would double a shader that is already huge (lavapipe's LLVM took
 # over 10 minutes to compile the f16 head-64 one-lane kernel with it).
 PREFETCH_MAX_WORDS = 24
+# Formats whose prefetch loads each token's block-table entry a step before the words it addresses (step_loads'
+# bt_ahead), so the next step's loads need not wait on a block-table load first (a warp issues in order). H200 at the
+# anchor (tools/device-session10a.sh, two passes, split + reduce): f16 84.7 / 84.2 -> 83.2 / 82.9 us, int4 101.1 / 101.4
+# -> 99.6 / 99.1, but int8 91.6 / 91.6 -> 92.9 / 92.7, so not int8; f32 and fp8_e4m3 unchanged within 0.5 us
+# (tools/device-session10b.sh; tools/fast_decode_tune.py --bt-ahead=off|all).
+BT_AHEAD_FORMATS = ("f16", "int4")
+# Tried and slower there: the prefetch two steps ahead (int8 92.8 -> 100.2, f16 83.1 -> 88.9, int4 99.4 -> 105.0); the
+# query slices in workgroup memory, read back each step instead of held in registers (tools/device-session10c.sh: int8
+# split 86.9 -> 97.0 us, f16 77.0 -> 83.4, int4 94.3 -> 97.4). An SM holds 4 of the int8 decode's 128-thread workgroups
+# (tools/device-session10b.sh: 5 partitions, 600 workgroups, 120.1 us against 4's 92.4), and the 480 of the anchor fit.
+# Each step's P.V run one step late, beside the next step's logits (the same operations in the same order, so the same
+# bits; tools/device-session10e.sh): int8 split 86.3 -> 113.5 us, f16 77.7 -> 107.5, int4 93.7 -> 102.3, the int8 query
+# at 4 tokens a row 62.5 -> 63.1; its 17 more live registers a thread push the kernel past what lets an SM hold 4.
 
 
 def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
@@ -288,11 +301,29 @@ fn u4x4(w: u32, sh: u32) -> vec4<f32> {
 }"""
 
 
+# The same int8 x 4 by way of f16 pairs: the even and the odd bytes (sign bits flipped, n + 128) OR-ed into the
+# mantissas of two f16 1024s are the f16 pair (1024 + n + 128) exactly (f16 holds the integers to 2048), and
+# unpack2x16float turns each pair into two f32 at once: 3 integer ops and 2 conversions a word instead of 11 integer
+# ops; the same values, so the same outputs bit for bit (tests/test_fast_decode.py).
+I8X4_VIA_F16_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by f16 pairs 1024 + n (see fast_decode.py)
+fn i8x4(w: u32) -> vec4<f32> {
+  let x = w ^ 0x80808080u;
+  let ev = unpack2x16float((x & 0x00FF00FFu) | 0x64006400u);           // bytes 0, 2
+  let od = unpack2x16float(((x >> 8u) & 0x00FF00FFu) | 0x64006400u);   // bytes 1, 3
+  return vec4<f32>(ev.x, od.x, ev.y, od.y) - vec4<f32>(1152.0);
+}"""
+I8X4_VIA_F16 = True  # render's magic int8 conversion takes the f16 route (tools/fast_decode_tune.py --i8-f16=off|on)
+
+
 def _helpers(fmt: CacheFormat, magic: bool = False, fold_unit: bool = False) -> str:
     """fold_unit: e4m3's fp8x4 returns the value / 2^8 (the f16 pattern's own value) and the caller folds the 2^8
     into its scales (render: the query and the V scale, FP8_UNIT), instead of 4 multiplies a vec4."""
     if not fmt.fp8:
-        return INT_TO_F32_WGSL if magic and fmt.elems_per_word in (4, 8) else ""
+        if not (magic and fmt.elems_per_word in (4, 8)):
+            return ""
+        if I8X4_VIA_F16:
+            return I8X4_VIA_F16_WGSL + "\n" + INT_TO_F32_WGSL[INT_TO_F32_WGSL.index("// 4 nibbles"):]
+        return INT_TO_F32_WGSL
     # FP8 bytes -> f16 bit patterns by shifts and masks (e5m2 is the top byte of an f16; e4m3's 4-bit exponent and
     # 3-bit mantissa land in an f16's low exponent bits and top mantissa bits, so the f16 is the value / 2^8,
     # subnormals included), then unpack2x16float: 2 conversions a pair instead of a decoder a byte. Exact for
@@ -576,7 +607,7 @@ def partial_writes(G: int, nv: int, J: str = "    ", head0: str = "seq * p.num_h
     return out
 
 
-def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None):
+def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None, bt_ahead: bool = False):
     """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml,
     fast_decode_kivi): (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens
     of a row group's step gets its row in the paged cache (`bsx`: the block size, a constant or
@@ -592,19 +623,31 @@ def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = 
     address lets, names ending in sfx; the r given to words) at stage "step" (the step's own token, no
     prefetch), "first" (the prologue's: the first step's; `tlast` = max(t1, 1) - 1 is defined) or "next" (the
     next step's). None: the split loop's walk (tokens tb + rg * U + u, RG * U a step) over a
-    [blocks, kv_heads, block_size, WPT] cache."""
+    [blocks, kv_heads, block_size, WPT] cache; there, with the prefetch, bt_ahead loads each token's block-table
+    entry a step before the words it addresses (BT_AHEAD_FORMATS)."""
+
+    ahead = prefetch and bt_ahead and rows is None
 
     def paged(u, stage, sfx):
         base, last = {"step": ("tb", "t1 - 1u"), "first": ("t0", "tlast"), "next": ("tb + RG * U", "tlast")}[stage]
         tc, row = f"tc{u}{sfx}", f"row{u}{sfx}"
-        return [(tc, f"min({base} + rg * U + {u}u, {last})"),
-                (row, f"((block_tables[bt + {tc} / {bsx}] * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT")], row
+        block = f"block_tables[bt + {tc} / {bsx}]"
+        if ahead and stage == "next":  # the block id loaded a step before (BT_AHEAD_FORMATS); load the one after
+            return [(tc, f"min({base} + rg * U + {u}u, {last})"),
+                    (row, f"((bid{u} * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT"),
+                    (f"=bid{u}", f"block_tables[bt + min(tb + 2u * RG * U + rg * U + {u}u, tlast) / {bsx}]")], row
+        lets = [(tc, f"min({base} + rg * U + {u}u, {last})"),
+                (row, f"(({block} * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT")]
+        if ahead and stage == "first":  # the second step's block ids
+            lets.append((f"var bid{u}", f"block_tables[bt + min(t0 + RG * U + rg * U + {u}u, tlast) / {bsx}]"))
+        return lets, row
 
     def emit(ind, stage, decl, pre, sfx):
         out, names, rs = [], [], []
         for u in range(U):
             lets, r = (rows or paged)(u, stage, sfx)
-            out += [f"{ind}let {n} = {e};" for n, e in lets]
+            out += [f"{ind}{n[1:]} = {e};" if n[0] == "=" else f"{ind}{n} = {e};" if n.startswith("var ")
+                    else f"{ind}let {n} = {e};" for n, e in lets]
             rs.append(r)
         for u in range(U):
             for name, expr in words(u, rs[u]):
@@ -640,6 +683,15 @@ def split_context(partition_tokens: int | None, planned: int, step: int, max_len
         raise InvalidInput(f"partition_tokens must be positive, got {pt}")
     pt = int(math.ceil(pt / step) * step)
     return pt, max(1, math.ceil(max(max_len, 1) / pt))
+
+
+def reduce_loops(P: int) -> int:
+    """Loop iterations of one invocation of fast/decode_reduce.wgsl over P partitions (its two loops of
+    ceil(P / CHUNK) steps, each loop charged + 2: kvviz/kernels/loop_budget.py)."""
+    return 2 * (math.ceil(P / REDUCE_CHUNK) + 2)
+
+
+REDUCE_CHUNK = 8  # partitions a step of the reduce (decode_reduce.wgsl CHUNK)
 
 
 def check_grid(rt: GpuRuntime, name: str, counts) -> None:
@@ -731,7 +783,7 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
                         (f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")]
         return out
 
-    first, loaded, rotate = step_loads(U, bsx, words, prefetch, I, J)
+    first, loaded, rotate = step_loads(U, bsx, words, prefetch, I, J, bt_ahead=fmt.name in BT_AHEAD_FORMATS)
     pro += first
     for u in range(U):
         step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
@@ -1026,12 +1078,12 @@ class FastDecode:
         return FastDecodePlan(d, out, (S, H, D), pt, P, lay, variant_name(qk, pv, pv_flush, unroll))
 
     def _check_loops(self, pt: int, lay: Layout, P: int) -> None:
-        """The split kernel loops pt / (RG*U) times, the reduce 3 loops of P: both must fit a software
+        """The split kernel loops pt / (RG*U) times, the reduce reduce_loops(P): both must fit a software
         rasteriser's per-invocation loop budget (kvviz/kernels/loop_budget.py)."""
         limit = self.rt.loop_limit
         if limit is None:
             return
-        need = max(math.ceil(pt / lay.tokens_per_step) + 2, 3 * (P + 2) + math.ceil(256 / 64) * (P + 2))
+        need = max(math.ceil(pt / lay.tokens_per_step) + 2, reduce_loops(P))
         if need > limit:
             raise DeviceLimitError(f"fast decode: {need} loop iterations per invocation exceed this adapter's "
                                    f"loop limit of {limit}", "Use more partitions (shorter partition_tokens).")

@@ -443,8 +443,7 @@ class KiviFastDecode:
         sweeps = math.ceil(pt / GROUP / gps)
         res_steps = math.ceil(min(pt, residual + GROUP) / lay.tokens_per_step)
         split = sweeps + 2 + sweeps * (tg // lay.unroll + 2) + res_steps + 2
-        reduce = 3 * (P + 2) + math.ceil(256 / 64) * (P + 2)
-        need = max(split, reduce)
+        need = max(split, fd.reduce_loops(P))
         if need > limit:
             raise DeviceLimitError(f"fast KIVI decode: {need} loop iterations per invocation exceed this adapter's "
                                    f"loop limit of {limit}", "Use more partitions (shorter partition_tokens).")
