@@ -303,8 +303,8 @@ fn u4x4(w: u32, sh: u32) -> vec4<f32> {
 
 # The same int8 x 4 by way of f16 pairs: the even and the odd bytes (sign bits flipped, n + 128) OR-ed into the
 # mantissas of two f16 1024s are the f16 pair (1024 + n + 128) exactly (f16 holds the integers to 2048), and
-# unpack2x16float turns each pair into two f32 at once: 3 integer ops and 2 conversions a word instead of 11 integer
-# ops; the same values, so the same outputs bit for bit (tests/test_fast_decode.py).
+# unpack2x16float turns each pair into two f32 at once: 6 integer ops and 2 conversions a word instead of 12 integer
+# ops (as written); the same values, so the same outputs bit for bit (tests/test_fast_decode.py).
 I8X4_VIA_F16_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by f16 pairs 1024 + n (see fast_decode.py)
 fn i8x4(w: u32) -> vec4<f32> {
   let x = w ^ 0x80808080u;
