@@ -5,6 +5,7 @@ variants compute wrong outputs on purpose (diagnostics, never a product path); e
     no shuffles        subgroupShuffle / subgroupShuffleXor replaced by their own argument (the lane's value)
     cheap codes        the int8 -> f32 conversions (i8x4) replaced by one AND and a bitcast a word
     no P.V             the accumulator updates dropped (the compiler then drops the V loads and conversions too)
+and, for the kernel as built, the reduce alone in its own pass beside split + reduce in one (the rest is the gap).
 Run on the device: python3 tools/decode_diag.py [passes [num_seqs ctx]]"""
 import dataclasses
 import re
@@ -65,5 +66,9 @@ for p in range(1, PASSES + 1):
         except Exception as exc:  # noqa: BLE001 (a diagnostic table: say what failed and go on)
             print(f"pass {p} {name:18s} failed: {exc}")
             continue
-        print(f"pass {p} {name:18s} split {split:7.1f} us", flush=True)
+        extra = ""
+        if patch is None and b is batch:  # the kernel as built: the reduce alone, and split + reduce in one pass
+            both = rt.time(plan.dispatches, 30, 5).median_us
+            extra = f"  reduce alone {rt.time(plan.dispatches[1:], 30, 5).median_us:6.1f} us  split + reduce {both:7.1f} us"
+        print(f"pass {p} {name:18s} split {split:7.1f} us{extra}", flush=True)
 fd.render = render
