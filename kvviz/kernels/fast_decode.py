@@ -646,6 +646,7 @@ def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = 
         out, names, rs = [], [], []
         for u in range(U):
             lets, r = (rows or paged)(u, stage, sfx)
+            # a name "=x" assigns the var x, "var x" declares it, any other is a let
             out += [f"{ind}{n[1:]} = {e};" if n[0] == "=" else f"{ind}{n} = {e};" if n.startswith("var ")
                     else f"{ind}let {n} = {e};" for n, e in lets]
             rs.append(r)
