@@ -99,6 +99,22 @@ def test_ragged_heads_and_gqa(tq, fast, d, G, kvh):
     assert caught, "the tolerance must be tight enough to see the other QJL scale"
 
 
+def test_loop_budget_counts_the_reduce_butterflies(tq, fast, monkeypatch):
+    """The reduce's loops over 22 partitions (8 at a time) and its inverse rotation's butterfly loop are both charged
+    against a software rasteriser's loop budget: one short of their sum is refused with DeviceLimitError, the sum
+    itself runs (and matches the oracle)."""
+    from kvviz.errors import DeviceLimitError
+    from kvviz.kernels import fast_decode as fd
+
+    need = fd.reduce_loops(700 // 32 + 1) + fq.reduce_butterfly_loops(128)
+    assert need == 2 * (3 + 2) + (7 + 2)
+    monkeypatch.setattr(tq.rt, "loop_limit", need - 1)
+    with pytest.raises(DeviceLimitError):
+        check(tq, fast, [700, 1], 2, 4, 128, seed=5, partition_tokens=32)
+    monkeypatch.setattr(tq.rt, "loop_limit", need)
+    check(tq, fast, [700, 1], 2, 4, 128, seed=5, partition_tokens=32)
+
+
 @pytest.mark.parametrize("qjl", ["reference", "unbiased"])
 def test_partitions_single_and_many(tq, fast, qjl):
     lens = [700, 1, 0, 333]

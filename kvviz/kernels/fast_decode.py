@@ -1078,13 +1078,14 @@ class FastDecode:
              self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
         return FastDecodePlan(d, out, (S, H, D), pt, P, lay, variant_name(qk, pv, pv_flush, unroll))
 
-    def _check_loops(self, pt: int, lay: Layout, P: int) -> None:
-        """The split kernel loops pt / (RG*U) times, the reduce reduce_loops(P): both must fit a software
-        rasteriser's per-invocation loop budget (kvviz/kernels/loop_budget.py)."""
+    def _check_loops(self, pt: int, lay: Layout, P: int, reduce_extra: int = 0) -> None:
+        """The split kernel loops pt / (RG*U) times, the reduce reduce_loops(P) (+ reduce_extra: a reduce with
+        loops of its own, TurboQuant's butterflies): both must fit a software rasteriser's per-invocation loop
+        budget (kvviz/kernels/loop_budget.py)."""
         limit = self.rt.loop_limit
         if limit is None:
             return
-        need = max(math.ceil(pt / lay.tokens_per_step) + 2, reduce_loops(P))
+        need = max(math.ceil(pt / lay.tokens_per_step) + 2, reduce_loops(P) + reduce_extra)
         if need > limit:
             raise DeviceLimitError(f"fast decode: {need} loop iterations per invocation exceed this adapter's "
                                    f"loop limit of {limit}", "Use more partitions (shorter partition_tokens).")

@@ -74,6 +74,12 @@ PAGED_SPLIT = KernelSpec(
 )
 KERNELS = (SPLIT, REDUCE, PAGED_SPLIT)
 
+
+def reduce_butterfly_loops(D: int) -> int:
+    """Loop iterations of decode_tq_reduce.wgsl beyond the generic reduce's (fast_decode.reduce_loops: its two
+    loops over the partitions, CHUNK at a time): the inverse rotation's butterfly loop, log2 D steps, charged + 2."""
+    return max(1, math.ceil(math.log2(max(2, D)))) + 2
+
 # the generator's record: 16 two-bit codes a polar word (fd.choose_layout then gives lanes owning whole words)
 TQ_FORMAT = fd.CacheFormat("turboquant", 16)
 
@@ -304,7 +310,7 @@ class TQFastDecode:
                                  lay.tokens_per_step, mcl)
         fd.check_grid(self.rt, "fast TurboQuant decode",
                       (("partitions", P), ("KV heads", kvh), ("query heads", H), ("sequences", S)))
-        self._fast._check_loops(pt, lay, P)
+        self._fast._check_loops(pt, lay, P, reduce_butterfly_loops(D))
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, live[0].signs)
         q_region = q_cap * H * D
         out = self.rt.empty(S * H * D * 4, "fast_decode_tq_out")  # zero-filled: a sequence without tokens is 0
@@ -383,7 +389,7 @@ class TQFastDecode:
                                  lay.tokens_per_step, mcl)
         fd.check_grid(self.rt, "fast TurboQuant decode", (("partitions", P), ("KV heads", kvh), ("query heads", H),
                                                           ("sequences", S)))
-        self._fast._check_loops(pt, lay, P)
+        self._fast._check_loops(pt, lay, P, reduce_butterfly_loops(D))
         if signs is None:
             signs = self.rt.upload(params.signs_buffer(), "tq_signs")
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, signs)

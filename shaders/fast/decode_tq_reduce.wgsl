@@ -14,6 +14,7 @@ struct P { num_heads: u32, head_size: u32, num_partitions: u32, sign_off: u32, o
 var<immediate> p: P;
 
 var<workgroup> acc: array<f32, 128>;
+const CHUNK: u32 = 8u;   // partitions a step (fast_decode.REDUCE_CHUNK, as fast/decode_reduce.wgsl)
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
@@ -22,28 +23,48 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let D = p.head_size;
   let stride = D + 2u;
   let base = (wid.y * p.num_heads + head) * p.num_partitions * stride;
+  // the partitions CHUNK at a time, their loads issued together (fast/decode_reduce.wgsl says why); an index past
+  // the last partition reads the last one and adds nothing; the sums run in partition order
+  let last = p.num_partitions - 1u;
   var m = -3.0e38;
-  for (var i = 0u; i < p.num_partitions; i = i + 1u) {
-    if (partials[base + i * stride + 1u] > 0.0) {
-      m = max(m, partials[base + i * stride]);
+  for (var i0 = 0u; i0 < p.num_partitions; i0 = i0 + CHUNK) {
+    var mc: array<f32, CHUNK>;
+    var lc: array<f32, CHUNK>;
+    // @unroll
+    for (var k = 0u; k < CHUNK; k = k + 1u) {
+      let o = base + min(i0 + k, last) * stride;
+      mc[k] = partials[o];
+      lc[k] = partials[o + 1u];
+    }
+    // @unroll
+    for (var k = 0u; k < CHUNK; k = k + 1u) {
+      if (lc[k] > 0.0) { m = max(m, mc[k]); }
     }
   }
   var l = 0.0;
-  for (var i = 0u; i < p.num_partitions; i = i + 1u) {
-    let li = partials[base + i * stride + 1u];
-    if (li > 0.0) {
-      l = l + li * exp2(partials[base + i * stride] - m);
+  var a = 0.0;
+  let td = min(t, D - 1u);
+  for (var i0 = 0u; i0 < p.num_partitions; i0 = i0 + CHUNK) {
+    var e: array<f32, CHUNK>;
+    var lc: array<f32, CHUNK>;
+    var ac: array<f32, CHUNK>;
+    // @unroll
+    for (var k = 0u; k < CHUNK; k = k + 1u) {
+      let o = base + min(i0 + k, last) * stride;
+      e[k] = exp2(partials[o] - m);
+      lc[k] = partials[o + 1u];
+      ac[k] = partials[o + 2u + td];
+    }
+    // @unroll
+    for (var k = 0u; k < CHUNK; k = k + 1u) {
+      if (i0 + k < p.num_partitions && lc[k] > 0.0) {
+        l = l + lc[k] * e[k];
+        a = a + ac[k] * e[k];
+      }
     }
   }
   let inv = select(0.0, 1.0 / l, l > 0.0);
   if (t < D) {
-    var a = 0.0;
-    for (var i = 0u; i < p.num_partitions; i = i + 1u) {
-      let o = base + i * stride;
-      if (partials[o + 1u] > 0.0) {
-        a = a + partials[o + 2u + t] * exp2(partials[o] - m);
-      }
-    }
     acc[t] = a * inv * p.inv_sqrt_d;
   }
   var s = 1u;
