@@ -289,16 +289,17 @@ def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: int, 
 # nibble n OR-ed into the mantissa of 2^23 is the float 2^23 + n, and subtracting 2^23 leaves n exactly
 # (signed bytes: flip the sign bit first, n + 128, and subtract 2^23 + 128). Exact, so the same values as
 # unpack4xI8 / vec4<f32>(u32): render(..., magic=True), bit-identical outputs (tests/test_fast_decode.py).
-INT_TO_F32_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
+I8X4_MAGIC_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
 fn i8x4(w: u32) -> vec4<f32> {
   let b = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
   return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0);
-}
-// 4 nibbles of w from bit `sh` (element l in bits sh+4l..) -> f32 exactly, by the same trick
+}"""
+U4X4_MAGIC_WGSL = """// 4 nibbles of w from bit `sh` (element l in bits sh+4l..) -> f32 exactly, by the same trick
 fn u4x4(w: u32, sh: u32) -> vec4<f32> {
   let b = (vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u);
   return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
 }"""
+INT_TO_F32_WGSL = I8X4_MAGIC_WGSL + "\n" + U4X4_MAGIC_WGSL
 
 
 # The same int8 x 4 by way of f16 pairs: the even and the odd bytes (sign bits flipped, n + 128) OR-ed into the
@@ -321,9 +322,7 @@ def _helpers(fmt: CacheFormat, magic: bool = False, fold_unit: bool = False) -> 
     if not fmt.fp8:
         if not (magic and fmt.elems_per_word in (4, 8)):
             return ""
-        if I8X4_VIA_F16:
-            return I8X4_VIA_F16_WGSL + "\n" + INT_TO_F32_WGSL[INT_TO_F32_WGSL.index("// 4 nibbles"):]
-        return INT_TO_F32_WGSL
+        return (I8X4_VIA_F16_WGSL if I8X4_VIA_F16 else I8X4_MAGIC_WGSL) + "\n" + U4X4_MAGIC_WGSL
     # FP8 bytes -> f16 bit patterns by shifts and masks (e5m2 is the top byte of an f16; e4m3's 4-bit exponent and
     # 3-bit mantissa land in an f16's low exponent bits and top mantissa bits, so the f16 is the value / 2^8,
     # subnormals included), then unpack2x16float: 2 conversions a pair instead of a decoder a byte. Exact for
@@ -686,13 +685,13 @@ def split_context(partition_tokens: int | None, planned: int, step: int, max_len
     return pt, max(1, math.ceil(max(max_len, 1) / pt))
 
 
+REDUCE_CHUNK = 8  # partitions a step of the reduce (decode_reduce.wgsl CHUNK)
+
+
 def reduce_loops(P: int) -> int:
     """Loop iterations of one invocation of fast/decode_reduce.wgsl over P partitions (its two loops of
     ceil(P / CHUNK) steps, each loop charged + 2: kvviz/kernels/loop_budget.py)."""
     return 2 * (math.ceil(P / REDUCE_CHUNK) + 2)
-
-
-REDUCE_CHUNK = 8  # partitions a step of the reduce (decode_reduce.wgsl CHUNK)
 
 
 def check_grid(rt: GpuRuntime, name: str, counts) -> None:

@@ -80,6 +80,7 @@ def reduce_butterfly_loops(D: int) -> int:
     loops over the partitions, CHUNK at a time): the inverse rotation's butterfly loop, log2 D steps, charged + 2."""
     return max(1, math.ceil(math.log2(max(2, D)))) + 2
 
+
 # the generator's record: 16 two-bit codes a polar word (fd.choose_layout then gives lanes owning whole words)
 TQ_FORMAT = fd.CacheFormat("turboquant", 16)
 

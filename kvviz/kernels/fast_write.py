@@ -341,7 +341,8 @@ def kivi_token_dispatches(rt: GpuRuntime, bits: int, key, value, slots, row_res,
                            extra_rows=[np.asarray(row_res, np.uint32)])
 
 
-KGROUP_ROW_SETS = 4  # write_kivi_kgroup.wgsl's row sets RS where RS x D/4 threads fit (fast_write_bench.py --kgroup-rs=N)
+# write_kivi_kgroup.wgsl's row sets RS (1, 2, 4 or 8) where RS x D/4 threads fit (fast_write_bench.py --kgroup-rs=N)
+KGROUP_ROW_SETS = 4
 
 
 def kgroup_defines(rt: GpuRuntime, head_size: int) -> dict:
@@ -350,12 +351,12 @@ def kgroup_defines(rt: GpuRuntime, head_size: int) -> dict:
     nv4 = head_size // 4
     most = int(rt.limits.get("max-compute-invocations-per-workgroup", 256) or 256)
     shared = int(rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
-    fits = [r for r in (KGROUP_ROW_SETS, 4, 2, 1) if r <= KGROUP_ROW_SETS and r * nv4 <= most
-            and 4 * max(8 * r * nv4, 32 * nv4) <= shared]
+    sbuf = lambda r: max(8 * r * nv4, 32 * nv4)  # noqa: E731 (workgroup words at r row sets)
+    fits = [r for r in (8, 4, 2, 1) if r <= KGROUP_ROW_SETS and r * nv4 <= most and 4 * sbuf(r) <= shared]
     if not fits:
         raise UnsupportedShape(f"fast KIVI key-group writer: head size {head_size} needs {nv4} threads and "
                                f"{128 * nv4} bytes of workgroup memory, the adapter allows {most} and {shared}")
-    return {"NV4": nv4, "RS": fits[0], "SBUF": max(8 * fits[0] * nv4, 32 * nv4)}
+    return {"NV4": nv4, "RS": fits[0], "SBUF": sbuf(fits[0])}
 
 
 def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndarray, group_rows: np.ndarray, info_buf,
