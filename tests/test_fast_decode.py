@@ -11,7 +11,6 @@ context split into many partitions, and the variant without subgroups.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -124,13 +123,15 @@ def test_partitions_single_and_many(rt):
     assert np.abs(a - b).max() <= 2e-5 * max(1.0, float(np.abs(ref).max()))
 
 
-def test_reduce_partitions_past_its_chunk(rt):
-    """The reduce takes the partitions REDUCE_CHUNK at a time: 13 partitions (a chunk and a partial one, the 33-token
-    sequence's 12 of them empty) and 9 give the oracle's output, and the shader's chunk is the host's."""
-    for pt in (160, 240):
-        run_case(rt, fd.INT8, [700, 33, 2048], 8, 2, 128, 16, partition_tokens=pt)
-    src = (Path(fd.__file__).parents[2] / "shaders" / fd.REDUCE.path).read_text()
-    assert f"const CHUNK: u32 = {fd.REDUCE_CHUNK}u;" in src
+def test_reduce_partitions_few_and_many(rt):
+    """Both reduces give the oracle's output: the chunked one (3 partitions, 6) and the wide one (fast_decode.reduce_spec
+    from WIDE_REDUCE_FROM partitions: 14, one step of GROUPS * CHUNK with groups given fewer than CHUNK; 69, two full
+    steps and a partial one). The 33-token sequence leaves all but 1 or 2 partitions empty, the empty sequence all."""
+    assert fd.reduce_spec(8) is fd.REDUCE and fd.reduce_spec(fd.WIDE_REDUCE_FROM) is fd.REDUCE_WIDE
+    assert fd.FastDecode(rt).layout(fd.INT8, 128, 4).tokens_per_step == 32  # so these lengths are not rounded
+    for pt, P in ((1024, 3), (416, 6), (160, 14), (32, 69)):
+        assert fd.split_context(pt, 0, 32, 2200) == (pt, P)
+        run_case(rt, fd.INT8, [700, 33, 0, 2200], 8, 2, 128, 16, partition_tokens=pt)
 
 
 @pytest.mark.parametrize("fmt", [fd.F16, fd.INT8, fd.int4_format(32)], ids=lambda f: f.name)

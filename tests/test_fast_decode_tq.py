@@ -106,7 +106,7 @@ def test_loop_budget_counts_the_reduce_butterflies(tq, fast, monkeypatch):
     from kvviz.errors import DeviceLimitError
     from kvviz.kernels import fast_decode as fd
 
-    need = fd.reduce_loops(700 // 32 + 1) + fq.reduce_butterfly_loops(128)
+    need = fd.chunked_reduce_loops(700 // 32 + 1) + fq.reduce_butterfly_loops(128)
     assert need == 2 * (3 + 2) + (7 + 2)
     monkeypatch.setattr(tq.rt, "loop_limit", need - 1)
     with pytest.raises(DeviceLimitError):

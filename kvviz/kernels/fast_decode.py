@@ -49,8 +49,11 @@ SPLIT = KernelSpec(
 )
 REDUCE = KernelSpec("fast/decode_reduce.wgsl", bindings=ro("partials") + rw("out"),
                     immediates=Struct("P", "num_heads head_size num_partitions"))
+# the same combine for many partitions (reduce_spec picks one of the two)
+REDUCE_WIDE = KernelSpec("fast/decode_reduce_wide.wgsl", bindings=ro("partials") + rw("out"),
+                         immediates=Struct("P", "num_heads head_size num_partitions"))
 SUBGROUP_PROBE = KernelSpec("probe/subgroup_size.wgsl", bindings=rw("out"))
-KERNELS = (SPLIT, REDUCE, SUBGROUP_PROBE)
+KERNELS = (SPLIT, REDUCE, REDUCE_WIDE, SUBGROUP_PROBE)
 
 # A tensor-scale buffer for formats without per-tensor scales: words 2 and 3 (K, V scale) are 1.0
 # (the FP8 per-tensor writer's layout: [amax K, amax V, scale K, scale V]).
@@ -685,13 +688,31 @@ def split_context(partition_tokens: int | None, planned: int, step: int, max_len
     return pt, max(1, math.ceil(max(max_len, 1) / pt))
 
 
-REDUCE_CHUNK = 8  # partitions a step of the reduce (decode_reduce.wgsl CHUNK)
+REDUCE_CHUNK = 8  # partitions a step of decode_reduce.wgsl (and of TurboQuant's reduce: CHUNK there)
+WIDE_REDUCE_GROUPS, WIDE_REDUCE_CHUNK = 4, 8  # decode_reduce_wide.wgsl's GROUPS and CHUNK
+# the most partitions decode_reduce.wgsl takes; decode_reduce_wide.wgsl takes more. On the H200
+# (tools/device-session11c.sh, int8 / f16 split + reduce): at 4 partitions the wide one was 2.3 / 2.5 us slower, at 15
+# 1.5 / 0.3 us faster, at 60 11.8 / 11.1 us faster
+WIDE_REDUCE_FROM = 9
 
 
-def reduce_loops(P: int) -> int:
-    """Loop iterations of one invocation of fast/decode_reduce.wgsl over P partitions (its two loops of
-    ceil(P / CHUNK) steps, each loop charged + 2: kvviz/kernels/loop_budget.py)."""
+def reduce_spec(P: int) -> KernelSpec:
+    """The reduce of the fast decodes' partials for P partitions: REDUCE, or REDUCE_WIDE for many."""
+    return REDUCE_WIDE if P >= WIDE_REDUCE_FROM else REDUCE
+
+
+def chunked_reduce_loops(P: int) -> int:
+    """Loop iterations of one invocation of decode_reduce.wgsl (or TurboQuant's reduce) over P partitions: two loops
+    of ceil(P / CHUNK) steps, each charged + 2 (kvviz/kernels/loop_budget.py)."""
     return 2 * (math.ceil(P / REDUCE_CHUNK) + 2)
+
+
+def reduce_loops(P: int, spec: KernelSpec | None = None) -> int:
+    """Loop iterations of one invocation of `spec` (default reduce_spec(P)) over P partitions (the wide one: one
+    loop of ceil(P / (GROUPS * CHUNK)) steps, charged + 2)."""
+    if (spec or reduce_spec(P)) is REDUCE:
+        return chunked_reduce_loops(P)
+    return math.ceil(P / (WIDE_REDUCE_GROUPS * WIDE_REDUCE_CHUNK)) + 2
 
 
 def check_grid(rt: GpuRuntime, name: str, counts) -> None:
@@ -1040,10 +1061,12 @@ class FastDecode:
              unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32",
              pv: str = "f32", pv_flush: int = PV_FLUSH, prefetch: bool | None = None,
              const_block: bool = True, lazy: bool | None = None, magic: bool | None = None,
-             scatter: bool | None = None) -> FastDecodePlan:
+             scatter: bool | None = None, reduce: KernelSpec | None = None) -> FastDecodePlan:
         """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
         block_size, wpt] u32 words, or f32 for the f32 format). qk="i8" / pv="f16": the variants
-        (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32."""
+        (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32.
+        reduce: REDUCE or REDUCE_WIDE for any partition count (default reduce_spec: the Kernel lab's reduce
+        slots and A/Bs pick one)."""
         q, G = check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         why = unsupported(fmt, D, G)
@@ -1059,7 +1082,8 @@ class FastDecode:
         pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
                               lay.tokens_per_step, mcl)
         check_grid(self.rt, "fast decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
-        self._check_loops(pt, lay, P)
+        reduce = reduce or reduce_spec(P)
+        self._check_loops(pt, lay, P, reduce_loops(P, reduce))
         wpt = fmt.wpt(D)
         need = batch.num_blocks * num_kv_heads * batch.block_size * wpt * 4
         for name, buf in (("K", k), ("V", v)):
@@ -1074,17 +1098,17 @@ class FastDecode:
                 self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), self._tensor(tensor), partials]
         imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
         d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
-             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
+             self.rt.compile(reduce).dispatch((H, S, 1), [partials, out], H, D, P)]
         return FastDecodePlan(d, out, (S, H, D), pt, P, lay, variant_name(qk, pv, pv_flush, unroll))
 
-    def _check_loops(self, pt: int, lay: Layout, P: int, reduce_extra: int = 0) -> None:
-        """The split kernel loops pt / (RG*U) times, the reduce reduce_loops(P) (+ reduce_extra: a reduce with
-        loops of its own, TurboQuant's butterflies): both must fit a software rasteriser's per-invocation loop
-        budget (kvviz/kernels/loop_budget.py)."""
+    def _check_loops(self, pt: int, lay: Layout, P: int, reduce_need: int | None = None) -> None:
+        """The split kernel loops pt / (RG*U) times, the reduce reduce_loops(P) (or reduce_need: another reduce,
+        TurboQuant's with its butterflies): both must fit a software rasteriser's per-invocation loop budget
+        (kvviz/kernels/loop_budget.py)."""
         limit = self.rt.loop_limit
         if limit is None:
             return
-        need = max(math.ceil(pt / lay.tokens_per_step) + 2, reduce_loops(P) + reduce_extra)
+        need = max(math.ceil(pt / lay.tokens_per_step) + 2, reduce_loops(P) if reduce_need is None else reduce_need)
         if need > limit:
             raise DeviceLimitError(f"fast decode: {need} loop iterations per invocation exceed this adapter's "
                                    f"loop limit of {limit}", "Use more partitions (shorter partition_tokens).")
@@ -1194,7 +1218,7 @@ class SiblingDecode:
                 self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), *extra, partials]
         imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
         d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
-             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
+             self.rt.compile(reduce_spec(P)).dispatch((H, S, 1), [partials, out], H, D, P)]
         return SiblingPlan(d, out, (S, H, D), pt, P, lay, label)
 
     def read(self, plan: SiblingPlan) -> np.ndarray:

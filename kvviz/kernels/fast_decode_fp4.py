@@ -1,7 +1,7 @@
 """The fast NVFP4 decode: split-K ("flash-decoding") paged attention that reads the nvfp4 method's cache
 (kvviz/formats/fp4.py: E2M1 codes, an FP8 E4M3 scale per 16 elements, an f32 scale per tensor) in place,
 without the dequantise pass and the f32 copy of the cache the first-wave path makes. Shaders
-fast/decode_fp4.wgsl (split, rendered here) + fast/decode_reduce.wgsl (fast_decode's reduce, unchanged);
+fast/decode_fp4.wgsl (split, rendered here) + fast_decode's reduce (reduce_spec), unchanged;
 numpy reference: the method's own (kvviz/oracles/fp4.py: e2m1 * e4m3 * s_t through the f32 decode's
 arithmetic in float64); tests tests/test_fast_decode_nvfp4.py.
 

@@ -1,7 +1,7 @@
 """The fast ggml decode: split-K ("flash-decoding") paged attention that reads llama.cpp block-type caches
 (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4; kvviz/formats/ggml.py) in place, without the dequantise pass
 and the f32 copy of the cache the first-wave path makes. Shaders fast/decode_ggml.wgsl (split, rendered
-here) + fast/decode_reduce.wgsl (fast_decode's reduce, unchanged); numpy reference: the method's own
+here) + fast_decode's reduce (reduce_spec), unchanged; numpy reference: the method's own
 (kvviz/oracles/ggml.py: gguf's dequantisation through the f32 decode's arithmetic in float64); tests
 tests/test_fast_decode_ggml.py. Reuses fast_decode's pieces (layout rules, merge_tree, plan_partitions, the
 subgroup probe, the loop-budget check, the reduce).

@@ -1,6 +1,6 @@
 """The fast KIVI decode: split-K ("flash-decoding") attention over KIVI's paged cache (keys per channel over
 groups of 32 tokens, values per token, 2 or 4 bits, the recent tokens in an f32 residual buffer), read in
-place. Shaders fast/decode_kivi.wgsl (split, rendered here) + fast/decode_reduce.wgsl (the fast decode's
+place. Shaders fast/decode_kivi.wgsl (split, rendered here) + fast_decode.reduce_spec's reduce (the fast decode's
 reduce, shared). Numpy reference: the method's own (kvviz/oracles/kivi.method_attention: the oracle's
 dequantised caches through the f32 decode's arithmetic, float64); tests tests/test_fast_decode_kivi.py.
 The first-wave path (kivi_dequant.wgsl into an f32 paged cache, then the f32 paged decode) stays as the
@@ -48,7 +48,7 @@ What it does:
     rows of the partition's part of [n_q, L) (the f32 fast decode's step: U tokens a row group), with
     the same online-softmax state; usually only the last partition of a sequence has residual rows;
   - the row groups merge through workgroup memory (fast_decode.merge_tree), row group 0 writes the
-    partition's [m, l, acc] to partials and fast/decode_reduce.wgsl combines the partitions (an empty
+    partition's [m, l, acc] to partials and the fast decode's reduce combines the partitions (an empty
     sequence gives 0).
 
 Shapes: bits 2 / 4; the padded head size (a multiple of 16, the method pads) up to 256; GQA 1..16; a block
@@ -430,7 +430,7 @@ class KiviFastDecode:
         out = self.rt.empty(S * H * D * 4, "fast_decode_kivi_out")
         imm = kern.pack(num_kv_heads, H, bs, bt.shape[1], 4 * S, kstride, kl.ws(D, bs), pt, P, float(scale) * LOG2E)
         d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, res, info, partials], (P, num_kv_heads, S), imm),
-             self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, out], H, D, P)]
+             self.rt.compile(fd.reduce_spec(P)).dispatch((H, S, 1), [partials, out], H, D, P)]
         return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg, pf)
 
     def _check_loops(self, pt: int, lay: fd.Layout, tg: int, P: int, residual: int) -> None:

@@ -76,8 +76,8 @@ KERNELS = (SPLIT, REDUCE, PAGED_SPLIT)
 
 
 def reduce_butterfly_loops(D: int) -> int:
-    """Loop iterations of decode_tq_reduce.wgsl beyond the generic reduce's (fast_decode.reduce_loops: its two
-    loops over the partitions, CHUNK at a time): the inverse rotation's butterfly loop, log2 D steps, charged + 2."""
+    """Loop iterations of decode_tq_reduce.wgsl beyond its loops over the partitions (those of decode_reduce.wgsl:
+    fast_decode.chunked_reduce_loops): the inverse rotation's butterfly loop, log2 D steps, charged + 2."""
     return max(1, math.ceil(math.log2(max(2, D)))) + 2
 
 
@@ -311,7 +311,7 @@ class TQFastDecode:
                                  lay.tokens_per_step, mcl)
         fd.check_grid(self.rt, "fast TurboQuant decode",
                       (("partitions", P), ("KV heads", kvh), ("query heads", H), ("sequences", S)))
-        self._fast._check_loops(pt, lay, P, reduce_butterfly_loops(D))
+        self._fast._check_loops(pt, lay, P, fd.chunked_reduce_loops(P) + reduce_butterfly_loops(D))
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, live[0].signs)
         q_region = q_cap * H * D
         out = self.rt.empty(S * H * D * 4, "fast_decode_tq_out")  # zero-filled: a sequence without tokens is 0
@@ -390,7 +390,7 @@ class TQFastDecode:
                                  lay.tokens_per_step, mcl)
         fd.check_grid(self.rt, "fast TurboQuant decode", (("partitions", P), ("KV heads", kvh), ("query heads", H),
                                                           ("sequences", S)))
-        self._fast._check_loops(pt, lay, P, reduce_butterfly_loops(D))
+        self._fast._check_loops(pt, lay, P, fd.chunked_reduce_loops(P) + reduce_butterfly_loops(D))
         if signs is None:
             signs = self.rt.upload(params.signs_buffer(), "tq_signs")
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, signs)

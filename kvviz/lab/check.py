@@ -562,7 +562,9 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         from kvviz.oracles import paged as op
 
         fmt, kbuf, vbuf, tensor, (kf, vf) = _decode_cache(ctx, slot, batch, key, value, H)
-        plan = ctx.fast.plan(fmt, kbuf, vbuf, kvh, q, batch, scale, tensor=tensor)
+        # a reduce slot runs its own reduce at any partition count (the decode picks one of two by the count)
+        plan = ctx.fast.plan(fmt, kbuf, vbuf, kvh, q, batch, scale, tensor=tensor,
+                             reduce=slot.spec if slot.role == "reduce" else None)
         kernel = _resolve(kernel, plan.dispatches, slot)
         run = _swap(plan.dispatches, slot, kernel)
         rt.run(run)

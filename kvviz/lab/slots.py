@@ -414,11 +414,13 @@ def _fast_slots() -> None:
              f"filled with fast_decode.render()'s values for the {fmt_name} format at the shape being run",),
             timed_name=f"fast_decode_{fmt_name}", template=True,
         ))
-    register(Slot(
-        "fast.reduce", "fast decode reduce (decode_reduce)", "reduce", "fast", fd.REDUCE, None, "fast-decode", "f32",
-        _buffers(fd.REDUCE, bufs), _imm(fd.REDUCE),
-        "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) combines its partitions", oracle, tol,
-    ))
+    for sid, spec, what in (("fast.reduce", fd.REDUCE, "decode_reduce"),
+                            ("fast.reduce_wide", fd.REDUCE_WIDE, "decode_reduce_wide, the fast decodes' from 9 partitions")):
+        register(Slot(
+            sid, f"fast decode reduce ({what})", "reduce", "fast", spec, None, "fast-decode", "f32",
+            _buffers(spec, bufs), _imm(spec),
+            "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) combines its partitions", oracle, tol,
+        ))
 
 
 KIVI_OPTIONS = (("bits", 2), ("recent", 0))
