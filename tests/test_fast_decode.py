@@ -124,14 +124,18 @@ def test_partitions_single_and_many(rt):
 
 
 def test_reduce_partitions_few_and_many(rt):
-    """Both reduces give the oracle's output: the chunked one (3 partitions, 6) and the wide one (fast_decode.reduce_spec
-    from WIDE_REDUCE_FROM partitions: 14, one step of GROUPS * CHUNK with groups given fewer than CHUNK; 69, two full
-    steps and a partial one). The 33-token sequence leaves all but 1 or 2 partitions empty, the empty sequence all."""
+    """Both reduces give the oracle's output: the chunked one (3 partitions, 6 where 32 tokens a step) and the wide one
+    (fast_decode.reduce_spec from WIDE_REDUCE_FROM partitions: 14, one step of GROUPS * CHUNK with groups given fewer
+    than CHUNK; 69 or more, two full steps and a partial one). The 33-token sequence leaves all but a few partitions
+    empty, the empty sequence all."""
     assert fd.reduce_spec(8) is fd.REDUCE and fd.reduce_spec(fd.WIDE_REDUCE_FROM) is fd.REDUCE_WIDE
-    assert fd.FastDecode(rt).layout(fd.INT8, 128, 4).tokens_per_step == 32  # so these lengths are not rounded
-    for pt, P in ((1024, 3), (416, 6), (160, 14), (32, 69)):
-        assert fd.split_context(pt, 0, 32, 2200) == (pt, P)
+    step = fd.FastDecode(rt).layout(fd.INT8, 128, 4).tokens_per_step  # the adapter's layout: 32 on lavapipe, 16 on the H200
+    counts = []
+    for pt in (1024, 416, 160, step):
+        counts.append(fd.split_context(pt, 0, step, 2200)[1])
         run_case(rt, fd.INT8, [700, 33, 0, 2200], 8, 2, 128, 16, partition_tokens=pt)
+    wide_step = fd.WIDE_REDUCE_GROUPS * fd.WIDE_REDUCE_CHUNK
+    assert max(counts[:2]) < fd.WIDE_REDUCE_FROM <= min(counts[2:]) and counts[3] > 2 * wide_step, counts
 
 
 @pytest.mark.parametrize("fmt", [fd.F16, fd.INT8, fd.int4_format(32)], ids=lambda f: f.name)
