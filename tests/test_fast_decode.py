@@ -134,6 +134,10 @@ def test_reduce_partitions_few_and_many(rt):
     for pt in (1024, 416, 160, step):
         counts.append(fd.split_context(pt, 0, step, 2200)[1])
         run_case(rt, fd.INT8, [700, 33, 0, 2200], 8, 2, 128, 16, partition_tokens=pt)
+        kv = rt.empty(138 * 2 * 16 * 128 * 4, "kv")  # 138 blocks of 16 f32 tokens, 2 KV heads: 2200 tokens
+        plan = fd.FastDecode(rt).plan(fd.F32, kv, kv, 2, np.zeros((1, 8, 128), np.float32), make_batch([2200], 16), 0.1,
+                                      partition_tokens=pt)
+        assert plan.describe().endswith(", wide reduce") == (counts[-1] >= fd.WIDE_REDUCE_FROM), plan.describe()
     wide_step = fd.WIDE_REDUCE_GROUPS * fd.WIDE_REDUCE_CHUNK
     assert max(counts[:2]) < fd.WIDE_REDUCE_FROM <= min(counts[2:]) and counts[3] > 2 * wide_step, counts
 

@@ -710,7 +710,7 @@ def chunked_reduce_loops(P: int) -> int:
 def reduce_loops(P: int, spec: KernelSpec | None = None) -> int:
     """Loop iterations of one invocation of `spec` (default reduce_spec(P)) over P partitions (the wide one: one
     loop of ceil(P / (GROUPS * CHUNK)) steps, charged + 2)."""
-    if (spec or reduce_spec(P)) is REDUCE:
+    if (spec or reduce_spec(P)) == REDUCE:
         return chunked_reduce_loops(P)
     return math.ceil(P / (WIDE_REDUCE_GROUPS * WIDE_REDUCE_CHUNK)) + 2
 
@@ -960,7 +960,12 @@ class FastDecodePlan:
         L = self.layout
         v = "" if self.variant == "f32" else f", {self.variant}"
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
-                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step){v}")
+                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step){v}{wide_note(self.dispatches)}")
+
+
+def wide_note(dispatches) -> str:
+    """", wide reduce" when a plan's reduce is REDUCE_WIDE (a bench row then says which of the two ran)."""
+    return ", wide reduce" if any(d.kernel.kspec == REDUCE_WIDE for d in dispatches) else ""
 
 
 def plan_partitions(num_seqs: int, num_kv_heads: int, max_len: int, tokens_per_step: int,
@@ -1171,7 +1176,8 @@ class SiblingPlan:
     def describe(self) -> str:
         L = self.layout
         return (f"{self.label}: {self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} "
-                f"threads ({L.row_groups} rows x {L.lanes} lanes of {L.dims_per_lane} dims, {L.unroll} tokens a row per step)")
+                f"threads ({L.row_groups} rows x {L.lanes} lanes of {L.dims_per_lane} dims, {L.unroll} tokens a row per step)"
+                f"{wide_note(self.dispatches)}")
 
 
 class SiblingDecode:

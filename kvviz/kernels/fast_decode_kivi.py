@@ -353,7 +353,7 @@ class KiviDecodePlan:
         L = self.layout
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
                 f"({L.row_groups} rows x {L.lanes} lanes, {self.tokens_per_group_row} tokens of a key group a row, "
-                f"{L.unroll} tokens a step{', prefetch' if self.prefetch else ''})")
+                f"{L.unroll} tokens a step{', prefetch' if self.prefetch else ''}{fd.wide_note(self.dispatches)})")
 
 
 class KiviFastDecode:
