@@ -142,6 +142,17 @@ def test_reduce_partitions_few_and_many(rt):
     assert max(counts[:2]) < fd.WIDE_REDUCE_FROM <= min(counts[2:]) and counts[3] > 2 * wide_step, counts
 
 
+@pytest.mark.parametrize("D", [4, 72, 256])
+def test_wide_reduce_head_sizes(rt, D):
+    """The wide reduce's lanes own dims lane + 64 j: a head of 4 (lanes 4..63 idle), 72 (one lane past 64) and 256
+    (every lane four dims), over 45 partitions with ragged and empty sequences, f32 and f16 caches."""
+    fast = fd.FastDecode(rt)
+    for fmt in (fd.F32, fd.F16):
+        step = fast.layout(fmt, D, 2).tokens_per_step  # a small head takes many tokens a step
+        n = 45 * step - 7
+        run_case(rt, fmt, [n, 1, 0, n // 2], 4, 2, D, 16, partition_tokens=step)
+
+
 @pytest.mark.parametrize("fmt", [fd.F16, fd.INT8, fd.int4_format(32)], ids=lambda f: f.name)
 def test_block_ids_a_step_ahead(rt, fmt, monkeypatch):
     """The block-table entries loaded a step ahead (BT_AHEAD_FORMATS) give the same bits as loaded in the step that
