@@ -302,7 +302,6 @@ fn u4x4(w: u32, sh: u32) -> vec4<f32> {
   let b = (vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u);
   return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
 }"""
-INT_TO_F32_WGSL = I8X4_MAGIC_WGSL + "\n" + U4X4_MAGIC_WGSL
 
 
 # The same int8 x 4 by way of f16 pairs: the even and the odd bytes (sign bits flipped, n + 128) OR-ed into the
@@ -352,7 +351,7 @@ fn fp8x4(w: u32) -> vec4<f32> {{
 
 def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None, magic: bool = False) -> str:
     """Expression of the i-th vec4 of dequantised codes of one lane (without a per-token scale), from
-    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by INT_TO_F32_WGSL's helpers)."""
+    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by _helpers' i8x4 / u4x4)."""
     e = fmt.elems_per_word
     if fmt.name == "f32":
         return f"bitcast<vec4<f32>>(vec4<u32>({w}_{4 * i}, {w}_{4 * i + 1}, {w}_{4 * i + 2}, {w}_{4 * i + 3}))"
@@ -740,8 +739,8 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
     the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only. With the
     scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup (lazy_rescale).
-    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (INT_TO_F32_WGSL) instead of the int-to-float
-    conversion; exact, bit-identical outputs.
+    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (_helpers: int8 by f16 pairs when I8X4_VIA_F16)
+    instead of the int-to-float conversion; exact, bit-identical outputs.
     scatter: the reduce-scatter softmax (scatter_softmax): each (head, token) logit's softmax step runs on the
     lanes that own it instead of on all L lanes; f32 P.V, L >= 2. Same arithmetic per logit, the
     lane sums in another order: within the f32 tolerance, not bit for bit."""

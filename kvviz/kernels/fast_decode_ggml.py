@@ -232,7 +232,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
         """The lane's i-th vec4 of codes of token u (values without the block's scale / min)."""
         k, j = seg(i)
         if q8:
-            # unpack4xI8: the 2^23 trick of fast_decode (INT_TO_F32_WGSL) measured slower here on the H200
+            # unpack4xI8: the 2^23 trick of fast_decode (I8X4_MAGIC_WGSL) measured slower here on the H200
             # (q8_0 113.8 -> 117.6 us), unlike the int8 cache's decode (107.0 -> 102.3 us)
             return f"vec4<f32>(unpack4xI8({x}c{u}_{k}_{j // 4}))"
         if n == 32:
