@@ -21,6 +21,7 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 import numpy as np
 import pytest
 
+from kvviz.errors import InvalidInput
 from kvviz.formats import fp4 as f4
 from kvviz.formats import ggml as fg
 from kvviz.kernels import fast_write as fw
@@ -251,6 +252,17 @@ def nvfp4_rows(rng, T, kvh, D):
     return k, v
 
 
+def nvfp4_tie_rows(rng, k, v) -> list:
+    """[(K, V)] with nvfp4_rows' ties, amax 64512 and subnormal row over moderate values, or [] for 3 tokens or
+    fewer. nvfp4_rows' other rows reach 3.4e38, so the tensor's s_t there leaves no code at a tie; here the
+    ties are real and the groups they mark take the exact path."""
+    if k.shape[0] <= 3:
+        return []
+    kt, vt = (rng.standard_normal(k.shape).astype(np.float32) * np.float32(50.0) for _ in range(2))
+    kt[2, 0, 0], kt[3, 0], vt[3, 0] = k[2, 0, 0], k[3, 0], v[3, 0]
+    return [(kt, vt)]
+
+
 @pytest.mark.parametrize("variant", ["default", "no-subgroups"])
 def test_nvfp4_words_equal_the_oracle(ctx, variant):
     rt = ctx.rt
@@ -258,25 +270,53 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
     var = fw.Variant(rt, False, None) if variant == "no-subgroups" else None
     for D, bs, lens, policy, pe, kvh in SHAPES + [(80, 16, [21, 3], "scattered", 4, 2), (16, 1, [4, 5], "contiguous", 3, 1)]:
         batch = make_batch(lens, bs, policy=policy, pad_every=pe)
+        k0, v0 = nvfp4_rows(rng, batch.num_tokens, kvh, D)
+        for k, v in [(k0, v0)] + nvfp4_tie_rows(rng, k0, v0):
+            d = check_nvfp4(rt, batch, k, v, variant=var)
+            ng = fwg.nvfp4_groups_default(rt, D)   # the default: records staged through workgroup memory at 4 groups
+            assert f"-DNG={ng} " in d[-1].kernel.name and f"STAGE={int(ng >= 4)}" in d[-1].kernel.name
+            check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4)
+            check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
+            if variant == "default":   # each lane storing its own words
+                check_nvfp4(rt, batch, k, v, stage=False)
+                check_nvfp4(rt, batch, k, v, stage=False, groups_per_lane=4)
+                check_nvfp4(rt, batch, k, v, stage=False, groups_per_lane=4 * -(-D // 64))
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_nvfp4_groups_a_lane_below_a_scale_word(ctx, groups):
+    """1 or 2 groups a lane (write_nvfp4.wgsl SUBW): a scale word's bytes come from 4 / groups lanes through subgroup
+    shuffles, and a marked group is redone in its lane before any word is written. The oracle's words, staged and
+    stored in place, over ties and subnormals (nvfp4_rows), head sizes 64 .. 256 (8 .. 16 lanes a row at 1 group),
+    padding slots and a workgroup whose last rows are empty; head sizes not a multiple of 64 are refused."""
+    rt = ctx.rt
+    if not fw.subgroups_available(rt):
+        pytest.skip("no subgroups on this adapter: the writer refuses 1 or 2 groups a lane (tested below)")
+    rng = np.random.default_rng(21)
+    for D, lens, kvh in ((128, [21, 0, 6], 3), (64, [9, 4], 2), (192, [5, 17], 1), (256, [3], 2)):
+        batch = make_batch(lens, 16, policy="scattered", pad_every=4, seed=D)
         k, v = nvfp4_rows(rng, batch.num_tokens, kvh, D)
-        d = check_nvfp4(rt, batch, k, v, variant=var)
-        assert "STAGE=1" in d[-1].kernel.name   # the default: records staged through workgroup memory
-        check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
-        if variant == "default":   # each lane storing its own words
-            check_nvfp4(rt, batch, k, v, stage=False)
-            check_nvfp4(rt, batch, k, v, stage=False, groups_per_lane=4 * -(-D // 64))
+        for (k, v), stage in ((r, s) for r in [(k, v)] + nvfp4_tie_rows(rng, k, v) for s in (True, False)):
+            d = check_nvfp4(rt, batch, k, v, groups_per_lane=groups, stage=stage)
+            assert f"-DNG={groups} " in d[-1].kernel.name and "SUBW=1" in d[-1].kernel.name
+    batch = make_batch([4], 16)
+    k, v = nvfp4_rows(rng, batch.num_tokens, 1, 80)
+    with pytest.raises(InvalidInput, match="multiple of 64"):
+        run_nvfp4(rt, batch, k, v, groups_per_lane=groups)
 
 
 def test_nvfp4_near_rule_with_an_inexact_divider(ctx):
     """1/s_t and 1/e4m3 moved 3 ulp (a driver's inexact division): the 16-ulp check still gives the exact codes."""
     rt = ctx.rt
     batch = make_batch([30, 7], 16, policy="scattered", pad_every=5)
-    k, v = nvfp4_rows(np.random.default_rng(8), batch.num_tokens, 2, 128)
+    rng = np.random.default_rng(8)
+    k, v = nvfp4_rows(rng, batch.num_tokens, 2, 128)
     saved = fwg.nvfp4_spec
     fwg.nvfp4_spec = lambda *a, **kw: saved(*a, **kw).define(INV_ULPS=3)
     try:
-        check_nvfp4(rt, batch, k, v)
-        check_nvfp4(rt, batch, k, v, stage=False)
+        for k, v in [(k, v)] + nvfp4_tie_rows(rng, k, v):
+            check_nvfp4(rt, batch, k, v)
+            check_nvfp4(rt, batch, k, v, stage=False)
     finally:
         fwg.nvfp4_spec = saved
 

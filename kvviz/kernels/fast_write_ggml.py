@@ -6,7 +6,8 @@ fp4/nvfp4_write.wgsl and the oracles kvviz/oracles/ggml.py (gguf.quants) and kvv
 
 Against the first-wave writers (one 64-thread workgroup per (token, KV head, K|V), loops of stride 64,
 workgroup memory and barriers between the block parameters, the codes and the words):
-  - a lane owns whole 32-element blocks (NVFP4: groups of 4 x 16 elements) of a (token, KV head) row, K and
+  - a lane owns whole 32-element blocks (NVFP4: groups of 4 x 16 elements, or 1 group with the scale words put
+    together by subgroup shuffles, the default where subgroups allow: NVFP4_GROUPS_PER_LANE) of a (token, KV head) row, K and
     V one after the other; R = 64 / L rows a workgroup; a lane builds its words in registers (the byte
     offsets are constants once the loops are unrolled) and stores them itself. No block statistic crosses
     lanes (a block's amax, min / max and iq4_nl's 16 scale trials all lie in its lane): no lane-group
@@ -113,12 +114,19 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
 
 
 def nvfp4_spec(ng: int = 4, lanes: int = 1, head_size: int = 128, stage: bool | None = None) -> KernelSpec:
-    """stage (default STAGE): the records stored through workgroup memory by consecutive threads."""
+    """stage (default: STAGE at 4 groups a lane or more, in place below; NVFP4_GROUPS_PER_LANE has the figures): the
+    records stored through workgroup memory by consecutive threads. ng 1 or 2: a lane's scale bytes are put together
+    with its neighbours' by subgroup shuffles (write_nvfp4.wgsl SUBW)."""
+    sub = ng < 4
+    if stage is None:
+        stage = STAGE and not sub
     return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0,
-                              **_stage_defines(STAGE if stage is None else stage, lanes, f4.words_per_token(head_size)))
+                              SUBW=1 if sub else 0,
+                              SHUF_OR="return v | subgroupShuffleXor(v, m);" if sub else "return v;",
+                              **_stage_defines(stage, lanes, f4.words_per_token(head_size)))
 
 
-KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values()) + (nvfp4_spec(),)}
+KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values()) + (nvfp4_spec(), nvfp4_spec(1, 8))}
 
 
 def _lanes(units: int, per_lane: int) -> int:
@@ -159,18 +167,45 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)
 
 
+# Groups of 16 a lane of the NVFP4 writer pass where subgroups and the head size allow (1: all of a lane's loads at
+# once, 8 lanes a row at head 128, the scale words OR-ed together by shuffles; write_nvfp4.wgsl SUBW), else 4 (whole
+# scale words a lane, its groups walked one after another). H200, anchor shape, two passes each
+# (assets/bench/h200-2026-12-01-nvfp4-groups-12.txt): the writer pass, records staged (tools/device-session12e.sh) at 4
+# groups 254.0 / 253.1 us, 2 groups 262.1 / 262.0, 1 group 216.7 / 216.3; then (12f) staged against stored in place,
+# 1 group 216.6 / 216.3 against 209.9 / 208.8, 4 groups 254.3 / 254.0 against 271.6 / 271.9: so 1 group stores in
+# place and 4 groups stage (nvfp4_spec). Amax pass + writer: 371.1 -> 326.7 us.
+NVFP4_GROUPS_PER_LANE = 1
+
+
+def nvfp4_groups_default(rt: GpuRuntime, head_size: int) -> int:
+    """NVFP4_GROUPS_PER_LANE where the adapter's subgroups and the head size (a multiple of 64) take it, else 4."""
+    g = NVFP4_GROUPS_PER_LANE
+    if g < 4 and fw.subgroups_available(rt) and fw.smallest_subgroup(rt) >= 4 // g and (head_size // f4.SUB) % 4 == 0:
+        return g
+    return 4
+
+
 def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
-                     groups_per_lane: int = 4, variant: fw.Variant | None = None,
+                     groups_per_lane: int | None = None, variant: fw.Variant | None = None,
                      stage: bool | None = None) -> list[Dispatch]:
     """NVFP4 records (kvviz/formats/fp4.py) of K and V: the per-tensor amax pass (fast/write_fp8_amax.wgsl,
     lane groups of `variant`, into tensor[0|1], which must be zeroed before), then the writer (s_t into
-    tensor[2|3])."""
+    tensor[2|3]). groups_per_lane: 16-element groups a lane (default nvfp4_groups_default)."""
     key, value, sm = fw._check_rows(key, value, slots)
     T, kvh, D = key.shape
     if D % f4.SUB:
         raise UnsupportedShape(f"fast NVFP4 writer: head_size {D} is not a multiple of {f4.SUB}")
-    if groups_per_lane < 4 or groups_per_lane % 4:
-        raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be a multiple of 4, got {groups_per_lane}")
+    if groups_per_lane is None:
+        groups_per_lane = nvfp4_groups_default(rt, D)
+    if groups_per_lane in (1, 2):  # scale words put together by subgroup shuffles among the lanes of a word
+        if not (fw.subgroups_available(rt) and fw.smallest_subgroup(rt) >= 4 // groups_per_lane):
+            raise InvalidInput(f"fast NVFP4 writer: {groups_per_lane} groups a lane needs subgroups of at least "
+                               f"{4 // groups_per_lane} lanes on this adapter", "Use 4 groups a lane.")
+        if (D // f4.SUB) % 4:
+            raise InvalidInput(f"fast NVFP4 writer: {groups_per_lane} groups a lane needs a head size that is a multiple "
+                               f"of 64, got {D}", "Use 4 groups a lane.")
+    elif groups_per_lane < 4 or groups_per_lane % 4:
+        raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be 1, 2 or a multiple of 4, got {groups_per_lane}")
     wpt = f4.words_per_token(D)
     out = fw.amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, variant or fw.Variant(rt))
     L = _lanes(D // f4.SUB, groups_per_lane)

@@ -19,7 +19,8 @@
 // low nibble | element 16s+8+i high nibble).
 // Lanes: a lane owns NG = {{NG}} consecutive 16-element groups (a multiple of 4: whole scale words, 2 code
 // words a group) of a (token, KV head) row, K and V together (a group of each an iteration: 8 16-B loads,
-// no branch between them; the next group's are issued before one is encoded); nothing crosses lanes.
+// no branch between them; the next group's are issued before one is encoded); nothing crosses lanes. Or
+// NG = 1 or 2 (SUBW below): all of a lane's loads at once, the scale words put together by subgroup shuffles.
 // L = {{LANES}} lanes a row (lanes past the row's groups idle), R = 64 / L rows a workgroup; grid 2-D.
 @group(0) @binding(0) var<storage, read> key_in: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> val_in: array<vec4<f32>>;
@@ -111,9 +112,9 @@ fn load_group(which: u32, i: u32) -> array<vec4<f32>, 4> {
   return array<vec4<f32>, 4>(load_x(which, i), load_x(which, i + 1u), load_x(which, i + 2u), load_x(which, i + 3u));
 }
 
-// The exact path: group g (first vec4 xi) of K (which 0) or V redone with the reference's arithmetic (both
-// divisions correctly rounded, the f32_to_fp8 encoders); its code words and its scale byte rewritten.
-fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
+// The exact path: the group at vec4 xi of K (which 0) or V with the reference's arithmetic (both divisions
+// correctly rounded, the f32_to_fp8 encoders): its code words and scale code (fix 0).
+fn exact_grp(which: u32, xi: u32, st: f32) -> Grp {
   var m = 0u;
   for (var j = 0u; j < 4u; j = j + 1u) {
     let a = bitcast<vec4<u32>>(load_x(which, xi + j)) & vec4<u32>(ABS_MASK);
@@ -131,6 +132,15 @@ fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
       if (i % 8u < 4u) { w0 = w0 | (c << pos); } else { w1 = w1 | (c << pos); }
     }
   }
+  return Grp(w0, w1, sc, 0u);
+}
+
+// The exact path of group g (first vec4 xi) written over the fast path's words: its code words and its scale byte.
+fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
+  let e = exact_grp(which, xi, st);
+  let w0 = e.w0;
+  let w1 = e.w1;
+  let sc = e.sc;
   let cw = base + sw + 2u * g;
   let wi = base + g / 4u;
   let keep = ~(0xFFu << (8u * (g % 4u)));
@@ -189,7 +199,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let rec = ((slot / p.bs) * p.kvh + h) * p.bs * p.wpt + (slot % p.bs) * p.wpt;
   let rl = lid / L;
   let base = select(rec, rl * WPR, STAGE == 1u);
-  if (store) { encode(row, g0, ns, base, stb); }
+  if (SUBW == 1u) {
+    var sc = vec2<u32>(0u);
+    if (store) { sc = encode_sub(row, g0, ns, base, stb); }
+    // a scale word's 4 bytes come from 4 / NG neighbouring lanes of the row: OR-ed together by shuffles that
+    // every thread makes (idle lanes add 0)
+    sc = shuf_or(sc, 1u);
+    if (NG == 1u) { sc = shuf_or(sc, 2u); }
+    if (store && g0 % 4u == 0u) {
+      put_word(0u, base + g0 / 4u, sc.x);
+      put_word(1u, base + g0 / 4u, sc.y);
+    }
+  } else if (store) { encode(row, g0, ns, base, stb); }
   if (STAGE == 1u) {
     if (lane == 0u) { SD[rl] = select(NO_ROW, rec, store); }
     workgroupBarrier();
@@ -203,6 +224,46 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
       }
     }
   }
+}
+
+// SUBW = 1 (NG = 1 or 2 groups a lane, head sizes a multiple of 64): the lane loads its groups of K and V at
+// once (8 NG vec4s), encodes each (a group the fast path marks is redone by exact_grp in place, before any word
+// is written, so no two lanes rewrite one scale word), puts its code words and returns its scale bytes at their
+// places in the scale words (main ORs them across the lanes of a word). Lanes a row: 8 / NG at head size 128,
+// against 2 lanes of NG = 4 groups walked one after the other (SUBW = 0).
+const SUBW: u32 = {{SUBW}}u;
+fn shuf_or(v: vec2<u32>, m: u32) -> vec2<u32> { {{SHUF_OR}} }
+
+fn encode_sub(row: u32, g0: u32, ns: u32, base: u32, stb: vec2<u32>) -> vec2<u32> {
+  let sw = (ns + 3u) / 4u;
+  let src = row * (p.hd / 4u) + 4u * g0;
+  let stk = bitcast<f32>(stb.x);
+  let stv = bitcast<f32>(stb.y);
+  let istk = approx_inv(stk);
+  let istv = approx_inv(stv);
+  var kx: array<array<vec4<f32>, 4>, NG>;
+  var vx: array<array<vec4<f32>, 4>, NG>;
+  // @unroll
+  for (var k = 0u; k < NG; k = k + 1u) {
+    kx[k] = load_group(0u, src + 4u * k);
+    vx[k] = load_group(1u, src + 4u * k);
+  }
+  var sc = vec2<u32>(0u);
+  // @unroll
+  for (var k = 0u; k < NG; k = k + 1u) {
+    var gk = group(kx[k][0], kx[k][1], kx[k][2], kx[k][3], istk);
+    var gv = group(vx[k][0], vx[k][1], vx[k][2], vx[k][3], istv);
+    if (gk.fix != 0u) { gk = exact_grp(0u, src + 4u * k, stk); }
+    if (gv.fix != 0u) { gv = exact_grp(1u, src + 4u * k, stv); }
+    let cw = base + sw + 2u * (g0 + k);
+    put_word(0u, cw, gk.w0);
+    put_word(0u, cw + 1u, gk.w1);
+    put_word(1u, cw, gv.w0);
+    put_word(1u, cw + 1u, gv.w1);
+    let sh = 8u * ((g0 + k) % 4u);
+    sc = sc | vec2<u32>(gk.sc << sh, gv.sc << sh);
+  }
+  return sc;
 }
 
 // The lane's groups g0 .. of row `row`, K and V, their words put at `base` (put_word: the cache or workgroup memory).
