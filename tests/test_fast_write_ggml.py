@@ -286,7 +286,7 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_nvfp4_groups_a_lane_below_a_scale_word(ctx, groups):
     """1 or 2 groups a lane (write_nvfp4.wgsl SUBW): a scale word's bytes come from 4 / groups lanes through subgroup
-    shuffles, and a marked group is redone in its lane before any word is written. The oracle's words, staged and
+    shuffles, and a marked group is redone in its lane before any word is written; K and V in one lane or on two (KVS). The oracle's words, staged and
     stored in place, over ties and subnormals (nvfp4_rows), head sizes 64 .. 256 (8 .. 16 lanes a row at 1 group),
     padding slots and a workgroup whose last rows are empty; head sizes not a multiple of 64 are refused."""
     rt = ctx.rt
@@ -296,9 +296,11 @@ def test_nvfp4_groups_a_lane_below_a_scale_word(ctx, groups):
     for D, lens, kvh in ((128, [21, 0, 6], 3), (64, [9, 4], 2), (192, [5, 17], 1), (256, [3], 2)):
         batch = make_batch(lens, 16, policy="scattered", pad_every=4, seed=D)
         k, v = nvfp4_rows(rng, batch.num_tokens, kvh, D)
-        for (k, v), stage in ((r, s) for r in [(k, v)] + nvfp4_tie_rows(rng, k, v) for s in (True, False)):
-            d = check_nvfp4(rt, batch, k, v, groups_per_lane=groups, stage=stage)
+        for (k, v), stage, kvs in ((r, s, x) for r in [(k, v)] + nvfp4_tie_rows(rng, k, v) for s in (True, False)
+                                   for x in (False, True)):
+            d = check_nvfp4(rt, batch, k, v, groups_per_lane=groups, stage=stage, kv_split=kvs)
             assert f"-DNG={groups} " in d[-1].kernel.name and "SUBW=1" in d[-1].kernel.name
+            assert f"KVS={int(kvs)}" in d[-1].kernel.name
     batch = make_batch([4], 16)
     k, v = nvfp4_rows(rng, batch.num_tokens, 1, 80)
     with pytest.raises(InvalidInput, match="multiple of 64"):

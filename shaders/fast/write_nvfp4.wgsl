@@ -182,7 +182,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let row = (wg.y * p.gx + wg.x) * R + lid / L;
   let lane = lid % L;
   let ns = p.hd / 16u;
-  let g0 = lane * NG;
+  let which = select(0u, lane & 1u, KVS == 1u);   // KVS: K on the even lanes, V on the odd ones
+  let g0 = select(lane, lane >> 1u, KVS == 1u) * NG;
   var stb = vec2<u32>(div_fast_bits(bitcast<f32>(tensor[0]), 2688.0), div_fast_bits(bitcast<f32>(tensor[1]), 2688.0));
   stb = max(stb, vec2<u32>(F32_MIN_NORMAL_BITS));
   if (row == 0u && lane == 0u) {
@@ -201,14 +202,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let base = select(rec, rl * WPR, STAGE == 1u);
   if (SUBW == 1u) {
     var sc = vec2<u32>(0u);
-    if (store) { sc = encode_sub(row, g0, ns, base, stb); }
-    // a scale word's 4 bytes come from 4 / NG neighbouring lanes of the row: OR-ed together by shuffles that
-    // every thread makes (idle lanes add 0)
-    sc = shuf_or(sc, 1u);
-    if (NG == 1u) { sc = shuf_or(sc, 2u); }
+    if (store) { sc = encode_sub(row, g0, ns, base, stb, which); }
+    // a scale word's 4 bytes come from 4 / NG neighbouring lanes of the row (of its tensor, with KVS): OR-ed together
+    // by shuffles that every thread makes (idle lanes add 0)
+    let m = 1u + KVS;
+    sc = shuf_or(sc, m);
+    if (NG == 1u) { sc = shuf_or(sc, 2u * m); }
     if (store && g0 % 4u == 0u) {
-      put_word(0u, base + g0 / 4u, sc.x);
-      put_word(1u, base + g0 / 4u, sc.y);
+      put_word(which, base + g0 / 4u, sc.x);
+      if (KVS == 0u) { put_word(1u, base + g0 / 4u, sc.y); }
     }
   } else if (store) { encode(row, g0, ns, base, stb); }
   if (STAGE == 1u) {
@@ -231,37 +233,37 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 // is written, so no two lanes rewrite one scale word), puts its code words and returns its scale bytes at their
 // places in the scale words (main ORs them across the lanes of a word). Lanes a row: 8 / NG at head size 128,
 // against 2 lanes of NG = 4 groups walked one after the other (SUBW = 0).
+// KVS = 1: K and V on separate lanes (2 x the lanes a row, half the loads and encodes a lane): the lane's tensor is
+// `which`, its scale bytes in the result's x.
 const SUBW: u32 = {{SUBW}}u;
+const KVS: u32 = {{KVS}}u;
+const TPL: u32 = 2u - KVS;   // tensors a lane
 fn shuf_or(v: vec2<u32>, m: u32) -> vec2<u32> { {{SHUF_OR}} }
 
-fn encode_sub(row: u32, g0: u32, ns: u32, base: u32, stb: vec2<u32>) -> vec2<u32> {
+fn encode_sub(row: u32, g0: u32, ns: u32, base: u32, stb: vec2<u32>, which: u32) -> vec2<u32> {
   let sw = (ns + 3u) / 4u;
   let src = row * (p.hd / 4u) + 4u * g0;
-  let stk = bitcast<f32>(stb.x);
-  let stv = bitcast<f32>(stb.y);
-  let istk = approx_inv(stk);
-  let istv = approx_inv(stv);
-  var kx: array<array<vec4<f32>, 4>, NG>;
-  var vx: array<array<vec4<f32>, 4>, NG>;
+  var x: array<array<array<vec4<f32>, 4>, NG>, TPL>;
   // @unroll
-  for (var k = 0u; k < NG; k = k + 1u) {
-    kx[k] = load_group(0u, src + 4u * k);
-    vx[k] = load_group(1u, src + 4u * k);
+  for (var t = 0u; t < TPL; t = t + 1u) {
+    // @unroll
+    for (var k = 0u; k < NG; k = k + 1u) { x[t][k] = load_group(which + t, src + 4u * k); }
   }
   var sc = vec2<u32>(0u);
   // @unroll
-  for (var k = 0u; k < NG; k = k + 1u) {
-    var gk = group(kx[k][0], kx[k][1], kx[k][2], kx[k][3], istk);
-    var gv = group(vx[k][0], vx[k][1], vx[k][2], vx[k][3], istv);
-    if (gk.fix != 0u) { gk = exact_grp(0u, src + 4u * k, stk); }
-    if (gv.fix != 0u) { gv = exact_grp(1u, src + 4u * k, stv); }
-    let cw = base + sw + 2u * (g0 + k);
-    put_word(0u, cw, gk.w0);
-    put_word(0u, cw + 1u, gk.w1);
-    put_word(1u, cw, gv.w0);
-    put_word(1u, cw + 1u, gv.w1);
-    let sh = 8u * ((g0 + k) % 4u);
-    sc = sc | vec2<u32>(gk.sc << sh, gv.sc << sh);
+  for (var t = 0u; t < TPL; t = t + 1u) {
+    let w = which + t;
+    let st = bitcast<f32>(stb[w]);
+    let ist = approx_inv(st);
+    // @unroll
+    for (var k = 0u; k < NG; k = k + 1u) {
+      var g = group(x[t][k][0], x[t][k][1], x[t][k][2], x[t][k][3], ist);
+      if (g.fix != 0u) { g = exact_grp(w, src + 4u * k, st); }
+      let cw = base + sw + 2u * (g0 + k);
+      put_word(w, cw, g.w0);
+      put_word(w, cw + 1u, g.w1);
+      sc[t] = sc[t] | (g.sc << (8u * ((g0 + k) % 4u)));
+    }
   }
   return sc;
 }
