@@ -277,6 +277,10 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
             assert f"-DNG={ng} " in d[-1].kernel.name and f"STAGE={int(ng >= 4)}" in d[-1].kernel.name
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4)
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
+            # s_t from its own one-invocation pass (write_nvfp4_scale.wgsl) or from every thread: the same words and tensor
+            for g, sp in ((4, True), (None, False), (4, False)):
+                d = check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=g, scale_pass=sp)
+                assert ("write_nvfp4_scale" in d[-2].kernel.name) == sp and f"SCALE_PASS={int(sp)}" in d[-1].kernel.name
             if variant == "default":   # each lane storing its own words
                 check_nvfp4(rt, batch, k, v, stage=False)
                 check_nvfp4(rt, batch, k, v, stage=False, groups_per_lane=4)
@@ -338,8 +342,8 @@ def test_two_dimensional_grid(ctx):
         k, v = nvfp4_rows(rng, batch.num_tokens, 2, 256)
         d = check_nvfp4(rt, batch, k, v)
         # the amax pass strides over the rows (AMAX_BLOCKS row blocks a workgroup): its grid is only kept in bounds;
-        # at one block a workgroup it takes a 2-D grid too
-        assert len(d) == 2 and all(max(x.grid) <= 16 for x in d) and d[-1].grid[1] > 1
+        # at one block a workgroup it takes a 2-D grid too (then the one-invocation scale pass, then the writer)
+        assert len(d) == 2 + fwg.NVFP4_SCALE_PASS and all(max(x.grid) <= 16 for x in d) and d[-1].grid[1] > 1
         blocks, fw.AMAX_BLOCKS = fw.AMAX_BLOCKS, 1
         try:
             d = check_nvfp4(rt, batch, k, v)

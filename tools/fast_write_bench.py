@@ -119,7 +119,7 @@ if FLAGS.get("only") == "seed":
 # --nvfp4-groups=4,2,1: the NVFP4 writer (amax pass + writer pass) at those groups a lane (fast_write_ggml.nvfp4_dispatches;
 # 1 and 2: the scale words put together by subgroup shuffles), each checked word for word against the oracle;
 # --nvfp4-stage=on,off: the records staged through workgroup memory or stored in place by each lane; --nvfp4-kvs=off,on:
-# K and V on separate lanes (1 or 2 groups a lane)
+# K and V on separate lanes (1 or 2 groups a lane); --nvfp4-scale-pass=off,on: s_t derived once by its own dispatch
 if FLAGS.get("nvfp4-groups"):
     from types import SimpleNamespace
 
@@ -132,19 +132,21 @@ if FLAGS.get("nvfp4-groups"):
     sm4 = np.asarray(batch.slot_mapping).astype(np.int64)
     stages = [{"on": True, "off": False}[x] for x in (FLAGS.get("nvfp4-stage") or "on").split(",")]
     kvss = [{"on": True, "off": False}[x] for x in (FLAGS.get("nvfp4-kvs") or "off").split(",")]
-    for g, stg, kvs in ((int(x), st, kv) for x in FLAGS["nvfp4-groups"].split(",") for st in stages for kv in kvss):
+    sps = [{"on": True, "off": False}[x] for x in (FLAGS.get("nvfp4-scale-pass") or "off").split(",")]
+    for g, stg, kvs, sp in ((int(x), st, kv, s) for x in FLAGS["nvfp4-groups"].split(",") for st in stages for kv in kvss
+                            for s in sps):
         n4 = batch.num_blocks * KVH * BS * wpt4
         kb4, vb4 = rt.upload(np.zeros(n4, np.uint32), "k"), rt.upload(np.zeros(n4, np.uint32), "v")
         tb4 = rt.upload(np.zeros(4, np.uint32), "tensor")
         d4 = fwg.nvfp4_dispatches(rt, key, value, batch.slot_mapping, kb4, vb4, tb4, BS, groups_per_lane=g, stage=stg,
-                                  kv_split=kvs)
+                                  kv_split=kvs, scale_pass=sp)
         rt.run(d4)
         bad = 0
         for buf, rec in ((kb4, rk), (vb4, rv)):
             got4 = rt.read(buf, np.uint32, (batch.num_blocks, KVH, BS, wpt4))
             bad += int((got4[sm4 // BS, :, sm4 % BS] != rec).sum())
         same = "same words as the oracle" if bad == 0 else f"{bad} words differ from the oracle"
-        row_us = report(f"nvfp4 writer, {g} groups a lane{'' if stg else ', stores in place'}{', K|V lanes' if kvs else ''} ({same})", d4, writer_bytes(SimpleNamespace(wpt=wpt4), batch, key))
+        row_us = report(f"nvfp4 writer, {g} groups a lane{'' if stg else ', stores in place'}{', K|V lanes' if kvs else ''}{', scale pass' if sp else ''} ({same})", d4, writer_bytes(SimpleNamespace(wpt=wpt4), batch, key))
         for i, d in enumerate(d4):
             report_part(f"  {i}: {d.kernel.name.split('[')[0]} {d.grid}", [d], row_us)
 # --methods=kivi,q8_0: only those methods' writers below (and the seed writer above, the copy's reference)

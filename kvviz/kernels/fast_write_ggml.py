@@ -59,6 +59,7 @@ WRITE_GGML = KernelSpec("fast/write_ggml.wgsl", bindings=_TOKENS + rw("k_cache",
                         immediates=Struct("P", "kvh hd bs wpt rows gx zero"))
 WRITE_NVFP4 = KernelSpec("fast/write_nvfp4.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"),
                          immediates=Struct("P", "kvh hd bs wpt rows gx"))
+NVFP4_SCALE = KernelSpec("fast/write_nvfp4_scale.wgsl", bindings=rw("tensor"))
 WG = 64
 # iq4_nl's nearest-value table in workgroup memory (write_ggml.wgsl iq4_table): entries floor(2a) = -272 .. 271
 IQ4_TABLE = 544
@@ -114,7 +115,7 @@ def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange:
 
 
 def nvfp4_spec(ng: int = 4, lanes: int = 1, head_size: int = 128, stage: bool | None = None,
-               kv_split: bool = False) -> KernelSpec:
+               kv_split: bool = False, scale_pass: bool = False) -> KernelSpec:
     """stage (default: STAGE at 4 groups a lane or more, in place below; NVFP4_GROUPS_PER_LANE has the figures): the
     records stored through workgroup memory by consecutive threads. ng 1 or 2: a lane's scale bytes are put together
     with its neighbours' by subgroup shuffles (write_nvfp4.wgsl SUBW); kv_split (ng 1 or 2 only): K and V on
@@ -123,12 +124,14 @@ def nvfp4_spec(ng: int = 4, lanes: int = 1, head_size: int = 128, stage: bool | 
     if stage is None:
         stage = STAGE and not sub
     return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0,
-                              SUBW=1 if sub else 0, KVS=1 if (sub and kv_split) else 0,
+                              SUBW=1 if sub else 0, KVS=1 if (sub and kv_split) else 0, SCALE_PASS=int(scale_pass),
                               SHUF_OR="return v | subgroupShuffleXor(v, m);" if sub else "return v;",
                               **_stage_defines(stage, lanes, f4.words_per_token(head_size)))
 
 
-KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values()) + (nvfp4_spec(), nvfp4_spec(1, 8), nvfp4_spec(1, 16, kv_split=True))}
+KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values())
+           + (nvfp4_spec(), nvfp4_spec(1, 8), nvfp4_spec(1, 16, kv_split=True), nvfp4_spec(1, 8, scale_pass=True),
+              NVFP4_SCALE)}
 
 
 def _lanes(units: int, per_lane: int) -> int:
@@ -176,12 +179,17 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
 # groups 254.0 / 253.1 us, 2 groups 262.1 / 262.0, 1 group 216.7 / 216.3; then (12f) staged against stored in place,
 # 1 group 216.6 / 216.3 against 209.9 / 208.8, 4 groups 254.3 / 254.0 against 271.6 / 271.9: so 1 group stores in
 # place and 4 groups stage (nvfp4_spec). With the lane's tensors as a loop (12g): 200.4 / 198.9 us. Amax pass + writer:
-# 371.1 -> 315.5 us.
+# 371.1 -> 315.5 us (309.2 with the scale pass, NVFP4_SCALE_PASS).
 NVFP4_GROUPS_PER_LANE = 1
 # At 1 or 2 groups a lane: K and V on separate lanes (write_nvfp4.wgsl KVS), twice the lanes a row. Slower (12g, writer
 # pass in place, two passes): 1 group 249.7 / 249.3 us against 200.4 / 198.9 in one lane, 2 groups 247.3 / 245.8 against
 # 257.5 / 257.4. So off.
 NVFP4_KV_SPLIT = False
+# s_t derived once by fast/write_nvfp4_scale.wgsl (one invocation between the amax pass and the writer) instead of by
+# every thread of the writer (two correctly rounded divisions each). H200, 1 group a lane in place, two passes
+# (tools/device-session12h.sh): the row 316.0 / 319.2 -> 309.2 / 309.1 us, the writer pass 199.2 / 199.7 -> 184.6 /
+# 185.1 (the scale pass timed alone: 5.1 us, mostly a dispatch's fixed cost).
+NVFP4_SCALE_PASS = True
 
 
 def nvfp4_groups_default(rt: GpuRuntime, head_size: int) -> int:
@@ -194,10 +202,12 @@ def nvfp4_groups_default(rt: GpuRuntime, head_size: int) -> int:
 
 def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
                      groups_per_lane: int | None = None, variant: fw.Variant | None = None,
-                     stage: bool | None = None, kv_split: bool | None = None) -> list[Dispatch]:
+                     stage: bool | None = None, kv_split: bool | None = None,
+                     scale_pass: bool | None = None) -> list[Dispatch]:
     """NVFP4 records (kvviz/formats/fp4.py) of K and V: the per-tensor amax pass (fast/write_fp8_amax.wgsl,
-    lane groups of `variant`, into tensor[0|1], which must be zeroed before), then the writer (s_t into
-    tensor[2|3]). groups_per_lane: 16-element groups a lane (default nvfp4_groups_default); kv_split (1 or 2 groups
+    lane groups of `variant`, into tensor[0|1], which must be zeroed before), s_t into tensor[2|3] (by the scale
+    pass, fast/write_nvfp4_scale.wgsl, or by the writer's first row: scale_pass, default NVFP4_SCALE_PASS), then the
+    writer. groups_per_lane: 16-element groups a lane (default nvfp4_groups_default); kv_split (1 or 2 groups
     a lane; default NVFP4_KV_SPLIT there): K and V on separate lanes."""
     key, value, sm = fw._check_rows(key, value, slots)
     T, kvh, D = key.shape
@@ -218,7 +228,10 @@ def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, bl
     out = fw.amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, variant or fw.Variant(rt))
     kvs = groups_per_lane < 4 and (NVFP4_KV_SPLIT if kv_split is None else kv_split)
     L = _lanes(2 * D // f4.SUB if kvs else D // f4.SUB, groups_per_lane)
-    kern = rt.compile(nvfp4_spec(groups_per_lane, L, D, stage, kvs))
+    sp = NVFP4_SCALE_PASS if scale_pass is None else scale_pass
+    kern = rt.compile(nvfp4_spec(groups_per_lane, L, D, stage, kvs, sp))
+    if sp:
+        out.append(rt.compile(NVFP4_SCALE).dispatch((1, 1, 1), [tensor]))
     out += fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
     return out

@@ -3,7 +3,8 @@
 // Fast NVFP4 writer: the record of fp4/nvfp4_write.wgsl (kvviz/formats/fp4.py, oracle kvviz/oracles/fp4.py),
 // the same words:
 //   s_t = max(amax_tensor / 2688, 2^-126), amax_tensor in tensor[0|1] (K|V) from the amax pass
-//         (fast/write_fp8_amax.wgsl); the writer stores s_t's bits in tensor[2|3];
+//         (fast/write_fp8_amax.wgsl); s_t's bits in tensor[2|3] (stored by fast/write_nvfp4_scale.wgsl, or by
+//         this writer's first row where SCALE_PASS = 0);
 //   sc = E4M3(div_rn(div_rn(max |x|, s_t), 6)) per 16 elements (RNE, saturating);
 //   code = E2M1(div_rn(div_rn(x, s_t), e4m3(sc))) (RNE, saturating; 0 where e4m3(sc) = 0).
 // The fast path (write_common.wgsl's rule, branch-free): the scale from q = max|x| * (1/s_t * 1/6) and the
@@ -31,6 +32,7 @@
 struct P { kvh: u32, hd: u32, bs: u32, wpt: u32, rows: u32, gx: u32 }
 var<immediate> p: P;
 const NG: u32 = {{NG}}u;
+const SCALE_PASS: u32 = {{SCALE_PASS}}u;   // 1: s_t read from tensor[2|3] (fast/write_nvfp4_scale.wgsl ran first)
 const E4M3_MAX_BITS: u32 = 0x43E00000u;  // 448
 const E2M1_MAX_BITS: u32 = 0x40C00000u;  // 6
 const INV6_BITS: u32 = 0x3E2AAAABu;      // 1/6 rounded to nearest
@@ -184,11 +186,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let ns = p.hd / 16u;
   let which = select(0u, lane & 1u, KVS == 1u);   // KVS: K on the even lanes, V on the odd ones
   let g0 = select(lane, lane >> 1u, KVS == 1u) * NG;
-  var stb = vec2<u32>(div_fast_bits(bitcast<f32>(tensor[0]), 2688.0), div_fast_bits(bitcast<f32>(tensor[1]), 2688.0));
-  stb = max(stb, vec2<u32>(F32_MIN_NORMAL_BITS));
-  if (row == 0u && lane == 0u) {
-    tensor[2] = stb.x;
-    tensor[3] = stb.y;
+  var stb = vec2<u32>(tensor[2], tensor[3]);   // SCALE_PASS: s_t from fast/write_nvfp4_scale.wgsl
+  if (SCALE_PASS == 0u) {   // each thread derives s_t (the same bits)
+    stb = vec2<u32>(div_fast_bits(bitcast<f32>(tensor[0]), 2688.0), div_fast_bits(bitcast<f32>(tensor[1]), 2688.0));
+    stb = max(stb, vec2<u32>(F32_MIN_NORMAL_BITS));
+    if (row == 0u && lane == 0u) {
+      tensor[2] = stb.x;
+      tensor[3] = stb.y;
+    }
   }
   let live = row < p.rows && g0 < ns;
   if (STAGE == 0u && !live) { return; }   // (STAGE: every thread reaches the barrier)
