@@ -349,7 +349,7 @@ def test_two_dimensional_grid(ctx):
             d = check_nvfp4(rt, batch, k, v)
         finally:
             fw.AMAX_BLOCKS = blocks
-        assert all(x.grid[1] > 1 and max(x.grid) <= 16 for x in d)
+        assert all(x.grid[1] > 1 and max(x.grid) <= 16 for x in d if "write_nvfp4_scale" not in x.kernel.name)
     finally:
         rt.limits.clear()
         rt.limits.update(saved)
