@@ -140,15 +140,12 @@ fn exact_grp(which: u32, xi: u32, st: f32) -> Grp {
 // The exact path of group g (first vec4 xi) written over the fast path's words: its code words and its scale byte.
 fn exact_group(which: u32, xi: u32, st: f32, base: u32, sw: u32, g: u32) {
   let e = exact_grp(which, xi, st);
-  let w0 = e.w0;
-  let w1 = e.w1;
-  let sc = e.sc;
   let cw = base + sw + 2u * g;
   let wi = base + g / 4u;
   let keep = ~(0xFFu << (8u * (g % 4u)));
-  let sb = sc << (8u * (g % 4u));
-  put_word(which, cw, w0);
-  put_word(which, cw + 1u, w1);
+  let sb = e.sc << (8u * (g % 4u));
+  put_word(which, cw, e.w0);
+  put_word(which, cw + 1u, e.w1);
   put_word(which, wi, (rec_word(which, wi) & keep) | sb);
 }
 
@@ -186,10 +183,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let ns = p.hd / 16u;
   let which = select(0u, lane & 1u, KVS == 1u);   // KVS: K on the even lanes, V on the odd ones
   let g0 = select(lane, lane >> 1u, KVS == 1u) * NG;
-  var stb = vec2<u32>(tensor[2], tensor[3]);   // SCALE_PASS: s_t from fast/write_nvfp4_scale.wgsl
-  if (SCALE_PASS == 0u) {   // each thread derives s_t (the same bits)
-    stb = vec2<u32>(div_fast_bits(bitcast<f32>(tensor[0]), 2688.0), div_fast_bits(bitcast<f32>(tensor[1]), 2688.0));
-    stb = max(stb, vec2<u32>(F32_MIN_NORMAL_BITS));
+  var stb: vec2<u32>;
+  if (SCALE_PASS == 1u) {   // s_t from fast/write_nvfp4_scale.wgsl
+    stb = vec2<u32>(tensor[2], tensor[3]);
+  } else {   // each thread derives s_t (the same bits)
+    stb = nvfp4_tensor_scale_bits(vec2<u32>(tensor[0], tensor[1]));
     if (row == 0u && lane == 0u) {
       tensor[2] = stb.x;
       tensor[3] = stb.y;

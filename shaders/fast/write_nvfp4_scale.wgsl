@@ -2,13 +2,12 @@
 // NVFP4's per-tensor scales, once (kvviz/kernels/fast_write_ggml.py NVFP4_SCALE_PASS): from the amax pass's
 // tensor[0|1] (max |x| bits of K | V, fast/write_fp8_amax.wgsl), s_t = max(amax / 2688 correctly rounded, 2^-126)
 // into tensor[2|3], which the writer (fast/write_nvfp4.wgsl, SCALE_PASS = 1) then reads instead of each of its
-// threads dividing twice. One invocation: the same div_fast_bits, the same bits.
+// threads dividing twice. One invocation: the same nvfp4_tensor_scale_bits, the same bits.
 @group(0) @binding(0) var<storage, read_write> tensor: array<u32>;
 
 @compute @workgroup_size(1)
 fn main() {
-  let stb = vec2<u32>(div_fast_bits(bitcast<f32>(tensor[0]), 2688.0), div_fast_bits(bitcast<f32>(tensor[1]), 2688.0));
-  let s = max(stb, vec2<u32>(F32_MIN_NORMAL_BITS));
+  let s = nvfp4_tensor_scale_bits(vec2<u32>(tensor[0], tensor[1]));
   tensor[2] = s.x;
   tensor[3] = s.y;
 }

@@ -91,6 +91,13 @@ fn div_fast_bits(a: f32, b: f32) -> u32 {
 }
 fn div_fast(a: f32, b: f32) -> f32 { return bitcast<f32>(div_fast_bits(a, b)); }
 
+// NVFP4's per-tensor scales of K and V from their amax bits: s_t = max(amax / 2688 correctly rounded, 2^-126), as bits
+// (fast/write_nvfp4_scale.wgsl; fast/write_nvfp4.wgsl where it derives them itself, SCALE_PASS = 0)
+fn nvfp4_tensor_scale_bits(amax: vec2<u32>) -> vec2<u32> {
+  let s = vec2<u32>(div_fast_bits(bitcast<f32>(amax.x), 2688.0), div_fast_bits(bitcast<f32>(amax.y), 2688.0));
+  return max(s, vec2<u32>(F32_MIN_NORMAL_BITS));
+}
+
 fn div_rn(a: f32, b: f32) -> f32 { return bitcast<f32>(div_rn_bits(a, b)); }
 
 // Total-order key of float bits: unsigned comparison of keys = numeric order, with -0 < +0.
