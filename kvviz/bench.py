@@ -157,13 +157,14 @@ def run_bench(
     `kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
     and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
     from kvviz.lab.roofline import Ceilings, bound
-    from kvviz.kernels.fma import dtypes, measure_fma
+    from kvviz.kernels.fma import dtypes, measure_fma, measure_timing_floor
 
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
     log(f"adapter: {rt.summary.line()}")
     rows = []
     fma = {}
+    floor_us = None
     ceilings = None
     for shape in shapes:
         batch, key, value, q = make_inputs(shape)
@@ -179,6 +180,9 @@ def run_bench(
                 fma[dt] = fr.gflops
                 rows.append(_row(f"fma_{dt}", f"FMA throughput {dt} (compute ceiling)", shape, fr.timing, fr.bytes, copy_gbps,
                                  None, None, adapter, f"sink rel err {fr.rel_err:.1e} vs numpy", flops=fr.flops))
+            ft = measure_timing_floor(rt, runs, warmup)
+            floor_us = ft.median_us
+            rows.append(timing_floor_row(shape, ft, adapter))
         shader_copy = next(t.gbps(nb) for name, _, t, nb in copies if name == "copy_shader")
         if ceilings is None:
             ceilings = Ceilings(shader_copy, fma["f32"], fma.get("f16"), rt.summary.name, bool(rt.summary.is_software))
@@ -241,7 +245,20 @@ def run_bench(
         if r["intensity"] is not None and r["gpu_us_median"] and not r["kernel"].startswith("fma_"):
             r["bound"] = bound(r["intensity"], ceilings)
     return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows,
-            "roofline": ceilings.to_json() if ceilings else None}
+            "roofline": ceilings.to_json() if ceilings else None, "timing_floor_us": floor_us}
+
+
+TIMING_FLOOR_NOTE = ("the shortest time a row can read: every row is timed in this frame (its own pass, begin / end "
+                     "timestamps), so a row near it is mostly the frame's fixed cost")
+
+
+def timing_floor_row(shape, timing, adapter) -> dict:
+    """The row of the timing frame's floor (kvviz.kernels.fma.measure_timing_floor): a near-empty dispatch in its own
+    pass. It moves no bytes worth a rate, so GB/s and % of copy stay empty."""
+    r = _row("timing_floor", "a near-empty dispatch in its own pass", shape, timing, 0, None, None, None, adapter,
+             TIMING_FLOOR_NOTE)
+    r["gbps"] = None
+    return r
 
 
 def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapter):

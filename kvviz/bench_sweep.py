@@ -13,11 +13,12 @@ import time
 
 import numpy as np
 
-from kvviz.bench import BenchShape, _max_err, _row, _torch_row, make_inputs
+from kvviz.bench import TIMING_FLOOR_NOTE, BenchShape, _max_err, _row, _torch_row, make_inputs
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.kernels import fast_decode as fd
 from kvviz.kernels.copy import measure_copy
+from kvviz.kernels.fma import measure_timing_floor
 from kvviz.kernels.paged import PagedKernels
 from kvviz.kernels.traffic import decode_bytes
 
@@ -62,6 +63,8 @@ def run_sweep(param: str, values=None, runs: int = 20, warmup: int = 3, compare_
     pk, fast = PagedKernels(rt), fd.FastDecode(rt)
     copy_gbps, _ = measure_copy(rt, 256 << 20, runs, warmup)
     log(f"copy shader: {copy_gbps:.0f} GB/s")
+    floor_us = measure_timing_floor(rt, runs, warmup).median_us
+    log(f"timing floor: {floor_us:.1f} us (a near-empty dispatch in its own pass; {TIMING_FLOOR_NOTE})")
     points = []
     for shape in shapes:
         t0 = time.perf_counter()
@@ -117,5 +120,5 @@ def run_sweep(param: str, values=None, runs: int = 20, warmup: int = 3, compare_
             f"{r['kernel']} {r['gpu_us_median']:.1f} us ({r['pct_of_copy']:.0f}% of copy)"
             for r in rows if r["gpu_us_median"] is not None and r["pct_of_copy"] is not None)
             + f"  [{time.perf_counter() - t0:.1f} s]")
-    return {"adapter": adapter, "sweep": param, "copy_gbps": copy_gbps, "runs": runs, "warmup": warmup,
+    return {"adapter": adapter, "sweep": param, "copy_gbps": copy_gbps, "timing_floor_us": floor_us, "runs": runs, "warmup": warmup,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "points": points}

@@ -36,9 +36,14 @@ def test_bench_rows_fields_and_oracle_checks(rt):
     i8q = [r for r in rows if r["kernel"] == "fast_decode_int8 (int8 query)"]
     assert len(i8q) == 1 and i8q[0]["within_tolerance"] and i8q[0]["impl"] == "fast"
     assert "dot4I8Packed" in i8q[0]["variant"] and "f32-query oracle" in i8q[0]["note"]
+    # the timing frame's floor: a near-empty dispatch timed like every row, with no rate (it moves nothing worth one)
+    floor = [r for r in rows if r["kernel"] == "timing_floor"]
+    assert len(floor) == 1 and floor[0]["gpu_us_median"] > 0 and floor[0]["gbps"] is None
+    assert floor[0]["pct_of_copy"] is None and floor[0]["flops"] is None and "shortest time" in floor[0]["note"]
+    assert res["timing_floor_us"] == floor[0]["gpu_us_median"]
     timed = [r for r in rows if r["gpu_us_median"] is not None]
     assert all(r["gpu_us_min"] <= r["gpu_us_median"] <= r["gpu_us_p90"] for r in timed)
-    assert all(r["bytes_moved"] > 0 and r["gbps"] > 0 for r in timed)
+    assert all(r["bytes_moved"] > 0 and r["gbps"] > 0 for r in timed if r["kernel"] != "timing_floor")
 
 
 def _no_constants(name):

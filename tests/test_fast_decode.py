@@ -239,6 +239,7 @@ def test_sweep_points_checked_and_strict_json(rt, tmp_path):
 
     res = run_sweep("batch", [1, 2], runs=1, warmup=0, rt=rt, log=lambda *a: None, ctx=40)
     assert [p["value"] for p in res["points"]] == [1, 2]
+    assert res["timing_floor_us"] > 0   # the frame every point's times include (kvviz.kernels.fma.measure_timing_floor)
     for p in res["points"]:
         fast = {r["kernel"]: r for r in p["rows"] if r["impl"] == "fast"}
         assert set(fast) == {"fast_decode_int8", "fast_decode_f16", "fast_decode_f32"}

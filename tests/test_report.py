@@ -125,11 +125,12 @@ def test_write_report_qt_free(res, tmp_path):
     paths = write_report(str(tmp_path), res)
     rep = json.load(open(paths["json"]))
     summary = json.loads(json.dumps(res.summary_json()))
-    for k in ("config", "method", "layout", "batch", "attention", "codes", "timings", "copy_gbps"):
+    for k in ("config", "method", "layout", "batch", "attention", "codes", "timings", "copy_gbps", "timing_floor_us"):
         assert_same(rep[k], summary[k])
+    assert rep["timing_floor_us"] > 0   # the frame every timing includes (kvviz.kernels.fma.measure_timing_floor)
     assert set(rep["panels"]) >= {"cache_layout", "scales", "codes", "attention", "timing"}
     md = open(paths["md"]).read()
-    for s in (res.adapter.name, res.method.label, "bits per element", "kl_mean", "Timing method", "saturated"):
+    for s in (res.adapter.name, res.method.label, "bits per element", "kl_mean", "Timing method", "saturated", "Timing floor"):
         assert s in md
     assert len(paths["csv"]) >= 10
 

@@ -360,6 +360,7 @@ class Results:
     timings: list
     copy_gbps: float
     elapsed_s: float = 0.0
+    timing_floor_us: float = float("nan")  # a near-empty dispatch in its own pass (kvviz.kernels.fma.measure_timing_floor)
     source_note: str = ""
     warnings: list = field(default_factory=list)  # what the method could not represent (QuantizedKV.warnings)
     scale: float = 0.0  # the softmax scale every attention kernel of this compute used
@@ -388,6 +389,7 @@ class Results:
             "codes": {"K": self.k_stats.to_json(), "V": self.v_stats.to_json()},
             "timings": [t.to_json() for t in self.timings],
             "copy_gbps": self.copy_gbps,
+            "timing_floor_us": self.timing_floor_us,
             "elapsed_s": self.elapsed_s,
             "source_note": self.source_note,
             "warnings": list(self.warnings),
@@ -575,6 +577,7 @@ class Session:
 
     def _compute_on_device(self, cfg, ctx, method, batch, key, value, q, scale, note, step, t0) -> Results:
         from kvviz.kernels.copy import measure_copy
+        from kvviz.kernels.fma import measure_timing_floor
         from kvviz.kernels.traffic import decode_bytes, writer_bytes
 
         rt = ctx.rt
@@ -606,6 +609,7 @@ class Session:
         runs = max(3, int(cfg.timing_runs))
         copy_gbps, copies = measure_copy(rt, max(2 * key.nbytes, 16 << 20), runs=runs)
         timings = [TimingRow(name, variant, t, nb, copy_gbps) for name, variant, t, nb in copies]
+        floor_us = measure_timing_floor(rt, runs).median_us
         step(0.70, "timing: f32 baseline kernels")
         timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps))
         dd, _ = ctx.paged.decode_dispatches(base, q, batch, scale)
@@ -625,7 +629,7 @@ class Session:
             config=cfg, adapter=rt.summary, batch=batch, key=key, value=value, q=q, method=method,
             layouts=batch_layouts(method, batch, D), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
             w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
-            v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps,
+            v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps, timing_floor_us=floor_us,
             elapsed_s=time.perf_counter() - t0, source_note=note, warnings=list(getattr(qkv, "warnings", []) or []),
             scale=scale,
         )
