@@ -6,7 +6,10 @@ variants compute wrong outputs on purpose (diagnostics, never a product path); e
     cheap codes        the int8 -> f32 conversions (i8x4) replaced by one AND and a bitcast a word
     no P.V             the accumulator updates dropped (the compiler then drops the V loads and conversions too)
 and, for the kernel as built, the reduce alone in its own pass beside split + reduce in one (the rest is the gap).
-Run on the device: python3 tools/decode_diag.py [passes [num_seqs ctx]]"""
+With --fixed, where a decode's fixed cost goes (best at a shape of few steps a workgroup, e.g. 16 x 64):
+    no steps           the token loop's body dropped (the prologue's loads, the merge and the write stay)
+    empty              prologue, loop body, merge and write all dropped: the launch of the grid and its timestamps
+Run on the device: python3 tools/decode_diag.py [passes [num_seqs ctx]] [--fixed]"""
 import dataclasses
 import re
 import sys
@@ -19,8 +22,9 @@ from kvviz.kernels.copy import measure_copy
 from kvviz.paging import make_batch
 
 H, KVH, D, BS = 32, 8, 128, 16
-PASSES = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-S, T = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (15, 4096)
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+PASSES = int(ARGS[0]) if ARGS else 2
+S, T = (int(ARGS[1]), int(ARGS[2])) if len(ARGS) > 2 else (15, 4096)
 CHEAP = "fn cheap4(w: u32) -> vec4<f32> { return vec4<f32>(bitcast<f32>(w & 0x3F7FFFFFu)); }"
 
 
@@ -43,6 +47,15 @@ def no_pv(d):
     return d
 
 
+def no_steps(d):
+    d["STEP"] = ""
+    return d
+
+
+def empty(d):
+    return {**d, "PROLOGUE": "", "STEP": "", "MERGE": "", "WRITE": "", "SG_GUARD": ""}
+
+
 rt = GpuRuntime()
 print(rt.summary.line())
 copy_gbps, _ = measure_copy(rt, 256 << 20, 20, 3)
@@ -57,6 +70,8 @@ v = rt.upload(rng.integers(0, 1 << 31, n, dtype=np.uint32) & np.uint32(0x3C3C3C3
 render = fd.render
 cases = [("as built", None, batch), ("all block ids 0", None, zero), ("no shuffles", no_shuffles, batch),
          ("cheap codes", cheap_codes, batch), ("no P.V", no_pv, batch)]
+if "--fixed" in sys.argv[1:]:
+    cases = [("as built", None, batch), ("no steps", no_steps, batch), ("empty", empty, batch)]
 for p in range(1, PASSES + 1):
     for name, patch, b in cases:
         fd.render = (lambda *a, _p=patch, **kw: _p(render(*a, **kw))) if patch else render
