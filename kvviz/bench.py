@@ -248,8 +248,8 @@ def run_bench(
             "roofline": ceilings.to_json() if ceilings else None, "timing_floor_us": floor_us}
 
 
-TIMING_FLOOR_NOTE = ("the shortest time a row can read: every row is timed in this frame (its own pass, begin / end "
-                     "timestamps), so a row near it is mostly the frame's fixed cost")
+TIMING_FLOOR_NOTE = ("a kernel that does next to nothing, timed in the frame every row is timed in (its own pass, "
+                     "begin / end timestamps): a row near it is mostly the frame's fixed cost")
 
 
 def timing_floor_row(shape, timing, adapter) -> dict:

@@ -39,7 +39,7 @@ def test_bench_rows_fields_and_oracle_checks(rt):
     # the timing frame's floor: a near-empty dispatch timed like every row, with no rate (it moves nothing worth one)
     floor = [r for r in rows if r["kernel"] == "timing_floor"]
     assert len(floor) == 1 and floor[0]["gpu_us_median"] > 0 and floor[0]["gbps"] is None
-    assert floor[0]["pct_of_copy"] is None and floor[0]["flops"] is None and "shortest time" in floor[0]["note"]
+    assert floor[0]["pct_of_copy"] is None and floor[0]["flops"] is None and "fixed cost" in floor[0]["note"]
     assert res["timing_floor_us"] == floor[0]["gpu_us_median"]
     timed = [r for r in rows if r["gpu_us_median"] is not None]
     assert all(r["gpu_us_min"] <= r["gpu_us_median"] <= r["gpu_us_p90"] for r in timed)

@@ -136,7 +136,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
     floor = getattr(res, "timing_floor_us", float("nan"))
     if floor == floor:
         L.append(f"Timing floor: a near-empty dispatch in its own pass takes {floor:.1f} us here; every row is timed in "
-                 "the same frame, so none can read less, and a row near it is mostly the frame's fixed cost.")
+                 "the same frame, and a row near it is mostly the frame's fixed cost.")
     if a.is_software:
         L.append("")
         L.append("> lavapipe: CPU timings, not GPU.")

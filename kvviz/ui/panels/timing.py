@@ -192,8 +192,8 @@ class TimingPanel(Panel):
         methods = sorted({t.timing.method for t in res.timings})
         floor = res.timing_floor_us
         self.info.setText(f"timing: {', '.join(methods)}; copy {res.copy_gbps:.2f} GB/s"
-                          + (f"; timing floor {floor:.1f} us (a near-empty dispatch in its own pass: no row can read "
-                             "less)" if floor == floor else "")
+                          + (f"; timing floor {floor:.1f} us (a near-empty dispatch in its own pass: a row near it is "
+                             "mostly fixed cost)" if floor == floor else "")
                           + (f"; pinned run {self.pinned_run}" if self.pinned else ""))
         self._fill_table()
         self._draw_bars()
