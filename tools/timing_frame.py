@@ -45,7 +45,7 @@ rng = np.random.default_rng(0)
 S, T, H, KVH, D, BS = 15, 4096, 32, 8, 128, 16
 batch = make_batch([T] * S, BS, policy="scattered", seed=0)
 q = rng.standard_normal((S, H, D)).astype(np.float32)
-cases = [("near-empty kernel (480 x 256 threads)", fma.fma_dispatches(rt, "f32", groups=480, iters=1)[0]),
+cases = [(f"near-empty kernel ({fma.FLOOR_GROUPS} x 256 threads)", fma.fma_dispatches(rt, "f32", groups=fma.FLOOR_GROUPS, iters=1)[0]),
          ("shader copy, 256 MB", copy_shader_dispatches(rt, 256 << 20)[0])]
 for fmt in (fd.INT8, fd.F16):
     n = batch.num_blocks * KVH * BS * fmt.wpt(D)

@@ -192,12 +192,20 @@ NVFP4_KV_SPLIT = False
 NVFP4_SCALE_PASS = True
 
 
+def _sub_groups_refusal(rt: GpuRuntime, groups_per_lane: int, head_size: int) -> str | None:
+    """Why 1 or 2 groups a lane (the scale words put together by subgroup shuffles among the lanes of a word) cannot
+    run here, or None where they can."""
+    if not (fw.subgroups_available(rt) and fw.smallest_subgroup(rt) >= 4 // groups_per_lane):
+        return f"fast NVFP4 writer: {groups_per_lane} groups a lane needs subgroups of at least {4 // groups_per_lane} lanes on this adapter"
+    if (head_size // f4.SUB) % 4:
+        return f"fast NVFP4 writer: {groups_per_lane} groups a lane needs a head size that is a multiple of 64, got {head_size}"
+    return None
+
+
 def nvfp4_groups_default(rt: GpuRuntime, head_size: int) -> int:
     """NVFP4_GROUPS_PER_LANE where the adapter's subgroups and the head size (a multiple of 64) take it, else 4."""
     g = NVFP4_GROUPS_PER_LANE
-    if g < 4 and fw.subgroups_available(rt) and fw.smallest_subgroup(rt) >= 4 // g and (head_size // f4.SUB) % 4 == 0:
-        return g
-    return 4
+    return g if g < 4 and _sub_groups_refusal(rt, g, head_size) is None else 4
 
 
 def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
@@ -215,13 +223,10 @@ def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, bl
         raise UnsupportedShape(f"fast NVFP4 writer: head_size {D} is not a multiple of {f4.SUB}")
     if groups_per_lane is None:
         groups_per_lane = nvfp4_groups_default(rt, D)
-    if groups_per_lane in (1, 2):  # scale words put together by subgroup shuffles among the lanes of a word
-        if not (fw.subgroups_available(rt) and fw.smallest_subgroup(rt) >= 4 // groups_per_lane):
-            raise InvalidInput(f"fast NVFP4 writer: {groups_per_lane} groups a lane needs subgroups of at least "
-                               f"{4 // groups_per_lane} lanes on this adapter", "Use 4 groups a lane.")
-        if (D // f4.SUB) % 4:
-            raise InvalidInput(f"fast NVFP4 writer: {groups_per_lane} groups a lane needs a head size that is a multiple "
-                               f"of 64, got {D}", "Use 4 groups a lane.")
+    if groups_per_lane in (1, 2):
+        why = _sub_groups_refusal(rt, groups_per_lane, D)
+        if why:
+            raise InvalidInput(why, "Use 4 groups a lane.")
     elif groups_per_lane < 4 or groups_per_lane % 4:
         raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be 1, 2 or a multiple of 4, got {groups_per_lane}")
     wpt = f4.words_per_token(D)

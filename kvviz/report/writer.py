@@ -133,7 +133,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
     L.append(f"Timing method: **{', '.join(methods)}**; median of {', '.join(map(str, runs))} runs after warm-up, "
              f"min-p90 in brackets. Bandwidth = unique bytes moved / median; % of copy compares it with a "
              f"buffer copy measured in the same run ({res.copy_gbps:.2f} GB/s).")
-    floor = getattr(res, "timing_floor_us", float("nan"))
+    floor = res.timing_floor_us
     if floor == floor:
         L.append(f"Timing floor: a near-empty dispatch in its own pass takes {floor:.1f} us here; every row is timed in "
                  "the same frame, and a row near it is mostly the frame's fixed cost.")
