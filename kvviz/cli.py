@@ -74,9 +74,9 @@ _CUSTOM_SHAPE = {"ctx": 4096, "heads": 32, "kv_heads": 8, "head_size": 128, "blo
 
 
 def _bench_sweep(args) -> int:
-    """`kvviz bench --sweep context|batch [--values ...]` (kvviz/bench_sweep.py)."""
+    """`kvviz bench --sweep context|batch [--values ...]` (kvviz/bench/sweep.py)."""
     from kvviz.bench import save_json
-    from kvviz.bench_sweep import run_sweep, sweep_shapes
+    from kvviz.bench.sweep import run_sweep, sweep_shapes
 
     if not args.sweep:
         print("kvviz bench: --values needs --sweep context|batch", file=sys.stderr)
@@ -185,7 +185,8 @@ def _cmd_roofline(args) -> int:
 
     from kvviz.checks import check_out_file
     from kvviz.errors import InvalidInput
-    from kvviz.lab.roofline import bench_roofline, roofline_svg, roofline_table
+    from kvviz.bench.roofline import bench_roofline
+    from kvviz.report.roofline import roofline_svg, roofline_table
 
     if args.svg:
         check_out_file(args.svg, "--svg")
@@ -268,7 +269,7 @@ def _write_json(data, path: str | None) -> None:
     """Strict JSON (null for NaN/Inf) to `path`, or to stdout for "-"."""
     import json
 
-    from kvviz.report.tables import clean
+    from kvviz.tables import clean
 
     text = json.dumps(clean(data), indent=2, allow_nan=False)
     if path == "-":

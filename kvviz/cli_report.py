@@ -12,7 +12,7 @@ import sys
 from kvviz.analysis.session import Session, SessionConfig
 from kvviz.errors import KvvizError
 from kvviz.checks import check_out_dir
-from kvviz.report.tables import default_panel_tables, history_entry
+from kvviz.tables import default_panel_tables, history_entry
 from kvviz.report.writer import relocate, staged_dir, write_report
 
 

@@ -69,16 +69,16 @@ def test_a_method_that_breaks_is_failed_not_skipped(rt, monkeypatch):
     compile) is a FAILED row, which makes `kvviz bench` exit 1."""
     from kvviz.bench import failed_rows
     from kvviz.errors import ShaderCompileError
-    from kvviz.methods.int8 import Int8PerToken
+    from kvviz.families.int8.method_token import Int8PerToken
 
     def broken(self, *a, **k):
-        raise ShaderCompileError("quant/int8_write.wgsl:3:1 error: expected a declaration")
+        raise ShaderCompileError("int8/write.wgsl:3:1 error: expected a declaration")
 
     monkeypatch.setattr(Int8PerToken, "quantize", broken)
     shape = BenchShape("tiny", (20,), 2, 1, 48, 16, "contiguous")
     res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",))
     rows = {r["kernel"]: r for r in res["rows"]}
-    assert rows["int8_token"]["note"].startswith("FAILED: quant/int8_write.wgsl:3:1")
+    assert rows["int8_token"]["note"].startswith("FAILED: int8/write.wgsl:3:1")
     assert rows["q8_0"]["note"].startswith("skipped")  # head 48 is not a whole number of 32-element q8_0 blocks
     assert [r["kernel"] for r in failed_rows(res)] == ["int8_token"]
 

@@ -1,10 +1,10 @@
-"""Conformance of the f16 method (kvviz/methods/f16.py) on the GPU (lavapipe in CI) against its numpy
-oracle (kvviz/oracles/f16.py: numpy astype(float16)).
+"""Conformance of the f16 method (kvviz/families/f16/method.py) on the GPU (lavapipe in CI) against its numpy
+oracle (kvviz/families/f16/oracle.py: numpy astype(float16)).
 
 Exact: the cache words (the writer rounds to nearest even on the float bits, subnormal halves included)
 and the dequantised f32 cache (halves widened exactly). Attention: the fast f16 decode (or the f32 decode
 over the dequantised cache) accumulates in f32 against the float64 reference over the same halves:
-|out - ref| <= 2e-5 * max(1, max|V^|) (kvviz/oracles/methods.py); weights within 2e-6.
+|out - ref| <= 2e-5 * max(1, max|V^|) (kvviz/attention/paged_oracle.py); weights within 2e-6.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.kernels import quant as qk
+from kvviz.attention import records as qk
 from kvviz.methods import get_method, reference
-from kvviz.oracles import f16 as of16
-from kvviz.oracles import paged as op
+from kvviz.families.f16 import oracle as of16
+from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
 # (head_size, block_size, context lens, policy, pad_every, kv_heads, heads)

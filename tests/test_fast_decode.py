@@ -1,8 +1,8 @@
-"""Conformance of the fast split-K decode (kvviz/kernels/fast_decode.py) for every cache format it reads.
+"""Conformance of the fast split-K decode (kvviz/attention/split_decode.py) for every cache format it reads.
 
 The caches are built here in numpy, record by record in each format's word layout, so the decode is
 checked on its own (the writers have their own tests): the oracle dequantises the same words
-(kvviz/oracles/paged.decode, float64) and the kernel must agree within the f32 paged kernels'
+(kvviz/attention/paged_oracle.decode, float64) and the kernel must agree within the f32 paged kernels'
 tolerance, 2e-5 x max(1, max |V|): f32 accumulation in another order, exp2 for exp, and the oracle's
 seed normaliser (sum + 1e-6) against the kernel's exact division.
 Shapes: head sizes 64..256 (80 and 96 need 4- and 8-lane splits), MHA to GQA 16, block sizes 8..32,
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.kernels import fast_decode as fd
-from kvviz.oracles import paged as O
+from kvviz.attention import split_decode as fd
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import PAD_SLOT, make_batch
 
 pytestmark = pytest.mark.gpu
@@ -234,12 +234,12 @@ def test_sweep_points_checked_and_strict_json(rt, tmp_path):
     import json
 
     from kvviz.bench import save_json
-    from kvviz.bench_sweep import run_sweep
+    from kvviz.bench.sweep import run_sweep
     from kvviz.cli import main
 
     res = run_sweep("batch", [1, 2], runs=1, warmup=0, rt=rt, log=lambda *a: None, ctx=40)
     assert [p["value"] for p in res["points"]] == [1, 2]
-    assert res["timing_floor_us"] > 0   # the frame every point's times include (kvviz.kernels.fma.measure_timing_floor)
+    assert res["timing_floor_us"] > 0   # the frame every point's times include (kvviz.gpu.fma.measure_timing_floor)
     for p in res["points"]:
         fast = {r["kernel"]: r for r in p["rows"] if r["impl"] == "fast"}
         assert set(fast) == {"fast_decode_int8", "fast_decode_f16", "fast_decode_f32"}

@@ -1,9 +1,9 @@
-"""Conformance of the fast split-K ggml decode (kvviz/kernels/fast_decode_ggml.py) on the local adapter.
+"""Conformance of the fast split-K ggml decode (kvviz/families/ggml/decode.py) on the local adapter.
 
 The caches are written by the method itself (GgmlBlockMethod.quantize: the GPU writer) and read back; the
-words read back must equal the method's oracle's (kvviz.oracles.ggml.quantize: gguf's codes, byte for byte),
+words read back must equal the method's oracle's (kvviz.families.ggml.oracle.quantize: gguf's codes, byte for byte),
 and the reference is the method's attention oracle over those words: gguf.quants.dequantize
-(kvviz.oracles.ggml.dequantize) through the f32 paged decode's arithmetic in float64 (kvviz.oracles.paged).
+(kvviz.families.ggml.oracle.dequantize) through the f32 paged decode's arithmetic in float64 (kvviz.attention.paged_oracle).
 
 Tolerance: |fast - oracle| <= 2e-5 * max(1, max |V^|), V^ = the dequantised values (fast_decode_ggml.tolerance,
 the f32 fast decodes' bound): f32 accumulation in another order, exp2 for exp, the block scale folded into
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.kernels import fast_decode_ggml as fgd
+from kvviz.families.ggml import decode as fgd
 from kvviz.methods.base import get_method
-from kvviz.oracles import ggml as og
-from kvviz.oracles import paged as O
+from kvviz.families.ggml import oracle as og
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import make_batch
 
 pytestmark = pytest.mark.gpu
@@ -59,8 +59,7 @@ def check(ctx, fast, tname, D, bs, kvh, G, lens, *, seed=0, k_amp=1.0, v_amp=1.0
     wpt = t.words_per_token(D)
     caches = {}
     for which, x in (("K", k), ("V", v)):
-        from kvviz.kernels import quant as qk
-
+        from kvviz.attention import records as qk
         full = qk.read_cache(ctx.rt, qc, which).reshape(batch.num_blocks, kvh, bs, wpt)
         if words:  # the words of every token are the oracle's (gguf's bytes)
             recs = full[batch.slot_mapping // bs, :, batch.slot_mapping % bs]
@@ -164,7 +163,7 @@ def test_refuses_bad_input(ctx, fast, rt):
 def test_method_attend_and_timed_rows(ctx, tname):
     """The method's attend runs the fast decode and agrees with its end-to-end oracle; timed_kernels lists the
     fast decode beside the dequantise + f32 decode, and decode_time picks it."""
-    from kvviz.kernels.timed import decode_kernels
+    from kvviz.gpu.timed import decode_kernels
 
     rng = np.random.default_rng(21)
     m = get_method(tname)

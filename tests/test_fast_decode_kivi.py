@@ -1,10 +1,10 @@
-"""Conformance of the fast split-K KIVI decode (kvviz/kernels/fast_decode_kivi.py) on the local adapter.
+"""Conformance of the fast split-K KIVI decode (kvviz/families/kivi/decode.py) on the local adapter.
 
 The caches are written by the method itself (Kivi.quantize: the GPU writers) and read back
-(Kivi.read_buffers); the words read back must equal the method's oracle's (kvviz.oracles.kivi.write_buffers),
+(Kivi.read_buffers); the words read back must equal the method's oracle's (kvviz.families.kivi.oracle.write_buffers),
 and the decode's reference is the method's attention oracle over those words: the oracle's dequantisation
 (f32 code*scale + zero per key group / per token, the f32 residual rows) through the f32 paged decode's
-arithmetic in float64 (kvviz.oracles.paged.decode, as kvviz.oracles.kivi.method_attention does).
+arithmetic in float64 (kvviz.attention.paged_oracle.decode, as kvviz.families.kivi.oracle.method_attention does).
 
 Tolerance: |fast - oracle| <= 2e-5 * max(1, max |V^|), V^ = the dequantised values (the f32 fast decodes'
 bound, fast_decode.f32_tolerance): f32 accumulation in another order, exp2 for exp, the key's scale and zero
@@ -24,13 +24,13 @@ import numpy as np
 import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.formats import kivi as kl
-from kvviz.formats.asym import unpack_codes
-from kvviz.kernels import fast_decode as fd
-from kvviz.kernels import fast_decode_kivi as fk
+from kvviz.families.kivi import format as kl
+from kvviz.families.int4.format import unpack_codes
+from kvviz.attention import split_decode as fd
+from kvviz.families.kivi import decode as fk
 from kvviz.methods.base import get_method
-from kvviz.oracles import kivi as okv
-from kvviz.oracles import paged as O
+from kvviz.families.kivi import oracle as okv
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import make_batch
 
 pytestmark = pytest.mark.gpu
@@ -228,7 +228,7 @@ def test_method_attend_and_timed_rows(ctx):
     """Kivi.attend runs the fast decode (head 120 padded to 128, the padding cut back) and agrees with the
     method's end-to-end oracle; a shape it cannot take (D*bs not a multiple of 128) keeps the first-wave path;
     timed_kernels lists the fast decode beside the dequantise + f32 decode and decode_time picks it."""
-    from kvviz.kernels.timed import decode_kernels
+    from kvviz.gpu.timed import decode_kernels
 
     rng = np.random.default_rng(21)
     for D, bs, lens in ((120, 16, [90, 33, 0, 1]), (16, 4, [70, 5])):

@@ -1,10 +1,10 @@
-"""Conformance of the fast split-K NVFP4 decode (kvviz/kernels/fast_decode_fp4.py) on the local adapter.
+"""Conformance of the fast split-K NVFP4 decode (kvviz/families/fp4/decode.py) on the local adapter.
 
 The caches are written by the method itself (NvFp4.quantize: the GPU writer and its per-tensor scales) and
-read back; the words read back must equal the oracle's (kvviz.oracles.fp4.quantize_batch, bit for bit), and
-the reference is the method's attention oracle over those words: kvviz.oracles.fp4.dequantize (e2m1 * e4m3,
+read back; the words read back must equal the oracle's (kvviz.families.fp4.oracle.quantize_batch, bit for bit), and
+the reference is the method's attention oracle over those words: kvviz.families.fp4.oracle.dequantize (e2m1 * e4m3,
 then * s_t in float32: the method's dequantiser's values) through the f32 paged decode's arithmetic in
-float64 (kvviz.oracles.paged).
+float64 (kvviz.attention.paged_oracle).
 
 Tolerance: |fast - oracle| <= 2e-5 * max(1, max |V^|), V^ = the dequantised values (fast_decode_fp4.tolerance,
 the f32 fast decodes' bound): f32 accumulation in another order, exp2 for exp, the tensor scales folded into
@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.formats import fp4 as f4
-from kvviz.kernels import fast_decode_fp4 as ffd
-from kvviz.kernels import quant as qk
+from kvviz.families.fp4 import format as f4
+from kvviz.families.fp4 import decode as ffd
+from kvviz.attention import records as qk
 from kvviz.methods import reference
 from kvviz.methods.base import get_method
-from kvviz.methods.quant_common import DequantisedAttention
-from kvviz.oracles import fp4 as o4
-from kvviz.oracles import paged as O
+from kvviz.methods.records import DequantisedAttention
+from kvviz.families.fp4 import oracle as o4
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import PAD_SLOT, make_batch
 
 pytestmark = pytest.mark.gpu

@@ -1,7 +1,7 @@
-"""Conformance of the fast split-K TurboQuant decode (kvviz/kernels/fast_decode_tq.py) on the local adapter.
+"""Conformance of the fast split-K TurboQuant decode (kvviz/families/turboquant/decode.py) on the local adapter.
 
 The caches are written by the seed compressor (tq_compress.wgsl, itself held bit for bit to the oracle in
-tests/test_turboquant.py) and read back; the oracle is the seed kernel's: kvviz.oracles.turboquant.
+tests/test_turboquant.py) and read back; the oracle is the seed kernel's: kvviz.families.turboquant.oracle.
 attention_oracle, float64 over the SAME packed words (rotation of q in f32 as on the GPU, the estimator,
 a plain softmax, the inverse RHT of the rotated-space accumulator).
 
@@ -20,15 +20,14 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.kernels import fast_decode_tq as fq
-from kvviz.oracles import turboquant as tqo
-
+from kvviz.families.turboquant import decode as fq
+from kvviz.families.turboquant import oracle as tqo
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def tq(rt):
-    from kvviz.kernels.turboquant import TurboQuantKernels
+    from kvviz.families.turboquant.kernels import TurboQuantKernels
 
     return TurboQuantKernels(rt)
 
@@ -104,8 +103,7 @@ def test_loop_budget_counts_the_reduce_butterflies(tq, fast, monkeypatch):
     against a software rasteriser's loop budget: one short of their sum is refused with DeviceLimitError, the sum
     itself runs (and matches the oracle)."""
     from kvviz.errors import DeviceLimitError
-    from kvviz.kernels import fast_decode as fd
-
+    from kvviz.attention import split_decode as fd
     need = fd.chunked_reduce_loops(700 // 32 + 1) + fq.reduce_butterfly_loops(128)
     assert need == 2 * (3 + 2) + (7 + 2)
     monkeypatch.setattr(tq.rt, "loop_limit", need - 1)

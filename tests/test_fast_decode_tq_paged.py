@@ -1,13 +1,13 @@
-"""Conformance of the PAGED fast TurboQuant decode (kvviz/kernels/fast_decode_tq.py: plan_paged,
+"""Conformance of the PAGED fast TurboQuant decode (kvviz/families/turboquant/decode.py: plan_paged,
 shaders/fast/decode_tq_paged.wgsl + decode_tq_reduce.wgsl) and of its writer on the local adapter.
 
 The writer is the general-settings compressor (tq_general_compress.wgsl) at the seed configuration (bits 2,
 v_bits 2, no outliers, head 32/64/128): per-token records [num_blocks, kv_heads, block_size, WK | WV] written
 through the batch's slot mapping. `test_writer_is_the_seed_compressor` holds its words, bit for bit, to the
-seed compressor's (tq_compress.wgsl, per sequence) re-laid out as records (kvviz.formats.turboquant.seed_records)
-and to the numpy oracle (kvviz.oracles.turboquant.compress_general).
+seed compressor's (tq_compress.wgsl, per sequence) re-laid out as records (kvviz.families.turboquant.format.seed_records)
+and to the numpy oracle (kvviz.families.turboquant.oracle.compress_general).
 
-The decode's oracle: kvviz.oracles.turboquant.paged_attention_oracle, float64 over the SAME records gathered
+The decode's oracle: kvviz.families.turboquant.oracle.paged_attention_oracle, float64 over the SAME records gathered
 through each sequence's block table (the seed kernel's estimator, a plain softmax, the inverse RHT).
 Tolerance: |fast - oracle| <= 2e-5 * max(1, max |V^|), V^ = the dequantised values n_v * RHT^-1(c[vidx]) of the
 sequence's tokens (fast_decode_tq.tolerance, the f32 fast decodes' bound), and each case checks the bound would
@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.formats import turboquant as tqf
-from kvviz.kernels import fast_decode_tq as fq
-from kvviz.kernels import quant as qk
-from kvviz.kernels import turboquant as tqk
-from kvviz.oracles import turboquant as tqo
+from kvviz.families.turboquant import format as tqf
+from kvviz.families.turboquant import decode as fq
+from kvviz.attention import records as qk
+from kvviz.families.turboquant import kernels as tqk
+from kvviz.families.turboquant import oracle as tqo
 from kvviz.paging import PAD_SLOT, make_batch
 
 pytestmark = pytest.mark.gpu
@@ -132,7 +132,7 @@ def test_writer_is_the_seed_compressor(rt, d, bs, pad):
         # and back: the records gathered through the block table are the seed cache's words
         pk, pv = tqo.paged_sequence_words(kc, vc, batch, s, d)
         assert np.array_equal(pk, kw) and np.array_equal(pv, vw)
-    # the numpy oracle's records (kvviz.oracles.turboquant.compress_general), real rows: equal on an IEEE adapter
+    # the numpy oracle's records (kvviz.families.turboquant.oracle.compress_general), real rows: equal on an IEEE adapter
     # (lavapipe); on hardware (2.5-ulp division / sqrt) only differences rounding may decide (compare_cache)
     st = tqf.TQSettings(d, layer=LAYER)
     if rt.summary.is_software:
@@ -184,7 +184,7 @@ def test_large_values_and_logits(rt, fast):
 
 def test_long_context_one_sequence(rt, fast):
     # 20000 tokens in 16-token blocks, scattered, the default split: many partitions, each within lavapipe's loop
-    # budget (kvviz/kernels/loop_budget.py); a peaked softmax over the whole context
+    # budget (kvviz/gpu/loop_budget.py); a peaked softmax over the whole context
     plan, caught, _ = check(rt, fast, [20000], 1, 2, 64, 16, seed=5, q_amp=4.0)
     assert plan.num_partitions > 8 and caught
 
@@ -270,7 +270,7 @@ def test_method_paged_cache_attend_inspector_and_timed_rows(rt):
     records), the bench rows carry the paged fast decode beside the seed kernels' rows."""
     from kvviz.methods import get_method
     from kvviz.methods.context import GpuContext
-    from kvviz.oracles.methods import reference_attention
+    from kvviz.methods.base import reference_attention
 
     m = get_method("turboquant", qjl_scale="unbiased")
     rng = np.random.default_rng(4)

@@ -1,7 +1,7 @@
-"""Conformance of the fast decode's measured variants (kvviz/kernels/fast_decode.py, default off):
+"""Conformance of the fast decode's measured variants (kvviz/attention/split_decode.py, default off):
 
-qk="i8"  int8 query + dot4I8Packed. Its own oracle: the float64 decode (kvviz/oracles/paged.decode) of the
-         query dequantised by the project's int8 quantiser (kvviz/oracles/int8.quantize: one scale a query
+qk="i8"  int8 query + dot4I8Packed. Its own oracle: the float64 decode (kvviz/attention/paged_oracle.decode) of the
+         query dequantised by the project's int8 quantiser (kvviz/families/int8/oracle.quantize: one scale a query
          head, amax/127, round half to even). The integer dot is exact (|sum| < 2^24, so f32 of it is exact
          too) and three f32 multiplies make the logit (fewer roundings than the f32 kernel's D-term dot), the
          softmax and P.V are the f32 kernel's: the f32 kernel's tolerance, 2e-5 x max(1, max|V|).
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.kernels import fast_decode as fd
-from kvviz.oracles import int8 as o8
-from kvviz.oracles import paged as O
+from kvviz.attention import split_decode as fd
+from kvviz.families.int8 import oracle as o8
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import make_batch
 
 from test_fast_decode import FORMATS, build_caches  # noqa: E402 - the cache records of every format

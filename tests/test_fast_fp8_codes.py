@@ -13,8 +13,8 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 import numpy as np
 import pytest
 
-from kvviz.formats import fp8 as fmt8
-from kvviz.kernels import fast_write as fw
+from kvviz.families.fp8 import format as fmt8
+from kvviz.attention import writers as fw
 from kvviz.paging import PAD_SLOT, make_batch
 
 from test_fast_writers import oracle_words, run_writer  # noqa: E402 - the fast writers' runner and oracles

@@ -1,6 +1,6 @@
-"""Conformance of the fast writers of the llama.cpp block types and NVFP4 (kvviz/kernels/fast_write_ggml.py,
+"""Conformance of the fast writers of the llama.cpp block types and NVFP4 (kvviz/families/ggml/writer.py,
 shaders/fast/write_ggml.wgsl, write_nvfp4.wgsl) on the GPU (lavapipe in CI) against the oracles
-kvviz/oracles/ggml.py (gguf.quants; iq4_nl: llama.cpp's reference) and kvviz/oracles/fp4.py.
+kvviz/families/ggml/oracle.py (gguf.quants; iq4_nl: llama.cpp's reference) and kvviz/families/fp4/oracle.py.
 
 Exact, word for word, over head sizes 32 / 64 / 128 / 256 and block sizes 1 / 16 / 32, ragged sequences,
 padding slots, all-zero rows, exact ties of every type's rounding, values near the f16 limit (a block scale
@@ -22,15 +22,15 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput
-from kvviz.formats import fp4 as f4
-from kvviz.formats import ggml as fg
-from kvviz.kernels import fast_write as fw
-from kvviz.kernels import fast_write_ggml as fwg
-from kvviz.kernels import quant as qk
+from kvviz.families.fp4 import format as f4
+from kvviz.families.ggml import format as fg
+from kvviz.attention import writers as fw
+from kvviz.families.ggml import writer as fwg
+from kvviz.attention import records as qk
 from kvviz.methods import get_method
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import fp4 as of4
-from kvviz.oracles import ggml as og
+from kvviz.families.fp4 import oracle as of4
+from kvviz.families.ggml import oracle as og
 from kvviz.paging import PAD_SLOT, make_batch
 
 TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
@@ -393,14 +393,14 @@ def test_methods_write_with_the_fast_writer(ctx, mid):
 
 
 def test_iq4_fast_division_is_div_rn(ctx):
-    """quant/common.wgsl's div_fast (the fast writers' divisions: a float estimate of the significands' quotient
+    """common/quant.wgsl's div_fast (the fast writers' divisions: a float estimate of the significands' quotient
     corrected on the exact remainder) gives div_rn's bits, i.e. IEEE float32 a / b, over random operands of every exponent
     (subnormals, overflow to inf, underflow to subnormals and zero) and iq4_nl's own operands."""
     from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW, Dispatch
     from kvviz.gpu.shaders import ShaderSpec, resolve_includes
 
     rt = ctx.rt
-    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + """
+    src = resolve_includes('// #include "common/quant.wgsl"\n', "test") + """
 @group(0) @binding(0) var<storage, read> ab: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read_write> res: array<vec2<u32>>;
 @compute @workgroup_size(64)
@@ -444,7 +444,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 
 def test_mxfp4_exponent_formula(ctx):
     """write_ggml.wgsl's mxfp4_e (floor(log2f(amax)) - 2 + 127 by a formula, not a table) equals gguf's
-    np.floor(np.log2(amax)) - 2 + 127 and kvviz/formats/ggml.py log2_up_table for every non-tiny exponent, at
+    np.floor(np.log2(amax)) - 2 + 127 and kvviz/families/ggml/format.py log2_up_table for every non-tiny exponent, at
     the mantissas around each rounding threshold and at random ones."""
     import re
 
@@ -452,9 +452,9 @@ def test_mxfp4_exponent_formula(ctx):
     from kvviz.gpu.shaders import SHADER_DIR, ShaderSpec, resolve_includes
 
     rt = ctx.rt
-    text = (SHADER_DIR / "fast/write_ggml.wgsl").read_text()
+    text = (SHADER_DIR / "ggml/write_fast.wgsl").read_text()
     fn = re.search(r"^fn mxfp4_e\(.*?^}\n", text, re.S | re.M).group(0)
-    src = resolve_includes('// #include "quant/common.wgsl"\n', "test") + fn + """
+    src = resolve_includes('// #include "common/quant.wgsl"\n', "test") + fn + """
 @group(0) @binding(0) var<storage, read> a: array<u32>;
 @group(0) @binding(1) var<storage, read_write> res: array<u32>;
 @compute @workgroup_size(64)

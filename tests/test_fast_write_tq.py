@@ -1,10 +1,10 @@
-"""Conformance of the fast TurboQuant writer (kvviz/kernels/fast_write_tq.py, shaders/fast/write_tq.wgsl) on the
+"""Conformance of the fast TurboQuant writer (kvviz/families/turboquant/writer.py, shaders/fast/write_tq.wgsl) on the
 local adapter: the seed configuration's paged records (K [polar d/16 | jl d/32 | norm], V [polar d/16 | norm] u32)
 through the batch's slot mapping.
 
-Held bit for bit to the numpy oracle (kvviz.oracles.turboquant.compress_general: the kernels' f32 order) on an
+Held bit for bit to the numpy oracle (kvviz.families.turboquant.oracle.compress_general: the kernels' f32 order) on an
 IEEE adapter (lavapipe), and on every adapter to the general compressor (tq_general_compress.wgsl, the writer it
-replaces) and to the seed compressor's words (tq_compress.wgsl, re-laid out by kvviz.formats.turboquant
+replaces) and to the seed compressor's words (tq_compress.wgsl, re-laid out by kvviz.families.turboquant.format
 seed_records). On hardware whose division / sqrt may round differently (Vulkan allows 2.5 ulp) the oracle
 comparison is compare_cache's (a difference only where rounding may decide it), as for the other TurboQuant
 writers. Shapes: heads 32/64/128, block sizes 1/16/32, ragged lengths with 0 and 1, padding slots, zero vectors,
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.formats import turboquant as tqf
-from kvviz.kernels import fast_write_tq as fwt
-from kvviz.kernels import quant as qk
-from kvviz.kernels import turboquant as tqk
-from kvviz.oracles import turboquant as tqo
+from kvviz.families.turboquant import format as tqf
+from kvviz.families.turboquant import writer as fwt
+from kvviz.attention import records as qk
+from kvviz.families.turboquant import kernels as tqk
+from kvviz.families.turboquant import oracle as tqo
 from kvviz.paging import PAD_SLOT, make_batch
 
 pytestmark = pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""Conformance of the fast writers (kvviz/kernels/fast_write.py, shaders/fast/write_*.wgsl) on the GPU
-(lavapipe in CI) against the numpy oracles of the methods they write for (kvviz/oracles/fast_write.py).
+"""Conformance of the fast writers (kvviz/attention/writers.py, shaders/fast/write_*.wgsl) on the GPU
+(lavapipe in CI) against the numpy oracles of the methods they write for (kvviz/families/writer_oracles.py).
 
 Exact, word for word: the fast writers take q = x * (1/scale) and fall back to the correctly rounded
 integer division wherever x / scale is within 16 ulp of a rounding boundary (ties included), so codes,
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.formats import fp8 as fmt8
-from kvviz.kernels import fast_write as fw
-from kvviz.kernels import quant as qk
+from kvviz.families.fp8 import format as fmt8
+from kvviz.attention import writers as fw
+from kvviz.attention import records as qk
 from kvviz.methods import get_method
-from kvviz.oracles import fast_write as ofw
-from kvviz.oracles import paged as op
+from kvviz.families import writer_oracles as ofw
+from kvviz.attention import paged_oracle as op
 from kvviz.paging import make_batch
 
 # (head_size, block_size, context lens, policy, pad_every, kv_heads): ragged, empty and single-token
@@ -212,8 +212,7 @@ def test_codes_within_40_ulp_of_every_halfway_point(ctx, ulps, monkeypatch):
     of every halfway point of int8_token (scale exactly 1: amax 127), int4 (min 0, max 15 a group: scale 1) and KIVI
     (min 0, max 2^bits - 1 a row and a channel's key group), with the divider exact and 3 ulp off either way: the
     oracle's words."""
-    from kvviz.oracles import kivi as okv
-
+    from kvviz.families.kivi import oracle as okv
     D = 64
     i8 = _rows_with(np.array([127.0], np.float32), _near_halves(-127, 127), D)
     batch = make_batch([len(i8)], 16)
@@ -251,8 +250,7 @@ def test_codes_within_40_ulp_of_every_halfway_point(ctx, ulps, monkeypatch):
 
 @pytest.mark.parametrize("ulps", [-3, 3])
 def test_kivi_exact_with_an_inexact_divider(ctx, ulps, monkeypatch):
-    from kvviz.oracles import kivi as okv
-
+    from kvviz.families.kivi import oracle as okv
     real = fw.Variant
     monkeypatch.setattr(fw, "Variant", lambda rt, subgroups=None, lanes=None: real(rt, subgroups, lanes, ulps))
     batch = make_batch([70, 1, 45], 16, policy="scattered", pad_every=6, seed=2)
@@ -360,9 +358,8 @@ def test_methods_write_through_the_fast_writer(ctx, mk, no_subgroups, monkeypatc
 @pytest.mark.parametrize("shape", SHAPES, ids=SIDS)
 def test_kivi_fast_writer_words_equal_the_oracle(ctx, shape, bits, recent, no_subgroups, monkeypatch):
     """KIVI's token and key-group writers over the shape grid (head 80 runs padded to 96): K (codes + side
-    streams), V records and residual rows equal kvviz/oracles/kivi.py write_buffers."""
-    from kvviz.oracles import kivi as okv
-
+    streams), V records and residual rows equal kvviz/families/kivi/oracle.py write_buffers."""
+    from kvviz.families.kivi import oracle as okv
     if no_subgroups:
         monkeypatch.setattr(fw, "subgroups_available", lambda rt: False)
     D, bs, lens, policy, pad_every, kvh = shape
@@ -385,8 +382,7 @@ def test_kivi_fast_writer_words_equal_the_oracle(ctx, shape, bits, recent, no_su
 def test_kivi_key_groups_at_other_row_sets(ctx, row_sets, monkeypatch):
     """write_kivi_kgroup.wgsl at 1, 2 and 8 row sets (32, 16, 4 rows a thread; the product takes 4): the oracle's
     words, K and V, head 64 and 128."""
-    from kvviz.oracles import kivi as okv
-
+    from kvviz.families.kivi import oracle as okv
     monkeypatch.setattr(fw, "KGROUP_ROW_SETS", row_sets)
     for D, bits in ((64, 2), (128, 4)):
         assert fw.kgroup_defines(ctx.rt, D)["RS"] == row_sets
@@ -403,8 +399,7 @@ def test_kivi_key_groups_at_other_row_sets(ctx, row_sets, monkeypatch):
 def test_kivi_key_groups_beyond_the_workgroup_take_the_first_wave_writer(ctx, monkeypatch):
     """A head whose key-group tile the adapter's workgroup cannot hold: kgroup_defines says why, and the method
     writes the cache with the first-wave writers instead (the same words), saying so in writer_impl."""
-    from kvviz.oracles import kivi as okv
-
+    from kvviz.families.kivi import oracle as okv
     monkeypatch.setitem(ctx.rt.limits, "max-compute-workgroup-storage-size", 4096)   # 128 x D/4 bytes needed: D <= 128
     assert fw.kgroup_defines(ctx.rt, 128)["NV4"] == 32
     with pytest.raises(UnsupportedShape, match="workgroup memory"):

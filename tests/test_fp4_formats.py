@@ -1,4 +1,4 @@
-"""NVFP4 KV cache (kvviz/methods/fp4.py): the oracle (kvviz/oracles/fp4.py) against gguf's NVFP4
+"""NVFP4 KV cache (kvviz/families/fp4/method.py): the oracle (kvviz/families/fp4/oracle.py) against gguf's NVFP4
 dequantisation and ml_dtypes' E4M3 / E2M1, and the GPU writer, dequantiser and decode on lavapipe.
 
 Exact: the cache words and the per-tensor scales equal the oracle's (every division correctly rounded,
@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.formats import fp4 as f4
+from kvviz.families.fp4 import format as f4
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import quant as qk
+from kvviz.attention import records as qk
 from kvviz.methods import get_method, reference
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import fp4 as o4
-from kvviz.oracles import paged as op
+from kvviz.families.fp4 import oracle as o4
+from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
 

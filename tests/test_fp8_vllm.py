@@ -1,5 +1,5 @@
-"""vLLM-style FP8 caches (vllm_fp8_e4m3 / vllm_fp8_e5m2: kvviz/methods/fp8_vllm.py, shaders
-quant/fp8_vllm_*.wgsl) on the GPU (lavapipe) against the numpy oracle (kvviz/oracles/fp8.py vllm_*).
+"""vLLM-style FP8 caches (vllm_fp8_e4m3 / vllm_fp8_e5m2: kvviz/families/fp8_vllm/method.py, shaders
+quant/fp8_vllm_*.wgsl) on the GPU (lavapipe) against the numpy oracle (kvviz/families/fp8/oracle.py vllm_*).
 
 Exact (0 tolerance), and why: the calibration's amax is a max of float bits, the scale one correctly
 rounded division (common.wgsl div_rn_bits == numpy float32 `amax / fp8_max`), the codes the saturating
@@ -7,7 +7,7 @@ RNE encoder checked bit for bit against ml_dtypes, the dequantised cache one flo
 saturated element is one whose x / scale has no finite ml_dtypes FP8 value -- so cache words, scales,
 saturation counts (per KV head, K and V) and the dequantised f32 cache must EQUAL the oracle's.
 Attention runs through the f32 paged decode: |out - ref| <= 2e-5 * max(1, max|V^|) (its conformance
-tolerance, kvviz/oracles/methods.py).
+tolerance, kvviz/attention/paged_oracle.py).
 """
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import quant as qk
-from kvviz.live.cache import BlockTable, make_live_cache
+from kvviz.attention import records as qk
+from kvviz.methods.live_cache import BlockTable, make_live_cache
 from kvviz.methods import get_method, reference
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import fp8 as of8
-from kvviz.oracles import paged as op
+from kvviz.families.fp8 import oracle as of8
+from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
 pytestmark = pytest.mark.gpu

@@ -1,7 +1,7 @@
 """llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) and MXFP4 as KV caches: bit identity with
 the gguf package and conformance of the GPU writer / dequantiser / decode on lavapipe.
 
-What is exact and why (kvviz/oracles/ggml.py, shaders/ggml/ggml_write.wgsl):
+What is exact and why (kvviz/families/ggml/oracle.py, shaders/ggml/ggml_write.wgsl):
   * The GPU's cache bytes EQUAL gguf.quants.quantize's bytes (q8_0..q5_1, mxfp4) over random, outlier
     and tie-heavy inputs: divisions are correctly rounded, products are never fused into the add after
     them, f16 conversion is integer round-to-nearest-even. Documented exceptions (blocks with max|x| <
@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.formats import ggml as fg
+from kvviz.families.ggml import format as fg
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import quant as qk
+from kvviz.attention import records as qk
 from kvviz.methods import get_method, reference, registry
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import ggml as og
-from kvviz.oracles import paged as op
+from kvviz.families.ggml import oracle as og
+from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
 TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
@@ -313,7 +313,7 @@ def test_gpu_small_magnitudes(ctx):
 
 def test_gpu_iq4_nl_subnormal_sums(ctx):
     """iq4_nl's scale search over blocks of max |x| below ~2^-34 sums float32 subnormals (w*q*x with w = x^2):
-    bit identity there needs a device that keeps subnormals, as lavapipe does (kvviz/oracles/ggml.py)."""
+    bit identity there needs a device that keeps subnormals, as lavapipe does (kvviz/families/ggml/oracle.py)."""
     if not ctx.rt.summary.is_software:
         pytest.skip("bit identity of iq4_nl's subnormal sums is only claimed on denormal-preserving lavapipe")
     rng = np.random.default_rng(11)

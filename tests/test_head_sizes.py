@@ -2,7 +2,7 @@
 TurboQuant, int4_group and KIVI, on the GPU (lavapipe) against the numpy oracles.
 
   TurboQuant: head sizes other than 32/64/128 run the general kernels with the rotation padded to the next
-    power of two (kvviz/formats/turboquant.py); exactness as tests/test_turboquant_settings.py states (words
+    power of two (kvviz/families/turboquant/format.py); exactness as tests/test_turboquant_settings.py states (words
     and dequantised cache equal to the oracle on lavapipe; attention within 2e-5 * max(1, max|V^|)).
   int4_group: a group_size that does not divide the head size becomes the largest multiple of 8 below it
     that does, with at most 8 groups (Int4Group.group_for); the cache words equal the oracle's at that group
@@ -23,8 +23,8 @@ from kvviz.errors import UnsupportedShape
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.methods import get_method, reference
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import int4 as o4
-from kvviz.oracles import kivi as okv
+from kvviz.families.int4 import oracle as o4
+from kvviz.families.kivi import oracle as okv
 from kvviz.paging import make_batch
 
 from test_quant_methods import check_method, make_kv  # noqa: E402 - the per-token conformance helpers

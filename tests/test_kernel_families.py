@@ -11,38 +11,40 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, ShaderCompileError
-from kvviz.formats.fp8 import FORMATS
+from kvviz.families.fp8.format import FORMATS
 from kvviz.gpu.kernel_spec import READ, READ_WRITE, KernelSpec, Struct, ro, rw
 from kvviz.gpu.shaders import ShaderSpec, declarations, render_wgsl_defines, resolve_includes
-from kvviz.kernels import families
-
-# Representative defines for the kernels that take them (everything else takes none).
+from kvviz.families import catalogue as families  # Representative defines for the kernels that take them (everything else takes none).
 _FP8 = dict(FORMATS["e4m3"].defines(), PER_TENSOR="false", NAME="fp8_e4m3fn")
 DEFINES = {
-    "quant/int4_write.wgsl": {"GROUP": 32}, "quant/int4_dequant.wgsl": {"GROUP": 32},
-    "quant/fp8_write.wgsl": _FP8, "quant/fp8_dequant.wgsl": _FP8, "quant/selftest.wgsl": _FP8,
-    "quant/kivi_write_tok.wgsl": {"BITS": 2}, "quant/kivi_write_kgroup.wgsl": {"BITS": 2},
-    "quant/kivi_dequant.wgsl": {"BITS": 2},
+    "int4/write.wgsl": {"GROUP": 32}, "int4/dequant.wgsl": {"GROUP": 32},
+    "fp8/write.wgsl": _FP8, "fp8/dequant.wgsl": _FP8, "common/selftest.wgsl": _FP8,
+    "kivi/write_tok.wgsl": {"BITS": 2}, "kivi/write_kgroup.wgsl": {"BITS": 2},
+    "kivi/dequant.wgsl": {"BITS": 2},
 }
 
 
 def _generated_defines() -> dict:
     """The generated split-K decodes' and TurboQuant writer's defines, rendered by their own generators for one
     representative shape each (int8 / q4_1 / 2-bit KIVI / TurboQuant / NVFP4, head 64, GQA 2)."""
-    from kvviz.formats import ggml as gg, turboquant as tqf
-    from kvviz.kernels import fast_decode as fd, fast_decode_fp4 as f4d, fast_decode_ggml as fgd
-    from kvviz.kernels import fast_decode_kivi as fkd, fast_decode_tq as fqd, fast_write_tq as fwt
-
+    from kvviz.families.ggml import format as gg
+    from kvviz.families.turboquant import format as tqf
+    from kvviz.attention import split_decode as fd
+    from kvviz.families.fp4 import decode as f4d
+    from kvviz.families.ggml import decode as fgd
+    from kvviz.families.kivi import decode as fkd
+    from kvviz.families.turboquant import decode as fqd
+    from kvviz.families.turboquant import writer as fwt
     def lay(fmt, L=8):
         return fd.choose_layout(fmt, 64, 2, L, 16384)
     return {
-        "fast/decode_split.wgsl": fd.render(fd.INT8, 64, 2, lay(fd.INT8), scatter=True),
-        "fast/decode_ggml.wgsl": fgd.render(gg.TYPES["q4_1"], 64, 2, lay(fgd._FMT), scatter=True),
-        "fast/decode_kivi.wgsl": fkd.render(2, 64, 2, lay(fkd.code_format(2)), 32, scatter=True),
-        "fast/decode_tq.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), scatter=True),
-        "fast/decode_tq_paged.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), True, 16, True, True),
-        "fast/decode_fp4.wgsl": f4d.render(64, 2, lay(f4d._FMT), 16, True, True),
-        "fast/write_tq.wgsl": fwt.render_defines(64, 8, tqf.TQSettings(64)),
+        "attention/split_decode.wgsl": fd.render(fd.INT8, 64, 2, lay(fd.INT8), scatter=True),
+        "ggml/decode_fast.wgsl": fgd.render(gg.TYPES["q4_1"], 64, 2, lay(fgd._FMT), scatter=True),
+        "kivi/decode_fast.wgsl": fkd.render(2, 64, 2, lay(fkd.code_format(2)), 32, scatter=True),
+        "turboquant/decode_fast.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), scatter=True),
+        "turboquant/decode_fast_paged.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), True, 16, True, True),
+        "fp4/decode_fast.wgsl": f4d.render(64, 2, lay(f4d._FMT), 16, True, True),
+        "turboquant/write_fast.wgsl": fwt.render_defines(64, 8, tqf.TQSettings(64)),
     }
 
 
@@ -74,7 +76,7 @@ def test_include_cycle_is_refused(tmp_path):
 
 
 def test_quant_kernels_include_common_and_turboquant_shares_its_steps():
-    src = ShaderSpec("quant/int8_write.wgsl").rendered()
+    src = ShaderSpec("int8/write.wgsl").rendered()
     assert "fn div_rn_bits(" in src and not any(l.lstrip().startswith("// #include") for l in src.splitlines())
     comp = ShaderSpec("turboquant/tq_compress.wgsl", "tq_compress_keys").rendered()
     # keys: the prologue's norm tree + the residual tree; values: the prologue's tree
@@ -87,12 +89,12 @@ def test_wgsl_defines_fill_placeholders_and_a_missing_one_is_an_error():
     assert render_wgsl_defines("const B: u32 = {{BITS}}u;", (("BITS", "4"),), "k") == "const B: u32 = 4u;"
     with pytest.raises(ShaderCompileError, match=r"no value for \{\{GROUP\}\}"):
         render_wgsl_defines("const G: u32 = {{GROUP}}u; const B = {{BITS}};", (("BITS", "2"),), "int4_write")
-    spec = KernelSpec("quant/int4_write.wgsl").define(GROUP=64).shader()
+    spec = KernelSpec("int4/write.wgsl").define(GROUP=64).shader()
     assert spec.defines == (("GROUP", "64"),) and "const G: u32 = 64u;" in spec.rendered()
 
 
 def test_glsl_declarations_follow_the_defines():
-    src = ShaderSpec("paged/paged_attn_weights.comp").rendered()
+    src = ShaderSpec("attention/paged_attn_weights.comp").rendered()
     d = declarations(src, "glsl", (("KV_Q8", "1"),))
     assert d.bindings[1] == ("kc", READ) and d.bindings[4] == ("o", READ_WRITE)
     assert d.immediates[-1] == ("scale", "f32") and len(d.immediates) == 8
@@ -122,7 +124,7 @@ def test_a_spec_that_disagrees_with_the_shader_is_refused_naming_both():
         wrong_access.check(decl, "shaders/quant/int8_write.wgsl")
     msg = str(e.value)
     assert "binding 3: the spec says k_cache (read), the shader declares k_cache (read_write)" in msg
-    assert "quant/int8_write.wgsl" in msg
+    assert "int8/write.wgsl" in msg
     missing = KernelSpec(good.path, bindings=good.bindings[:4], immediates=Struct("P", "kvh hd bs"))
     with pytest.raises(ShaderCompileError) as e:
         missing.check(decl, "x")
@@ -193,9 +195,9 @@ def test_registry_finds_each_reference_by_name():
 def test_product_path_imports_no_reference():
     code = (
         "import sys\n"
-        "import kvviz.kernels.paged, kvviz.kernels.quant, kvviz.kernels.turboquant, kvviz.kernels.copy\n"
-        "import kvviz.kernels.families, kvviz.methods, kvviz.analysis.session, kvviz.analysis.tq_bias\n"
-        "import kvviz.live.cache, kvviz.live.decode\n"
+        "import kvviz.attention.paged, kvviz.attention.records, kvviz.families.turboquant.kernels, kvviz.gpu.copy\n"
+        "import kvviz.families.catalogue, kvviz.methods, kvviz.analysis.session, kvviz.families.turboquant.bias\n"
+        "import kvviz.methods.live_cache, kvviz.live.decode\n"
         "print(sorted(m for m in sys.modules if m.startswith('kvviz.oracles')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

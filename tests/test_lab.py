@@ -33,7 +33,7 @@ def inputs():
 # ------------------------------------------------------------------------------ contracts
 def test_every_slot_has_a_contract():
     from kvviz.methods import registry
-    from kvviz.methods.quant_common import PerTokenRecordMethod
+    from kvviz.methods.records import PerTokenRecordMethod
 
     s = slots()
     for sid in ("f32.writer", "f32.decode", "f32.reduce", "int8_seed.writer", "int8_seed.decode", "fast.decode_f32",
@@ -171,7 +171,7 @@ def test_wgsl_errors_map_through_includes(rt, tmp_path):
     d = ei.value.diagnostics[0]
     assert (d.file, d.line, d.column) == (str(path), len(text.splitlines()), len("fn oops() { let y = ") + 1)
     again = tmp_path / "twice.wgsl"
-    again.write_text('// #include "quant/common.wgsl"\n' + raw)
+    again.write_text('// #include "common/quant.wgsl"\n' + raw)
     with pytest.raises(KernelCompileError) as ei:
         check.load_user(rt, "int8_token.writer", str(again))
     d = ei.value.diagnostics[0]
@@ -246,8 +246,8 @@ def test_bench_kernel_rows(rt, tmp_path):
     rows = {r["kernel"]: r for r in res["rows"]}
     u = rows[f"f32.reduce (user: {good})"]
     assert u["within_tolerance"] is True and u["check"]["bad"] == 0 and u["gpu_us_median"] > 0
-    assert rows["built-in paged/paged_attn_reduce.wgsl (baseline)"]["impl"] == "baseline"
-    assert rows["built-in fast/decode_reduce.wgsl (fast)"]["impl"] == "fast"  # the slot's fast sibling beside it
+    assert rows["built-in attention/paged_attn_reduce.wgsl (baseline)"]["impl"] == "baseline"
+    assert rows["built-in attention/split_reduce.wgsl (fast)"]["impl"] == "fast"  # the slot's fast sibling beside it
     b = rows[f"f32.reduce (user: {bad})"]
     assert b["within_tolerance"] is False and b["check"]["bad"] > 0
     assert [r["kernel"] for r in failed_rows(res)] == [f"f32.reduce (user: {bad})"]

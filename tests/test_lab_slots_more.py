@@ -13,11 +13,11 @@ import pytest
 
 from kvviz.bench import BenchShape, make_inputs
 from kvviz.cli import main
-from kvviz.formats import ggml as fg
-from kvviz.kernels import fast_write as fw
+from kvviz.families.ggml import format as fg
+from kvviz.attention import writers as fw
 from kvviz.lab import check
 from kvviz.lab.slots import slot, slots
-from kvviz.oracles import ggml as og
+from kvviz.families.ggml import oracle as og
 from kvviz.paging import PAD_SLOT
 
 pytestmark = pytest.mark.gpu
@@ -50,7 +50,7 @@ def wrong_run(ctx, inputs, tmp_path, sid: str, needle: str, replacement: str):
 def test_fast_decode_slots_cover_every_format():
     """One slot per cache format the fast decode reads, each over its method's cache, the template slot's
     contract with the method's CacheLayout for kc / vc and the conformance tests' tolerance."""
-    from kvviz.kernels import fast_decode as fd
+    from kvviz.attention import split_decode as fd
     from kvviz.methods import get_method
 
     s = slots()
@@ -58,7 +58,7 @@ def test_fast_decode_slots_cover_every_format():
     for sid, (mid, fmt) in DECODES.items():
         sl = s[sid]
         assert (sl.method, sl.fmt, sl.case, sl.role, sl.impl, sl.template) == (mid, fmt, "fast-decode", "decode", "fast", True)
-        assert "2e-5 * max(1, max|V|)" in sl.tolerance and "kvviz.oracles.paged.decode" in sl.oracle
+        assert "2e-5 * max(1, max|V|)" in sl.tolerance and "kvviz.attention.paged_oracle.decode" in sl.oracle
         if mid:
             assert get_method(mid).fast_cache_format(64).name == fmt
             assert all("Words:" in b.layout for b in sl.buffers if b.name in ("kc", "vc")), sid
@@ -179,7 +179,7 @@ def test_kivi_slots():
     s = slots()
     for sid in KIVI:
         assert s[sid].method == "kivi" and s[sid].options == KIVI_OPTIONS, sid
-        assert "kvviz.oracles.kivi dequantize_cache" in s[sid].oracle
+        assert "kvviz.families.kivi.oracle dequantize_cache" in s[sid].oracle
     assert [x.id for x in siblings("kivi.writer_tokens")] == ["kivi.writer_tokens_fast"]
     assert [x.id for x in siblings("kivi.writer_key_groups_fast")] == ["kivi.writer_key_groups"]
     assert "keep their contents" in s["kivi.writer_tokens"].tolerance
@@ -188,8 +188,7 @@ def test_kivi_slots():
 def test_wrong_kivi_residual_copy_fails_with_the_right_count(ctx, inputs, tmp_path):
     """The token writer copying residual K rows one too high: exactly residual rows x KV heads x head size
     elements are off, all in K's columns."""
-    from kvviz.formats import kivi as layout
-
+    from kvviz.families.kivi import format as layout
     s = slot("kivi.writer_tokens")
     src = s.starting_source()
     needle = "res[rk + d] = key_in[src + d];"
@@ -212,8 +211,7 @@ def test_kivi_writer_outside_its_words_is_caught(ctx, inputs, tmp_path):
     residual row's code words (zeroed anyway) except after a sequence's last token (a slot no token maps to)
     and after a block's last offset (the block's side-stream words, which a sequence without key groups never
     writes): there, and only there, KW words per KV head change where the built-in writes nothing."""
-    from kvviz.formats import kivi as layout
-
+    from kvviz.families.kivi import format as layout
     s = slot("kivi.writer_tokens")
     src = s.starting_source()
     needle = "if (w < kw) { k_cache[kdst + w] = 0u; }"

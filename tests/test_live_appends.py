@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.live.cache import BlockTable, RequantCache, make_live_cache
-from kvviz.live.record_cache import RecordLiveCache
+from kvviz.methods.live_cache import BlockTable, RequantCache, make_live_cache
+from kvviz.methods.live_records import RecordLiveCache
 from kvviz.methods import get_method
 
 pytestmark = pytest.mark.gpu

@@ -6,12 +6,12 @@ import math
 import numpy as np
 import pytest
 
-from kvviz.analysis.live_metrics import kl_logits, log_softmax, summarize_live
+from kvviz.live.metrics import kl_logits, log_softmax, summarize_live
 from kvviz.errors import InvalidInput
 from kvviz.live import BlockTable, Cancelled, LiveDecoder, RequantCache, make_live_cache, run_live
 from kvviz.methods.base import registry
-from kvviz.methods.int8_seed import Int8PerTokenSeed
-from kvviz.oracles.paged import unpack_int8_words
+from kvviz.families.int8.method_seed import Int8PerTokenSeed
+from kvviz.attention.paged_oracle import unpack_int8_words
 from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
 from kvviz.sources.llama_numpy import LlamaRunner
 
@@ -340,7 +340,7 @@ def test_decoder_from_config(tiny, ctx):
 def test_live_cache_through_method_hooks(ctx):
     """int8_seed's own incremental cache comes from its `live_cache` hook; a subclass that changes
     quantize re-quantises; TurboQuant quantises layer l with layer l's rotation."""
-    from kvviz.live.cache import MethodPagedCache, cache_kind
+    from kvviz.methods.live_cache import MethodPagedCache, cache_kind
     from kvviz.methods import get_method
 
     args = (ctx, BlockTable(16, 4), N_LAYERS, N_HEADS, N_KV, HEAD_DIM, HEAD_DIM ** -0.5)

@@ -1,5 +1,5 @@
 """KIVI live decode appends: each step writes only the new token (and, when a 32-token key group fills, that
-group) through the method's writers into KIVI's paged cache (kvviz/live/kivi_cache.py); the re-quantising
+group) through the method's writers into KIVI's paged cache (kvviz/families/kivi/live_cache.py); the re-quantising
 cache (`RequantCache`, the whole sequence through `Kivi.quantize` every step) is the cross-check.
 
 Tolerance: both caches hold the same codes, side words and residual f32 rows (asserted word for word), and
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput
-from kvviz.formats.kivi import n_quantised
-from kvviz.live.cache import BlockTable, RequantCache, make_live_cache
-from kvviz.live.kivi_cache import KiviLiveCache
+from kvviz.families.kivi.format import n_quantised
+from kvviz.methods.live_cache import BlockTable, RequantCache, make_live_cache
+from kvviz.families.kivi.live_cache import KiviLiveCache
 from kvviz.methods import get_method
-from kvviz.methods.kivi import Kivi
+from kvviz.families.kivi.method import Kivi
 
 pytestmark = pytest.mark.gpu
 
@@ -200,7 +200,7 @@ def test_retried_step_and_bad_input(ctx):
 
 
 class _KiviAppending(Kivi):
-    """KIVI with its live cache hook (the snippet proposed for kvviz/methods/kivi.py), not registered."""
+    """KIVI with its live cache hook (the snippet proposed for kvviz/families/kivi/method.py), not registered."""
 
     @property
     def has_live_cache(self) -> bool:

@@ -215,7 +215,7 @@ def test_lost_device_mid_compute(qtbot, settings):
     win.close()
 
 
-BROKEN = "quant/int4_write.wgsl"
+BROKEN = "int4/write.wgsl"
 
 
 def test_shader_compile_error_in_one_kernel(qtbot, settings, monkeypatch):
@@ -278,7 +278,7 @@ def test_report_cancelled_midway_leaves_nothing(small_results, tmp_path, monkeyp
     """write_report interrupted after some files: a new folder is not created, an existing report
     folder keeps its old files byte for byte, no staging folder is left behind; then it completes."""
     import kvviz.report.writer as writer
-    from kvviz.report.tables import Table
+    from kvviz.tables import Table
 
     def stop(*a, **k):
         raise _Stop()

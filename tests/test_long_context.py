@@ -4,7 +4,7 @@ the adapter's limit where a seed kernel (kept as given) cannot be right.
 Why this file exists: Mesa's llvmpipe (lavapipe, CI's driver) stops every shader invocation's loops
 after 65535 iterations in total and returns a wrong result without an error. The unsplit f32 decode
 returned 13911.5 instead of 19999.5 at head 64 x 40000 tokens. The kernels written for kvviz are now
-split over the context (kvviz/kernels/loop_budget.py); the seed kernels are refused past the longest
+split over the context (kvviz/gpu/loop_budget.py); the seed kernels are refused past the longest
 context whose loop count fits the limit measured at start-up (`GpuRuntime.loop_limit`).
 
 Test data: zero keys give uniform weights, and V = position makes the decode's exact answer the mean
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from kvviz.errors import DeviceLimitError
-from kvviz.kernels import loop_budget
-from kvviz.kernels.paged import PagedKernels
-from kvviz.oracles import paged as O
+from kvviz.gpu import loop_budget
+from kvviz.attention.paged import PagedKernels
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import make_batch
 
 
@@ -113,7 +113,7 @@ def test_the_loop_limit_is_real_and_the_check_is_what_prevents_a_wrong_number(rt
 def test_dequantised_methods_at_45000_tokens(ctx, method_key):
     """Writers are per token; attention goes through the split f32 decode: right at 45000 tokens."""
     from kvviz.methods import get_method
-    from kvviz.oracles.methods import reference_attention
+    from kvviz.methods.base import reference_attention
 
     n, D = 45000, 128
     batch = make_batch([n], 16)
@@ -129,9 +129,8 @@ def test_dequantised_methods_at_45000_tokens(ctx, method_key):
 
 
 def test_turboquant_seed_refused_past_its_limit_and_scores_right_at_long_context(rt):
-    from kvviz.kernels.turboquant import TurboQuantKernels
-    from kvviz.oracles import turboquant as tqo
-
+    from kvviz.families.turboquant.kernels import TurboQuantKernels
+    from kvviz.families.turboquant import oracle as tqo
     tq = TurboQuantKernels(rt)
     d, n = 128, 40000
     rng = np.random.default_rng(5)

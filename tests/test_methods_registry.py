@@ -121,7 +121,7 @@ def test_registration_needs_a_label_and_a_reference():
         register(NoReference)
 
     class NoLabel(KVMethod):
-        id, family, REFERENCE = "test_no_label", "test", "kvviz.oracles.methods:reference_attention"
+        id, family, REFERENCE = "test_no_label", "test", "kvviz.methods.base:reference_attention"
 
     with pytest.raises(ValueError, match="label"):
         register(NoLabel)

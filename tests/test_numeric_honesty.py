@@ -87,7 +87,7 @@ def test_kvviz_report_refuses_overflow_with_nonzero_exit(tmp_path, capsys):
 
 
 def test_metrics_refuse_non_finite_inputs():
-    from kvviz.analysis.metrics import attention_metrics, kl_divergence
+    from kvviz.metrics import attention_metrics, kl_divergence
     from kvviz.errors import KvvizError, NonFiniteResult
 
     assert issubclass(NonFiniteResult, KvvizError)
@@ -111,7 +111,7 @@ def test_metrics_refuse_non_finite_inputs():
 
 def test_non_finite_gpu_output_is_an_error_naming_the_kernel(session, tmp_path, monkeypatch):
     from kvviz.errors import NonFiniteResult
-    from kvviz.methods.int8_seed import Int8PerTokenSeed
+    from kvviz.families.int8.method_seed import Int8PerTokenSeed
 
     real = Int8PerTokenSeed.attend
 

@@ -16,8 +16,8 @@ import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, ShaderCompileError, UnsupportedShape
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec
-from kvviz.kernels.paged import PagedKernels
-from kvviz.oracles import paged as O
+from kvviz.attention.paged import PagedKernels
+from kvviz.attention import paged_oracle as O
 from kvviz.paging import batch_from_blocks, make_batch
 
 SENTINEL = 0xDEADBEEF

@@ -26,14 +26,14 @@ import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import quant as qk
+from kvviz.attention import records as qk
 from kvviz.methods import get_method, registry
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import fp8 as of8
-from kvviz.oracles import int4 as o4
-from kvviz.oracles import int8 as o8
-from kvviz.oracles import kivi as okv
-from kvviz.oracles import paged as op
+from kvviz.families.fp8 import oracle as of8
+from kvviz.families.int4 import oracle as o4
+from kvviz.families.int8 import oracle as o8
+from kvviz.families.kivi import oracle as okv
+from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
 

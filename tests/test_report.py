@@ -23,7 +23,7 @@ def res():
 
 def test_report_package_imports_no_qt():
     code = ("import sys; import kvviz.cli_report, kvviz.report.writer, kvviz.report.trace, "
-            "kvviz.report.tables, kvviz.report.compare_run; "
+            "kvviz.tables, kvviz.report.compare_run; "
             "bad = [m for m in sys.modules if m.startswith(('PySide6', 'pyqtgraph', 'shiboken6'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -39,8 +39,7 @@ def test_report_package_does_not_reach_into_the_window():
 
 
 def test_tables_are_the_results(res):
-    from kvviz.report import tables as T
-
+    from kvviz import tables as T
     b = res.batch
     pool = T.block_pool_table(res)
     assert len(pool) == b.num_blocks
@@ -79,7 +78,7 @@ def test_tables_are_the_results(res):
 
 
 def test_csv_roundtrip(res, tmp_path):
-    from kvviz.report.tables import head_metrics_table
+    from kvviz.tables import head_metrics_table
 
     t = head_metrics_table(res)
     p = t.write_csv(tmp_path / "h.csv")
@@ -127,7 +126,7 @@ def test_write_report_qt_free(res, tmp_path):
     summary = json.loads(json.dumps(res.summary_json()))
     for k in ("config", "method", "layout", "batch", "attention", "codes", "timings", "copy_gbps", "timing_floor_us"):
         assert_same(rep[k], summary[k])
-    assert rep["timing_floor_us"] > 0   # the frame every timing includes (kvviz.kernels.fma.measure_timing_floor)
+    assert rep["timing_floor_us"] > 0   # the frame every timing includes (kvviz.gpu.fma.measure_timing_floor)
     assert set(rep["panels"]) >= {"cache_layout", "scales", "codes", "attention", "timing"}
     md = open(paths["md"]).read()
     for s in (res.adapter.name, res.method.label, "bits per element", "kl_mean", "Timing method", "saturated", "Timing floor"):
@@ -190,7 +189,7 @@ def test_headless_without_qt_writes_everything_but_figures(res, tmp_path, monkey
 
 
 def test_csv_cells_of_missing_numbers_are_empty(tmp_path):
-    from kvviz.report.tables import Table
+    from kvviz.tables import Table
 
     t = Table("t", ["a", "b", "c"], [[1.5, float("nan"), None], [float("inf"), 2, "x"]])
     rows = list(csv.reader(open(t.write_csv(tmp_path / "t.csv"))))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from kvviz.bench import BenchShape, format_table, make_inputs, run_bench, save_json
-from kvviz.kernels import arith
-from kvviz.lab.roofline import Ceilings, Point, bound, roofline_svg, roofline_table
+from kvviz.attention import arith
+from kvviz.bench.roofline import Ceilings, Point, bound
+from kvviz.report.roofline import roofline_svg, roofline_table
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +52,7 @@ def test_bench_roofline_keys_consistent(rt, tmp_path):
 
 
 def test_fma_probe_checks_its_sink(rt):
-    from kvviz.kernels.fma import check_fma, fma_dispatches, measure_fma
+    from kvviz.gpu.fma import check_fma, fma_dispatches, measure_fma
 
     r = measure_fma(rt, "f32", runs=2, warmup=1)
     print(f"f32 FMA: {r.gflops:.3g} GFLOP/s ({r.timing.method})")
@@ -95,8 +96,8 @@ def test_every_method_kernel_states_its_arithmetic(ctx):
     """Every registered method's timed kernels state FLOPs (TimedKernel.flops) for the roofline: writers,
     dequantisers, decodes, weights and rotations all > 0; a decode between its QK^T + PV FMAs at the shape it
     runs and QK^T + PV plus the softmax (the fast decode's
-    kvviz.kernels.fast_decode.decode_traffic counts only the FMAs)."""
-    from kvviz.kernels.timed import checked
+    kvviz.attention.split_decode.decode_traffic counts only the FMAs)."""
+    from kvviz.gpu.timed import checked
     from kvviz.methods import registry
 
     shape = BenchShape("tiny", (20, 9), 4, 2, 64, 16, "scattered")
@@ -114,7 +115,7 @@ def test_report_has_the_roofline(tmp_path):
     """The report folder of a window run: roofline.svg (every kernel stating FLOPs a point), its table in
     report.json and csv/, the figure in report.md beside the panels' figures; the ceilings the window measured."""
     from kvviz.analysis.session import Session, SessionConfig
-    from kvviz.lab.roofline import ceilings_from_results, measure_fma_gflops, points_from_results
+    from kvviz.bench.roofline import ceilings_from_results, measure_fma_gflops, points_from_results
     from kvviz.report.writer import write_report
 
     s = Session()
@@ -134,7 +135,7 @@ def test_bench_methods_subset_and_roofline_cli(rt, tmp_path, capsys):
     """`kvviz bench --methods` times only the named methods; `kvviz roofline FILE` places every timed row of the
     file that states its arithmetic (one SVG point each, duplicates named by method) under the file's ceilings."""
     from kvviz.cli import main
-    from kvviz.lab.roofline import bench_roofline
+    from kvviz.bench.roofline import bench_roofline
 
     shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
     res = run_bench([shape], runs=2, warmup=1, frontends=("glslang",), methods=("q8_0", "f16"), rt=rt, log=lambda *a: None)

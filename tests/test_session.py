@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from kvviz.analysis.metrics import outlier_ratio
+from kvviz.metrics import outlier_ratio
 from kvviz.analysis.session import Session, SessionConfig
 from kvviz.errors import InvalidInput
 from kvviz.methods import registry
@@ -164,7 +164,7 @@ def test_results_carry_the_softmax_scale(session, tmp_path):
 def test_turboquant_rotation_follows_the_layer(session, tmp_path):
     """Layer 12 of a dump is quantised with layer 12's rotation signs (TQParams(d, seed, 12)), not layer 0's:
     the GPU's key words are the oracle's compression with layer 12's parameters."""
-    from kvviz.oracles import turboquant as tqo
+    from kvviz.families.turboquant import oracle as tqo
     from kvviz.sources.kv_files import save_kv
 
     rng = np.random.default_rng(3)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvviz.analysis.compare import batch_layouts, compare_methods
-from kvviz.analysis.metrics import code_stats, format_values, histogram
+from kvviz.metrics import code_stats, format_values, histogram
 from kvviz.methods import get_method
 from kvviz.paging import PAD_SLOT, make_batch
 

@@ -11,7 +11,7 @@ import pytest
 
 from kvviz.gpu.shaders import ShaderSpec
 from kvviz.gpu.timing import TimingResult, kernel_sources, source_hash
-from kvviz.kernels.copy import copy_shader_dispatches, time_copy_buffer
+from kvviz.gpu.copy import copy_shader_dispatches, time_copy_buffer
 from kvviz.report.trace import chrome_trace, timeline_spans, write_chrome_trace
 
 pytestmark = pytest.mark.gpu
@@ -91,11 +91,11 @@ def test_source_hash_is_the_source_as_compiled():
     def k(path, defines=(), frontend="", source=None):
         return SimpleNamespace(name=path, spec=ShaderSpec(path, "main", frontend, defines), source=source)
 
-    base = source_hash(k("paged/paged_attn_weights.comp"))
-    assert base == source_hash(k("paged/paged_attn_weights.comp"))  # stable
-    assert base != source_hash(k("paged/paged_attn_weights.comp", (("KV_Q8", "1"),)))  # defines count
-    assert base != source_hash(k("paged/paged_attn_weights.comp", frontend="naga-glsl"))  # front end counts
-    assert base != source_hash(k("paged/paged_attn_f32.comp"))
+    base = source_hash(k("attention/paged_attn_weights.comp"))
+    assert base == source_hash(k("attention/paged_attn_weights.comp"))  # stable
+    assert base != source_hash(k("attention/paged_attn_weights.comp", (("KV_Q8", "1"),)))  # defines count
+    assert base != source_hash(k("attention/paged_attn_weights.comp", frontend="naga-glsl"))  # front end counts
+    assert base != source_hash(k("attention/paged_attn_f32.comp"))
     # a kernel carrying its own text (a user's shader) is hashed from that text
     assert source_hash(k("x.wgsl", source="fn a() {}")) != source_hash(k("x.wgsl", source="fn b() {}"))
     assert source_hash(k("no/such/file.wgsl")) is None

@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.oracles import turboquant as tqo
-
+from kvviz.families.turboquant import oracle as tqo
 ATOL, RTOL = 1e-5, 1e-4
 # `rt` (the session GpuRuntime) comes from tests/conftest.py.
 SEED_COPY = Path("/work/shared/seeds/003_dfe7601fe0564ccf.txt")
@@ -33,7 +32,7 @@ SHADERS = Path(__file__).resolve().parents[1] / "shaders" / "turboquant"
 
 @pytest.fixture(scope="module")
 def tq(rt):
-    from kvviz.kernels.turboquant import TurboQuantKernels
+    from kvviz.families.turboquant.kernels import TurboQuantKernels
 
     return TurboQuantKernels(rt)
 
@@ -420,7 +419,7 @@ def test_method_on_paged_batch(rt):
 # ----------------------------------------------------------------------------- bias / MSE
 @pytest.mark.gpu
 def test_mse_and_qjl_slopes_d128(rt):
-    from kvviz.analysis.tq_bias import mse_unit_vectors, random_bias
+    from kvviz.families.turboquant.bias import mse_unit_vectors, random_bias
 
     mse = mse_unit_vectors(128, 4096, rt=rt)
     r = random_bias(128, n_keys=4096, n_queries=8, rt=rt)

@@ -1,5 +1,5 @@
-"""TurboQuant at the paper's settings (kvviz/formats/turboquant.py "general settings"; kernels
-shaders/turboquant/tq_general_{compress,dequant}.wgsl; oracle kvviz/oracles/turboquant.py `compress_general`,
+"""TurboQuant at the paper's settings (kvviz/families/turboquant/format.py "general settings"; kernels
+shaders/turboquant/tq_general_{compress,dequant}.wgsl; oracle kvviz/families/turboquant/oracle.py `compress_general`,
 `dequantize_general`): polar bits 1-4 for keys (+ the 1-bit QJL residual) and values, the outlier-channel
 split (2.5- and 3.5-bit configurations), head sizes up to 256 through a padded rotation.
 
@@ -21,13 +21,13 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 import numpy as np
 import pytest
 
-from kvviz.analysis import tq_bias
+from kvviz.families.turboquant import bias as tq_bias
 from kvviz.errors import InvalidInput
-from kvviz.formats import turboquant as tqf
+from kvviz.families.turboquant import format as tqf
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.methods import get_method, reference
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import turboquant as tqo
+from kvviz.families.turboquant import oracle as tqo
 from kvviz.paging import PAD_SLOT, make_batch
 
 

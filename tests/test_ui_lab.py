@@ -79,7 +79,7 @@ def test_lab_panel_watches_and_reruns(qtbot, tmp_path, settings, session):
     assert win.roofline.table.rowCount() == len(win.roofline.points) > 0
     assert {r[-1] for r in win.roofline.table_data.rows} <= {"memory", "compute"}
     # the report's roofline: the same points and the ceilings the tab measured
-    from kvviz.lab.roofline import write_roofline
+    from kvviz.report.roofline import write_roofline
 
     name, table = write_roofline(str(tmp_path), win.results)
     svg = (tmp_path / name).read_text()

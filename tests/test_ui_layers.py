@@ -26,7 +26,7 @@ def test_the_window_imports_no_kernel_format_or_reference():
 
 
 def test_qjl_bias_panel_goes_through_tq_bias():
-    from kvviz.analysis import tq_bias
+    from kvviz.families.turboquant import bias as tq_bias
     from kvviz.ui.panels import qjl_bias
 
     assert qjl_bias.unsupported_reason is tq_bias.unsupported_reason

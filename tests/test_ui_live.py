@@ -116,8 +116,8 @@ def test_kvfile_source_exposes_pre_rope(window):
 
 # ------------------------------------------------------------------------------ QJL bias
 def test_bias_panel_matches_tq_bias(qtbot, window, tmp_path):
-    from kvviz.analysis.tq_bias import ESTIMATORS, inner_product_bias
-    from kvviz.oracles.turboquant import DEFAULT_SEED
+    from kvviz.families.turboquant.bias import ESTIMATORS, inner_product_bias
+    from kvviz.families.turboquant.oracle import DEFAULT_SEED
 
     w = window
     res = w.results
@@ -162,9 +162,9 @@ def test_bias_panel_matches_tq_bias(qtbot, window, tmp_path):
 
 def test_bias_panel_takes_a_head_size_that_is_not_a_power_of_two(qtbot, settings, session):
     """Head 96: TurboQuant's general kernels (the rotation padded to 128) give the panel its estimates,
-    the same as kvviz.analysis.tq_bias on the same keys."""
-    from kvviz.analysis.tq_bias import inner_product_bias
-    from kvviz.oracles.turboquant import DEFAULT_SEED
+    the same as kvviz.families.turboquant.bias on the same keys."""
+    from kvviz.families.turboquant.bias import inner_product_bias
+    from kvviz.families.turboquant.oracle import DEFAULT_SEED
 
     w = open_window(qtbot, settings, session, small_config(head_size=96))
     p = w.bias
@@ -183,7 +183,7 @@ def test_bias_panel_takes_a_head_size_that_is_not_a_power_of_two(qtbot, settings
 
 # ---------------------------------------------------------------------------- live decode
 def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
-    from kvviz.oracles.paged import unpack_int8_words
+    from kvviz.attention.paged_oracle import unpack_int8_words
 
     w = window
     lp = w.live

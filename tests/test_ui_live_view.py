@@ -11,7 +11,7 @@ import pytest
 
 from kvviz.live.config import LiveConfig
 from kvviz.live.run import CacheViewState, LiveRun, decode_run, view_scales
-from kvviz.oracles.paged import unpack_int8_words
+from kvviz.attention.paged_oracle import unpack_int8_words
 from tiny_llama import N_HEADS, N_KV, N_LAYERS
 
 pytestmark = pytest.mark.gpu

@@ -96,7 +96,7 @@ def test_panel_exports_hold_only_the_plots(qtbot, window, tmp_path):
 
 
 def test_svg_scatter_points_are_vector_shapes(qtbot, session, tmp_path):
-    from kvviz.analysis.tq_bias import inner_product_bias
+    from kvviz.families.turboquant.bias import inner_product_bias
     from kvviz.ui.panels.qjl_bias import QjlBiasPanel
 
     res = session.compute(small_config(head_size=128))

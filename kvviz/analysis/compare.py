@@ -12,14 +12,14 @@ Per method (dict keys):
   kl_mean, kl_max    KL(w_f32 || w_method) in nats over the positions of each (sequence, head),
                      mean and max over (sequence, head) pairs with a non-empty context. Both
                      weight rows are renormalised to sum 1 (the kernels divide by sum + 1e-6) and
-                     floored inside the log (kvviz.analysis.metrics.kl_divergence), so a weight
+                     floored inside the log (kvviz.metrics.kl_divergence), so a weight
                      the method flushes to 0 costs a large but finite amount.
   max_weight_err     max |w_method - w_f32| over all positions
   out_rel_l2         ||o_method - o_f32|| / ||o_f32|| over the whole decode output
   out_cos_mean, out_cos_min   cosine of o_method and o_f32 per (sequence, head)
   top8_overlap       mean over (sequence, head) of |top8(w_f32) & top8(w_method)| / min(8, context)
   seconds            host wall time of quantise + attend + weights (lavapipe: CPU time, not GPU time)
-  decode_us          GPU-timestamp median of the method's decode on this batch (kvviz.kernels.timed.decode_time:
+  decode_us          GPU-timestamp median of the method's decode on this batch (kvviz.gpu.timed.decode_time:
                      its fast split-K decode where it has one, else its decode kernels), dequant_us the
                      dequantise pass a first-wave decode needs first (None otherwise), decode_impl which;
                      decode_total_us = decode_us + dequant_us (the comparison's time axis). With
@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from kvviz.analysis.metrics import attention_metrics
+from kvviz.metrics import attention_metrics
 
 TOPK = 8
 
@@ -52,7 +52,7 @@ _layouts = batch_layouts
 
 def attention_errors(w_ref, w, o_ref, o, context_lens, k: int = TOPK) -> dict:
     """The attention metrics of one method from GPU weights [S, H, ctx] and outputs [S, H, D],
-    summarised over the (sequence, head) pairs with a non-empty context (kvviz.analysis.metrics)."""
+    summarised over the (sequence, head) pairs with a non-empty context (kvviz.metrics)."""
     m = attention_metrics(w_ref, w, o_ref, o, context_lens, k)
     live = np.asarray(context_lens, np.int64) > 0
     o_ref = np.asarray(o_ref, np.float64)
@@ -81,7 +81,7 @@ def baseline(ctx, batch, key, value, q, scale):
 
 def compare_methods(ctx, batch, key, value, q, scale, methods, time_decode: bool = True, runs: int = 5) -> list[dict]:
     """Run the f32 baseline and every method on the same KV; one dict per method (see module doc)."""
-    from kvviz.kernels.timed import checked, decode_time
+    from kvviz.gpu.timed import checked, decode_time
 
     key = np.asarray(key)
     kvh, D = key.shape[1], key.shape[2]

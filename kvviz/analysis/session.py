@@ -17,12 +17,12 @@ import numpy as np
 
 from kvviz.analysis import synthetic
 from kvviz.analysis.compare import batch_layouts
-from kvviz.analysis.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax
+from kvviz.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax
 from kvviz.analysis.numeric import check_finite_result, check_logits
 from kvviz.errors import Cancelled, InvalidInput, validated_once  # noqa: F401  (Cancelled re-exported)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timing import TimingResult
-from kvviz.kernels.timed import checked
+from kvviz.gpu.timed import checked
 from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
 
 log = logging.getLogger("kvviz.session")
@@ -290,8 +290,7 @@ def _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps) -> list:
     """The fast split-K decode over the f32 baseline cache, beside paged_attn_f32 ([] where it cannot take
     the shape: the first-wave row stands alone)."""
     from kvviz.errors import UnsupportedShape
-    from kvviz.kernels import fast_decode as fd
-
+    from kvviz.attention import split_decode as fd
     S, H, D = np.asarray(q).shape
     kvh = base.num_kv_heads
     if H % kvh or fd.unsupported(fd.F32, D, H // kvh):
@@ -312,8 +311,8 @@ class TimingRow:
     timing: TimingResult
     bytes_moved: int
     copy_gbps: float
-    role: str = "other"  # kvviz.kernels.timed.ROLES
-    impl: str = "baseline"  # kvviz.kernels.timed.IMPLS (copy and f32 rows: baseline)
+    role: str = "other"  # kvviz.gpu.timed.ROLES
+    impl: str = "baseline"  # kvviz.gpu.timed.IMPLS (copy and f32 rows: baseline)
 
     @property
     def gbps(self) -> float:
@@ -360,7 +359,7 @@ class Results:
     timings: list
     copy_gbps: float
     elapsed_s: float = 0.0
-    timing_floor_us: float = float("nan")  # a near-empty dispatch in its own pass (kvviz.kernels.fma.measure_timing_floor)
+    timing_floor_us: float = float("nan")  # a near-empty dispatch in its own pass (kvviz.gpu.fma.measure_timing_floor)
     source_note: str = ""
     warnings: list = field(default_factory=list)  # what the method could not represent (QuantizedKV.warnings)
     scale: float = 0.0  # the softmax scale every attention kernel of this compute used
@@ -576,9 +575,9 @@ class Session:
             return self._compute_on_device(cfg, ctx, method, batch, key, value, q, scale, note, step, t0)
 
     def _compute_on_device(self, cfg, ctx, method, batch, key, value, q, scale, note, step, t0) -> Results:
-        from kvviz.kernels.copy import measure_copy
-        from kvviz.kernels.fma import measure_timing_floor
-        from kvviz.kernels.traffic import decode_bytes, writer_bytes
+        from kvviz.gpu.copy import measure_copy
+        from kvviz.gpu.fma import measure_timing_floor
+        from kvviz.attention.traffic import decode_bytes, writer_bytes
 
         rt = ctx.rt
         kvh, D = key.shape[1], key.shape[2]
@@ -650,7 +649,7 @@ class Session:
         sequences of the config's first context length). Returns one dict per point; stops early
         and returns what it has when cancelled.
         """
-        from kvviz.kernels.traffic import decode_bytes
+        from kvviz.attention.traffic import decode_bytes
         from kvviz.methods import get_method
 
         if param not in ("context", "batch"):

@@ -1,7 +1,7 @@
 """Kernel specs: a kernel's shader, entry point, named bindings and immediates, declared once.
 
     WRITER = KernelSpec(
-        "quant/int8_write.wgsl",
+        "int8/write.wgsl",
         bindings=ro("key_in", "val_in", "slots") + rw("k_cache", "v_cache"),
         immediates=Struct("P", "kvh hd bs wpt"),
     )

@@ -253,7 +253,7 @@ class GpuRuntime:
 
         Software rasterisers bound them (llvmpipe: 65535 per invocation over all its loops, then
         every loop exits early and results are silently wrong); kernels check their own counts
-        against this before dispatch (kvviz.kernels.loop_budget).
+        against this before dispatch (kvviz.gpu.loop_budget).
         """
         kern = self.compile(LOOP_PROBE)
         ones = self.upload(np.ones(8, np.uint32), "loop-probe-ones")

@@ -85,7 +85,7 @@ def resolve_includes(text: str, origin: str, root: Path | None = None, _stack: t
         if not path.is_file():
             raise ShaderCompileError(
                 f"{where}: #include \"{inc}\" names no file (looked for {path}).",
-                "Include paths are relative to the shaders/ folder, e.g. \"quant/common.wgsl\".",
+                "Include paths are relative to the shaders/ folder, e.g. \"common/quant.wgsl\".",
             )
         out.append(resolve_includes(path.read_text(), inc, root, stack).rstrip("\n"))
     return "\n".join(out) + "\n"
@@ -174,7 +174,7 @@ class ShaderSpec:
 
     @property
     def name(self) -> str:
-        # a generated code block (a define spanning lines, kvviz/kernels/fast_decode.py) is named, not spelled out
+        # a generated code block (a define spanning lines, kvviz/attention/split_decode.py) is named, not spelled out
         d = "".join(f" -D{k}=<{v.count(chr(10)) + 1} lines>" if "\n" in v else f" -D{k}={v}" for k, v in self.defines)
         return f"{self.path}:{self.entry}[{self.resolved_frontend}{d}]"
 

@@ -444,7 +444,7 @@ def kernel_from_row(r: dict) -> KernelRecord:
 
 
 def _dumps(v) -> str:
-    from kvviz.report.tables import clean
+    from kvviz.tables import clean
 
     return json.dumps(clean(v), allow_nan=False, sort_keys=True)
 

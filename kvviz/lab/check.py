@@ -27,7 +27,7 @@ from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompil
 from kvviz.gpu.kernel_spec import READ_WRITE
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_WGSL, ShaderSpec, declarations, render_wgsl_defines, unroll_loops
-from kvviz.kernels import arith
+from kvviz.attention import arith
 from kvviz.lab.slots import EXACT_FAMILIES, Slot, slot as get_slot
 from kvviz.lab.source import (
     Diagnostic, KernelCompileError, SourceInfo, driver_code, parse_glslang, parse_naga, resolve, workgroup_bytes,
@@ -265,35 +265,28 @@ def _dequant_oracle(m, batch, x, key=None, value=None, which: int = 0):
     fam = m.family
     D = x.shape[-1]
     if fam == "f16":
-        from kvviz.oracles import f16 as o
-
+        from kvviz.families.f16 import oracle as o
         return o.dequantize(o.quantize(x))
     if fam == "fp8_vllm":
-        from kvviz.oracles import fp8 as o
-
+        from kvviz.families.fp8 import oracle as o
         s = o.vllm_method_scales(m, batch, key, value)[which]
         return o.vllm_dequantize(o.vllm_quantize(x, s, m.fmt)[0], s, m.fmt)
     if fam == "int8":
-        from kvviz.oracles import int8 as o
-
+        from kvviz.families.int8 import oracle as o
         return o.dequantize(*o.quantize(x))
     if fam == "int4":
-        from kvviz.oracles import int4 as o
-
+        from kvviz.families.int4 import oracle as o
         G = m.group_for(D) if hasattr(m, "group_for") else m.group_size
         return o.dequantize_groups(*o.quantize_groups(x, G), G)
     if fam == "fp8":
-        from kvviz.oracles import fp8 as o
-
+        from kvviz.families.fp8 import oracle as o
         codes, scales = o.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
         return o.dequantize(codes, scales, m.fmt)
     if fam == "ggml":
-        from kvviz.oracles import ggml as o
-
+        from kvviz.families.ggml import oracle as o
         return o.dequantize(o.quantize(x, m.fmt), D, m.fmt)
     if fam == "fp4":
-        from kvviz.oracles import fp4 as o
-
+        from kvviz.families.fp4 import oracle as o
         st = o.tensor_scale(x[np.asarray(batch.slot_mapping) != PAD_SLOT])
         return o.dequantize(*o.quantize(x, st), st)
     raise InvalidInput(f"no dequantised-rows oracle for method family {fam!r}")
@@ -313,12 +306,10 @@ def _record_values(m, records: np.ndarray, D: int) -> np.ndarray:
     if fam == "f16":
         return np.asarray(u["codes"], np.float64)
     if fam == "fp8" and not m.per_tensor:
-        from kvviz.oracles import fp8 as o
-
+        from kvviz.families.fp8 import oracle as o
         return o.dequantize(u["code_bits"], u["scale"], m.fmt).astype(np.float64)
     if fam == "int4":
-        from kvviz.oracles import int4 as o
-
+        from kvviz.families.int4 import oracle as o
         return o.dequantize_groups(u["codes"], u["scale"], u["zero"], m.group_for(D)).astype(np.float64)
     raise InvalidInput(f"no numpy record dequantiser for method {m.id} (family {fam!r})")
 
@@ -328,9 +319,8 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
     V buffer, tensor-scale buffer or None, (K, V) float64 [num_blocks, kvh, block_size, D]: the cache read
     back and dequantised in numpy, what the oracle attends over)."""
     from kvviz.errors import UnsupportedShape
-    from kvviz.kernels import fast_decode as fd
-    from kvviz.oracles import paged as op
-
+    from kvviz.attention import split_decode as fd
+    from kvviz.attention import paged_oracle as op
     rt, pk = ctx.rt, ctx.paged
     T, kvh, D = key.shape
     bs = batch.block_size
@@ -352,8 +342,7 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
         rt.run(pk.write_dispatches(cache, key, value, batch.slot_mapping))
         vals = tuple(op.dequantize_cache_int8(pk.read(cache, w)).astype(np.float64) for w in ("k", "v"))
         return fmt, cache.k, cache.v, None, vals
-    from kvviz.kernels import quant as qk
-
+    from kvviz.attention import records as qk
     if hasattr(m, "writer_impl"):
         m.writer_impl = "fast"
     _, _, qc, _, wd, _ = m._build(ctx, batch, key, value)
@@ -369,14 +358,13 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
 
 def _kivi_case(ctx, slot: Slot, kernel_name: str, batch, key, value, kernel):
     """KIVI (the slot's options) with `kernel` in the slot: the f32 cache rows after the writer kernels and the
-    built-in dequantiser against kvviz.oracles.kivi.dequantize_cache; writer slots also count the words the
+    built-in dequantiser against kvviz.families.kivi.oracle.dequantize_cache; writer slots also count the words the
     kernel changed where the built-in writer writes nothing (K, V and the residual buffer prefilled with
     SENTINEL; the built-in's unwritten words found by running it first over the same prefill).
     Returns (CheckResult, ([timed dispatches], kernel), base dispatches, unique bytes, flops)."""
-    from kvviz.formats import kivi as layout
+    from kvviz.families.kivi import format as layout
     from kvviz.methods import get_method
-    from kvviz.oracles import kivi as okv
-
+    from kvviz.families.kivi import oracle as okv
     rt = ctx.rt
     m = get_method(slot.method, **dict(slot.options))
     m.writer_impl = "fast" if slot.impl == "fast" else "first-wave"
@@ -460,8 +448,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         fmt = slot.fmt
         cache = pk.allocate(fmt, batch.num_blocks, kvh, bs, D)
         if slot.case == "paged-writer" and slot.impl == "fast":  # the seed layout's fast writer (same bytes)
-            from kvviz.kernels import fast_write as fw
-
+            from kvviz.attention import writers as fw
             wd = fw.int8_dispatches(rt, key, value, batch.slot_mapping, cache.k, cache.v, bs, seed=True)
         else:
             wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
@@ -473,16 +460,15 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             rt.run(run)
             untouched = sum(_untouched(rt, b, cache.shape, rs, bs) for b in (cache.k, cache.v))
             kc, vc = pk.read(cache, "k"), pk.read(cache, "v")
-            nbytes = __import__("kvviz.kernels.traffic", fromlist=["x"]).writer_bytes(cache, batch, key)
+            nbytes = __import__("kvviz.attention.traffic", fromlist=["x"]).writer_bytes(cache, batch, key)
             flops = arith.writer_flops(batch, kvh, D, 0.0 if fmt == "f32" else 2.0)
             if fmt == "f32":
                 got = np.concatenate([c[rs // bs, :, rs % bs].reshape(len(rs), -1) for c in (kc, vc)], 1)
                 ref = np.concatenate([x[real].reshape(len(rs), -1) for x in (key, value)], 1)
                 res = compare(slot, kernel_name, got, ref, 0.0, "token rows", "K|V x KV head x dim", untouched=untouched)
             else:
-                from kvviz.formats.int8 import unpack_records
-                from kvviz.oracles import paged as op
-
+                from kvviz.attention.int8_records import unpack_records
+                from kvviz.attention import paged_oracle as op
                 ulps = op.division_ulps(rt.summary)
                 gots, refs, bads = [], [], []
                 for c, x in ((kc, key), (vc, value)):
@@ -504,8 +490,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             run = _swap(dd, slot, kernel)
             rt.run(run)
             out = pk._collect(outs, batch.num_seqs, H * D, (H, D))
-            from kvviz.oracles import paged as op
-
+            from kvviz.attention import paged_oracle as op
             if fmt == "q8":
                 kf, vf = op.dequantize_cache_int8(pk.read(cache, "k")), op.dequantize_cache_int8(pk.read(cache, "v"))
             else:
@@ -515,7 +500,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             res = compare(slot, kernel_name, out.reshape(-1, D), ref.reshape(-1, D), tol, "(sequence, head)", "dim")
             timed = [d for d in run if _is_slot(d, slot, kernel)]
             base = dd
-            from kvviz.kernels.traffic import decode_bytes
+            from kvviz.attention.traffic import decode_bytes
 
             if slot.role == "reduce":
                 parts = max(d.grid[2] for d in dd)
@@ -558,9 +543,8 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         else:
             nbytes, flops = m._dequant_bytes(batch, kvh, D), arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(fam, 0.0))
     elif slot.case == "fast-decode":
-        from kvviz.kernels import fast_decode as fd
-        from kvviz.oracles import paged as op
-
+        from kvviz.attention import split_decode as fd
+        from kvviz.attention import paged_oracle as op
         fmt, kbuf, vbuf, tensor, (kf, vf) = _decode_cache(ctx, slot, batch, key, value, H)
         # a reduce slot runs its own reduce at any partition count (the decode picks one of two by the count)
         plan = ctx.fast.plan(fmt, kbuf, vbuf, kvh, q, batch, scale, tensor=tensor,

@@ -51,8 +51,8 @@ class ImmediateField:
 class Slot:
     id: str  # "<owner>.<role>": "f32.decode", "int8_token.writer"
     title: str
-    role: str  # kvviz.kernels.timed.ROLES
-    impl: str  # the built-in kernel's implementation (kvviz.kernels.timed.IMPLS)
+    role: str  # kvviz.gpu.timed.ROLES
+    impl: str  # the built-in kernel's implementation (kvviz.gpu.timed.IMPLS)
     spec: KernelSpec  # the built-in kernel, fixed defines included
     method: str | None  # registry id of the method whose pipeline runs it (None: the paged f32 / seed kernels)
     case: str  # how kvviz.lab.check builds its pipeline: "paged-writer", "paged-decode", "method-writer", ...
@@ -192,20 +192,20 @@ def register(slot: Slot) -> Slot:
 
 
 def _paged_slots() -> None:
-    from kvviz.kernels import paged as pk
-    from kvviz.methods.int8_seed import Int8PerTokenSeed
+    from kvviz.attention import paged as pk
+    from kvviz.families.int8.method_seed import Int8PerTokenSeed
 
     seed_lay = _layout_text(Int8PerTokenSeed().layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)[0])
     q8 = ("u32", "[num_blocks, num_kv_heads, block_size, head_size/4 + 1]", seed_lay)
     f32 = ("f32", "[num_blocks, num_kv_heads, block_size, head_size]", _F32_CACHE)
-    decode_oracle = ("kvviz.oracles.paged.decode in float64 over the oracle's cache contents; the checked output is "
+    decode_oracle = ("kvviz.attention.paged_oracle.decode in float64 over the oracle's cache contents; the checked output is "
                      "the attention output [num_seqs, num_heads, head_size] after the whole decode pipeline")
     decode_tol = "|out - ref| <= 2e-5 * max(1, max|V|) (f32 accumulation vs float64; tests/test_paged_conformance.py)"
     register(Slot(
         "f32.writer", "f32 baseline writer (reshape_and_cache_f32)", "writer", "baseline", pk.WRITER_F32, None,
         "paged-writer", "f32", _buffers(pk.WRITER_F32, {"key_cache": f32, "value_cache": f32}), _imm(pk.WRITER_F32),
         "(num_tokens, num_kv_heads, 1): one workgroup per (token, KV head) copies the head vector into its slot",
-        "kvviz.oracles.paged.write_cache_f32: the cache rows of every real token, K and V",
+        "kvviz.attention.paged_oracle.write_cache_f32: the cache rows of every real token, K and V",
         "exact (0): a copy; slots no token maps to must keep their contents", timed_name="reshape_and_cache_f32",
     ))
     register(Slot(
@@ -226,7 +226,7 @@ def _paged_slots() -> None:
         "int8_seed.writer", "seed int8 writer (reshape_and_cache_q8)", "writer", "seed", pk.WRITER_Q8, "int8_seed",
         "paged-writer", "q8", _buffers(pk.WRITER_Q8, {"key_cache": q8, "value_cache": q8}), _imm(pk.WRITER_Q8),
         "(num_tokens, num_kv_heads, 1): one workgroup per (token, KV head) quantises the head vector into its slot",
-        "kvviz.oracles.paged.quantize_int8_per_token (the seed's float32 arithmetic): every real token's codes "
+        "kvviz.attention.paged_oracle.quantize_int8_per_token (the seed's float32 arithmetic): every real token's codes "
         "and scale, compared as dequantised values code * scale",
         "codes equal, or one code apart where x*127/amax is within float32 rounding of a .5 tie; scales within "
         "the adapter's division ULPs (0 on lavapipe, 3 on hardware); untouched slots kept",
@@ -237,7 +237,7 @@ def _paged_slots() -> None:
         "paged-decode", "q8", _buffers(pk.DECODE_Q8, {"kc": q8, "vc": q8}), _imm(pk.DECODE_Q8),
         "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) walks the whole context",
         decode_oracle.replace("cache contents", "int8 cache (code * scale)"), decode_tol,
-        ("the seed decode is refused past the adapter's loop limit (kvviz/kernels/loop_budget.py)",),
+        ("the seed decode is refused past the adapter's loop limit (kvviz/gpu/loop_budget.py)",),
         timed_name="paged_attn_q8",
     ))
 
@@ -255,7 +255,7 @@ def _dequant_rule(family: str) -> tuple[str, str]:
             "contracted into an fma by a driver (Vulkan allows it)", "fused")
 
 
-# the side buffers of a family's writer / dequantiser (kvviz/kernels/fp8_vllm.py ScaleBuffers)
+# the side buffers of a family's writer / dequantiser (kvviz/families/fp8_vllm/kernels.py ScaleBuffers)
 _SIDE_BUFFERS = {
     "fp8_vllm": {
         "scales": ("u32", "[2 * kv_heads]", "f32 scale bits, index which * kv_heads + head (which 0 K, 1 V); per-tensor "
@@ -269,14 +269,14 @@ _WRITER_GRID = {
            "vector), 64 a workgroup, K and V together: items = rows x kv_heads x head_size / 4",
 }
 _WRITER_NOTES = {
-    "fp8_vllm": ("the calibration kernels (quant/fp8_vllm_amax.wgsl, fp8_vllm_scale.wgsl) run before the writer and "
+    "fp8_vllm": ("the calibration kernels (fp8_vllm/amax.wgsl, fp8_vllm_scale.wgsl) run before the writer and "
                  "stay the built-in ones; the slot is the writer that encodes with the scales they leave",),
 }
 
 
 def _method_slots() -> None:
     from kvviz.methods import registry
-    from kvviz.methods.quant_common import PerTokenRecordMethod
+    from kvviz.methods.records import PerTokenRecordMethod
 
     for mid, cls in sorted(registry().items()):
         if not issubclass(cls, PerTokenRecordMethod) or cls.family not in DEQUANT_ORACLES:
@@ -314,9 +314,9 @@ def _method_slots() -> None:
 
 
 def _fast_slots() -> None:
-    """The fast kernels (kvviz/kernels/fast_write.py, fast_decode.py) as slots of their own."""
-    from kvviz.kernels import fast_decode as fd
-    from kvviz.kernels import fast_write as fw
+    """The fast kernels (kvviz/attention/writers.py, fast_decode.py) as slots of their own."""
+    from kvviz.attention import split_decode as fd
+    from kvviz.attention import writers as fw
     from kvviz.methods import get_method, registry
 
     fast_writer = {"int8_token": fw.WRITE_INT8, "fp8_e4m3": fw.WRITE_FP8, "fp8_e5m2": fw.WRITE_FP8, "int4_group": fw.WRITE_INT4}
@@ -333,9 +333,8 @@ def _fast_slots() -> None:
                  "a lane group of LANES lanes per (token, KV head) row",
             oracle=base.oracle, tolerance=base.tolerance, timed_name=f"{mid} writer (fast)", template=True,
         ))
-    # the llama.cpp block types' fast writer (kvviz/kernels/fast_write_ggml.py): the first-wave writer's bytes
-    from kvviz.kernels import fast_write_ggml as fwg
-
+    # the llama.cpp block types' fast writer (kvviz/families/ggml/writer.py): the first-wave writer's bytes
+    from kvviz.families.ggml import writer as fwg
     for mid in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
         if mid not in registry() or f"{mid}.writer" not in _SLOTS:
             continue
@@ -370,7 +369,7 @@ def _fast_slots() -> None:
             "head's whole GQA group")
     checked = ("; the checked output is the attention output [num_seqs, num_heads, head_size] after the split kernel "
                "and the built-in reduce")
-    oracle = "kvviz.oracles.paged.decode in float64 over the f32 cache the baseline writer wrote" + checked
+    oracle = "kvviz.attention.paged_oracle.decode in float64 over the f32 cache the baseline writer wrote" + checked
     tol = "|out - ref| <= 2e-5 * max(1, max|V|) (f32 accumulation vs float64)"
     bufs = {"kc": f32, "vc": f32, "partials": part,
             "tensor": ("u32", "[4]", "per-tensor words (f32 bits) [amax K, amax V, scale K, scale V]; formats without "
@@ -384,15 +383,15 @@ def _fast_slots() -> None:
     # CacheFormat), each over the cache its method's built-in writer wrote. Tolerance: the fast decode's
     # conformance tests' (tests/test_fast_decode.py), with max|V| of the dequantised V cache.
     for fmt_name, mid, writer, deq in (
-        ("f16", "f16", "the f16 fast writer (fast/write_f16.wgsl)", "the halves widened to f64"),
+        ("f16", "f16", "the f16 fast writer (f16/write_fast.wgsl)", "the halves widened to f64"),
         ("int8", "int8_seed", "the seed int8 writer (reshape_and_cache_q8)",
-         "kvviz.oracles.paged.dequantize_cache_int8: code * scale"),
+         "kvviz.attention.paged_oracle.dequantize_cache_int8: code * scale"),
         ("fp8_e4m3", "fp8_e4m3", "the fp8_e4m3 fast writer (per-token scale)",
-         "kvviz.oracles.fp8.dequantize: float32(fp8) * the token's scale"),
+         "kvviz.families.fp8.oracle.dequantize: float32(fp8) * the token's scale"),
         ("fp8_e5m2", "fp8_e5m2", "the fp8_e5m2 fast writer (per-token scale)",
-         "kvviz.oracles.fp8.dequantize: float32(fp8) * the token's scale"),
+         "kvviz.families.fp8.oracle.dequantize: float32(fp8) * the token's scale"),
         ("int4", "int4_group", "the int4_group fast writer (per group)",
-         "kvviz.oracles.int4.dequantize_groups: code * scale + zero per group"),
+         "kvviz.families.int4.oracle.dequantize_groups: code * scale + zero per group"),
     ):
         if mid not in registry():
             continue
@@ -406,7 +405,7 @@ def _fast_slots() -> None:
             f"fast.decode_{fmt_name}", f"fast split-K decode over the {fmt_name} cache of {mid} (decode_split)",
             "decode", "fast", fd.SPLIT, mid, "fast-decode", fmt_name,
             _buffers(fd.SPLIT, {**bufs, "kc": cache, "vc": cache}), _imm(fd.SPLIT), grid,
-            f"{ref}'s attention (kvviz.oracles.paged.decode in float64) over the cache {writer} wrote, read back and "
+            f"{ref}'s attention (kvviz.attention.paged_oracle.decode in float64) over the cache {writer} wrote, read back and "
             f"dequantised in numpy ({deq})" + checked,
             "|out - ref| <= 2e-5 * max(1, max|V|), V the dequantised V cache (f32 accumulation vs float64; the "
             "tolerance of tests/test_fast_decode.py for every format)",
@@ -431,8 +430,8 @@ def _kivi_slots() -> None:
     K codes per channel over 32-token groups), in a first-wave and a fast implementation, and one
     dequantiser. Each is a slot; the pipeline runs KIVI 2-bit with recent 0, so every whole 32-token group
     is quantised and both writer kernels run at short contexts."""
-    from kvviz.kernels import fast_write as fw
-    from kvviz.kernels import quant as qk
+    from kvviz.attention import writers as fw
+    from kvviz.attention import records as qk
     from kvviz.methods import get_method, registry
 
     if "kivi" not in registry():
@@ -455,7 +454,7 @@ def _kivi_slots() -> None:
         "key_g": ("f32", "[key groups * 32, kv_heads, head_size]", "the K rows of each group, gathered on the host"),
         "slots_g": ("u32", "[key groups * 32]", "the cache slot of each gathered row"),
     }
-    oracle = ("kvviz.oracles.kivi dequantize_cache (KIVI 2-bit, recent 0: the oracle's K per channel over 32-token "
+    oracle = ("kvviz.families.kivi.oracle dequantize_cache (KIVI 2-bit, recent 0: the oracle's K per channel over 32-token "
               "groups, V per token, the residual rows kept): the f32 cache rows of every real token, K and V, after "
               "the writer kernels and the dequantiser ran")
     tol = ("|got - ref| <= 2^-22 * (|ref| + 2 max|ref| of the token's head vector): code * scale + zero may be "
@@ -496,14 +495,14 @@ def _kivi_slots() -> None:
 
 # family -> the numpy dequantised-rows oracle the method slots are checked against (kvviz/lab/check.py)
 DEQUANT_ORACLES = {
-    "int8": "kvviz.oracles.int8 dequantize(quantize(x))",
-    "int4": "kvviz.oracles.int4 dequantize_groups(quantize_groups(x, G))",
-    "fp8": "kvviz.oracles.fp8 dequantize(quantize(x))",
-    "fp8_vllm": ("kvviz.oracles.fp8 vllm_dequantize(vllm_quantize(x, s), s) with s = vllm_method_scales (amax of the "
+    "int8": "kvviz.families.int8.oracle dequantize(quantize(x))",
+    "int4": "kvviz.families.int4.oracle dequantize_groups(quantize_groups(x, G))",
+    "fp8": "kvviz.families.fp8.oracle dequantize(quantize(x))",
+    "fp8_vllm": ("kvviz.families.fp8.oracle vllm_dequantize(vllm_quantize(x, s), s) with s = vllm_method_scales (amax of the "
                  "calibration rows / fp8 max, computed in numpy)"),
-    "f16": "kvviz.oracles.f16 dequantize(quantize(x)) (numpy astype(float16), widened back)",
-    "ggml": "kvviz.oracles.ggml dequantize(quantize(x)) (gguf's codes)",
-    "fp4": "kvviz.oracles.fp4 dequantize(quantize(x, tensor scale of the real rows))",
+    "f16": "kvviz.families.f16.oracle dequantize(quantize(x)) (numpy astype(float16), widened back)",
+    "ggml": "kvviz.families.ggml.oracle dequantize(quantize(x)) (gguf's codes)",
+    "fp4": "kvviz.families.fp4.oracle dequantize(quantize(x, tensor scale of the real rows))",
 }
 
 _loaded = False

@@ -85,7 +85,6 @@ class LiveConfig:
 
     def with_method_spec(self, spec: str) -> "LiveConfig":
         """This config running the method of a `--methods` item ("kivi:bits=4"), options parsed as text."""
-        from kvviz.live.measure import parse_method
 
         method, opts = parse_method(spec)
         return replace(self, method=method, method_options=opts).validate()
@@ -102,3 +101,27 @@ class LiveConfig:
         if unknown:
             raise InvalidInput(f"Unknown live setting(s): {', '.join(unknown)}", f"Known: {', '.join(sorted(known))}")
         return cls(**d).validate()
+
+
+def split_method(spec: str) -> tuple[str, dict]:
+    """'kivi:bits=4;recent=64' -> ('kivi', {'bits': '4', 'recent': '64'}): the option texts, unparsed."""
+    method_id, _, opt = spec.partition(":")
+    texts = {}
+    for o in filter(None, opt.split(";")):
+        k, _, v = o.partition("=")
+        texts[k.strip()] = v
+    return method_id.strip(), texts
+
+
+def parse_method(spec: str) -> tuple[str, dict]:
+    """A --methods item as (method id, typed options given), each option text parsed by the method's
+    OptionSpec (kvviz.methods.base); InvalidInput naming the option otherwise. 'f32' takes no options."""
+    from kvviz.errors import InvalidInput
+    from kvviz.methods.base import parse_options
+
+    method_id, texts = split_method(spec)
+    if method_id == "f32":
+        if texts:
+            raise InvalidInput(f"--methods: f32 takes no options, got {spec!r}")
+        return method_id, {}
+    return method_id, parse_options(method_id, texts, text=True, where=f"--methods {spec}", defaults=False)

@@ -42,9 +42,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kvviz.analysis.live_metrics import log_softmax, summarize_live
+from kvviz.live.metrics import log_softmax, summarize_live
 from kvviz.errors import InvalidInput
-from kvviz.live.cache import BlockTable, LiveCache, make_live_cache
+from kvviz.methods.live_cache import BlockTable, LiveCache, make_live_cache
 from kvviz.live.config import BASELINES, DEFAULT_PROMPT, LiveConfig
 from kvviz.methods.base import KVMethod, get_method
 from kvviz.paging import POLICIES
@@ -434,7 +434,7 @@ class LiveDecoder:
 
     def cache_view(self, layer: int, kv_head: int, weights: bool = True) -> dict:
         """What the quantised (teacher-forced) cache holds now for one layer and KV head, for drawing:
-          scales          kvviz.live.cache.TokenScales of positions 0..context_len-1 (None: the cache
+          scales          kvviz.methods.live_cache.TokenScales of positions 0..context_len-1 (None: the cache
                           cannot tell)
           q_heads         the query heads that read this KV head
           weights_quant   [len(q_heads), context_len] attention weights of the last step through the
@@ -479,7 +479,7 @@ class LiveDecoder:
         return t
 
     def summary(self) -> dict:
-        """kvviz.analysis.live_metrics.summarize_live of the steps so far, with the texts."""
+        """kvviz.live.metrics.summarize_live of the steps so far, with the texts."""
         return summarize_live(self.steps, self.texts())
 
     def describe(self) -> dict:

@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from kvviz.live.config import parse_method, split_method  # noqa: F401 - the --methods syntax
+
 log = logging.getLogger("kvviz.live")
 
 LONG_PROMPT = (
@@ -41,30 +43,6 @@ LONG_PROMPT = (
     "often describe the printing press as one of the most important inventions of the second millennium. Its "
     "influence can still be seen today in the way we read, write and share knowledge with each other, because"
 )
-
-
-def split_method(spec: str) -> tuple[str, dict]:
-    """'kivi:bits=4;recent=64' -> ('kivi', {'bits': '4', 'recent': '64'}): the option texts, unparsed."""
-    method_id, _, opt = spec.partition(":")
-    texts = {}
-    for o in filter(None, opt.split(";")):
-        k, _, v = o.partition("=")
-        texts[k.strip()] = v
-    return method_id.strip(), texts
-
-
-def parse_method(spec: str) -> tuple[str, dict]:
-    """A --methods item as (method id, typed options given), each option text parsed by the method's
-    OptionSpec (kvviz.methods.base); InvalidInput naming the option otherwise. 'f32' takes no options."""
-    from kvviz.errors import InvalidInput
-    from kvviz.methods.base import parse_options
-
-    method_id, texts = split_method(spec)
-    if method_id == "f32":
-        if texts:
-            raise InvalidInput(f"--methods: f32 takes no options, got {spec!r}")
-        return method_id, {}
-    return method_id, parse_options(method_id, texts, text=True, where=f"--methods {spec}", defaults=False)
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -190,7 +168,7 @@ def run(a) -> int:
               f"{r['timings']['step_s_mean']:.2f} |", flush=True)
         if a.out:
             with open(a.out, "a") as f:
-                from kvviz.report.tables import clean  # strict JSON lines: NaN / inf become null
+                from kvviz.tables import clean  # strict JSON lines: NaN / inf become null
 
                 f.write(json.dumps(clean(r), allow_nan=False) + "\n")
     if failed:
@@ -242,7 +220,7 @@ def decode_timing(ctx, method_id: str, options: dict, cap, layer: int, block_siz
     """GPU-timestamp times of a method's decode kernels on one layer of a captured prompt (K/V of every
     position, the last position's query): the fast decode rows where the method has them, else its other
     decode rows; rotate / reduce rows of the same implementation count in; dequantise rows are listed apart."""
-    from kvviz.kernels.timed import checked, decode_time
+    from kvviz.gpu.timed import checked, decode_time
     from kvviz.methods.base import get_method
     from kvviz.paging import make_batch
 

@@ -17,9 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from kvviz.analysis.live_metrics import summarize_live
+from kvviz.live.metrics import summarize_live
 from kvviz.live.config import LiveConfig
-from kvviz.report.tables import Table, clean
+from kvviz.tables import Table, clean
 
 # pool grid bands: (key in `tables_now`, label, colour index of the sequence palette)
 PATHS = (("f32", "f32", 0), ("quant", "quant", 1), ("free", "free run", 3))

@@ -1,8 +1,9 @@
-"""Quantisation methods. Every module of this package is imported here, so a method module registers
-itself by being in the folder (kvviz/methods/base.py: `register`)."""
-import importlib as _importlib
-import pkgutil as _pkgutil
+"""The method framework: what a quantisation method is (`KVMethod`, its options, cache layouts), the
+registry, the per-token-record machinery shared by most methods and the live caches they grow.
 
+The methods themselves live in their family folders (kvviz/families/<family>/method*.py) and register
+themselves with `@register`; `registry()` loads them on first use.
+"""
 from kvviz.methods.base import (  # noqa: F401
     KVMethod,
     OptionSpec,
@@ -15,6 +16,3 @@ from kvviz.methods.base import (  # noqa: F401
     register,
     registry,
 )
-
-for _m in sorted(_pkgutil.iter_modules(__path__), key=lambda m: m.name):
-    _importlib.import_module(f"{__name__}.{_m.name}")

@@ -10,6 +10,7 @@ list `registry()` and need no change.
 """
 from __future__ import annotations
 
+import importlib
 import numbers
 import re
 from abc import ABC, abstractmethod
@@ -255,14 +256,14 @@ class KVMethod(ABC):
         same instance for methods whose cache does not depend on the layer."""
         return self
 
-    # ------------------------------------------------------------------ live decode (kvviz/live/cache.py)
+    # ------------------------------------------------------------------ live decode (kvviz/methods/live_cache.py)
     @property
     def has_live_cache(self) -> bool:
         """Whether `live_cache` gives live decode an incremental cache for this method."""
         return False
 
     def live_cache(self, ctx, table, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int, scale: float):
-        """The method's own live cache (a kvviz.live.cache.LiveCache written token by token), or None:
+        """The method's own live cache (a kvviz.methods.live_cache.LiveCache written token by token), or None:
         live decode then quantises the whole sequence again every step through `quantize`."""
         return None
 
@@ -338,7 +339,7 @@ class KVMethod(ABC):
         return out
 
     def code_statistics(self, ctx, qkv: QuantizedKV, batch, key: np.ndarray, value: np.ndarray) -> tuple:
-        """(K, V) kvviz.analysis.metrics.CodeStats over the batch's real tokens: the histogram of the
+        """(K, V) kvviz.metrics.CodeStats over the batch's real tokens: the histogram of the
         stored codes and named statistics, each with its one-line definition.
 
         The default gives every method: saturated (from `unrounded_codes`, when the method defines it),
@@ -346,7 +347,7 @@ class KVMethod(ABC):
         a float format's histogram runs over `code_values`. Index methods (TurboQuant, KIVI) override this
         with the statistics that fit them.
         """
-        from kvviz.analysis.metrics import code_stats
+        from kvviz.metrics import code_stats
         from kvviz.paging import PAD_SLOT
 
         real = np.asarray(batch.slot_mapping) != PAD_SLOT
@@ -360,7 +361,7 @@ class KVMethod(ABC):
         return tuple(out)
 
     def fast_cache_format(self, head_size: int):
-        """The kvviz.kernels.fast_decode.CacheFormat of this method's paged cache when the fast split-K
+        """The kvviz.attention.split_decode.CacheFormat of this method's paged cache when the fast split-K
         decode reads it in place, else None (the method keeps its own decode)."""
         return None
 
@@ -399,8 +400,9 @@ def register(cls):
 
 
 def registry() -> dict[str, type]:
-    import kvviz.methods  # noqa: F401  (imports every method module, which registers itself)
-
+    # The families sit above this framework; they are loaded by name, as plugins are, so the
+    # framework never imports them (kvviz/families/__init__.py: load_all).
+    importlib.import_module("kvviz.families").load_all()
     return dict(_REGISTRY)
 
 
@@ -442,8 +444,13 @@ def get_method(method_id: str, **options) -> KVMethod:
 def reference(method_id: str) -> Callable:
     """The method's end-to-end numpy reference, imported by name: f(method, batch, key, value, q, scale,
     qkv=None) -> (output [S, H, D], tolerance). Only `kvviz bench` and the tests call it."""
-    import importlib
-
     cls = method_class(method_id)
     mod, _, fn = cls.REFERENCE.partition(":")
     return getattr(importlib.import_module(mod), fn)
+
+
+def reference_attention(method, batch, key, value, q, scale, qkv=None):
+    """(output [S, H, D], tolerance) of any registered method: the function its REFERENCE names."""
+    from kvviz.methods import reference
+
+    return reference(method.id)(method, batch, key, value, q, scale, qkv)

@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
-from kvviz.kernels.fast_decode import FastDecode
-from kvviz.kernels.paged import PagedKernels
+from kvviz.attention.split_decode import FastDecode
+from kvviz.attention.paged import PagedKernels
 
 
 @dataclass
@@ -14,7 +14,7 @@ class GpuContext:
     rt: GpuRuntime
     frontend: str = FRONTEND_GLSLANG  # how GLSL kernels reach wgpu (glslang or naga-glsl)
     paged: PagedKernels = field(init=False)
-    fast: FastDecode = field(init=False)  # the split-K decode over packed caches (kvviz/kernels/fast_decode.py)
+    fast: FastDecode = field(init=False)  # the split-K decode over packed caches (kvviz/attention/split_decode.py)
 
     def __post_init__(self):
         self.paged = PagedKernels(self.rt, self.frontend)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kvviz.report.tables import clean
+from kvviz.tables import clean
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 
-from kvviz.report.tables import Table, clean, default_panel_tables
+from kvviz.tables import Table, clean, default_panel_tables
 from kvviz.report.trace import write_chrome_trace
 
 PANEL_TITLES = {
@@ -147,7 +147,7 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
         L.append(f"| {t.kernel} | {t.variant} | {t.timing.median_us:.1f} ({t.timing.min_us:.1f}-{t.timing.p90_us:.1f}) "
                  f"| {t.bytes_moved} | {t.gbps:.3f} | {t.pct_of_copy:.1f} | {t.timing.method} |")
     if sweep_points:
-        from kvviz.report.tables import sweep_table
+        from kvviz.tables import sweep_table
 
         t = sweep_table(sweep_points)
         L.append("")
@@ -266,8 +266,8 @@ def write_report(out_dir, res, tables: dict | None = None, figures: dict | None 
 def _write_report_files(out_dir, res, tables, compare_rows, sweep_points, history, figures) -> dict:
     if tables is None:
         tables = default_panel_tables(res, compare_rows, sweep_points, history)
-    if getattr(res, "timings", None):  # the roofline of the run's kernels (kvviz/lab/roofline.py), SVG + table
-        from kvviz.lab.roofline import write_roofline
+    if getattr(res, "timings", None):  # the roofline of the run's kernels (kvviz/bench/roofline.py), SVG + table
+        from kvviz.report.roofline import write_roofline
 
         name, rtab = write_roofline(out_dir, res)
         tables = {**tables, "roofline": [rtab]}

@@ -2,7 +2,7 @@
 
 The window edits a `SessionConfig` (Workload panel), asks the worker (kvviz.ui.worker) to run
 `Session.compute`, and draws the `Results` in every panel. Two panels run their own worker jobs:
-"QJL bias" (TurboQuant's estimators on the current K/Q, kvviz.analysis.tq_bias) and "Live decode"
+"QJL bias" (TurboQuant's estimators on the current K/Q, kvviz.families.turboquant.bias) and "Live decode"
 (kvviz.live.decode.LiveDecoder, step by step; every LiveStep comes back through a queued signal).
 The live decode and the main compute share the one worker and cancel each other. Dock arrangement,
 window geometry and the last configuration that computed persist in QSettings ("kvviz"/"kvviz"
@@ -27,6 +27,7 @@ from kvviz.errors import InvalidInput, KvvizError
 from kvviz.report.writer import relocate, staged_dir, write_report
 from kvviz.ui.export import save_png
 from kvviz.ui.log_dock import LogPanel
+from kvviz.ui.widgets.panel_scroll import PanelScroll
 from kvviz.ui.state import AppState
 from kvviz.ui.panels import (
     AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
@@ -94,49 +95,6 @@ class ErrorBanner(QFrame):
 
     def text(self) -> str:
         return f"{self.title.text()}\n{self.hint.text()}" if self.isVisible() else ""
-
-
-class PanelScroll(QScrollArea):
-    """A dock's panel in a scroll area: the panel takes the whole dock while the dock is at least the
-    panel's minimum size and scrolls when the dock is smaller, so no panel's minimum (the live decode's
-    controls, the timing tabs) sets the window's minimum size."""
-
-    MIN = (160, 90)
-
-    def __init__(self, panel: QWidget):
-        super().__init__()
-        self.setWidget(panel)
-        # sized here, not by QScrollArea's widgetResizable: that asks a panel with word-wrapped labels for
-        # its height-for-width (its preferred height), so a dock that could show the panel whole scrolled
-        self.setWidgetResizable(False)
-        self.setFrameShape(QFrame.NoFrame)
-        self.setObjectName(f"scroll_{getattr(panel, 'key', 'panel')}")
-        panel.installEventFilter(self)
-
-    def fit(self) -> None:
-        w = self.widget()
-        vp = self.viewport().size()
-        m = w.minimumSizeHint().expandedTo(w.minimumSize())
-        w.resize(max(vp.width(), m.width()), max(vp.height(), m.height()))
-
-    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt naming
-        super().resizeEvent(ev)
-        self.fit()
-
-    def eventFilter(self, obj, ev) -> bool:  # noqa: N802
-        from PySide6.QtCore import QEvent
-
-        if obj is self.widget() and ev.type() == QEvent.LayoutRequest:
-            QTimer.singleShot(0, self.fit)
-        return False
-
-    def sizeHint(self):  # noqa: N802 - Qt naming
-        return self.widget().sizeHint()
-
-    def minimumSizeHint(self):  # noqa: N802
-        from PySide6.QtCore import QSize
-
-        return QSize(*self.MIN)
 
 
 class MainWindow(QMainWindow):
@@ -638,7 +596,7 @@ class MainWindow(QMainWindow):
         except (KvvizError, IndexError, ValueError) as exc:
             self.bias.set_error(exc)
             return
-        from kvviz.analysis.tq_bias import inner_product_bias
+        from kvviz.families.turboquant.bias import inner_product_bias
         from kvviz.ui.panels.qjl_bias import tq_setting
 
         session = self.session

@@ -44,7 +44,7 @@ def _app():
 def _draw_bias(panel, rt) -> None:
     """The QJL bias panel's estimate for its default selection (sequence 0, head 0), computed here as the
     window's worker would; a refusal is drawn as the panel's message."""
-    from kvviz.analysis.tq_bias import inner_product_bias
+    from kvviz.families.turboquant.bias import inner_product_bias
     from kvviz.errors import KvvizError
 
     seq, head = panel.selection()

@@ -1,7 +1,7 @@
 // #include "ggml/common.wgsl"
 // NVFP4 dequantise into the f32 paged cache (see nvfp4_write.wgsl): value = (e2m1 * e4m3) * s_t, the
-// first product exact, the second one float32 multiply (kvviz/oracles/fp4.py). Grid and items as in
-// quant/int8_dequant.wgsl; s_t in tensor[2|3] (K|V).
+// first product exact, the second one float32 multiply (kvviz/families/fp4/oracle.py). Grid and items as in
+// int8/dequant.wgsl; s_t in tensor[2|3] (K|V).
 @group(0) @binding(0) var<storage, read> k_cache: array<u32>;
 @group(0) @binding(1) var<storage, read> v_cache: array<u32>;
 @group(0) @binding(2) var<storage, read> tensor: array<u32>;

@@ -1,14 +1,14 @@
 // #include "ggml/common.wgsl"
-// NVFP4 writer (kvviz/formats/fp4.py, oracle kvviz/oracles/fp4.py): E2M1 codes, an E4M3 scale per 16
+// NVFP4 writer (kvviz/families/fp4/format.py, oracle kvviz/families/fp4/oracle.py): E2M1 codes, an E4M3 scale per 16
 // consecutive elements of a token's head vector, one f32 scale per tensor (K, V).
-//   s_t = max(amax_tensor / 2688, 2^-126), amax_tensor from quant/fp8_amax.wgsl in tensor[0|1] (K|V);
+//   s_t = max(amax_tensor / 2688, 2^-126), amax_tensor from fp8/amax.wgsl in tensor[0|1] (K|V);
 //         the writer stores s_t's bits in tensor[2|3];
 //   y = x / s_t; sc = E4M3(max|y| / 6) (RNE, saturating); code = E2M1(y / e4m3(sc)) (RNE, saturating;
 //   0 where e4m3(sc) = 0). Every division correctly rounded (div_rn), the encoders on the bits
 //   (f32_to_fp8 with E4M3's and E2M1's parameters), so the record is bit-identical to the oracle.
 // Record: ceil(hd/64) words of scale bytes, then hd/8 code words (8 bytes a sub-block: byte i = element
 // 16s+i low nibble | element 16s+8+i high nibble). Grid (rows, kv_heads, 2), 64 threads.
-// #include "quant/writer_io.wgsl"
+// #include "common/writer_io.wgsl"
 @group(0) @binding(5) var<storage, read_write> tensor: array<u32>;
 const E4M3_MAX_BITS: u32 = 0x43E00000u;  // 448
 const E2M1_MAX_BITS: u32 = 0x40C00000u;  // 6

@@ -1,7 +1,7 @@
-// #include "quant/common.wgsl"
+// #include "common/quant.wgsl"
 // ---- shaders/ggml/common.wgsl: what the ggml block-type and FP4 kernels share -----------------------
 // f16 <-> f32 with integer arithmetic (round to nearest even, subnormals kept, no flush to zero), the
-// E2M1 / E8M0 tables of MXFP4 and the iq4_nl values (kvviz/formats/ggml.py).
+// E2M1 / E8M0 tables of MXFP4 and the iq4_nl values (kvviz/families/ggml/format.py).
 
 // float32 -> IEEE half bits, round to nearest even; finite input; |x| >= 65520 gives +-inf (0x7C00).
 fn f32_to_f16_bits(f: f32) -> u32 {

@@ -1,4 +1,4 @@
-// Compute ceiling: fused multiply-add throughput of this adapter (kvviz/kernels/fma.py).
+// Compute ceiling: fused multiply-add throughput of this adapter (kvviz/gpu/fma.py).
 // {{ENABLE}} is "enable f16;" for the f16 variant, empty for f32; {{T}} is the scalar type.
 // Every invocation runs p.iters steps of 8 independent vec4 FMA chains (8 x 4 lanes x 2 flops = 64
 // flops a step), seeded from its id so nothing folds at compile time; the sum is written out so

@@ -7,7 +7,7 @@
 //   norm word = pack2x16float(n, rn). n < 1e-12: every word 0; rn < 1e-12: JL words 0.
 // Values (tq_compress_values): the polar part and pack2x16float(n, 0).
 //
-// Arithmetic order (kvviz/oracles/turboquant.py follows it bit for bit):
+// Arithmetic order (kvviz/families/turboquant/oracle.py follows it bit for bit):
 //   sum of squares: lane j holds x[j]*x[j] (0 past head_dim), tree over 128 lanes, strides 64..1;
 //   n = sqrt(sum); k = inv_sqrt_d / n (inv_sqrt_d = f32(1/sqrt(d)) from the host);
 //   u[j] = (x[j] * k) * s[j]; WHT butterflies (a+b, a-b) at strides 1, 2, 4, ... -> y.

@@ -1,4 +1,4 @@
-// TurboQuant compressor at the paper's settings (arXiv:2504.19874; kvviz/formats/turboquant.py, "general
+// TurboQuant compressor at the paper's settings (arXiv:2504.19874; kvviz/families/turboquant/format.py, "general
 // settings"): one INSTANCE (a set of n_ch channels of a head, rotated in R^P, P a power of two >= n_ch,
 // at `bits` bits) of keys or values, written into a per-token record of a paged cache.
 // The seed configuration keeps tq_compress.wgsl + flash_attention_tq.wgsl; this kernel serves every
@@ -11,7 +11,7 @@
 //   keys: r = y - c[idx]; rn = |r|; JL bit j = WHT((r / rn) * s_jl)_j >= 0.
 //   norm word = pack2x16float(n, rn) (values: (n, 0)); n < 1e-12: every word 0; rn < 1e-12: JL words 0.
 // Codes: a bit stream of `bits`-bit indices, index j at bits j*bits.. (LSB first, across words).
-// Arithmetic order is the oracle's (kvviz/oracles/turboquant.py `encode_general`).
+// Arithmetic order is the oracle's (kvviz/families/turboquant/oracle.py `encode_general`).
 //
 // Bind group 0:
 //   @binding(0) src:      array<f32>  rows x n_kv_heads x head_dim (K or V)

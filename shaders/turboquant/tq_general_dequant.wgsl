@@ -4,7 +4,7 @@
 // (polar term + QJL correction; the estimator is linear in q), values the PolarQuant reconstruction:
 //   y = c[idx];  keys: y += (rn * qjl_scale) * ((WHT(2*bit - 1) * inv_sqrt_P) * s_jl)
 //   x = ((WHT(y) * inv_sqrt_P) * s_polar) * n, coordinates j < n_ch to the instance's channels.
-// Arithmetic order is the oracle's (kvviz/formats/turboquant.py `dequantize_general`).
+// Arithmetic order is the oracle's (kvviz/families/turboquant/format.py `dequantize_general`).
 //
 // Bind group 0:
 //   @binding(0) k_cache:  array<u32>  [blocks, kv_heads, block_size, wpt_k]

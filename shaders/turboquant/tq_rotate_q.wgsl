@@ -5,7 +5,7 @@
 // Output buffer [q_rot | q_jl | sums] f32, region = q_cap * n_heads * head_dim:
 //   q_rot at (row * n_heads + h) * head_dim + j, q_jl at region + same, sum at 2*region + row*n_heads + h.
 //
-// Arithmetic order (kvviz/oracles/turboquant.py `rotate_q_parts` follows it bit for bit):
+// Arithmetic order (kvviz/families/turboquant/oracle.py `rotate_q_parts` follows it bit for bit):
 //   q_rot = WHT(q * s_polar) * inv_sqrt_d; q_jl = WHT(q_rot * s_jl) * inv_sqrt_d;
 //   sum = tree over 128 lanes (0 past head_dim), strides 64..1. inv_sqrt_d = f32(1/sqrt(d)) from the host.
 //

@@ -11,7 +11,7 @@
 // weights, softmax_partitioned.wgsl (normaliser 1: exp(score - M) / L, the seed's) runs next.
 //
 // One workgroup of 256 threads per (head, query, partition), so no invocation's loops grow with
-// the context (software rasterisers bound them: kvviz/kernels/loop_budget.py). A thread only
+// the context (software rasterisers bound them: kvviz/gpu/loop_budget.py). A thread only
 // re-reads positions it wrote itself, so `out` needs no barrier between passes.
 // Barriers at entry-point scope only.
 //

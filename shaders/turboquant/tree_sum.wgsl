@@ -1,5 +1,5 @@
 // Included text, not a function: sums red[0..128) into red[0] (a tree, strides 64, 32, ..., 1, each
-// step one f32 add; kvviz/formats/turboquant.py `tree_sum_f32` is the same order). The including
+// step one f32 add; kvviz/families/turboquant/format.py `tree_sum_f32` is the same order). The including
 // entry point writes red[tid] first. Barriers must stay at entry-point scope: naga's SPIR-V path
 // miscompiles workgroupBarrier() reached through a function call inside a loop (docs/kernels.md,
 // "TurboQuant"), so this is pasted in by `// #include`.

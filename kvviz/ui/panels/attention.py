@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QCheckBox, QComboBox, QGraphicsRectItem, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
 )
 
-from kvviz.report.tables import attention_weights_table, head_metrics_table
+from kvviz.tables import attention_weights_table, head_metrics_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.scales import to_uint8
 from kvviz.ui.style import Q_COLOR, REF_COLOR, V_COLOR, color_bar, fit_title, lut_viridis, set_bar_range

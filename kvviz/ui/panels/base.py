@@ -1,6 +1,6 @@
 """The panel base class: a widget that draws `Results` from the tables it exports.
 
-A panel keeps what it plots as `kvviz.report.tables.Table`s (Qt-free), draws from them, and exports
+A panel keeps what it plots as `kvviz.tables.Table`s (Qt-free), draws from them, and exports
 them: PNG at 2x device pixel ratio, SVG through QSvgGenerator, CSV of exactly the plotted points.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QLabel, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget, QTextBrowser,
 )
 
-from kvviz.report.tables import Table
+from kvviz.tables import Table
 from kvviz.ui.panels.base import Panel
 
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QGraphicsRectItem, QLabel, QSplitter, QTableWidget, QTableWidgetItem, QToolTip,
 )
 
-from kvviz.report.tables import block_pool_table, block_table_table, grid_columns
+from kvviz.tables import block_pool_table, block_table_table, grid_columns
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import FREE_COLOR, qcolor, seq_color
 

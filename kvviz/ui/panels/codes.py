@@ -7,7 +7,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QCheckBox, QTableWidget, QTableWidgetItem
 
-from kvviz.report.tables import code_hist_table, code_stats_table
+from kvviz.tables import code_hist_table, code_stats_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import K_COLOR, V_COLOR, fit_title
 
@@ -17,7 +17,7 @@ def _pct(x: float) -> str:
 
 
 def _text(val, unit: str) -> str:
-    """A statistic as the table shows it (see kvviz.analysis.metrics.Statistic.text)."""
+    """A statistic as the table shows it (see kvviz.metrics.Statistic.text)."""
     v = float(val)
     if not np.isfinite(v):
         return "n/a"

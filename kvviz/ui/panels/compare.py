@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.report.compare_run import compare_available
-from kvviz.report.tables import compare_table
+from kvviz.tables import compare_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import kernel_color
 

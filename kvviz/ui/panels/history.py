@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 
 from kvviz.history.db import HistoryDB, HistoryError
 from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, diff, side_of_run
-from kvviz.report.tables import Table
+from kvviz.tables import Table
 from kvviz.ui.style import kernel_color
 
 log = logging.getLogger("kvviz.ui.history")
@@ -249,7 +249,7 @@ class HistoryView(QWidget):
 
     def _draw_series(self) -> None:
         """The selected run's kernels over every run of the same shape: median with p10-p90 bars."""
-        from kvviz.ui.panels.timing import log_ticks
+        from kvviz.ui.widgets.ticks import log_ticks
 
         pi = self.plot.getPlotItem()
         pi.clear()

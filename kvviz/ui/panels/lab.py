@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.lab.slots import render_text, slots
-from kvviz.report.tables import Table
+from kvviz.tables import Table
 from kvviz.ui.panels.base import ElidedLabel, Panel
 
 HANG_S = 60.0
@@ -410,7 +410,7 @@ def _register_tasks() -> None:
 
 
 def _update_roofline(win) -> None:
-    from kvviz.lab.roofline import ceilings_from_results, points_from_results
+    from kvviz.bench.roofline import ceilings_from_results, points_from_results
 
     res = win.results
     if res is None:
@@ -432,7 +432,7 @@ def install(win) -> LabPanel:
     d = QDockWidget(panel.title, win)
     d.setObjectName(f"dock_{panel.key}")
     try:  # a squeezed dock scrolls its panel, like every dock of the window
-        from kvviz.ui.main_window import PanelScroll
+        from kvviz.ui.widgets.panel_scroll import PanelScroll
 
         d.setWidget(PanelScroll(panel))
     except ImportError:
@@ -465,7 +465,7 @@ def install(win) -> LabPanel:
     win._roofline_fma = None
 
     def measure() -> None:
-        from kvviz.lab.roofline import measure_fma_gflops
+        from kvviz.bench.roofline import measure_fma_gflops
 
         session = win.session
         win.runner.submit("roofline", lambda p, c: measure_fma_gflops(session.rt), "measure the FMA ceiling")

@@ -286,7 +286,7 @@ class LivePanel(Panel):
 
     # ------------------------------------------------------------- controls
     def _method_changed(self, *args) -> None:
-        from kvviz.live.cache import cache_kind
+        from kvviz.methods.live_cache import cache_kind
 
         key = self.method.currentData()
         self.options.build(key)
@@ -543,7 +543,7 @@ class LivePanel(Panel):
     def export_json(self, path: str) -> str:
         if not self.steps:
             raise ValueError(f"{self.title}: nothing to export yet")
-        from kvviz.report.tables import clean
+        from kvviz.tables import clean
 
         with open(path, "w") as fh:
             json.dump(clean(self.to_json()), fh, indent=1, allow_nan=False)  # strict JSON: NaN -> null

@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout
 
-from kvviz.report.tables import Table
+from kvviz.tables import Table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import WARN_BG, WARN_FG
 

@@ -2,7 +2,7 @@
 
 For the current results (any method) and a chosen sequence and query head, the head's query is
 scored against every key of that sequence in its KV head: the keys go through the TurboQuant GPU
-compressor (kvviz.analysis.tq_bias.inner_product_bias, run in the worker with the session's runtime)
+compressor (kvviz.families.turboquant.bias.inner_product_bias, run in the worker with the session's runtime)
 and the three estimators are plotted against the true q.k, each with its least-squares slope through
 the origin (dashed line; the fit with an intercept is in the table) and the y = x line.
 
@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QComboBox, QLabel, QSpinBox, QSplitter, QStackedWidget, QTableWidget, QTableWidgetItem,
 )
 
-from kvviz.analysis.tq_bias import DEFAULT_SEED, ESTIMATORS, unsupported_reason  # noqa: F401 (re-exported)
-from kvviz.report.tables import Table
+from kvviz.families.turboquant.bias import DEFAULT_SEED, ESTIMATORS, unsupported_reason  # noqa: F401 (re-exported)
+from kvviz.tables import Table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import SEQ_COLORS, fit_title
 
@@ -46,7 +46,7 @@ def tq_params(res) -> tuple[int, int]:
 
 def tq_setting(res) -> dict:
     """The TurboQuant setting the estimators are drawn at: the results' method's bits and outlier share when
-    it is TurboQuant (kvviz.analysis.tq_bias takes every setting), else the seed configuration ({})."""
+    it is TurboQuant (kvviz.families.turboquant.bias takes every setting), else the seed configuration ({})."""
     try:
         if res.method.id == "turboquant":
             return {"bits": int(res.method.bits), "outlier_share": float(res.method.outlier_share)}
@@ -208,7 +208,7 @@ class QjlBiasPanel(Panel):
         self.info.setText("failed")
 
     def set_bias(self, bias, seq: int, head: int) -> None:
-        """Draw a kvviz.analysis.tq_bias.BiasResult of (seq, head) of the current results."""
+        """Draw a kvviz.families.turboquant.bias.BiasResult of (seq, head) of the current results."""
         res = self.res
         self.bias = bias
         self.shown = (res, seq, head)

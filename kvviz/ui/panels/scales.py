@@ -8,8 +8,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF
 from PySide6.QtWidgets import QComboBox, QSpinBox
 
-from kvviz.analysis.metrics import outlier_ratio
-from kvviz.report.tables import channel_amax_table, token_scales_table
+from kvviz.metrics import outlier_ratio
+from kvviz.tables import channel_amax_table, token_scales_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.style import K_COLOR, V_COLOR, color_bar, fit_title, lut_viridis, set_bar_range
 

@@ -17,36 +17,14 @@ from PySide6.QtWidgets import (
     QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
 )
 
-from kvviz.report.tables import history_entry, history_table, sweep_table, timing_key, timings_table
+from kvviz.ui.widgets.ticks import bandwidth_ticks, log_ticks
+from kvviz.tables import history_entry, history_table, sweep_table, timing_key, timings_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.history import HistoryView
 from kvviz.ui.widgets.timeline import TimelineWidget
 from kvviz.ui.style import WARN_BG, WARN_FG, fit_title, kernel_color
 
 SOFTWARE_FLAG = "lavapipe: CPU timings, not GPU"
-
-
-def log_ticks(values) -> list:
-    """Ticks for a pyqtgraph log axis (positions in log10): 1-2-5 steps over the values' range."""
-    v = [float(x) for x in values if x and x > 0 and math.isfinite(x)]
-    if not v:
-        return None
-    lo, hi = math.floor(math.log10(min(v))), math.ceil(math.log10(max(v)))
-    major = []
-    for e in range(lo, hi + 1):
-        for m in ((1, 2, 5) if hi - lo <= 3 else (1,)):
-            x = m * 10.0 ** e
-            if min(v) / 2.5 <= x <= max(v) * 2.5:
-                major.append((math.log10(x), f"{x:g}"))
-    return [major, []]
-
-
-def bandwidth_ticks(lo: float, hi: float) -> list:
-    """Decade ticks between log10 positions lo and hi, all labelled as plain numbers (no 10^n mix)."""
-    major = [(float(e), f"{10.0 ** e:g}") for e in range(math.ceil(lo), math.floor(hi) + 1)]
-    minor = [(math.log10(m * 10.0 ** e), "") for e in range(math.floor(lo), math.ceil(hi) + 1) for m in range(2, 10)
-             if lo <= math.log10(m * 10.0 ** e) <= hi]
-    return [major, minor]
 
 
 def parse_values(text: str) -> list:
@@ -201,7 +179,7 @@ class TimingPanel(Panel):
     def _fill_table(self) -> None:
         t = self.table
         tab = self.timing_tab
-        # "impl": seed (as given), first-wave, fast or baseline (kvviz/kernels/timed.py), so a method's seed and
+        # "impl": seed (as given), first-wave, fast or baseline (kvviz/gpu/timed.py), so a method's seed and
         # fast kernels read side by side
         headers = ["kernel", "median us (min-p90)", "vs pin", "GB/s", "% of copy", "bytes", "impl", "variant", "timing"]
         t.clear()

@@ -1,7 +1,7 @@
 """Roofline chart: every timed kernel a point (arithmetic intensity vs achieved GFLOP/s, log-log), the
 device's ceilings as lines (the shader copy's bandwidth, f32 FMA and f16 FMA throughput measured on the same
 device), and a table saying which kernels are memory- and which compute-bound. The numbers are
-kvviz/lab/roofline.py's (Qt-free); this only draws them. Kernels stating 0 FLOPs (copies) are listed, not
+kvviz/bench/roofline.py's (Qt-free); this only draws them. Kernels stating 0 FLOPs (copies) are listed, not
 drawn (log axes).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLabel, QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
-from kvviz.lab.roofline import roofline_table
+from kvviz.report.roofline import roofline_table
 from kvviz.ui.style import kernel_color, qcolor
 
 

@@ -1,0 +1,1240 @@
+"""The fast paged decode: split-K ("flash-decoding") attention that reads each method's packed cache in
+place. Family "fast" (kvviz/families/catalogue.py): shaders attention/split_decode.wgsl + attention/split_reduce.wgsl,
+numpy reference: the method's own (kvviz/attention/paged_oracle.py), tests tests/test_fast_decode.py.
+
+What makes it fast (docs/fast-kernels.md s.6, measured s.8):
+  - the context is split into partitions across workgroups (grid: partitions x KV heads x sequences),
+    sized so the grid fills the device; a reduce kernel combines the partitions;
+  - one workgroup serves the G query heads of a KV head: every K/V word is loaded once for G heads;
+  - K is read once, with an online softmax (base 2, the query pre-scaled by scale*log2(e));
+  - a token row is shared by L lanes that each own D/L dims; the row's G x U partial logits of a step are
+    reduce-scattered by subgroup shuffles, so each (head, token) logit's softmax step runs once on the lanes
+    that own it, and the lanes then take the weights from their owners (scatter_softmax);
+  - codes go straight into the dot products (unpack4xI8, FP8 bit arithmetic, unpack2x16float), and the
+    per-token scales multiply the logit and the probability: no dequantise pass, no f32 copy of the cache;
+  - the per-head, per-token code is unrolled here (one variable per head and vec4), because naga clamps
+    dynamic indices of private arrays and those arrays then leave registers.
+
+Formats (CacheFormat): "f32" (the baseline paged cache), "f16", "int8" (the seed int8 layout, which
+int8_token shares: 4 codes a word + an f32 scale word), "fp8_e4m3"/"fp8_e5m2" (per-token scale word or
+per-tensor scales), "int4" (8 codes a word, an f32 (scale, zero) pair per group). A shape the generator
+cannot lay out (say head size 100 for int4) is refused by `unsupported()`; callers then keep the
+first-wave path. Adapters without subgroups get the L = 1 variant (a lane per token row, no shuffles).
+
+Measured variants, off by default (plan/decode keywords qk="i8", pv="f16", pv_flush; see "variants" below):
+an int8 query dotted with dot4I8Packed, and f16 P.V accumulation; tests/test_fast_decode_variants.py,
+timed by tools/fast_decode_tune.py --variants.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.paging import PagedBatch
+
+log = logging.getLogger("kvviz.attention.split_decode")
+
+LOG2E = 1.4426950408889634
+
+SPLIT = KernelSpec(
+    "attention/split_decode.wgsl",
+    bindings=ro("q", "kc", "vc", "block_tables", "context_lens", "tensor") + rw("partials"),
+    immediates=Struct("P", "num_kv_heads num_heads block_size max_blocks partition_tokens num_partitions scale_log2:f32"),
+)
+REDUCE = KernelSpec("attention/split_reduce.wgsl", bindings=ro("partials") + rw("out"),
+                    immediates=Struct("P", "num_heads head_size num_partitions"))
+# the same combine for many partitions (reduce_spec picks one of the two)
+REDUCE_WIDE = KernelSpec("attention/split_reduce_wide.wgsl", bindings=ro("partials") + rw("out"),
+                         immediates=Struct("P", "num_heads head_size num_partitions"))
+SUBGROUP_PROBE = KernelSpec("probe/subgroup_size.wgsl", bindings=rw("out"))
+KERNELS = (SPLIT, REDUCE, REDUCE_WIDE, SUBGROUP_PROBE)
+
+# A tensor-scale buffer for formats without per-tensor scales: words 2 and 3 (K, V scale) are 1.0
+# (the FP8 per-tensor writer's layout: [amax K, amax V, scale K, scale V]).
+_ONES = np.array([0.0, 0.0, 1.0, 1.0], np.float32).view(np.uint32)
+
+# ---------------------------------------------------------------------------------- variants
+# Two measured variants of the split kernel, both off by default (the exact f32 kernel is what every
+# other module uses). Each has its own oracle and tolerance (tests/test_fast_decode_variants.py):
+#
+# qk="i8": each query head is quantised to int8 on the host (symmetric, scale max(amax/127, 1e-8), codes
+#   rint(q / scale) clamped to [-128, 127], round half to even: kvviz/families/int8/oracle.quantize) and uploaded
+#   as int8 records [S, H, D/4 + 1] u32 (the int8 cache's record shape); the logit is
+#   f32(sum of dot4I8Packed(q word, K word)) * (q_scale * scale*log2 e) * k_scale. The integer dot is
+#   exact, so against its own oracle (the f32 decode of the dequantised int8 query) it is as exact as the
+#   f32 kernel: same tolerance. Only formats whose K codes are int8 words (int8 / int8_token).
+# pv="f16": P.V accumulated in vec4<f16> (two f16x2 FMAs in hardware), V scales folded into the f16 V
+#   values once per token (shared by the G heads), weights p * 2^-shift; the f16 accumulator is rescaled
+#   with the online max in f16 and flushed into the f32 accumulator every `pv_flush` steps (U tokens of
+#   a row group each) and after the loop. Per flush, not per page: a row group's tokens are not a page's
+#   (RG row groups interleave in every page), and the flush period is the knob that trades the f16 error
+#   bound (pv_tolerance: linear in it) against the flush's f32 work (G * D/L FMAs a lane). Needs the
+#   adapter feature shader-f16; without it plan() refuses (UnsupportedShape) instead of silently running
+#   another kernel than the one asked for. V must lie in the f16 range (|V| <= 65504): beyond it the
+#   output is inf / NaN, which callers refuse as non-finite.
+QK_VARIANTS = ("f32", "i8")
+PV_VARIANTS = ("f32", "f16")
+# Defaults chosen by measurement on the H200 at the anchor shape (tools/device-pipeline.sh, 2026-12-01, two
+# passes within 0.5 us): prefetch int8 110.1 -> 107.0 us, f16 105.2 -> 91.9, int4 113.9 -> 106.5; the 2^23
+# conversion on top, int8 107.0 -> 102.3 but int4 106.5 -> 110.8 (so int8 only); lazy rescale mixed (f16 with
+# prefetch 91.9 -> 101.4), so off. Rendering the block size as a constant: int8 123 -> 110 us.
+PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decode_tune.py --prefetch)
+# ... when a lane's words of one step fit this many registers: the prefetch holds two steps' words. The f32
+# cache at 16 lanes and 2 tokens a row loads 32 words a step, and prefetching them measured slower on the H200
+# (fast_decode_f32 177 -> 221 us at the anchor: registers, so fewer warps); a wide lane (the one-lane layout
+# without subgroups: a whole head a lane) would double a shader that is already huge (lavapipe's LLVM took
+# over 10 minutes to compile the f16 head-64 one-lane kernel with it).
+PREFETCH_MAX_WORDS = 24
+# Formats whose prefetch loads each token's block-table entry a step before the words it addresses (step_loads'
+# bt_ahead), so the next step's loads need not wait on a block-table load first (a warp issues in order). H200 at the
+# anchor (tools/device-session10a.sh, two passes, split + reduce): f16 84.7 / 84.2 -> 83.2 / 82.9 us, int4 101.1 / 101.4
+# -> 99.6 / 99.1, but int8 91.6 / 91.6 -> 92.9 / 92.7, so not int8; f32 and fp8_e4m3 unchanged within 0.5 us
+# (tools/device-session10b.sh; tools/fast_decode_tune.py --bt-ahead=off|all).
+BT_AHEAD_FORMATS = ("f16", "int4")
+# Tried and slower there: the prefetch two steps ahead (int8 92.8 -> 100.2, f16 83.1 -> 88.9, int4 99.4 -> 105.0); the
+# query slices in workgroup memory, read back each step instead of held in registers (tools/device-session10c.sh: int8
+# split 86.9 -> 97.0 us, f16 77.0 -> 83.4, int4 94.3 -> 97.4). An SM holds 4 of the int8 decode's 128-thread workgroups
+# (tools/device-session10b.sh: 5 partitions, 600 workgroups, 120.1 us against 4's 92.4), and the 480 of the anchor fit.
+# Each step's P.V run one step late, beside the next step's logits (the same operations in the same order, so the same
+# bits; tools/device-session10e.sh): int8 split 86.3 -> 113.5 us, f16 77.7 -> 107.5, int4 93.7 -> 102.3, the int8 query
+# at 4 tokens a row 62.5 -> 63.1; its 17 more live registers a thread push the kernel past what lets an SM hold 4.
+
+
+def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
+    """Whether the prefetching kernel is used for this layout (PREFETCH_MAX_WORDS)."""
+    wpl = lay.dims_per_lane // fmt.elems_per_word
+    extra = 2 if fmt.scale == "token" else 0
+    if fmt.group_size:
+        extra = 4 * max(1, lay.dims_per_lane // fmt.group_size)
+    return lay.unroll * (2 * wpl + extra) <= PREFETCH_MAX_WORDS
+# FP8 formats whose fp8x4 yields value / FP8_UNIT, the unit folded into the query and the V scale (exact: a power of
+# two), not multiplied into every vec4 of codes. H200 at the anchor (tools/device-session8g.sh, two passes each):
+# fp8_e4m3 93.7 -> 87.6 / 88.1 us.
+FP8_UNIT = {"e4m3": 256.0}
+MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
+# Lazy rescale (render's lazy; tools/fast_decode_tune.py --lazy), the default for these formats. With the scatter
+# softmax an owner moves its max only past the old one + LAZY_TAU (log2 units, so p <= 2^8: no f32 range concern)
+# and the G heads' accumulators are rescaled in one branch uniform over the subgroup (scatter_softmax's tau,
+# lazy_rescale). H200 at the anchor (tools/device-session8a.sh / 8b.sh, two runs): int8 95.5 -> 92.7 us, the int8
+# query at 4 tokens a row 72.2 -> 71.0; f16 84.6 -> 93.4, fp8_e4m3 93.7 -> 94.0, int4 102.4 -> 99.5 (but 101.2 ->
+# 113.2 at 4 tokens a row), so int8 only. Without the scatter softmax: rescale in the steps where the max grows.
+LAZY_FORMATS = ("int8",)
+LAZY_TAU = 8.0
+# The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter), measured on the H200 at the
+# anchor (tools/device-scatter.sh, 2026-12-01, one run): int8 102.4 -> 95.7 us, f16 91.4 -> 85.0, fp8 138.4 -> 130.6,
+# int4 106.5 -> 102.7, the int8-query variant 88.8 -> 75.0 (72.1 at 4 tokens a row per step).
+SCATTER = True
+PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
+F16_EPS = 2.0 ** -11  # f16 unit roundoff
+
+
+def pv_shift(unroll: int, pv_flush: int) -> int:
+    """Weights enter the f16 accumulator times 2^-shift, 2^shift >= the tokens between flushes, so the
+    accumulator stays within max|V| (no f16 overflow before V itself overflows)."""
+    return max(0, math.ceil(math.log2(unroll * pv_flush)))
+
+
+def variant_name(qk: str = "f32", pv: str = "f32", pv_flush: int = PV_FLUSH, unroll: int = 2) -> str:
+    """What a timing row calls the variant: "f32", "int8 q, dot4I8Packed", "f16 P.V (flush 4 steps)", ..."""
+    parts = (["int8 q, dot4I8Packed"] if qk == "i8" else []) + ([f"f16 P.V, flush every {pv_flush} steps"] if pv == "f16" else [])
+    return "; ".join(parts) or "f32"
+
+
+def quantize_query(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q [S, H, D] f32 -> (codes int8 [S, H, D], scales f32 [S, H]): int8_token's quantiser
+    (kvviz/families/int8/oracle.quantize, float32 ops, round half to even), one scale a query head."""
+    from kvviz.attention.int8_records import QMAX, SCALE_FLOOR
+
+    q = np.asarray(q, dtype=np.float32)
+    scales = np.maximum(np.abs(q).max(axis=-1) / QMAX, SCALE_FLOOR).astype(np.float32)
+    codes = np.clip(np.rint((q / scales[..., None]).astype(np.float32)), -128, 127).astype(np.int8)
+    return codes, scales
+
+
+def query_records_i8(q: np.ndarray) -> np.ndarray:
+    """The int8 query the qk="i8" kernel reads: [S, H, D/4 + 1] u32, codes 4 a word then the f32 scale."""
+    codes, scales = quantize_query(q)
+    S, H, D = codes.shape
+    return np.concatenate([codes.reshape(S, H, D).view(np.uint32), scales.view(np.uint32)[..., None]], -1)
+
+
+def pv_tolerance(max_abs_v: float, tokens: int, unroll: int = 2, pv_flush: int = PV_FLUSH,
+                 softmax_sum: float | np.ndarray = 1.0):
+    """Error bound of the f16 P.V accumulation over the f32 kernel's (add F32_TOL on top), first order
+    in the f16 unit roundoff u = 2^-11, for max|V| = M, U tokens a step and a flush every F steps:
+      - rounding: a term is rounded when its weight and its V value become f16 (1 + 2: the int8 scale
+        multiply), by its own step's FMA chain (<= U) and, in each later step before the flush, by the
+        rescale (f16(alpha) and the multiply) and that step's U FMAs: n = 3 + U + (F - 1)(U + 2)
+        roundings, each relative u of a term; the terms sum to at most l * M, divided by l in the reduce:
+        n * u * M;
+      - underflow: an f16 op whose result is subnormal errs by up to 2^-25 absolute (x 2^shift unscaled);
+        at most 5 such ops a token (weight, product, rescale, alpha, V value) over all the sequence's
+        tokens, divided by the softmax sum l >= 1 (pass the oracle's l for a tighter bound):
+        5 * tokens * 2^(shift - 25) * max(1, M) / l."""
+    n = 3 + unroll + (pv_flush - 1) * (unroll + 2)
+    under = 5 * tokens * 2.0 ** (pv_shift(unroll, pv_flush) - 25) * max(1.0, max_abs_v) / np.asarray(softmax_sum)
+    return n * F16_EPS * max_abs_v + under
+
+
+def f32_tolerance(max_abs_v: float) -> float:
+    """The f32 kernel's (and the int8-q variant's, against its own oracle) bound: 2e-5 x max(1, max|V|)."""
+    return 2e-5 * max(1.0, max_abs_v)
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """How one token's record of one KV head sits in u32 words."""
+
+    name: str
+    elems_per_word: int  # 1 f32, 2 f16, 4 int8 / fp8, 8 int4
+    scale: str = "none"  # "none", "token" (an f32 word after the codes), "tensor" (tensor words 2 / 3)
+    group_size: int = 0  # int4: an f32 (scale, zero) pair per group, after the codes
+    fp8: str = ""  # "e4m3" / "e5m2"
+
+    def code_words(self, head_size: int) -> int:
+        return head_size // self.elems_per_word
+
+    def wpt(self, head_size: int) -> int:
+        n = self.code_words(head_size) + (1 if self.scale == "token" else 0)
+        return n + (2 * (head_size // self.group_size) if self.group_size else 0)
+
+
+F32 = CacheFormat("f32", 1)
+F16 = CacheFormat("f16", 2)
+INT8 = CacheFormat("int8", 4, "token")
+
+
+def fp8_format(kind: str, per_tensor: bool) -> CacheFormat:
+    return CacheFormat(f"fp8_{kind}", 4, "tensor" if per_tensor else "token", fp8=kind)
+
+
+def int4_format(group_size: int) -> CacheFormat:
+    return CacheFormat("int4", 8, group_size=group_size)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The generator's choices for one (format, head size, GQA group, adapter)."""
+
+    lanes: int  # L: lanes sharing one token row
+    row_groups: int  # RG: token rows in flight per workgroup step
+    unroll: int  # U: tokens per row group per step
+    dims_per_lane: int
+
+    @property
+    def workgroup(self) -> int:
+        return self.lanes * self.row_groups
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.row_groups * self.unroll
+
+
+def unsupported(fmt: CacheFormat, head_size: int, group: int) -> str:
+    """Why the fast decode cannot take this shape ("" when it can)."""
+    if head_size <= 0 or head_size % 4 or head_size % fmt.elems_per_word:
+        return f"head size {head_size} is not a multiple of 4 and of the {fmt.elems_per_word} codes a word of {fmt.name}"
+    if head_size > 256:
+        return f"head size {head_size} is over 256 (the unrolled per-lane state would spill registers)"
+    if group < 1 or group > 16:
+        return f"a GQA group of {group} query heads per KV head is outside 1..16"
+    if fmt.group_size:
+        gs = fmt.group_size
+        if gs % 4 or head_size % gs:
+            return f"group size {gs} is not a multiple of 4 dividing head size {head_size}"
+    if _lanes(fmt, head_size, 32) == 0:
+        return f"no lane split of head size {head_size} fits the {fmt.name} record"
+    return ""
+
+
+def _lanes(fmt: CacheFormat, head_size: int, most: int) -> int:
+    for L in (32, 16, 8, 4, 2, 1):
+        if L > most:
+            continue
+        dpl = head_size // L
+        if head_size % L or dpl % 4 or dpl % fmt.elems_per_word:
+            continue
+        if fmt.group_size and not (fmt.group_size % dpl == 0 or dpl % fmt.group_size == 0):
+            continue
+        return L
+    return 0
+
+
+def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: int, shared_limit: int,
+                  unroll: int = 2, rows: int = 0) -> Layout:
+    """Lanes a row (the most that divide the record, at most `subgroups` lanes: the subgroup size or
+    less, 1 without subgroups), row groups (`rows`, or the most up to 128 threads whose merge fits the
+    workgroup memory: RG/2 states of G heads x (D + 2) floats), tokens a row group per step (`unroll`).
+    More lanes a row: fewer dims a lane, so fewer registers for the G query slices and accumulators."""
+    L = _lanes(fmt, head_size, max(1, int(subgroups)))
+    if L == 0:
+        raise UnsupportedShape(f"fast decode: {unsupported(fmt, head_size, group) or 'no lane split without subgroups'}")
+    rg = rows or 128 // L
+    if rows and (rows & (rows - 1) or rows * L > 1024):
+        raise InvalidInput(f"rows must be a power of two with rows x lanes <= 1024 threads, got {rows} x {L}")
+    rg = max(rg, 1)
+    while rg > 1 and (rg // 2) * group * (head_size + 2) * 4 > shared_limit:
+        if rows:
+            raise DeviceLimitError(f"fast decode: {rows} row groups need {(rows // 2) * group * (head_size + 2) * 4} "
+                                   f"bytes of workgroup memory, the adapter allows {shared_limit}")
+        rg //= 2
+    return Layout(L, rg, unroll, head_size // L)
+
+
+# ---------------------------------------------------------------------------------- code generation
+# Integer codes -> f32 without the int-to-float instruction (a quarter-rate op on NVIDIA): a byte or
+# nibble n OR-ed into the mantissa of 2^23 is the float 2^23 + n, and subtracting 2^23 leaves n exactly
+# (signed bytes: flip the sign bit first, n + 128, and subtract 2^23 + 128). Exact, so the same values as
+# unpack4xI8 / vec4<f32>(u32): render(..., magic=True), bit-identical outputs (tests/test_fast_decode.py).
+I8X4_MAGIC_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
+fn i8x4(w: u32) -> vec4<f32> {
+  let b = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
+  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0);
+}"""
+U4X4_MAGIC_WGSL = """// 4 nibbles of w from bit `sh` (element l in bits sh+4l..) -> f32 exactly, by the same trick
+fn u4x4(w: u32, sh: u32) -> vec4<f32> {
+  let b = (vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u);
+  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
+}"""
+
+
+# The same int8 x 4 by way of f16 pairs: the even and the odd bytes (sign bits flipped, n + 128) OR-ed into the
+# mantissas of two f16 1024s are the f16 pair (1024 + n + 128) exactly (f16 holds the integers to 2048), and
+# unpack2x16float turns each pair into two f32 at once: 6 integer ops and 2 conversions a word instead of 12 integer
+# ops (as written); the same values, so the same outputs bit for bit (tests/test_fast_decode.py).
+I8X4_VIA_F16_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by f16 pairs 1024 + n (see fast_decode.py)
+fn i8x4(w: u32) -> vec4<f32> {
+  let x = w ^ 0x80808080u;
+  let ev = unpack2x16float((x & 0x00FF00FFu) | 0x64006400u);           // bytes 0, 2
+  let od = unpack2x16float(((x >> 8u) & 0x00FF00FFu) | 0x64006400u);   // bytes 1, 3
+  return vec4<f32>(ev.x, od.x, ev.y, od.y) - vec4<f32>(1152.0);
+}"""
+I8X4_VIA_F16 = True  # render's magic int8 conversion takes the f16 route (tools/fast_decode_tune.py --i8-f16=off|on)
+
+
+def _helpers(fmt: CacheFormat, magic: bool = False, fold_unit: bool = False) -> str:
+    """fold_unit: e4m3's fp8x4 returns the value / 2^8 (the f16 pattern's own value) and the caller folds the 2^8
+    into its scales (render: the query and the V scale, FP8_UNIT), instead of 4 multiplies a vec4."""
+    if not fmt.fp8:
+        if not (magic and fmt.elems_per_word in (4, 8)):
+            return ""
+        return (I8X4_VIA_F16_WGSL if I8X4_VIA_F16 else I8X4_MAGIC_WGSL) + "\n" + U4X4_MAGIC_WGSL
+    # FP8 bytes -> f16 bit patterns by shifts and masks (e5m2 is the top byte of an f16; e4m3's 4-bit exponent and
+    # 3-bit mantissa land in an f16's low exponent bits and top mantissa bits, so the f16 is the value / 2^8,
+    # subnormals included), then unpack2x16float: 2 conversions a pair instead of a decoder a byte. Exact for
+    # every code the writer emits (tests/test_fast_decode.py: test_fp8_conversion_every_code).
+    if fmt.fp8 == "e5m2":
+        pairs, unit = "(w & 0x00FF00FFu) << 8u", "w & 0xFF00FF00u"
+        scale = ""
+    else:
+        pairs = "((w << 7u) & 0x3F803F80u) | ((w << 8u) & 0x80008000u)"
+        unit = "((w >> 1u) & 0x3F803F80u) | (w & 0x80008000u)"
+        scale = "" if fold_unit else " * 256.0"
+    note = ""
+    if fmt.fp8 == "e4m3":
+        note = "; the f16 is the value / 2^8" + (", which\n// the query and the V scale take back (x 2^8: exact)" if fold_unit else "")
+    return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: bytes 0, 2 and bytes 1, 3 become two f16 pairs
+// (sign, exponent and mantissa moved into f16 bit positions{note}). The writer saturates, so the NaN / inf
+// encodings never occur.
+fn fp8x4(w: u32) -> vec4<f32> {{
+  let a = unpack2x16float({pairs});
+  let b = unpack2x16float({unit});
+  return vec4<f32>(a.x, b.x, a.y, b.y){scale};
+}}"""
+
+
+def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None, magic: bool = False) -> str:
+    """Expression of the i-th vec4 of dequantised codes of one lane (without a per-token scale), from
+    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by _helpers' i8x4 / u4x4)."""
+    e = fmt.elems_per_word
+    if fmt.name == "f32":
+        return f"bitcast<vec4<f32>>(vec4<u32>({w}_{4 * i}, {w}_{4 * i + 1}, {w}_{4 * i + 2}, {w}_{4 * i + 3}))"
+    if fmt.name == "f16":
+        return f"vec4<f32>(unpack2x16float({w}_{2 * i}), unpack2x16float({w}_{2 * i + 1}))"
+    if fmt.fp8:
+        return f"fp8x4({w}_{i})"
+    if e == 4:  # int8, two's complement bytes
+        return f"i8x4({w}_{i})" if magic else f"vec4<f32>(unpack4xI8({w}_{i}))"
+    if e == 8:  # uint4 nibbles: element 8w+l in bits 4l..4l+3
+        word, sh = i // 2, 16 * (i % 2)
+        c = (f"u4x4({w}_{word}, {sh}u)" if magic else
+             f"vec4<f32>((vec4<u32>({w}_{word}) >> vec4<u32>({sh}u, {sh + 4}u, {sh + 8}u, {sh + 12}u)) "
+             f"& vec4<u32>(15u))")
+        s, z = grp
+        return f"fma({c}, vec4<f32>({s}), vec4<f32>({z}))"
+    raise ValueError(fmt)
+
+
+def _vec16(fmt: CacheFormat, w: str, i: int, grp, vs: str | None) -> str:
+    """The i-th vec4 of V values in f16 for the f16-P.V variant, the V scale (an f32 expression `vs`)
+    folded in: f16 halves widen and narrow back (exact; naga 0.32 rejects bitcast<vec2<f16>>(u32) and a
+    vec2<u32> -> vec4<f16> bitcast), int8 codes convert exactly and take the
+    token's scale as an f16 multiply (vsh{u}), the rest round their f32 value once."""
+    if fmt.name == "f16":
+        return f"vec4<f16>({_vec(fmt, w, i, None)})"  # naga 0.32 rejects bitcast<vec2<f16>>(u32)
+    if fmt.name == "int8":
+        return f"vec4<f16>(unpack4xI8({w}_{i})) * vsh{w[2:]}"
+    v = _vec(fmt, w, i, grp)
+    return f"vec4<f16>({v} * {vs})" if vs else f"vec4<f16>({v})"
+
+
+def _join(parts, sep=" + "):
+    return sep.join(parts) if parts else "0.0"
+
+
+def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
+    """WGSL lines merging the RG row groups' online-softmax states (m, l and the nv vec4 accumulators of each of
+    the G heads) by a tree over workgroup memory `sh` (stride floats a head), into row group 0. Shared by the
+    split kernels of fast_decode and fast_decode_tq."""
+    merge = []
+    st = RG // 2
+    while st >= 1:
+        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
+        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
+            for i in range(nv):
+                for c in range(4):
+                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        merge.append(f"{I}if (rg < {st}u) {{")
+        merge.append(f"{I}  let o = rg * {G * stride}u;")
+        for g in range(G):
+            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
+            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
+            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
+            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
+            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
+            merge.append(f"{I}  m{g} = mm{g};")
+            for i in range(nv):
+                b = g * stride + 2 + 4 * i
+                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
+                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
+        merge.append(f"{I}}}")
+        merge.append(f"{I}workgroupBarrier();")
+        st //= 2
+    return merge
+
+
+def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I: str = "  ", J: str = "    ",
+                    extras=(), tau: float | None = None):
+    """WGSL of the "scatter" online softmax of a split kernel (render's scatter=True): (prologue lines, step
+    lines, lines after the loop). Instead of every one of a row's L lanes summing all G x U partial logits of
+    a step (G x U x log2 L shuffles) and each running the G heads' softmax (3 exp2 a head), the lanes
+    REDUCE-SCATTER the logits: at each of the log2 L levels (lane bit x, high to low) a lane keeps half of its
+    values and adds the partner's copy of that half, so after log2(G U) levels each lane holds one (head,
+    token) logit summed over its lanes (the remaining levels sum it over the replicas). The lane that owns
+    (g, u) runs that logit's softmax step (the max over the step's tokens of head g: log2 U shuffles; one
+    exp2 for p, one for the rescale), and keeps head g's m and its own share of l. Then every lane takes the
+    G rescales and the G x U weights by subgroupShuffle from their owners, for its slice of P.V. After the
+    loop the lanes gather m (from an owner) and l (the owners' shares summed) of every head, so the merge and
+    the write are the old ones. Values: `partial(g, u)` names the lane-partial logit, `zero` pads G U up to a
+    power of two, `logit(i, r)` scales the reduced value r of own slot i (its token uo{i}, head go{i}) and
+    masks it, `wscale(i)` the V scale of own slot i's token (None: none). `extras`: (name, expr(i) or None)
+    per-head sums of p * expr kept by the owners like l (rescaled; None: only rescaled), gathered into
+    var {name}{g} after the loop (KIVI's V zeros). Needs L >= 2 and the subgroup_invocation_id builtin `sgi`
+    (row lanes at sgi's low bits: the guard checks it).
+    tau (lazy rescale): an owner moves its running max only when the step's max exceeds it by more than tau
+    (log2 units), so p <= 2^tau and most steps keep alpha = 1; `anyg` (subgroupAny of the owners' moves, uniform
+    over the subgroup) then says whether any accumulator of the subgroup needs the rescale (render's branch)."""
+    b = L.bit_length() - 1
+    V = G * U
+    Vp = 1 << (V - 1).bit_length()
+    m = min(Vp.bit_length() - 1, b)  # scatter levels
+    own = max(1, Vp // L)  # (head, token) slots a lane owns after them
+    pro, step, post = [], [], []
+    pro.append(f"{I}let lhi = lane >> {b - m}u;  // the scatter's owner id: own slot i is (head, token) j = lhi * {own} + i")
+    pro.append(f"{I}let sgb = sgi & {~(L - 1) & 0xFFFFFFFF}u;  // this row's lane 0 in the subgroup")
+    for k in range(m):
+        pro.append(f"{I}let sbit{k} = (lane & {L >> (k + 1)}u) != 0u;")
+    for i in range(own):
+        pro.append(f"{I}let uo{i} = (lhi * {own}u + {i}u) % {U}u;")
+        pro.append(f"{I}let go{i} = (lhi * {own}u + {i}u) / {U}u;")
+        pro.append(f"{I}var mo{i} = EMPTY;")
+        pro.append(f"{I}var lo{i} = 0.0;")
+        pro += [f"{I}var {name}o{i} = 0.0;" for name, _ in extras]
+    vals = [partial(g, u) for g in range(G) for u in range(U)] + [zero] * (Vp - V)
+    for k in range(b):
+        x = L >> (k + 1)
+        if len(vals) > 1:
+            h = len(vals) // 2
+            nxt = []
+            for i in range(h):
+                lo, hi = vals[i], vals[h + i]
+                step.append(f"{J}let r{k}_{i} = select({lo}, {hi}, sbit{k}) + subgroupShuffleXor(select({hi}, {lo}, sbit{k}), {x}u);")
+                nxt.append(f"r{k}_{i}")
+            vals = nxt
+        else:
+            step.append(f"{J}let r{k}_0 = {vals[0]} + subgroupShuffleXor({vals[0]}, {x}u);")
+            vals = [f"r{k}_0"]
+    for i in range(own):
+        step.append(f"{J}let so{i} = {logit(i, vals[i])};")
+    per = min(own, U)  # own slots of one head
+    for h0 in range(0, own, per):
+        mx = f"so{h0}"
+        for i in range(h0 + 1, h0 + per):
+            mx = f"max({mx}, so{i})"
+        step.append(f"{J}var mx{h0} = {mx};")
+        t = 0
+        while (per << t) < U:  # the head's other tokens sit on lanes differing in lhi's low bits
+            step.append(f"{J}mx{h0} = max(mx{h0}, subgroupShuffleXor(mx{h0}, {1 << (b - m + t)}u));")
+            t += 1
+        for i in range(h0, h0 + per):
+            if tau is not None:
+                step.append(f"{J}let gro{i} = mx{h0} > mo{i} + {float(tau)!r};")
+                step.append(f"{J}let mno{i} = select(mo{i}, mx{h0}, gro{i});")
+            else:
+                step.append(f"{J}let mno{i} = max(mo{i}, mx{h0});")
+            step.append(f"{J}let alo{i} = exp2(mo{i} - mno{i});")
+            step.append(f"{J}let pp{i} = exp2(so{i} - mno{i});")
+            step.append(f"{J}lo{i} = lo{i} * alo{i} + pp{i};")
+            for name, expr in extras:
+                e = expr(i) if expr else None
+                step.append(f"{J}{name}o{i} = {name}o{i} * alo{i}{f' + pp{i} * {e}' if e else ''};")
+            step.append(f"{J}mo{i} = mno{i};")
+            ws = wscale(i)
+            step.append(f"{J}let wo{i} = {f'pp{i} * {ws}' if ws else f'pp{i}'};")
+
+    if tau is not None:
+        step.append(f"{J}let anyg = subgroupAny({' || '.join(f'gro{i}' for i in range(own))});")
+
+    def src(j):  # (own slot, subgroup lane) of an owner of slot j
+        return j % own, f"sgb | {(j // own) << (b - m)}u"
+
+    for g in range(G):
+        i, ln = src(g * U)
+        step.append(f"{J}let al{g} = subgroupShuffle(alo{i}, {ln});")
+        post.append(f"{I}var m{g} = subgroupShuffle(mo{i}, {ln});")
+        for u in range(U):
+            i, ln = src(g * U + u)
+            step.append(f"{J}let w{g}_{u} = subgroupShuffle(wo{i}, {ln});")
+        for name in ["l"] + [n for n, _ in extras]:  # the owners' shares of the head's sums
+            post.append(f"{I}var {name}{g} = {' + '.join(f'subgroupShuffle({name}o{src(g * U + u)[0]}, {src(g * U + u)[1]})' for u in range(U))};")
+    return pro, step, post
+
+
+def subgroup_defines(L: int, scatter: bool) -> dict:
+    """SG_PARAM (the subgroup builtins a split kernel takes) and SG_GUARD: a driver that ran the pipeline with
+    fewer lanes a subgroup than L, or (scatter) with a row's lanes not at the low bits of the subgroup
+    invocation id, would sum the wrong lanes: the partition then says NaN, and the result is refused as
+    non-finite instead of wrong."""
+    if L < 2:
+        return {"SG_PARAM": "", "SG_GUARD": ""}
+    cond = f"sg_size < {L}u" + (f" || (sgi & {L - 1}u) != lane" if scatter else "")
+    return {"SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" + (", @builtin(subgroup_invocation_id) sgi: u32" if scatter else ""),
+            "SG_GUARD": f"if ({cond}) {{ m0 = bitcast<f32>(0x7fc00000u); }}"}
+
+
+def online_update(g: int, U: int, J: str) -> list[str]:
+    """WGSL of the all-lane online-softmax step of head g over U tokens whose logits s{g}_u are reduced and
+    masked: the new max, the rescale al{g}, the probabilities p{g}_u, l and m updated (base 2)."""
+    mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+    return ([f"{J}let mn{g} = max(m{g}, {mx});", f"{J}let al{g} = exp2(m{g} - mn{g});"]
+            + [f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});" for u in range(U)]
+            + [f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};", f"{J}m{g} = mn{g};"])
+
+
+def lazy_rescale(G: int, nv: int, J: str) -> list[str]:
+    """WGSL of the lazy scatter softmax's rescale (scatter_softmax's tau): a{g}_i *= al{g} for the G heads, in a
+    branch on `anyg`, which is uniform over the subgroup (most steps skip it: alpha is exactly 1 there)."""
+    return ([f"{J}if (anyg) {{"] + [f"{J}  a{g}_{i} = a{g}_{i} * al{g};" for g in range(G) for i in range(nv)]
+            + [f"{J}}}"])
+
+
+def pv_accumulate(g: int, nv: int, U: int, J: str, vals, weight=lambda g, u: f"w{g}_{u}", rescale: bool = True):
+    """WGSL of head g's P.V step: a{g}_i = a{g}_i * al{g} + sum_u weight(g, u) * vals(u, i), an fma chain."""
+    out = []
+    for i in range(nv):
+        acc = f"a{g}_{i} * al{g}" if rescale else f"a{g}_{i}"
+        for u in range(U):
+            acc = f"fma(vec4<f32>({weight(g, u)}), {vals(u, i)}, {acc})"
+        out.append(f"{J}a{g}_{i} = {acc};")
+    return out
+
+
+def lane_allreduce(s: str, L: int, J: str) -> list[str]:
+    """WGSL summing the value `s` (a var) over the L lanes of a row by subgroupShuffleXor (log2 L steps)."""
+    out, x = [], 1
+    while x < L:
+        out.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
+        x *= 2
+    return out
+
+
+def query_line(g: int, i: int, D: int, factor: str, I: str) -> str:
+    """WGSL of the lane's i-th vec4 of query head g (q[qb + ...], qb its first dim), times `factor`."""
+    o = g * D + 4 * i
+    return f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * {factor};"
+
+
+def block_lanes(head_size: int, most: int, block: int) -> int:
+    """Lanes a row of records in blocks of `block` elements: the most (<= `most`) whose dims a lane (a multiple
+    of 4) nest with the blocks (one divides the other); 0 when none."""
+    for L in (32, 16, 8, 4, 2, 1):
+        if L > most or head_size % L:
+            continue
+        dpl = head_size // L
+        if dpl % 4 == 0 and (block % dpl == 0 or dpl % block == 0):
+            return L
+    return 0
+
+
+def own_select(names, idx: str) -> str:
+    """WGSL picking names[idx] for a lane-dependent idx (a chain of selects)."""
+    e = names[0]
+    for k in range(1, len(names)):
+        e = f"select({e}, {names[k]}, {idx} == {k}u)"
+    return e
+
+
+def partial_writes(G: int, nv: int, J: str = "    ", head0: str = "seq * p.num_heads + ") -> list[str]:
+    """WGSL of row group 0 writing its partition's state [m, l, acc[0..D)] of each of the G heads to `partials`
+    (lane 0 writes m and l, every lane its DPL dims): the WRITE block of every split kernel. head0: the
+    sequence's first head row ("" for a per-sequence partials buffer: TurboQuant's per-sequence decode)."""
+    out = []
+    for g in range(G):
+        out.append(f"{J}let pb{g} = (({head0}kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
+        out.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
+        for i in range(nv):
+            for c in range(4):
+                out.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
+    return out
+
+
+def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None, bt_ahead: bool = False):
+    """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml,
+    fast_decode_kivi): (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens
+    of a row group's step gets its row in the paged cache (`bsx`: the block size, a constant or
+    "p.block_size"), and `words(u, r)` gives token u's (name, expression) loads at row expression r.
+
+    Without prefetch the step loads its own tokens (clamped to t1 - 1). With it (software pipelining) the
+    prologue loads the first step's words into vars, each step issues the next step's block-table reads
+    and loads before its arithmetic and closes by rotating them in; an empty partition or sequence clamps
+    to a token that exists, or to block-table entry 0 of the sequence, and never uses what it loaded.
+
+    rows(u, stage, sfx), for a kernel that walks its tokens or addresses its rows otherwise (fast_decode_kivi:
+    a loop over key groups around the steps, separate K and V rows): ([(name, expression)] of token u's
+    address lets, names ending in sfx; the r given to words) at stage "step" (the step's own token, no
+    prefetch), "first" (the prologue's: the first step's; `tlast` = max(t1, 1) - 1 is defined) or "next" (the
+    next step's). None: the split loop's walk (tokens tb + rg * U + u, RG * U a step) over a
+    [blocks, kv_heads, block_size, WPT] cache; there, with the prefetch, bt_ahead loads each token's block-table
+    entry a step before the words it addresses (BT_AHEAD_FORMATS)."""
+
+    ahead = prefetch and bt_ahead and rows is None
+
+    def paged(u, stage, sfx):
+        base, last = {"step": ("tb", "t1 - 1u"), "first": ("t0", "tlast"), "next": ("tb + RG * U", "tlast")}[stage]
+        tc, row = f"tc{u}{sfx}", f"row{u}{sfx}"
+        block = f"block_tables[bt + {tc} / {bsx}]"
+        if ahead and stage == "next":  # the block id loaded a step before (BT_AHEAD_FORMATS); load the one after
+            return [(tc, f"min({base} + rg * U + {u}u, {last})"),
+                    (row, f"((bid{u} * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT"),
+                    (f"=bid{u}", f"block_tables[bt + min(tb + 2u * RG * U + rg * U + {u}u, tlast) / {bsx}]")], row
+        lets = [(tc, f"min({base} + rg * U + {u}u, {last})"),
+                (row, f"(({block} * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT")]
+        if ahead and stage == "first":  # the second step's block ids
+            lets.append((f"var bid{u}", f"block_tables[bt + min(t0 + RG * U + rg * U + {u}u, tlast) / {bsx}]"))
+        return lets, row
+
+    def emit(ind, stage, decl, pre, sfx):
+        out, names, rs = [], [], []
+        for u in range(U):
+            lets, r = (rows or paged)(u, stage, sfx)
+            # a name "=x" assigns the var x, "var x" declares it, any other is a let
+            out += [f"{ind}{n[1:]} = {e};" if n[0] == "=" else f"{ind}{n} = {e};" if n.startswith("var ")
+                    else f"{ind}let {n} = {e};" for n, e in lets]
+            rs.append(r)
+        for u in range(U):
+            for name, expr in words(u, rs[u]):
+                names.append(name)
+                out.append(f"{ind}{decl} {pre}{name} = {expr};")
+        return out, names
+
+    if not prefetch:
+        return [], emit(J, "step", "let", "", "")[0], []
+    first = [f"{I}let tlast = max(t1, 1u) - 1u;"] + emit(I, "first", "var", "", "p")[0]
+    nxt, names = emit(J, "next", "let", "n", "n")
+    return first, nxt, [f"{J}{n} = n{n};" for n in names]
+
+
+def check_query(q, batch: PagedBatch, num_kv_heads: int, scale: float):
+    """What every fast decode's plan checks of its query, batch and scale: (q as f32 [S, H, D], G)."""
+    q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
+    S, H, D = q.shape
+    if S != batch.num_seqs:
+        raise InvalidInput(f"q has {S} sequences, the batch {batch.num_seqs}")
+    if num_kv_heads <= 0 or H % num_kv_heads:
+        raise InvalidInput(f"{H} query heads do not divide into {num_kv_heads} KV heads")
+    if not np.isfinite(scale) or scale <= 0:
+        raise InvalidInput(f"the attention scale must be a positive finite number, got {scale}")
+    return q, H // num_kv_heads
+
+
+def split_context(partition_tokens: int | None, planned: int, step: int, max_len: int) -> tuple[int, int]:
+    """(tokens a partition, a multiple of `step`; partitions of the longest sequence): `partition_tokens` as
+    asked, else `planned` (plan_partitions)."""
+    pt = partition_tokens or planned
+    if pt <= 0:
+        raise InvalidInput(f"partition_tokens must be positive, got {pt}")
+    pt = int(math.ceil(pt / step) * step)
+    return pt, max(1, math.ceil(max(max_len, 1) / pt))
+
+
+REDUCE_CHUNK = 8  # partitions a step of decode_reduce.wgsl (and of TurboQuant's reduce: CHUNK there)
+WIDE_REDUCE_GROUPS, WIDE_REDUCE_CHUNK = 4, 8  # decode_reduce_wide.wgsl's GROUPS and CHUNK
+# the most partitions decode_reduce.wgsl takes; decode_reduce_wide.wgsl takes more. On the H200
+# (tools/device-session11c.sh, int8 / f16 split + reduce): at 4 partitions the wide one was 2.3 / 2.5 us slower, at 15
+# 1.5 / 0.3 us faster, at 60 11.8 / 11.1 us faster
+WIDE_REDUCE_FROM = 9
+
+
+def reduce_spec(P: int) -> KernelSpec:
+    """The reduce of the fast decodes' partials for P partitions: REDUCE, or REDUCE_WIDE for many."""
+    return REDUCE_WIDE if P >= WIDE_REDUCE_FROM else REDUCE
+
+
+def chunked_reduce_loops(P: int) -> int:
+    """Loop iterations of one invocation of decode_reduce.wgsl (or TurboQuant's reduce) over P partitions: two loops
+    of ceil(P / CHUNK) steps, each charged + 2 (kvviz/gpu/loop_budget.py)."""
+    return 2 * (math.ceil(P / REDUCE_CHUNK) + 2)
+
+
+def reduce_loops(P: int, spec: KernelSpec | None = None) -> int:
+    """Loop iterations of one invocation of `spec` (default reduce_spec(P)) over P partitions (the wide one: one
+    loop of ceil(P / (GROUPS * CHUNK)) steps, charged + 2)."""
+    if (spec or reduce_spec(P)) == REDUCE:
+        return chunked_reduce_loops(P)
+    return math.ceil(P / (WIDE_REDUCE_GROUPS * WIDE_REDUCE_CHUNK)) + 2
+
+
+def check_grid(rt: GpuRuntime, name: str, counts) -> None:
+    """DeviceLimitError when one of the (what, n) grid dimensions exceeds the adapter's limit."""
+    for what, n in counts:
+        if n > rt.max_grid:
+            raise DeviceLimitError(f"{name}: {n} {what} exceed the adapter's {rt.max_grid} workgroups per grid "
+                                   "dimension", "Use longer partitions or fewer sequences per batch.")
+
+
+def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
+           pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
+           magic: bool = False, scatter: bool = False) -> dict:
+    """The {{...}} values of attention/split_decode.wgsl for one format and shape (and variant: QK_VARIANTS,
+    PV_VARIANTS; the defaults render the exact f32 kernel).
+
+    block_size > 0 renders the block size as a constant (token -> block and offset become a shift and a
+    mask for powers of two instead of an integer division a token); 0 reads it from the immediates.
+    prefetch: software pipelining. Each step issues the NEXT step's block-table reads and K/V loads before
+    it computes on the words loaded one step earlier, so the two dependent memory latencies of a step
+    (block table -> cache words) overlap the arithmetic instead of stalling it; the last step re-loads
+    its partition's last token (in bounds, unused). The arithmetic is the same, so are the outputs (bit for
+    bit: tests/test_fast_decode.py).
+    lazy: the accumulators and l are rescaled only in the steps where the running max grows (a branch,
+    uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
+    the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only. With the
+    scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup (lazy_rescale).
+    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (_helpers: int8 by f16 pairs when I8X4_VIA_F16)
+    instead of the int-to-float conversion; exact, bit-identical outputs.
+    scatter: the reduce-scatter softmax (scatter_softmax): each (head, token) logit's softmax step runs on the
+    lanes that own it instead of on all L lanes; f32 P.V, L >= 2. Same arithmetic per logit, the
+    lane sums in another order: within the f32 tolerance, not bit for bit."""
+    D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    i8, h16 = qk == "i8", pv == "f16"
+    if scatter and (L < 2 or h16):
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row and f32 P.V")
+    qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
+    dpl = lay.dims_per_lane
+    nv = dpl // 4
+    wpl = dpl // fmt.elems_per_word
+    cw = fmt.code_words(D)
+    stride = D + 2
+    gs = fmt.group_size
+    pro, step, merge, write = [], [], [], []
+    I = "  "
+    # ---- prologue: the G query slices (pre-scaled), the online-softmax states
+    if i8:
+        pro.append(f"{I}let qhb = (seq * p.num_heads + kvh * {G}u) * {qrec}u;  // this GQA group's int8 query records")
+    unit = FP8_UNIT.get(fmt.fp8 or "", 1.0)  # e4m3 codes enter as value / 2^8 (_helpers' fold_unit): q and V scale x 2^8
+    qf = f"p.scale_log2 * {unit!r}" if unit != 1.0 else "p.scale_log2"
+    for g in range(G):
+        if i8:  # this lane's code words of head g, and the head's scale folded with scale*log2(e)
+            for w in range(wpl):
+                pro.append(f"{I}let qw{g}_{w} = q[qhb + lw + {g * qrec + w}u];")
+            pro.append(f"{I}let qs{g} = bitcast<f32>(q[qhb + {g * qrec + D // 4}u]) * p.scale_log2;")
+        else:
+            for i in range(nv):
+                pro.append(query_line(g, i, D, qf, I))
+        if not scatter:
+            pro.append(f"{I}var m{g} = EMPTY;")
+            pro.append(f"{I}var l{g} = 0.0;")
+        for i in range(nv):
+            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
+        if h16:  # the f16 accumulator of the steps since the last flush, and the f32 rescale over them
+            for i in range(nv):
+                pro.append(f"{I}var ah{g}_{i} = vec4<f16>(0.0h);")
+            pro.append(f"{I}var cum{g} = 1.0;")
+    if h16:
+        pro.append(f"{I}var steps = 0u;")
+    if fmt.scale == "tensor":
+        pro.append(f"{I}let ks_t = bitcast<f32>(tensor[2u]);")
+        pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
+    groups_per_lane = max(1, dpl // gs) if gs else 0
+    if gs:
+        pro.append(f"{I}let gi = (lane * DPL) / {gs}u;  // this lane's first (scale, zero) group")
+    # ---- one step: U tokens per row group
+    J = "    "
+    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
+
+    def words(u, r):  # token u's words at row r: every load of the step is issued before any arithmetic
+        out = []
+        for wname, buf in (("kw", "kc"), ("vw", "vc")):
+            out += [(f"{wname}{u}_{w}", f"{buf}[{r} + lw + {w}u]") for w in range(wpl)]
+        if fmt.scale == "token":
+            out += [(f"ks{u}", f"bitcast<f32>(kc[{r} + {cw}u])"), (f"vs{u}", f"bitcast<f32>(vc[{r} + {cw}u])")]
+        for k in range(groups_per_lane):
+            for wname, buf in (("k", "kc"), ("v", "vc")):
+                out += [(f"{wname}gs{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u)])"),
+                        (f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")]
+        return out
+
+    first, loaded, rotate = step_loads(U, bsx, words, prefetch, I, J, bt_ahead=fmt.name in BT_AHEAD_FORMATS)
+    pro += first
+    for u in range(U):
+        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
+    step += loaded
+
+    def grp(which, u, i):
+        if not gs:
+            return None
+        k = (4 * i) // gs if dpl > gs else 0
+        return (f"{which}gs{u}_{k}", f"{which}gz{u}_{k}")
+
+    if not i8:
+        for u in range(U):
+            for i in range(nv):
+                step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i), magic)};")
+    ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
+    vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
+    if unit != 1.0:
+        vs = f"({vs or '1.0'} * {unit!r})"
+    for g in range(G):
+        for u in range(U):
+            s = f"s{g}_{u}"
+            if i8:  # an exact integer dot (|sum| <= D * 128 * 128 < 2^24, so f32(si) is exact too)
+                si = f"si{g}_{u}"
+                step.append(f"{J}var {si} = {_join([f'dot4I8Packed(qw{g}_{w}, kw{u}_{w})' for w in range(wpl)])};")
+                if scatter:
+                    continue
+                step += lane_allreduce(si, L, J)
+                step.append(f"{J}let {s} = select(MASKED, f32({si}) * qs{g} * {ks.format(u=u)}, tt{u} < t1);")
+                continue
+            step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
+            if scatter:
+                continue
+            step += lane_allreduce(s, L, J)
+            scaled = f"{s} * {ks.format(u=u)}" if ks else s
+            step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
+    post = []
+    if scatter:  # the lane-partial logits are reduce-scattered; each lane runs the softmax of the slots it owns
+        def own_scale(tmpl, i):
+            if tmpl is None or "{u}" not in tmpl:
+                return tmpl
+            return own_select([tmpl.format(u=u) for u in range(U)], f"uo{i}")
+
+        def logit(i, r):
+            x = f"f32({r}) * qso{i}" if i8 else r
+            k = own_scale(ks, i)
+            return f"select(MASKED, {f'{x} * {k}' if k else x}, tb + rg * U + uo{i} < t1)"
+
+        sc_pro, sc_step, post = scatter_softmax(G, U, L, (lambda g, u: f"si{g}_{u}") if i8 else (lambda g, u: f"s{g}_{u}"),
+                                                "0i" if i8 else "0.0", logit, lambda i: own_scale(vs, i), I, J,
+                                                tau=LAZY_TAU if lazy else None)
+        pro += sc_pro
+        if i8:  # the owner's query scale (its head's, fixed per lane)
+            own = max(1, (1 << (G * U - 1).bit_length()) // L)
+            pro += [f"{I}let qso{i} = {own_select([f'qs{g}' for g in range(G)], f'go{i}')};" for i in range(own)]
+        step += sc_step
+    for u in range(U):
+        if h16 and fmt.name == "int8":
+            step.append(f"{J}let vsh{u} = f16({vs.format(u=u)});")
+        for i in range(nv):
+            if h16:  # the V value in f16, its per-token / tensor scale folded in (shared by the G heads)
+                step.append(f"{J}let vh{u}_{i} = {_vec16(fmt, f'vw{u}', i, grp('v', u, i), vs and vs.format(u=u))};")
+            else:
+                step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
+    vvals = lambda u, i: f"vv{u}_{i}"  # noqa: E731
+    if scatter and lazy:  # the accumulators are rescaled only in the steps where an owner of the subgroup moved its max
+        step += lazy_rescale(G, nv, J)
+    for g in range(G):
+        if scatter:  # al{g}, w{g}_u come from their owners
+            step += pv_accumulate(g, nv, U, J, vvals, rescale=not lazy)
+            continue
+        mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
+        if lazy and not h16:
+            # rescale l and the accumulators only when the running max grows (uniform over the row
+            # group's lanes: they share the logits); otherwise alpha would be exactly 1
+            step.append(f"{J}let mn{g} = max(m{g}, {mx});")
+            step.append(f"{J}if (mn{g} > m{g}) {{")
+            step.append(f"{J}  let al{g} = exp2(m{g} - mn{g});")
+            step.append(f"{J}  l{g} = l{g} * al{g};")
+            for i in range(nv):
+                step.append(f"{J}  a{g}_{i} = a{g}_{i} * al{g};")
+            step.append(f"{J}  m{g} = mn{g};")
+            step.append(f"{J}}}")
+            for u in range(U):
+                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - m{g});")
+            step.append(f"{J}l{g} = l{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
+            for u in range(U):
+                step.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vs.format(u=u)}' if vs else f'p{g}_{u}'};")
+            step += pv_accumulate(g, nv, U, J, vvals, rescale=False)
+            continue
+        step += online_update(g, U, J)
+        if h16:
+            step.append(f"{J}let alh{g} = f16(al{g});")
+            step.append(f"{J}cum{g} = cum{g} * al{g};")
+            for u in range(U):
+                step.append(f"{J}let w{g}_{u} = f16(p{g}_{u} * {2.0 ** -pv_shift(U, pv_flush)!r});")
+            for i in range(nv):
+                acc = f"ah{g}_{i} * alh{g}"
+                for u in range(U):
+                    acc = f"fma(vec4<f16>(w{g}_{u}), vh{u}_{i}, {acc})"
+                step.append(f"{J}ah{g}_{i} = {acc};")
+            continue
+        for u in range(U):
+            wv = f"p{g}_{u} * {vs.format(u=u)}" if vs else f"p{g}_{u}"
+            step.append(f"{J}let w{g}_{u} = {wv};")
+        step += pv_accumulate(g, nv, U, J, vvals)
+    step += rotate  # the prefetched words become the next step's
+    if h16:  # every pv_flush steps, and once after the loop: a = a * cum + ah * 2^shift, in f32
+        flush = []
+        for g in range(G):
+            for i in range(nv):
+                flush.append(f"a{g}_{i} = fma(vec4<f32>(ah{g}_{i}), vec4<f32>({2.0 ** pv_shift(U, pv_flush)!r}), a{g}_{i} * cum{g});")
+                flush.append(f"ah{g}_{i} = vec4<f16>(0.0h);")
+            flush.append(f"cum{g} = 1.0;")
+        step.append(f"{J}steps = steps + 1u;")
+        step.append(f"{J}if (steps == {pv_flush}u) {{")
+        step.append(f"{J}  steps = 0u;")
+        step += [f"{J}  {x}" for x in flush]
+        step.append(f"{J}}}")
+        merge += [f"{I}{x}" for x in flush]
+    # ---- merge of the row groups, a tree over workgroup memory
+    merge += post + merge_tree(G, nv, stride, RG, I)
+    # ---- row group 0 writes the partition's state
+    write += partial_writes(G, nv, J)
+    return {
+        "FORMAT": f"{fmt.name}" + (f", {fmt.scale} scale" if fmt.scale != "none" else "") + (f", group {gs}" if gs else ""),
+        "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
+        "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
+        "SHARED": str(max(1, RG // 2) * G * stride),
+        "HELPERS": _helpers(fmt, magic, fold_unit=unit != 1.0),
+        **subgroup_defines(L, scatter),
+        "VARIANT": variant_name(qk, pv, pv_flush, U) + ("; scatter softmax" if scatter else ""),
+        "ENABLES": "enable f16;" if h16 else "",
+        "Q_TYPE": "u32" if i8 else "f32",
+        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+    }
+
+
+# ---------------------------------------------------------------------------------- launcher
+@dataclass
+class FastDecodePlan:
+    """What one fast decode runs: its dispatches, where the output lands and how it was split."""
+
+    dispatches: list
+    out: object  # [S, H, D] f32 buffer
+    shape: tuple[int, int, int]
+    partition_tokens: int
+    num_partitions: int
+    layout: Layout
+    variant: str = "f32"  # variant_name(qk, pv, ...): "f32" is the exact default kernel
+
+    def describe(self) -> str:
+        L = self.layout
+        v = "" if self.variant == "f32" else f", {self.variant}"
+        return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
+                f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step){v}{wide_note(self.dispatches)}")
+
+
+def wide_note(dispatches) -> str:
+    """", wide reduce" when a plan's reduce is REDUCE_WIDE (a bench row then says which of the two ran)."""
+    return ", wide reduce" if any(d.kernel.kspec == REDUCE_WIDE for d in dispatches) else ""
+
+
+def plan_partitions(num_seqs: int, num_kv_heads: int, max_len: int, tokens_per_step: int,
+                    target_workgroups: int = 480, min_tokens: int = 256, max_tokens: int = 4096) -> int:
+    """Tokens per partition: enough partitions that the grid has about `target_workgroups` workgroups,
+    each partition at least `min_tokens` long (a shorter one spends more on its merge and its partial
+    than on its tokens) and at most `max_tokens` (a software rasteriser's loop budget and the reduce's
+    loops stay short). A multiple of the workgroup's step.
+
+    480 is what measured best on the H200 at the anchor shape (15 x 4096, 8 KV heads: 4 partitions of
+    1024 tokens; tools/fast_decode_tune.py, docs/fast-kernels.md): more, shorter partitions lost more
+    to their merges than they won in parallelism."""
+    pairs = max(1, num_seqs * num_kv_heads)
+    parts = max(1, math.ceil(target_workgroups / pairs))
+    pt = math.ceil(max(1, max_len) / parts)
+    pt = min(max(pt, min_tokens), max_tokens)
+    return int(math.ceil(pt / tokens_per_step) * tokens_per_step)
+
+
+class FastDecode:
+    """Compiles and dispatches the fast decode on one runtime."""
+
+    def __init__(self, rt: GpuRuntime):
+        self.rt = rt
+        self._ones = None
+
+    @property
+    def subgroup_size(self) -> int:
+        """The adapter's subgroup size, measured once (shaders/probe/subgroup_size.wgsl): the smallest any
+        invocation reported; 1 without the subgroup feature."""
+        if getattr(self.rt, "_kvviz_subgroup_size", None) is None:
+            size = 1
+            if "subgroup" in self.rt.features:
+                buf = self.rt.empty(64 * 4, "subgroup-probe")
+                self.rt.run([self.rt.compile(SUBGROUP_PROBE).dispatch((1, 1, 1), [buf])])
+                size = max(1, int(self.rt.read(buf, np.uint32, (64,)).min()))
+                buf.destroy()
+                log.info("subgroup size: %d", size)
+            self.rt._kvviz_subgroup_size = size
+        return self.rt._kvviz_subgroup_size
+
+    @property
+    def subgroups(self) -> bool:
+        return self.subgroup_size > 1
+
+    def layout(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None,
+               unroll: int = 2, rows: int = 0, lanes: int = 16) -> Layout:
+        """lanes: the most lanes a token row may take (the subgroup size caps it)."""
+        sub = min(self.subgroup_size, lanes) if subgroups is None or subgroups else 1
+        limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+        return choose_layout(fmt, head_size, group, sub, limit, unroll, rows)
+
+    def kernel(self, fmt: CacheFormat, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2,
+               rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32", pv: str = "f32",
+               pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool | None = None, lazy: bool = False,
+               magic: bool = False, scatter: bool | None = None):
+        """checks=False: the shader module without naga's runtime checks (kvviz/gpu/trusted.py), a
+        measured variant; the host has validated every index the kernel reads. qk / pv: the variants
+        (QK_VARIANTS, PV_VARIANTS above)."""
+        self.check_variant(fmt, qk, pv, pv_flush)
+        lay = self.layout(fmt, head_size, group, subgroups, unroll, rows, lanes)
+        if prefetch is None:  # the default: where it measured faster (PREFETCH, prefetch_fits); True / False force it
+            prefetch = PREFETCH and prefetch_fits(fmt, head_size, lay)
+        if scatter is None:  # the default (SCATTER) where the layout allows it; True forces it (or refuses)
+            scatter = SCATTER and lay.lanes > 1 and pv == "f32"
+        defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic, scatter)
+        if not checks:
+            from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
+
+            if not available():
+                raise UnsupportedShape("this wgpu build has no wgpuDeviceCreateShaderModuleTrusted",
+                                       "Keep the runtime checks (the default).")
+            defines[RUNTIME_CHECKS_OFF[0]] = RUNTIME_CHECKS_OFF[1]
+        return self.rt.compile(SPLIT, **defines), lay
+
+    def check_variant(self, fmt: CacheFormat, qk: str, pv: str, pv_flush: int) -> None:
+        if qk not in QK_VARIANTS or pv not in PV_VARIANTS:
+            raise InvalidInput(f"fast decode variant qk={qk!r}, pv={pv!r}: qk is one of {QK_VARIANTS}, pv one of {PV_VARIANTS}")
+        if qk == "i8" and fmt.name != "int8":
+            raise UnsupportedShape(f"fast decode qk='i8' (dot4I8Packed) needs K codes that are int8 words; {fmt.name} has none",
+                                   "Use qk='f32' (the default) for this format.")
+        if pv == "f16":
+            if "shader-f16" not in self.rt.features:
+                raise UnsupportedShape("fast decode pv='f16' needs the adapter feature shader-f16, which this adapter lacks",
+                                       "Use pv='f32' (the default).")
+            if int(pv_flush) != pv_flush or not 1 <= pv_flush <= 64:
+                raise InvalidInput(f"pv_flush must be 1..64 steps between flushes of the f16 accumulator, got {pv_flush}")
+
+    def _tensor(self, tensor):
+        if tensor is not None:
+            return tensor
+        if self._ones is None:
+            self._ones = self.rt.upload(_ONES, "fast_decode_unit_scales")
+        return self._ones
+
+    def plan(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
+             tensor=None, partition_tokens: int | None = None, subgroups: bool | None = None,
+             unroll: int = 2, rows: int = 0, lanes: int = 16, checks: bool = True, qk: str = "f32",
+             pv: str = "f32", pv_flush: int = PV_FLUSH, prefetch: bool | None = None,
+             const_block: bool = True, lazy: bool | None = None, magic: bool | None = None,
+             scatter: bool | None = None, reduce: KernelSpec | None = None) -> FastDecodePlan:
+        """Dispatches of one decode over caches `k`, `v` (GPU buffers of [num_blocks, kv_heads,
+        block_size, wpt] u32 words, or f32 for the f32 format). qk="i8" / pv="f16": the variants
+        (see QK_VARIANTS above), each with its own oracle and tolerance; the defaults are exact f32.
+        reduce: REDUCE or REDUCE_WIDE for any partition count (default reduce_spec: the Kernel lab's reduce
+        slots and A/Bs pick one)."""
+        q, G = check_query(q, batch, num_kv_heads, scale)
+        S, H, D = q.shape
+        why = unsupported(fmt, D, G)
+        if why:
+            raise UnsupportedShape(f"fast decode ({fmt.name}): {why}", "The first-wave decode takes this shape.")
+        if unroll not in (1, 2, 4):
+            raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
+        kern, lay = self.kernel(fmt, D, G, subgroups, unroll, rows, lanes, checks, qk, pv, pv_flush,
+                                batch.block_size if const_block else 0, prefetch,
+                                fmt.name in LAZY_FORMATS if lazy is None else lazy, fmt.name in MAGIC_CVT if magic is None else magic,
+                                scatter)
+        mcl = int(batch.max_context_len)
+        pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
+                              lay.tokens_per_step, mcl)
+        check_grid(self.rt, "fast decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
+        reduce = reduce or reduce_spec(P)
+        self._check_loops(pt, lay, P, reduce_loops(P, reduce))
+        wpt = fmt.wpt(D)
+        need = batch.num_blocks * num_kv_heads * batch.block_size * wpt * 4
+        for name, buf in (("K", k), ("V", v)):
+            if buf.size < need:
+                raise InvalidInput(f"fast decode: the {name} cache holds {buf.size} bytes, the batch's "
+                                   f"{batch.num_blocks} blocks of {fmt.name} need {need}")
+        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
+        partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_partials")
+        out = self.rt.empty(S * H * D * 4, "fast_decode_out")
+        qbuf = self.rt.upload(query_records_i8(q) if qk == "i8" else q, "q")
+        bufs = [qbuf, k, v, self.rt.upload(bt, "block_tables"),
+                self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), self._tensor(tensor), partials]
+        imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
+        d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
+             self.rt.compile(reduce).dispatch((H, S, 1), [partials, out], H, D, P)]
+        return FastDecodePlan(d, out, (S, H, D), pt, P, lay, variant_name(qk, pv, pv_flush, unroll))
+
+    def _check_loops(self, pt: int, lay: Layout, P: int, reduce_need: int | None = None) -> None:
+        """The split kernel loops pt / (RG*U) times, the reduce reduce_loops(P) (or reduce_need: another reduce,
+        TurboQuant's with its butterflies): both must fit a software rasteriser's per-invocation loop budget
+        (kvviz/gpu/loop_budget.py)."""
+        limit = self.rt.loop_limit
+        if limit is None:
+            return
+        need = max(math.ceil(pt / lay.tokens_per_step) + 2, reduce_loops(P) if reduce_need is None else reduce_need)
+        if need > limit:
+            raise DeviceLimitError(f"fast decode: {need} loop iterations per invocation exceed this adapter's "
+                                   f"loop limit of {limit}", "Use more partitions (shorter partition_tokens).")
+
+    def read(self, plan: FastDecodePlan) -> np.ndarray:
+        return self.rt.read(plan.out, np.float32, plan.shape)
+
+    def decode(self, fmt: CacheFormat, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
+        """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
+        plan = self.plan(fmt, k, v, num_kv_heads, q, batch, scale, **kw)
+        self.rt.run(plan.dispatches)
+        return self.read(plan)
+
+
+def decode_traffic(fmt: CacheFormat, batch: PagedBatch, num_heads: int, num_kv_heads: int, head_size: int,
+                   num_partitions: int) -> tuple[int, float]:
+    """(unique bytes, flops) of one fast decode: every context token's K and V record of each KV head
+    read once, the block-table entries, q read, the partials written and read back, the output written;
+    flops = 2 (multiply-add) x head_size x (QK + PV) for every (token, query head)."""
+    tokens = int(np.sum(batch.context_lens))
+    S = batch.num_seqs
+    rec = fmt.wpt(head_size) * 4
+    kv = 2 * tokens * num_kv_heads * rec
+    tables = sum(-(-int(n) // batch.block_size) for n in batch.context_lens) * 4 * num_kv_heads
+    qo = 2 * S * num_heads * head_size * 4
+    partials = 2 * S * num_heads * num_partitions * (head_size + 2) * 4
+    return int(kv + tables + qo + partials), float(4 * head_size * num_heads * tokens)
+
+
+def fast_decode_rows(ctx, method, k, v, num_kv_heads: int, batch: PagedBatch, q, scale: float, tensor=None) -> list:
+    """The fast decode of `method` over its caches as a timed row ([] when the method has no fast
+    format or the shape does not fit it)."""
+    from kvviz.gpu.timed import TimedKernel
+
+    q = np.asarray(q)
+    S, H, D = q.shape
+    fmt = method.fast_cache_format(D)
+    if fmt is None or H % num_kv_heads or unsupported(fmt, D, H // num_kv_heads):
+        return []
+    plan = ctx.fast.plan(fmt, k, v, num_kv_heads, q, batch, scale, tensor=tensor)
+    nbytes, flops = decode_traffic(fmt, batch, H, num_kv_heads, D, plan.num_partitions)
+    return [TimedKernel(f"fast_decode_{fmt.name} ({plan.num_partitions} partitions)", plan.dispatches, nbytes,
+                        "decode", "fast", flops)]
+
+
+# ---------------------------------------------------------------------------------- siblings' launcher
+@dataclass
+class SiblingPlan:
+    """What a sibling fast decode over byte-packed records (llama.cpp block types, NVFP4) runs: its split and
+    the shared reduce, where the output lands, how it split; `label` names the record type."""
+
+    dispatches: list
+    out: object  # [S, H, D] f32 buffer
+    shape: tuple[int, int, int]
+    partition_tokens: int
+    num_partitions: int
+    layout: Layout
+    label: str
+
+    def describe(self) -> str:
+        L = self.layout
+        return (f"{self.label}: {self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} "
+                f"threads ({L.row_groups} rows x {L.lanes} lanes of {L.dims_per_lane} dims, {L.unroll} tokens a row per step)"
+                f"{wide_note(self.dispatches)}")
+
+
+class SiblingDecode:
+    """The launcher the sibling split kernels share (fast_decode_ggml, fast_decode_fp4): the lane layout under
+    the subgroup probe, the partition split, the grid / loop-budget / buffer-size checks, the split dispatch
+    (bindings q, k, v, block_tables, context_lens, [extra...], partials; the immediates of SPLIT) and the reduce."""
+
+    name = "fast decode"  # in messages: "fast ggml decode", ...
+
+    def __init__(self, rt):
+        self.rt = rt
+        self._fast = FastDecode(rt)  # the subgroup probe and the loop-budget check
+
+    def _layout(self, fmt: CacheFormat, lanes_of, head_size: int, group: int, subgroups: bool | None, unroll: int,
+                rows: int, lanes: int, why: str) -> Layout:
+        """lanes_of(head_size, most): the record's lane split (0: none; `why` says so); lanes: the most lanes a
+        token row may take (the subgroup size caps it; 1 without subgroups)."""
+        sub = min(self._fast.subgroup_size, lanes) if subgroups is None or subgroups else 1
+        L = lanes_of(head_size, max(1, int(sub)))
+        if L == 0:
+            raise UnsupportedShape(f"{self.name}: {why}")
+        limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+        return choose_layout(fmt, head_size, group, L, limit, unroll, rows)
+
+    def _launch(self, kern, lay: Layout, k, v, extra: list, num_kv_heads: int, q, batch: PagedBatch, scale: float,
+                partition_tokens: int | None, wpt: int, label: str) -> SiblingPlan:
+        """Split + reduce dispatches over caches k, v of `wpt` words a record, q checked by check_query."""
+        S, H, D = q.shape
+        mcl = int(batch.max_context_len)
+        pt, P = split_context(partition_tokens, plan_partitions(S, num_kv_heads, mcl, lay.tokens_per_step),
+                              lay.tokens_per_step, mcl)
+        check_grid(self.rt, self.name, (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
+        self._fast._check_loops(pt, lay, P)
+        need = batch.num_blocks * num_kv_heads * batch.block_size * wpt * 4
+        for which, buf in (("K", k), ("V", v)):
+            if buf.size < need:
+                raise InvalidInput(f"{self.name}: the {which} cache holds {buf.size} bytes, the batch's "
+                                   f"{batch.num_blocks} blocks of {label} need {need}")
+        bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
+        tag = self.name.replace(" ", "_")
+        partials = self.rt.empty(S * H * P * (D + 2) * 4, f"{tag}_partials")
+        out = self.rt.empty(S * H * D * 4, f"{tag}_out")
+        bufs = [self.rt.upload(q, "q"), k, v, self.rt.upload(bt, "block_tables"),
+                self.rt.upload(batch.context_lens.astype(np.uint32), "context_lens"), *extra, partials]
+        imm = kern.pack(num_kv_heads, H, batch.block_size, bt.shape[1], pt, P, float(scale) * LOG2E)
+        d = [Dispatch(kern, bufs, (P, num_kv_heads, S), imm),
+             self.rt.compile(reduce_spec(P)).dispatch((H, S, 1), [partials, out], H, D, P)]
+        return SiblingPlan(d, out, (S, H, D), pt, P, lay, label)
+
+    def read(self, plan: SiblingPlan) -> np.ndarray:
+        return self.rt.read(plan.out, np.float32, plan.shape)
+
+
+def record_traffic(label: str, wpt: int, batch: PagedBatch, num_heads: int, num_kv_heads: int, head_size: int,
+                   num_partitions: int, extra_bytes: int = 0) -> tuple[int, float]:
+    """(unique bytes, flops) of a sibling decode: decode_traffic with records of `wpt` words (decode_traffic
+    counts D/4 a record for a 4-codes-a-word format) plus `extra_bytes` (a tensor-scale buffer)."""
+    nbytes, flops = decode_traffic(CacheFormat(label, 4), batch, num_heads, num_kv_heads, head_size, num_partitions)
+    tokens = int(np.sum(batch.context_lens))
+    nbytes += 2 * tokens * num_kv_heads * (wpt - head_size // 4) * 4 + extra_bytes
+    return int(nbytes), flops

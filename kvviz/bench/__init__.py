@@ -1,0 +1,528 @@
+"""`kvviz bench`: GPU timings of every kernel on named shapes, checked against the numpy oracles.
+
+Qt-free. Every time is a GPU timestamp measurement (median of `runs` after `warmup` discarded runs)
+unless the adapter lacks timestamps, in which case the row says "wall-clock". Bandwidth is unique
+bytes moved / median time, and `pct_of_copy` compares it with the buffer copy measured in the same
+run on the same device.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
+from kvviz.attention import arith
+from kvviz.gpu.copy import measure_copy
+from kvviz.attention.paged import PagedKernels
+from kvviz.gpu.timed import checked
+from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
+from kvviz.attention import paged_oracle as oracle
+from kvviz.paging import make_batch
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    name: str
+    context_lens: tuple[int, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    policy: str = "contiguous"
+
+    def to_json(self) -> dict:
+        lens = self.context_lens
+        return {
+            "name": self.name,
+            "num_seqs": len(lens),
+            "context_lens": list(lens) if len(set(lens)) > 1 else lens[0],
+            "num_tokens": int(sum(lens)),
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "block_size": self.block_size,
+            "policy": self.policy,
+        }
+
+    def label(self) -> str:
+        lens = self.context_lens
+        ctx = f"{lens[0]}" if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
+        return (
+            f"{len(lens)}x{ctx} tok, {self.num_heads}/{self.num_kv_heads} heads, "
+            f"d{self.head_size}, blk{self.block_size}"
+        )
+
+
+SHAPES = {
+    # Small enough for lavapipe in CI; ragged lengths on purpose.
+    "quick-ragged": BenchShape("quick-ragged", (37, 100, 300, 129), 8, 2, 128, 16, "scattered"),
+    "quick-d64-mha": BenchShape("quick-d64-mha", (64, 250), 4, 4, 64, 8),
+    # The performance anchor (docs/kernels.md, "Measured on the H200"): 15 x 4096 tokens, 32/8 heads, head 128, block 16.
+    "decode-15x4096": BenchShape("decode-15x4096", (4096,) * 15, 32, 8, 128, 16),
+    "decode-1x32768": BenchShape("decode-1x32768", (32768,), 32, 8, 128, 16),
+    # one long sequence: the anchor's 61440 tokens in a single context (the TurboQuant fast decode's target shape)
+    "decode-1x61440": BenchShape("decode-1x61440", (61440,), 32, 8, 128, 16),
+}
+QUICK = ("quick-ragged", "quick-d64-mha")
+FULL = ("decode-15x4096",)
+
+
+def make_inputs(shape: BenchShape, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    batch = make_batch(shape.context_lens, shape.block_size, policy=shape.policy, seed=seed)
+    T = batch.num_tokens
+    key = rng.standard_normal((T, shape.num_kv_heads, shape.head_size), dtype=np.float32)
+    value = rng.standard_normal((T, shape.num_kv_heads, shape.head_size), dtype=np.float32)
+    q = rng.standard_normal((batch.num_seqs, shape.num_heads, shape.head_size), dtype=np.float32)
+    return batch, key, value, q
+
+
+def _row(kernel, variant, shape, timing, nbytes, copy_gbps, err, tol, adapter, note="", method=None, role=None,
+         impl=None, flops=None):
+    gbps = timing.gbps(nbytes) if timing is not None else float("nan")
+    med = timing.median_us if timing is not None else None
+    return {
+        "kernel": kernel,
+        "variant": variant,
+        "method": method,  # registry id of the method the kernel belongs to (None: copy, baselines, torch)
+        "role": role,  # kvviz.gpu.timed.ROLES
+        "impl": impl,  # kvviz.gpu.timed.IMPLS: seed / first-wave / fast / baseline
+        "shape": shape.to_json(),
+        "gpu_us_min": timing.min_us if timing else None,
+        "gpu_us_median": timing.median_us if timing else None,
+        "gpu_us_p90": timing.p90_us if timing else None,
+        "timing_method": timing.method if timing else None,
+        "samples_us": list(timing.samples_us) if timing else None,
+        "source_hash": getattr(timing, "source_hash", None),  # the timed shader source (kvviz.gpu.timing.source_hash)
+        "bytes_moved": int(nbytes),
+        "gbps": gbps,
+        "pct_of_copy": 100.0 * gbps / copy_gbps if copy_gbps else None,
+        "max_abs_err_vs_oracle": err,
+        "tolerance": tol,
+        # None when nothing was checked: a row without a tolerance claims neither pass nor fail
+        "within_tolerance": None if tol is None else bool(err is not None and np.isfinite(err) and err <= tol),
+        "adapter": adapter,
+        "note": note,
+        # roofline (kvviz/bench/roofline.py): FLOPs the kernel states (kvviz/attention/arith.py), achieved GFLOP/s,
+        # FLOPs per unique byte, and memory / compute bound against the ceilings measured in the same run
+        "flops": flops,
+        "gflops": flops / (med * 1e3) if flops is not None and med else None,
+        "intensity": flops / nbytes if flops is not None and nbytes else None,
+        "bound": None,  # set by run_bench once the ceilings of the run are known
+    }
+
+
+def _max_err(out, ref, kernel: str):
+    """(max |out - ref|, "") or, when the GPU output or the oracle holds NaN/Inf, (None, "FAILED: ...")
+    naming the kernel: a non-finite row is never within tolerance (NaN compares as no error at all)."""
+    out, ref = np.asarray(out), np.asarray(ref)
+    bad_out, bad_ref = int(np.count_nonzero(~np.isfinite(out))), int(np.count_nonzero(~np.isfinite(ref)))
+    if bad_out or bad_ref:
+        parts = ([f"{kernel} output has {bad_out} NaN/Inf values of {out.size}"] if bad_out else []) + (
+            [f"the oracle has {bad_ref} NaN/Inf values of {ref.size}"] if bad_ref else [])
+        return None, "FAILED: " + "; ".join(parts)
+    return float(np.abs(out - ref).max(initial=0.0)), ""
+
+
+def _writer_check(rt, fmt, cache_words, key, batch):
+    """(max abs error of the dequantised cache vs the oracle, tolerance, note)."""
+    if fmt == "f32":
+        ref = oracle.write_cache_f32(np.zeros_like(cache_words), key, batch.slot_mapping, batch.block_size)
+        return float(np.abs(cache_words - ref).max()), 0.0, ""
+    ulps = oracle.division_ulps(rt.summary)
+    rep = oracle.compare_int8_cache(cache_words, key, batch.slot_mapping, batch.block_size, ulps)
+    note = (f"codes: {rep['code_mismatch_not_tie']} off-tie / {rep['code_mismatch_at_ties']} tie mismatches of "
+            f"{rep['codes']}; scales: {rep['scale_mismatch']} differ, max {rep['scale_max_ulp']} ULP (allowed {ulps})")
+    # The verdict is the oracle comparison's; report it as error 0 (ok) or 1 (not ok).
+    return (0.0 if rep["ok"] else 1.0), 0.0, note
+
+
+def run_bench(
+    shapes,
+    runs: int = 20,
+    warmup: int = 3,
+    frontends=(FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL),
+    compare_torch: bool = False,
+    methods: bool | tuple = True,
+    rt: GpuRuntime | None = None,
+    log=print,
+    kernels=(),
+) -> dict:
+    """`methods`: every registered method's kernels (True), none (False) or those named (registry ids).
+    `kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
+    and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
+    from kvviz.bench.roofline import Ceilings, bound
+    from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
+
+    rt = rt or GpuRuntime()
+    adapter = rt.summary.to_json()
+    log(f"adapter: {rt.summary.line()}")
+    rows = []
+    fma = {}
+    floor_us = None
+    ceilings = None
+    for shape in shapes:
+        batch, key, value, q = make_inputs(shape)
+        scale = float(1.0 / np.sqrt(shape.head_size))
+        kv_bytes = 2 * key.nbytes
+        copy_n = max(kv_bytes, 32 << 20)
+        copy_gbps, copies = measure_copy(rt, copy_n, runs, warmup)
+        for name, variant, t, nb in copies:
+            rows.append(_row(name, variant, shape, t, nb, copy_gbps, None, None, adapter, flops=0.0))
+        if not fma:  # the compute ceiling, once a run: FMA throughput (f32, f16 with shader-f16)
+            for dt in dtypes(rt):
+                fr = measure_fma(rt, dt, runs, warmup)
+                fma[dt] = fr.gflops
+                rows.append(_row(f"fma_{dt}", f"FMA throughput {dt} (compute ceiling)", shape, fr.timing, fr.bytes, copy_gbps,
+                                 None, None, adapter, f"sink rel err {fr.rel_err:.1e} vs numpy", flops=fr.flops))
+            ft = measure_timing_floor(rt, runs, warmup)
+            floor_us = ft.median_us
+            rows.append(timing_floor_row(shape, ft, adapter))
+        shader_copy = next(t.gbps(nb) for name, _, t, nb in copies if name == "copy_shader")
+        if ceilings is None:
+            ceilings = Ceilings(shader_copy, fma["f32"], fma.get("f16"), rt.summary.name, bool(rt.summary.is_software))
+        if kernels:
+            rows += _user_kernel_rows(rt, kernels, shape, (batch, key, value, q), runs, warmup, copy_gbps, adapter)
+        refs = {}
+        for fmt in ("f32", "q8"):
+            for fe in frontends if fmt == "q8" else (FRONTEND_GLSLANG,):
+                pk = PagedKernels(rt, fe)
+                variant = ("seed GLSL via " if fmt == "q8" else "f32 baseline via ") + fe
+                try:
+                    # GPU work first, oracle checks after: a GPU left idle during seconds of numpy
+                    # drops its clocks and the next timing reads slow (seen on an H200).
+                    cache = pk.allocate(fmt, batch.num_blocks, shape.num_kv_heads, shape.block_size, shape.head_size)
+                    wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
+                    wt = rt.time(wd, runs, warmup)
+                    dd, outs = pk.decode_dispatches(cache, q, batch, scale)
+                    dt = rt.time(dd, runs, warmup)
+                    out = pk._collect(outs, batch.num_seqs, shape.num_heads * shape.head_size, (shape.num_heads, shape.head_size))
+                    w = pk.weights(cache, q, batch, scale)
+                    kc = pk.read(cache, "k")
+                    werr, wtol, wnote = _writer_check(rt, fmt, kc, key, batch)
+                    if fmt not in refs:
+                        vc = pk.read(cache, "v")
+                        if fmt == "q8":
+                            kf, vf = oracle.dequantize_cache_int8(kc), oracle.dequantize_cache_int8(vc)
+                        else:
+                            kf, vf = kc.astype(np.float64), vc.astype(np.float64)
+                        ref = oracle.decode(q, kf, vf, batch.block_tables, batch.context_lens, shape.block_size, scale)
+                        refw = oracle.decode_weights(q, kf, batch.block_tables, batch.context_lens, shape.block_size, scale)
+                        # the tolerance of tests/test_paged_conformance.py: f32 accumulation vs float64
+                        refs[fmt] = (ref, refw, 2e-5 * max(1.0, float(np.abs(vf).max())))
+                        refs[fmt + "_caches"] = (kf, vf)
+                    ref, refw, tol = refs[fmt]
+                    impl = "seed" if fmt == "q8" else "baseline"
+                    mid = "int8_seed" if fmt == "q8" else None
+                    rows.append(_row(f"reshape_and_cache_{fmt}", variant, shape, wt, writer_bytes(cache, batch, key), copy_gbps, werr, wtol, adapter, wnote,
+                                     method=mid, role="writer", impl=impl,
+                                     flops=arith.writer_flops(batch, shape.num_kv_heads, shape.head_size, 0.0 if fmt == "f32" else 2.0)))
+                    derr, dnote = _max_err(out, ref, f"paged_attn_{fmt}")
+                    rows.append(_row(f"paged_attn_{fmt}", variant, shape, dt, decode_bytes(cache, batch, q), copy_gbps, derr, tol, adapter, dnote,
+                                     method=mid, role="decode", impl=impl,
+                                     flops=arith.decode_flops(batch, shape.num_heads, shape.head_size)))
+                    if fe == frontends[0] or fmt == "f32":  # the fast decode reads the cache as is: once per format
+                        rows.append(_fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, mid))
+                    if fmt == "q8" and fe == frontends[0]:  # the int8-query variant and the fast writer of the seed layout
+                        rows.append(_fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter,
+                                                  refs["q8_caches"], ref, tol))
+                        rows += _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter)
+                    werr, wnote = _max_err(w, refw, f"paged_attn_weights_{fmt}")
+                    rows.append(_row(f"paged_attn_weights_{fmt}", variant, shape, None, weights_bytes(cache, batch, q), copy_gbps, werr, 2e-6, adapter, wnote or "correctness only"))
+                except KvvizError as exc:
+                    rows.append(_row(f"{fmt} kernels", variant, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
+        if methods:
+            rows += _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log,
+                                   None if methods is True else tuple(methods))
+        if compare_torch:
+            rows.append(_torch_row(shape, runs, warmup, copy_gbps, adapter))
+    for r in rows:
+        if r["intensity"] is not None and r["gpu_us_median"] and not r["kernel"].startswith("fma_"):
+            r["bound"] = bound(r["intensity"], ceilings)
+    return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows,
+            "roofline": ceilings.to_json() if ceilings else None, "timing_floor_us": floor_us}
+
+
+TIMING_FLOOR_NOTE = ("a kernel that does next to nothing, timed in the frame every row is timed in (its own pass, "
+                     "begin / end timestamps): a row near it is mostly the frame's fixed cost")
+
+
+def timing_floor_row(shape, timing, adapter) -> dict:
+    """The row of the timing frame's floor (kvviz.gpu.fma.measure_timing_floor): a near-empty dispatch in its own
+    pass. It moves no bytes worth a rate, so GB/s and % of copy stay empty."""
+    r = _row("timing_floor", "a near-empty dispatch in its own pass", shape, timing, 0, None, None, None, adapter,
+             TIMING_FLOOR_NOTE)
+    r["gbps"] = None
+    return r
+
+
+def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapter):
+    """A user kernel row and its slot's built-in row per `--kernel SLOT=FILE`: the check against the slot's oracle
+    (max error, elements outside the tolerance and where) in the user row."""
+    from kvviz.lab.check import lab_run
+    from kvviz.lab.slots import slot as get_slot
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(rt)
+    rows = []
+    for slot_id, path in kernels:
+        s = get_slot(slot_id)
+        try:
+            lr = lab_run(ctx, slot_id, inputs, path=path, runs=runs, warmup=warmup, info=False)
+        except (InvalidInput, DeviceLimitError) as exc:
+            rows.append(_row(f"{slot_id} (user: {path})", "user kernel", shape, None, 0, copy_gbps, None, None, adapter,
+                             f"skipped: {exc.one_line()}", method=s.method, role=s.role, impl="user"))
+            continue
+        except KvvizError as exc:
+            rows.append(_row(f"{slot_id} (user: {path})", "user kernel", shape, None, 0, copy_gbps, None, None, adapter,
+                             "FAILED: " + " ".join(str(exc).split()), method=s.method, role=s.role, impl="user"))
+            continue
+        c = lr.check
+        for lt in lr.timings:
+            user = lt.impl == "user"
+            r = _row(f"{slot_id} (user: {path})" if user else f"{lt.name} ({lt.impl})", "user kernel" if user else
+                     f"built-in beside {slot_id}", shape, lt.timing, lt.bytes, copy_gbps, c.max_err if user else None,
+                     None, adapter, c.summary() if user else "", method=s.method, role=s.role,
+                     impl="user" if user else lt.impl, flops=lt.flops)
+            if user:  # the slot's elementwise tolerance: within it when no element is outside and no stray write
+                r["tolerance"] = s.tolerance
+                r["within_tolerance"] = c.ok
+                r["check"] = c.to_json()
+            rows.append(r)
+    return rows
+
+
+def _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter):
+    """The fast int8 writer of the seed layout, timed and its words compared with the seed oracle's."""
+    from kvviz.methods import get_method
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(rt)
+    out = []
+    try:
+        for tk in get_method("int8_seed").fast_writer_rows(ctx, cache, batch, key, value):
+            t = rt.time(tk.dispatches, runs, warmup)
+            d0 = tk.dispatches[0]
+            names = [b.name for b in d0.kernel.kspec.bindings]
+            kbuf = d0.buffers[names.index("k_cache")]  # the fast writer's own K cache: its words vs the seed oracle
+            words = rt.read(kbuf, np.uint32, cache.shape, nbytes=int(np.prod(cache.shape)) * 4)
+            err, tol, note = _writer_check(rt, "q8", words, key, batch)
+            out.append(_row(tk.name, "fast writer (seed layout)", shape, t, tk.bytes, copy_gbps, err, tol, adapter, note,
+                            method="int8_seed", role="writer", impl="fast", flops=tk.flops))
+    except (InvalidInput, DeviceLimitError) as exc:
+        out.append(_row("reshape_and_cache_q8 (fast, seed layout)", "fast writer", shape, None, 0, copy_gbps, None, None,
+                        adapter, f"skipped: {exc}", method="int8_seed", role="writer", impl="fast"))
+    return out
+
+
+def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, method):
+    """The fast split-K decode over the seed writer's int8 cache or the f32 baseline cache, checked
+    against the same oracle as the kernel it stands beside."""
+    from kvviz.attention import split_decode as fd
+    f = fd.INT8 if fmt == "q8" else fd.F32
+    fast = fd.FastDecode(rt)
+    name = f"fast_decode_{f.name}"
+    try:
+        plan = fast.plan(f, cache.k, cache.v, cache.num_kv_heads, q, batch, scale)
+        t = rt.time(plan.dispatches, runs, warmup)
+        nbytes, flops = fd.decode_traffic(f, batch, shape.num_heads, shape.num_kv_heads, shape.head_size, plan.num_partitions)
+        err, note = _max_err(fast.read(plan), ref, name)
+        return _row(name, f"fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol, adapter, note,
+                    method=method, role="decode", impl="fast", flops=flops)
+    except (InvalidInput, DeviceLimitError) as exc:
+        return _row(name, "fast split-K", shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}", method=method,
+                    role="decode", impl="fast")
+
+
+# the int8-query variant's layout: 4 tokens a row per step measured fastest for it on the H200 (72.2 us vs 75.4 at 2;
+# assets/bench/h200-2026-12-01-fast-decode-scatter-layouts.txt)
+I8Q_UNROLL = 4
+
+
+def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, caches, exact, tol):
+    """The measured variant of the fast decode over the seed layout's int8 cache: the query quantised to int8
+    (one scale a head) and dotted with K's codes by dot4I8Packed. Checked against ITS oracle (the float64 decode
+    of the dequantised int8 query: kvviz/attention/split_decode.py, variants), with the f32 kernel's tolerance;
+    the note gives its distance from the f32-query oracle `exact` too (the query's quantisation error)."""
+    from kvviz.attention import split_decode as fd
+    name = "fast_decode_int8 (int8 query)"
+    fast = fd.FastDecode(rt)
+    try:
+        plan = fast.plan(fd.INT8, cache.k, cache.v, cache.num_kv_heads, q, batch, scale, qk="i8", unroll=I8Q_UNROLL)
+        t = rt.time(plan.dispatches, runs, warmup)
+        nbytes, flops = fd.decode_traffic(fd.INT8, batch, shape.num_heads, shape.num_kv_heads, shape.head_size,
+                                          plan.num_partitions)
+        out = fast.read(plan)
+        codes, qs = fd.quantize_query(q)
+        kf, vf = caches
+        ref = oracle.decode(codes.astype(np.float64) * qs[..., None].astype(np.float64), kf, vf, batch.block_tables,
+                            batch.context_lens, shape.block_size, scale)
+        err, note = _max_err(out, ref, name)
+        if not note:
+            note = f"vs the f32-query oracle: {float(np.abs(out - exact).max()):.2e} (the query's int8 rounding)"
+        return _row(name, f"fast split-K ({plan.describe()})", shape, t, nbytes,
+                    copy_gbps, err, tol, adapter, note, method="int8_seed", role="decode", impl="fast", flops=flops)
+    except (InvalidInput, DeviceLimitError, UnsupportedShape) as exc:
+        return _row(name, "fast split-K, int8 query", shape, None, 0, copy_gbps, None, None, adapter,
+                    f"skipped: {exc}", method="int8_seed", role="decode", impl="fast")
+
+
+def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log, only=None):
+    """Every registered method's own kernels (the int8 seed is covered above), each method's decode
+    output checked end to end against its numpy reference (the method's REFERENCE, found by name)."""
+    from kvviz.methods import reference, registry
+    from kvviz.methods.context import GpuContext
+
+    ctx = GpuContext(rt)
+    rows = []
+    for mkey, cls in sorted(registry().items()):
+        if mkey == "int8_seed" or (only is not None and mkey not in only):
+            continue
+        m = cls()
+        try:
+            m.check(shape.num_heads, shape.num_kv_heads, shape.head_size, shape.block_size)
+            for tk in checked(m.timed_kernels(ctx, batch, key, value, q, scale), mkey):
+                rows.append(_row(tk.name, m.label, shape, rt.time(tk.dispatches, runs, warmup), tk.bytes, copy_gbps,
+                                 None, None, adapter, method=mkey, role=tk.role, impl=tk.impl,
+                                 flops=tk.flops or _role_flops(tk, m, batch, shape)))
+            qkv = m.quantize(ctx, batch, key, value)
+            out = m.attend(ctx, qkv, batch, q, scale)
+            try:
+                reference_attention = reference(mkey)
+            except (ImportError, AttributeError) as exc:
+                raise KvvizError(f"{mkey}: its numpy reference {cls.REFERENCE!r} cannot be loaded: {exc}") from None
+            ref, tol = reference_attention(m, batch, key, value, q, scale, qkv)
+            err, bad = _max_err(out, ref, m.attend_kernel or f"{mkey} attend")
+            rows.append(_row(f"{mkey} end to end", m.label, shape, None, 0, copy_gbps, err, tol, adapter,
+                             bad or "correctness only: GPU quantise + attend vs the method's numpy oracle"))
+        except (InvalidInput, DeviceLimitError) as exc:
+            # the method does not take this shape here (head size, context past a loop limit, ...)
+            rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
+        except KvvizError as exc:  # a compile error, a lost device, a non-finite result: a failure
+            rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
+    return rows
+
+
+def _role_flops(tk, m, batch, shape) -> float:
+    """The arithmetic of a timed kernel that states none, from its role at this shape (kvviz/attention/arith.py)."""
+    D, kvh = shape.head_size, shape.num_kv_heads
+    if tk.role == "decode":
+        return arith.decode_flops(batch, shape.num_heads, D)
+    if tk.role == "writer":
+        return arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT.get(m.family, 2.0))
+    if tk.role == "dequantise":
+        return arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(m.family, 1.0))
+    return 0.0
+
+
+def _torch_row(shape, runs, warmup, copy_gbps, adapter):
+    """torch SDPA decode in bf16 on the same shape: what a user would pick instead."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as exc:
+        return _row("torch_sdpa_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter, f"torch not importable: {exc}")
+    if not torch.cuda.is_available():
+        return _row("torch_sdpa_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter, "torch has no CUDA device")
+    from kvviz.gpu.timing import TimingResult
+
+    S, T = len(shape.context_lens), max(shape.context_lens)
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    qt = torch.randn(S, shape.num_heads, 1, shape.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    kt = torch.randn(S, shape.num_kv_heads, T, shape.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    vt = torch.randn_like(kt)
+    for _ in range(warmup):
+        F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+    samples = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        b.record()
+        torch.cuda.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+    t = TimingResult.from_samples(samples, "cuda-events")
+    nbytes = 2 * kt.numel() * 2 + 2 * qt.numel() * 2
+    note = "padded to the longest sequence" if len(set(shape.context_lens)) > 1 else ""
+    return _row("torch_sdpa_bf16", f"torch {torch.__version__} {torch.cuda.get_device_name()}", shape, t, nbytes, copy_gbps, None, None, adapter, note,
+                flops=float(S * T * shape.num_heads * (4 * shape.head_size + arith.SOFTMAX_PER_LOGIT)))
+
+
+def format_table(result: dict) -> str:
+    """The bench rows as a text table; the kernel and variant columns are as wide as their longest
+    entry, so no name is cut."""
+    rows = result["rows"]
+    kw = max([len("kernel")] + [len(r["kernel"]) for r in rows])
+    vw = max([len("variant")] + [len(r["variant"]) for r in rows])
+    lines = []
+    hdr = (f"{'kernel':<{kw}} {'variant':<{vw}} {'median us':>10} {'min':>9} {'p90':>9} {'GB/s':>8} {'%copy':>6} "
+           f"{'GFLOP/s':>9} {'FLOP/B':>7} {'bound':>7} {'max err':>9} {'ok':>3}")
+    shape_name = None
+
+    def f(x, fmt):
+        return format(x, fmt) if isinstance(x, (int, float)) and x == x else "-"
+
+    for r in rows:
+        if r["shape"]["name"] != shape_name:
+            shape_name = r["shape"]["name"]
+            s = r["shape"]
+            lines.append("")
+            lines.append(f"== {shape_name}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}")
+            lines.append(hdr)
+        ok = "-" if r["tolerance"] is None else ("yes" if r["within_tolerance"] else "NO")
+        lines.append(
+            f"{r['kernel']:<{kw}} {r['variant']:<{vw}} {f(r['gpu_us_median'], '10.1f'):>10} {f(r['gpu_us_min'], '9.1f'):>9} "
+            f"{f(r['gpu_us_p90'], '9.1f'):>9} {f(r['gbps'], '8.1f'):>8} {f(r['pct_of_copy'], '6.1f'):>6} "
+            f"{f(r.get('gflops'), '9.3g'):>9} {f(r.get('intensity'), '7.3g'):>7} {r.get('bound') or '-':>7} "
+            f"{f(r['max_abs_err_vs_oracle'], '9.2e'):>9} {ok:>3}" + (f"  {r['note']}" if r["note"] else "")
+        )
+    rl = result.get("roofline")
+    if rl:
+        f16 = f", f16 FMA {rl['f16_gflops']:.4g} GFLOP/s" if rl.get("f16_gflops") else ""
+        lines += ["", f"roofline ceilings (same run): shader copy {rl['mem_gbps']:.4g} GB/s, f32 FMA {rl['f32_gflops']:.4g} GFLOP/s"
+                  f"{f16}; ridge {rl['ridge_flop_per_byte']:.3g} FLOP/B. GFLOP/s = stated FLOPs (kvviz/attention/arith.py) / "
+                  "median; FLOP/B = FLOPs / unique bytes; bound = memory left of the ridge, compute right of it."]
+    return "\n".join(lines)
+
+
+def save_json(result: dict, path: str) -> None:
+    """Strict JSON (RFC 8259): NaN/Inf become null, numpy values plain numbers; other tools parse it."""
+    from kvviz.tables import clean
+
+    with open(path, "w") as fh:
+        json.dump(clean(result), fh, indent=2, allow_nan=False)
+
+
+def check_shape(shape: BenchShape) -> None:
+    """Refuse a shape the kernels cannot take before any GPU work (InvalidInput/UnsupportedShape,
+    exit 2 from the CLI), with the kernels' own head-size rules."""
+    from kvviz.errors import InvalidInput, UnsupportedShape
+    from kvviz.attention.paged import check_head_size
+
+    if not shape.context_lens or any(int(n) < 1 for n in shape.context_lens):
+        raise InvalidInput(f"shape {shape.name}: every sequence needs at least one token, got {list(shape.context_lens)}",
+                           "Give --seqs and --ctx of at least 1.")
+    for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
+        if int(getattr(shape, name)) < 1:
+            raise InvalidInput(f"shape {shape.name}: {name} must be positive, got {getattr(shape, name)}")
+    if shape.num_heads % shape.num_kv_heads:
+        raise UnsupportedShape(f"--heads {shape.num_heads} is not divisible by --kv-heads {shape.num_kv_heads}",
+                               "GQA needs the query heads to be a multiple of the KV heads.")
+    for fmt in ("f32", "q8"):  # the baseline and the seed kernels every bench runs
+        try:
+            check_head_size(fmt, shape.head_size)
+        except InvalidInput as exc:
+            raise UnsupportedShape(f"--head-size: {exc}", exc.hint) from None
+
+
+def failed_rows(result: dict) -> list:
+    """Rows that make `kvviz bench` exit 1: a kernel that FAILED, or a result outside its tolerance."""
+    return [r for r in result["rows"]
+            if str(r.get("note", "")).startswith("FAILED")
+            or (r.get("tolerance") is not None and not r.get("within_tolerance"))]

@@ -1,0 +1,267 @@
+"""The fast NVFP4 decode: split-K ("flash-decoding") paged attention that reads the nvfp4 method's cache
+(kvviz/families/fp4/format.py: E2M1 codes, an FP8 E4M3 scale per 16 elements, an f32 scale per tensor) in place,
+without the dequantise pass and the f32 copy of the cache the first-wave path makes. Shaders
+fp4/decode_fast.wgsl (split, rendered here) + fast_decode's reduce (reduce_spec), unchanged;
+numpy reference: the method's own (kvviz/families/fp4/oracle.py: e2m1 * e4m3 * s_t through the f32 decode's
+arithmetic in float64); tests tests/test_fast_decode_nvfp4.py.
+
+Why a module of its own and not a type of fast_decode_ggml: a ggml record is a row of byte-packed blocks
+(header then codes, not word aligned: funnel shifts); the NVFP4 record keeps its E4M3 scale bytes in the
+first ceil(D/64) words and its codes word aligned after them (2 words a 16-element sub-block), and a
+per-tensor scale sits in a side buffer. The shared pieces come from fast_decode (layout rules, step_loads,
+scatter_softmax, online_update, pv_accumulate, merge_tree, partial_writes, plan_partitions, the checks, the
+subgroup probe, the loop budget, the reduce, the FP8 helper fp8x4).
+
+Record (a token of one KV head, D a multiple of 16, SW = ceil(D/64) scale words):
+    words 0..SW-1: E4M3 scale byte s = sub-block s; then code words SW + 2s, SW + 2s + 1 of sub-block s:
+    byte i of the pair holds element 16s+i in its low nibble and 16s+8+i in its high nibble.
+Lanes: L lanes share a token row (the most of 16, 8, 4, 2, 1 up to the subgroup size; 1 without subgroups),
+lane l owns DPL = D/L consecutive dims, DPL 4 or 8 (inside one sub-block: one or two code words, read at
+the lane's nibble) or a multiple of 16 (whole sub-blocks, two code words each). D = 80, 48, 112 ... have
+no such power-of-two split but the one-lane one (a whole head a lane, no shuffles).
+
+Arithmetic: e2m1x4 moves 4 E2M1 codes into f16 bit patterns (sign, 2-bit exponent, 1-bit mantissa; the f16
+is the value x 2^-14, subnormal for 0 / 0.5) and widens them by unpack2x16float: exact. The sub-block's
+scale d = e4m3 x 2^14 (fast_decode's fp8x4, exact), and codes x d is exact in f32 (2 x 4 significant bits):
+the dequantiser's e2m1 * e4m3 before the tensor scale. The K tensor scale is folded into the query
+(pre-scaled by scale * log2(e) * s_t K), the V tensor scale into the softmax weight (p * s_t V): those two
+products round where the dequantiser rounds (e2m1*e4m3)*s_t once per element, so the output is within the
+f32 fast decodes' bound, not bit for bit: 2e-5 * max(1, max |V^|) against the float64 oracle over the same
+codes (tolerance; fast_decode.f32_tolerance). Online softmax in base 2, the G heads of a KV head in one
+workgroup, the reduce-scatter softmax where a row has 2+ lanes, software-pipelined loads where a lane's
+words of a step fit fast_decode.PREFETCH_MAX_WORDS.
+
+Shapes it cannot take (head size not a multiple of 16 or over 256, a GQA group outside 1..16) raise
+UnsupportedShape from plan(); the method then keeps the first-wave path (kvviz/families/fp4/method.py).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.families.fp4 import format as f4
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.attention import split_decode as fd
+from kvviz.paging import PagedBatch
+
+SUB = f4.SUB
+
+SPLIT = KernelSpec(
+    "fp4/decode_fast.wgsl",
+    bindings=ro("q", "kc", "vc", "block_tables", "context_lens", "tensor") + rw("partials"),
+    immediates=Struct("P", "num_kv_heads num_heads block_size max_blocks partition_tokens num_partitions scale_log2:f32"),
+)
+REDUCE = fd.REDUCE
+KERNELS = (SPLIT, REDUCE)
+
+# fast_decode's layout rules for 4-byte words (the lane split is ours: _lanes)
+_FMT = fd.CacheFormat("nvfp4", 4)
+# The E2M1 codes -> f32 helper (exact: see the module docstring), and the E4M3 scale byte through fast_decode's
+# FP8 helper (fp8x4: unpack2x16float of the bytes moved into f16 bit positions, x 2^8).
+E2M1_WGSL = """// 4 E2M1 codes (the low nibbles of bytes 0..3 of w) -> their values x 2^-14, exactly: each nibble's sign to
+// bit 15 and its exponent and mantissa bits to f16 bits 9..11, two f16 pairs widened by unpack2x16float
+fn e2m1x4(w: u32) -> vec4<f32> {
+  let a = unpack2x16float(((w << 9u) & 0x0E000E00u) | ((w << 12u) & 0x80008000u));
+  let b = unpack2x16float(((w << 1u) & 0x0E000E00u) | ((w << 4u) & 0x80008000u));
+  return vec4<f32>(a.x, b.x, a.y, b.y);
+}"""
+E2M1_UNIT = 2.0 ** 14  # e2m1x4's values are the codes' x 2^-14
+
+
+def tolerance(max_abs_v: float) -> float:
+    """2e-5 x max(1, max |V^|): the f32 fast decodes' bound (fast_decode.f32_tolerance)."""
+    return fd.f32_tolerance(max_abs_v)
+
+
+def _lanes(head_size: int, most: int) -> int:
+    return fd.block_lanes(head_size, most, SUB)
+
+
+def unsupported(head_size: int, group: int) -> str:
+    """Why this decode cannot take the shape ("" when it can)."""
+    if head_size <= 0 or head_size % SUB:
+        return f"head size {head_size} is not a multiple of 16 (NVFP4's E4M3 scale covers 16 elements)"
+    if head_size > 256:
+        return f"head size {head_size} is over 256 (the unrolled per-lane state would spill registers)"
+    if group < 1 or group > 16:
+        return f"a GQA group of {group} query heads per KV head is outside 1..16"
+    return ""
+
+
+def _counts(dpl: int) -> tuple[int, int]:
+    """(code words, scale words) a lane loads per token of K or V."""
+    if dpl < SUB:
+        return dpl // 4, 1
+    return dpl // 8, dpl // SUB
+
+
+def prefetch_words(lay: fd.Layout) -> int:
+    """u32 words a lane loads for one step (K and V, U tokens): what the prefetch holds twice."""
+    return 2 * lay.unroll * sum(_counts(lay.dims_per_lane))
+
+
+# ---------------------------------------------------------------------------------- code generation
+def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, prefetch: bool = False,
+           scatter: bool = False) -> dict:
+    """The {{...}} values of fp4/decode_fast.wgsl for one shape. block_size > 0 renders the block size as a
+    constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: software
+    pipelining (fast_decode.step_loads; same arithmetic, bit-identical outputs). scatter: fast_decode's
+    reduce-scatter softmax (L >= 2; the V tensor scale is the owners' weight scale)."""
+    D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    if scatter and L < 2:
+        raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
+    dpl = lay.dims_per_lane
+    if dpl % 4 or not (SUB % dpl == 0 or dpl % SUB == 0):
+        raise InvalidInput(f"nvfp4 fast decode: {dpl} dims a lane neither lie inside a 16-element sub-block nor cover whole ones")
+    nv = dpl // 4
+    ncw, nsw = _counts(dpl)
+    sw = f4.scale_words(D)
+    stride = D + 2
+    pro, step = [], []
+    I, J = "  ", "    "
+    # ---- prologue: the lane's word offsets and nibble, the scaled query slices, the softmax states
+    pro.append(f"{I}let sb = (lane * DPL) / {SUB}u;  // the lane's first sub-block")
+    if dpl < SUB:
+        pro.append(f"{I}let e0 = (lane * DPL) % {SUB}u;  // its first element inside the sub-block")
+        pro.append(f"{I}let cwb = SW + 2u * sb + (e0 / 4u) % 2u;  // its first code word")
+        pro.append(f"{I}let ns = 4u * (e0 / 8u);  // its nibble: elements 8..15 of a sub-block are the high ones")
+    else:
+        pro.append(f"{I}let cwb = SW + 2u * sb;")
+    for k in range(nsw):
+        pro.append(f"{I}let sw{k} = (sb + {k}u) / 4u;")
+        pro.append(f"{I}let ssh{k} = ((sb + {k}u) % 4u) * 8u;")
+    pro.append(f"{I}let qsc = p.scale_log2 * bitcast<f32>(tensor[2u]);  // scale * log2(e) * s_t K")
+    pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
+    for g in range(G):
+        for i in range(nv):
+            pro.append(fd.query_line(g, i, D, "qsc", I))
+        if not scatter:
+            pro.append(f"{I}var m{g} = EMPTY;")
+            pro.append(f"{I}var l{g} = 0.0;")
+        for i in range(nv):
+            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
+    # ---- one step: U tokens per row group; every load before any arithmetic
+    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
+
+    def words(u, r):  # token u's scale words and code words at row r
+        out = []
+        for x, buf in (("k", "kc"), ("v", "vc")):
+            out += [(f"{x}s{u}_{k}", f"{buf}[{r} + sw{k}]") for k in range(nsw)]
+            out += [(f"{x}w{u}_{j}", f"{buf}[{r} + cwb + {j}u]") for j in range(ncw)]
+        return out
+
+    first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, J)
+    pro += first
+    for u in range(U):
+        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
+    step += loaded
+
+    def vals(x, u):  # the lane's vec4s of token u, e2m1 x e4m3 (exact): sub-block scale d folded into the codes
+        out = [f"{J}let {x}d{u}_{k} = fp8x4({x}s{u}_{k} >> ssh{k}).x * {E2M1_UNIT!r};" for k in range(nsw)]
+        for i in range(nv):
+            if dpl < SUB:
+                c, k = f"e2m1x4({x}w{u}_{i} >> ns)", 0
+            else:
+                k, j = i // 4, 4 * (i % 4)  # sub-block k of the lane, element j in it
+                w = f"{x}w{u}_{2 * k + (j // 4) % 2}"
+                c = f"e2m1x4({w} >> 4u)" if j >= 8 else f"e2m1x4({w})"
+            out.append(f"{J}let {x}v{u}_{i} = {c} * {x}d{u}_{k};")
+        return out
+
+    for u in range(U):
+        step += vals("k", u)
+    for g in range(G):
+        for u in range(U):
+            s = f"s{g}_{u}"
+            step.append(f"{J}var {s} = {' + '.join(f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv))};")
+            if scatter:
+                continue
+            step += fd.lane_allreduce(s, L, J)
+            step.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
+    post = []
+    if scatter:  # the lane-partial logits are reduce-scattered; the owners' weights carry the V tensor scale
+        sc_pro, sc_step, post = fd.scatter_softmax(
+            G, U, L, lambda g, u: f"s{g}_{u}", "0.0", lambda i, r: f"select(MASKED, {r}, tb + rg * U + uo{i} < t1)",
+            lambda i: "vs_t", I, J)
+        pro += sc_pro
+        step += sc_step
+    for u in range(U):
+        step += vals("v", u)
+    for g in range(G):
+        if not scatter:
+            step += fd.online_update(g, U, J)
+            step += [f"{J}let w{g}_{u} = p{g}_{u} * vs_t;" for u in range(U)]
+        step += fd.pv_accumulate(g, nv, U, J, lambda u, i: f"vv{u}_{i}")
+    step += rotate  # the prefetched words become the next step's
+    merge = post + fd.merge_tree(G, nv, stride, RG, I)
+    return {
+        "FORMAT": "nvfp4", "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
+        "WPT": str(f4.words_per_token(D)), "SW": str(sw), "DPL": str(dpl), "STRIDE": str(stride),
+        "SHARED": str(max(1, RG // 2) * G * stride),
+        "HELPERS": fd._helpers(fd.fp8_format("e4m3", False)) + "\n" + E2M1_WGSL,
+        **fd.subgroup_defines(L, scatter),
+        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge),
+        "WRITE": "\n".join(fd.partial_writes(G, nv, J)),
+    }
+
+
+# ---------------------------------------------------------------------------------- launcher
+Fp4DecodePlan = fd.SiblingPlan  # label "nvfp4"
+
+
+class Fp4FastDecode(fd.SiblingDecode):
+    """Compiles and dispatches the fast NVFP4 decode on one runtime."""
+
+    name = "fast nvfp4 decode"
+
+    def layout(self, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
+               lanes: int = 16) -> fd.Layout:
+        return self._layout(_FMT, _lanes, head_size, group, subgroups, unroll, rows, lanes,
+                            f"no lane split of head size {head_size} by 16-element sub-blocks")
+
+    def kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
+               scatter: bool | None = None, **kw):
+        """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words).
+        scatter None: fast_decode.SCATTER where a row has 2+ lanes."""
+        lay = self.layout(head_size, group, **kw)
+        if prefetch is None:
+            prefetch = fd.PREFETCH and prefetch_words(lay) <= fd.PREFETCH_MAX_WORDS
+        if scatter is None:
+            scatter = fd.SCATTER and lay.lanes > 1
+        return self.rt.compile(SPLIT, **render(head_size, group, lay, block_size, prefetch, scatter)), lay
+
+    def plan(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
+             partition_tokens: int | None = None, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
+             lanes: int = 16, const_block: bool = True, prefetch: bool | None = None,
+             scatter: bool | None = None) -> Fp4DecodePlan:
+        """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the nvfp4 caches `k`, `v`
+        (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's) and its
+        tensor-scale buffer `tensor` ([amax K, amax V, s_t K, s_t V] f32 bits)."""
+        q, G = fd.check_query(q, batch, num_kv_heads, scale)
+        S, H, D = q.shape
+        why = unsupported(D, G)
+        if why:
+            raise UnsupportedShape(f"fast nvfp4 decode: {why}", "The first-wave decode (dequantise + f32) takes this shape.")
+        if unroll not in (1, 2, 4):
+            raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
+        if tensor is None or tensor.size < 16:
+            raise InvalidInput("fast nvfp4 decode: the tensor-scale buffer (4 words: amax K, amax V, s_t K, s_t V) is missing")
+        kern, lay = self.kernel(D, G, batch.block_size if const_block else 0, subgroups=subgroups, unroll=unroll,
+                                rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter)
+        return self._launch(kern, lay, k, v, [tensor], num_kv_heads, q, batch, scale, partition_tokens,
+                            f4.words_per_token(D), "nvfp4")
+
+    def decode(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
+        """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
+        plan = self.plan(k, v, tensor, num_kv_heads, q, batch, scale, **kw)
+        self.rt.run(plan.dispatches)
+        return self.read(plan)
+
+
+def decode_traffic(batch: PagedBatch, num_heads: int, num_kv_heads: int, head_size: int,
+                   num_partitions: int) -> tuple[int, float]:
+    """(unique bytes, flops) of one decode: fast_decode.decode_traffic with the nvfp4 record (wpt words)
+    plus the 16-byte tensor-scale buffer."""
+    return fd.record_traffic("nvfp4", f4.words_per_token(head_size), batch, num_heads, num_kv_heads, head_size,
+                             num_partitions, 16)

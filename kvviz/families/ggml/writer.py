@@ -1,0 +1,258 @@
+"""Fast writers of the llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4) and of NVFP4
+(issue 11): shaders/fast/write_ggml.wgsl (the type as a define, the per-block helpers of ggml/common.wgsl)
+and shaders/fast/write_nvfp4.wgsl; the same words as the first-wave writers ggml/write.wgsl and
+fp4/nvfp4_write.wgsl and the oracles kvviz/families/ggml/oracle.py (gguf.quants) and kvviz/families/fp4/oracle.py
+(tests/test_fast_write_ggml.py).
+
+Against the first-wave writers (one 64-thread workgroup per (token, KV head, K|V), loops of stride 64,
+workgroup memory and barriers between the block parameters, the codes and the words):
+  - a lane owns whole 32-element blocks (NVFP4: groups of 4 x 16 elements, or 1 group with the scale words put
+    together by subgroup shuffles, the default where subgroups allow: NVFP4_GROUPS_PER_LANE) of a (token, KV head) row, K and
+    V one after the other; R = 64 / L rows a workgroup; a lane builds its words in registers (the byte
+    offsets are constants once the loops are unrolled) and stores them itself. No block statistic crosses
+    lanes (a block's amax, min / max and iq4_nl's 16 scale trials all lie in its lane): no lane-group
+    reduction, no barrier and no workgroup memory, but for iq4_nl's table;
+  - where the blocks' bytes end inside a word (q8_0 34 B, q4_0 / iq4_nl 18, q5_0 22, mxfp4 17), a lane takes one
+    block and the word it shares with the next block's lane comes over by subgroupShuffleDown (`exchange`, the
+    default where the word-aligned unit of 2 or 4 blocks fits the smallest subgroup wgpu guarantees); otherwise
+    a lane owns the fewest blocks that span whole u32 words (q8_0: 2 blocks = 68 bytes = 17 words, q4_0 / q5_0
+    / iq4_nl: 2, q4_1 / q5_1: 1, mxfp4: 4). H200 at the anchor, whole words -> a lane a block: q8_0 498.4 ->
+    417.8 us, q4_0 283.1 -> 221.8, q5_0 321.7 -> 251.3, mxfp4 321.5 -> 216.3
+    (assets/bench/h200-2026-12-01-writers-exchange-7.txt);
+  - the next block's (NVFP4: group's) 8 vec4s are loaded before a block is quantised (not iq4_nl, whose trials
+    want the registers): q8_0 558.5 -> 478.6 us, NVFP4 548.2 -> 490.4 (...-writers-pipelined-7.txt);
+  - iq4_nl: the nearest of the 16 values (each of the 16 trials x 32 values, and the codes) is one load from
+    a workgroup table indexed by floor(2 id x) (IQ4_TABLE entries, built by the workgroup, one barrier),
+    not a 16-value search;
+  - every type's divisions (d, id; iq4_nl's 17+ a block) are exact by a float estimate corrected on the
+    exact integer remainder (common/quant.wgsl div_fast), not a 25-step loop: the same bits;
+  - q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (Q8_TRUNC; or on the bits of q + 1.5 * 2^23 with a tie
+    fix); mxfp4's exponent by a formula (no 256-entry private table; tests: against kvviz/families/ggml/format.py
+    log2_up_table and gguf) and its codes as the nearest doubled E2M1 value on the bits (not a 16-value argmin
+    search; the same codes);
+  - 16-B loads (8 vec4s a block), codes 4 at a time, whole-word stores;
+  - NVFP4: scales and codes from one product each (max|x| * (1/s_t * 1/6), |x| * (1/s_t * 1/e4m3)),
+    encoded on the float bits, branch-free; a group with a value within 32 ulp of a rounding boundary (or
+    a subnormal) is redone exactly after the lane's loop (div_fast twice a value, as the first-wave writer);
+  - the records staged through workgroup memory and stored by consecutive threads (STAGE; not iq4_nl): a lane's
+    own stores would write 4-byte words a block apart, a sector each: q8_0 418.3 -> 248.8 us on the H200;
+  - a 2-D grid (fast_write.grid_2d): more than 65535 workgroups take one dispatch; the input is split
+    only where it exceeds one storage binding (fast_write.input_chunks).
+`blocks_per_lane` (a multiple of the type's smallest word-aligned block count) gives a lane more blocks (and
+turns the exchange off): the tests run every type at the default, with and without the exchange, and at twice
+the blocks a lane.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.families.fp4 import format as f4
+from kvviz.families.ggml.format import BLOCK, TYPES, GgmlType
+from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.attention import writers as fw
+_TOKENS = ro("key_in", "val_in", "slots")
+# `zero` is 0 at run time: products are xored with it so that no driver fuses them into an add (ggml_write.wgsl).
+WRITE_GGML = KernelSpec("ggml/write_fast.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"),
+                        immediates=Struct("P", "kvh hd bs wpt rows gx zero"))
+WRITE_NVFP4 = KernelSpec("fp4/nvfp4_write_fast.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"),
+                         immediates=Struct("P", "kvh hd bs wpt rows gx"))
+NVFP4_SCALE = KernelSpec("fp4/nvfp4_scale_fast.wgsl", bindings=rw("tensor"))
+WG = 64
+# iq4_nl's nearest-value table in workgroup memory (write_ggml.wgsl iq4_table): entries floor(2a) = -272 .. 271
+IQ4_TABLE = 544
+
+
+def min_blocks_per_lane(t: GgmlType) -> int:
+    """The fewest consecutive blocks whose bytes are whole u32 words (34 B: 2, 17 B: 4, 20 B: 1, ...)."""
+    n = 1
+    while (n * t.block_bytes) % 4:
+        n += 1
+    return n
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+# q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC): the same words, fewer operations.
+# H200 at the anchor, with the staged stores (tools/device-session8d.sh, two passes): 250.1 -> 219.4 us; on another
+# machine (device-session8e.sh) 218.9 -> 218.1, so that gain did not reproduce. Before the staging it made no
+# difference (415.9 -> 415.2: the stores were the limit).
+Q8_TRUNC = True
+
+
+# The records staged through workgroup memory and stored by consecutive threads (write_ggml.wgsl and
+# write_nvfp4.wgsl STAGE), not by each lane at its block's bytes: every type but iq4_nl (measured slower:
+# write_ggml.wgsl says by how much).
+STAGE = True
+NO_STAGE = ("iq4_nl",)
+
+
+def _stage_defines(stage: bool, lanes: int, wpr: int) -> dict:
+    """STAGE and the workgroup-memory sizes of its records (R = 64 / lanes rows of wpr words; 1 without it)."""
+    return dict(STAGE=1 if stage else 0, WPR=wpr, SO_LEN=(WG // lanes) * wpr if stage else 1,
+                SD_LEN=WG // lanes if stage else 1)
+
+
+def ggml_spec(t: GgmlType, nb_lane: int | None = None, lanes: int = 1, exchange: bool = False,
+              q8_trunc: bool | None = None, head_size: int = 128, stage: bool | None = None) -> KernelSpec:
+    """exchange: a lane a block, the word two blocks share handed over by a subgroup shuffle (write_ggml.wgsl XCH);
+    q8_trunc: q8_0's roundf variant (Q8_TRUNC; default the module's); stage (default: STAGE but NO_STAGE): the
+    records stored through workgroup memory by consecutive threads."""
+    d = {k: v for k, v in t.defines().items() if k != "LOG2_UP"}   # mxfp4's exponent: a formula (mxfp4_e)
+    nb = 1 if exchange else (nb_lane or min_blocks_per_lane(t))
+    nwl = -(-nb * t.block_bytes // 4) + (1 if exchange else 0)   # exchange: a spare word for the shifted bytes
+    trunc = Q8_TRUNC if q8_trunc is None else q8_trunc
+    st = (STAGE and t.name not in NO_STAGE) if stage is None else stage
+    return WRITE_GGML.define(**d, **_stage_defines(st, lanes, t.words_per_token(head_size)),
+                             NQ=8 if t.name == "q8_0" else 4, NB=nb, LANES=lanes,
+                             NWL=nwl, NW1=min(nwl, 16), NW2=nwl - min(nwl, 16), IQ4_TN=IQ4_TABLE if t.name == "iq4_nl" else 1,
+                             XCH=1 if exchange else 0, Q8_TRUNC="true" if trunc else "false",
+                             NEXT_FIRST="return subgroupShuffleDown(v, 1u);" if exchange else "return 0u;")
+
+
+def nvfp4_spec(ng: int = 4, lanes: int = 1, head_size: int = 128, stage: bool | None = None,
+               kv_split: bool = False, scale_pass: bool = False) -> KernelSpec:
+    """stage (default: STAGE at 4 groups a lane or more, in place below; NVFP4_GROUPS_PER_LANE has the figures): the
+    records stored through workgroup memory by consecutive threads. ng 1 or 2: a lane's scale bytes are put together
+    with its neighbours' by subgroup shuffles (write_nvfp4.wgsl SUBW); kv_split (ng 1 or 2 only): K and V on
+    separate lanes (KVS; `lanes` counts both)."""
+    sub = ng < 4
+    if stage is None:
+        stage = STAGE and not sub
+    return WRITE_NVFP4.define(NG=ng, LANES=lanes, REDUCE="", REDUCE_KIND="none (no value crosses lanes)", INV_ULPS=0,
+                              SUBW=1 if sub else 0, KVS=1 if (sub and kv_split) else 0, SCALE_PASS=int(scale_pass),
+                              SHUF_OR="return v | subgroupShuffleXor(v, m);" if sub else "return v;",
+                              **_stage_defines(stage, lanes, f4.words_per_token(head_size)))
+
+
+KERNELS = {"fast_write_ggml": tuple(ggml_spec(t) for t in TYPES.values())
+           + (nvfp4_spec(), nvfp4_spec(1, 8), nvfp4_spec(1, 16, kv_split=True), nvfp4_spec(1, 8, scale_pass=True),
+              NVFP4_SCALE)}
+
+
+def _lanes(units: int, per_lane: int) -> int:
+    L = _pow2_at_least(-(-units // per_lane))
+    if L > WG:
+        raise UnsupportedShape(f"fast ggml writer: {units} blocks a row need {L} lanes (at most {WG})")
+    return L
+
+
+def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf, v_buf, block_size: int, *,
+                    blocks_per_lane: int | None = None, exchange: bool | None = None,
+                    q8_trunc: bool | None = None, stage: bool | None = None) -> list[Dispatch]:
+    """The ggml records of `t` (kvviz/families/ggml/format.py: the token's ggml row padded to whole words) of K and V
+    into the paged caches k_buf / v_buf [num_blocks, kv_heads, block_size, wpt] through `slots`.
+    exchange (default: where subgroups allow, unless blocks_per_lane is given): a lane a block, the words two
+    blocks share handed over by a subgroup shuffle, instead of the fewest blocks whose bytes are whole words."""
+    t = TYPES[t] if isinstance(t, str) else t
+    key, value, sm = fw._check_rows(key, value, slots)
+    T, kvh, D = key.shape
+    if D % BLOCK:
+        raise UnsupportedShape(f"fast ggml writer: head_size {D} is not a multiple of {BLOCK}")
+    base = min_blocks_per_lane(t)
+    nbl = blocks_per_lane or base
+    if nbl % base:
+        raise InvalidInput(f"fast ggml writer: {t.name} takes blocks_per_lane in multiples of {base}, got {nbl}")
+    fits = fw.subgroups_available(rt) and base <= fw.smallest_subgroup(rt)   # a word-aligned unit in a subgroup
+    if exchange is None:   # the default: a lane a block wherever it can
+        exchange = blocks_per_lane is None and base > 1 and fits
+    elif exchange and not fits:
+        raise InvalidInput(f"fast ggml writer: the block exchange needs subgroups of at least {base} lanes on this adapter",
+                           "Leave exchange unset: the writer then takes whole words a lane.")
+    if exchange:
+        nbl = 1
+    L = _lanes(D // BLOCK, nbl)
+    kern = rt.compile(ggml_spec(t, nbl, L, bool(exchange), q8_trunc, D, stage))
+    wpt = t.words_per_token(D)
+    return fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
+                              lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)
+
+
+# Groups of 16 a lane of the NVFP4 writer pass where subgroups and the head size allow (1: all of a lane's loads at
+# once, 8 lanes a row at head 128, the scale words OR-ed together by shuffles; write_nvfp4.wgsl SUBW), else 4 (whole
+# scale words a lane, its groups walked one after another). H200, anchor shape, two passes each
+# (assets/bench/h200-2026-12-01-nvfp4-groups-12.txt): the writer pass, records staged (tools/device-session12e.sh) at 4
+# groups 254.0 / 253.1 us, 2 groups 262.1 / 262.0, 1 group 216.7 / 216.3; then (12f) staged against stored in place,
+# 1 group 216.6 / 216.3 against 209.9 / 208.8, 4 groups 254.3 / 254.0 against 271.6 / 271.9: so 1 group stores in
+# place and 4 groups stage (nvfp4_spec). With the lane's tensors as a loop (12g): 200.4 / 198.9 us. Amax pass + writer:
+# 371.1 -> 315.5 us (309.2 with the scale pass, NVFP4_SCALE_PASS).
+NVFP4_GROUPS_PER_LANE = 1
+# At 1 or 2 groups a lane: K and V on separate lanes (write_nvfp4.wgsl KVS), twice the lanes a row. Slower (12g, writer
+# pass in place, two passes): 1 group 249.7 / 249.3 us against 200.4 / 198.9 in one lane, 2 groups 247.3 / 245.8 against
+# 257.5 / 257.4. So off.
+NVFP4_KV_SPLIT = False
+# s_t derived once by fp4/nvfp4_scale_fast.wgsl (one invocation between the amax pass and the writer) instead of by
+# every thread of the writer (two correctly rounded divisions each). H200, 1 group a lane in place, two passes
+# (tools/device-session12h.sh): the row 316.0 / 319.2 -> 309.2 / 309.1 us, the writer pass 199.2 / 199.7 -> 184.6 /
+# 185.1 (the scale pass timed alone: 5.1 us, mostly a dispatch's fixed cost).
+NVFP4_SCALE_PASS = True
+
+
+def _sub_groups_refusal(rt: GpuRuntime, groups_per_lane: int, head_size: int) -> str | None:
+    """Why 1 or 2 groups a lane (the scale words put together by subgroup shuffles among the lanes of a word) cannot
+    run here, or None where they can."""
+    if not (fw.subgroups_available(rt) and fw.smallest_subgroup(rt) >= 4 // groups_per_lane):
+        return f"fast NVFP4 writer: {groups_per_lane} groups a lane needs subgroups of at least {4 // groups_per_lane} lanes on this adapter"
+    if (head_size // f4.SUB) % 4:
+        return f"fast NVFP4 writer: {groups_per_lane} groups a lane needs a head size that is a multiple of 64, got {head_size}"
+    return None
+
+
+def nvfp4_groups_default(rt: GpuRuntime, head_size: int) -> int:
+    """NVFP4_GROUPS_PER_LANE where the adapter's subgroups and the head size (a multiple of 64) take it, else 4."""
+    g = NVFP4_GROUPS_PER_LANE
+    return g if g < 4 and _sub_groups_refusal(rt, g, head_size) is None else 4
+
+
+def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
+                     groups_per_lane: int | None = None, variant: fw.Variant | None = None,
+                     stage: bool | None = None, kv_split: bool | None = None,
+                     scale_pass: bool | None = None) -> list[Dispatch]:
+    """NVFP4 records (kvviz/families/fp4/format.py) of K and V: the per-tensor amax pass (fp8/amax_fast.wgsl,
+    lane groups of `variant`, into tensor[0|1], which must be zeroed before), s_t into tensor[2|3] (by the scale
+    pass, fp4/nvfp4_scale_fast.wgsl, or by the writer's first row: scale_pass, default NVFP4_SCALE_PASS), then the
+    writer. groups_per_lane: 16-element groups a lane (default nvfp4_groups_default); kv_split (1 or 2 groups
+    a lane; default NVFP4_KV_SPLIT there): K and V on separate lanes."""
+    key, value, sm = fw._check_rows(key, value, slots)
+    T, kvh, D = key.shape
+    if D % f4.SUB:
+        raise UnsupportedShape(f"fast NVFP4 writer: head_size {D} is not a multiple of {f4.SUB}")
+    if groups_per_lane is None:
+        groups_per_lane = nvfp4_groups_default(rt, D)
+    if groups_per_lane in (1, 2):
+        why = _sub_groups_refusal(rt, groups_per_lane, D)
+        if why:
+            raise InvalidInput(why, "Use 4 groups a lane.")
+    elif groups_per_lane < 4 or groups_per_lane % 4:
+        raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be 1, 2 or a multiple of 4, got {groups_per_lane}")
+    wpt = f4.words_per_token(D)
+    out = fw.amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, variant or fw.Variant(rt))
+    kvs = groups_per_lane < 4 and (NVFP4_KV_SPLIT if kv_split is None else kv_split)
+    L = _lanes(2 * D // f4.SUB if kvs else D // f4.SUB, groups_per_lane)
+    sp = NVFP4_SCALE_PASS if scale_pass is None else scale_pass
+    kern = rt.compile(nvfp4_spec(groups_per_lane, L, D, stage, kvs, sp))
+    if sp:
+        out.append(rt.compile(NVFP4_SCALE).dispatch((1, 1, 1), [tensor]))
+    out += fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
+                              lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
+    return out
+
+
+def method_dispatches(rt: GpuRuntime, method, qc, key, value, sm):
+    """The fast writer of a ggml block-type method or of nvfp4 into its cache `qc`, or None where it has none
+    for the shape (the method then keeps its first-wave writer)."""
+    fam = getattr(method, "family", "")
+    try:
+        if fam == "ggml":
+            return ggml_dispatches(rt, method.type_name, key, value, sm, qc.k, qc.v, qc.block_size)
+        if fam == "fp4":
+            return nvfp4_dispatches(rt, key, value, sm, qc.k, qc.v, qc.extra["tensor"], qc.block_size)
+    except UnsupportedShape:
+        return None
+    return None
+
+
+__all__ = ["KERNELS", "ggml_dispatches", "nvfp4_dispatches", "method_dispatches", "min_blocks_per_lane"]

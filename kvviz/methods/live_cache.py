@@ -1,0 +1,423 @@
+"""Per-method paged KV caches that grow one token at a time, for live decoding of a real model.
+
+One `LiveCache` holds the K/V of every layer of one sequence: one paged pool per layer, all layers
+sharing one `BlockTable` (every layer stores the same positions, so one table serves them all).
+Blocks are taken from a `BlockAllocator` as the sequence grows, with its policy (contiguous,
+scattered, fragmented), so the block table can be drawn as it fills.
+
+Implementations:
+  F32PagedCache     'f32'  the f32 baseline writer + f32 paged decode (the reference path)
+  MethodPagedCache  a method whose cache is a format of the shared paged kernels (int8_seed: the seed
+                    int8 writer + its native paged decode), written and attended token by token
+  RequantCache      any other registered method: its whole sequence is quantised again by
+                    `method.quantize` every step, then `method.attend` runs. Slow (O(T) per step
+                    and per layer) but uses nothing the method does not already expose.
+A method offers a faster path through its `live_cache(ctx, table, n_layers, n_heads, n_kv_heads,
+head_size, scale)` hook (kvviz/methods/base.py); `make_live_cache` uses it when it returns a cache. What
+a method's cache holds (its QuantizedKV device/extra entries) is read only through the method's hooks.
+
+Layouts: `write` takes k, v [n_kv, T, D] (the layout of LlamaRunner's kv_sink), `attend` takes
+q [n_heads, D] and returns [n_heads, D] float32, like the runner's attention hook.
+"""
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvviz.errors import InvalidInput
+from kvviz.attention.paged import check_head_size
+from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord, get_method
+from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
+
+_F32 = np.float32
+log = logging.getLogger("kvviz.live")
+
+
+@dataclass
+class TokenScales:
+    """What one layer and KV head of a live cache stores per position, for positions 0..T-1: the
+    per-token scale of K and V, or what the method stores in its place (labels say which)."""
+
+    k: np.ndarray  # [T] float64; NaN where the position has none (e.g. KIVI's recent tokens, kept in f32)
+    v: np.ndarray
+    k_label: str  # axis labels: what the values are
+    v_label: str
+    note: str = ""  # one line: where the values come from
+
+
+class BlockTable:
+    """The block table of one growing sequence, with blocks taken from a `BlockAllocator` on demand."""
+
+    def __init__(self, num_blocks: int, block_size: int, policy: str = "contiguous", seed: int = 0):
+        if block_size <= 0:
+            raise InvalidInput(f"block_size must be positive, got {block_size}")
+        self.block_size = int(block_size)
+        self.num_blocks = int(num_blocks)
+        self.policy = policy
+        self.seed = seed
+        self.allocator = BlockAllocator(num_blocks, policy, seed)
+        self.blocks: list[int] = []
+        self.events: list[tuple[int, int]] = []  # (position that needed it, block id), in order
+
+    @property
+    def capacity(self) -> int:
+        return len(self.blocks) * self.block_size
+
+    def ensure(self, n_tokens: int) -> list[int]:
+        """Allocate blocks until `n_tokens` positions fit; returns the blocks allocated now."""
+        new: list[int] = []
+        while self.capacity < n_tokens:
+            b = self.allocator.allocate(1)[0]
+            self.events.append((self.capacity, b))
+            self.blocks.append(b)
+            new.append(b)
+        return new
+
+    def slots(self, start: int, stop: int) -> np.ndarray:
+        if stop > self.capacity:
+            raise InvalidInput(f"positions up to {stop} do not fit the {len(self.blocks)} allocated blocks")
+        pos = np.arange(start, stop, dtype=np.int64)
+        tbl = np.asarray(self.blocks, dtype=np.int64)
+        return (tbl[pos // self.block_size] * self.block_size + pos % self.block_size).astype(np.uint32)
+
+    def batch(self, context_len: int) -> PagedBatch:
+        """A one-sequence batch over the first `context_len` positions (slot_mapping covers all of them)."""
+        need = -(-int(context_len) // self.block_size)
+        return batch_from_blocks([self.blocks[:need]], [int(context_len)], self.block_size, self.num_blocks)
+
+    def copy_empty(self) -> "BlockTable":
+        """A fresh table on a fresh pool with the same settings (for a forked sequence)."""
+        return BlockTable(self.num_blocks, self.block_size, self.policy, self.seed)
+
+
+class LiveCache(ABC):
+    """K/V of all layers of one sequence in a paged GPU cache, written token by token."""
+
+    method_id: str = ""
+    label: str = ""
+
+    def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int,
+                 scale: float):
+        self.ctx = ctx
+        self.table = table
+        self.n_layers, self.n_heads, self.n_kv_heads, self.head_size = n_layers, n_heads, n_kv_heads, head_size
+        self.scale = float(scale)
+        self.length = 0  # positions written so far (in every layer, once a token has passed all layers)
+        self.last_q: list[np.ndarray | None] = [None] * n_layers  # the query of each layer's last attend
+
+    # -- to implement ------------------------------------------------------------------------
+
+    @abstractmethod
+    def write(self, layer: int, k: np.ndarray, v: np.ndarray, start: int) -> None:
+        """Store k, v [n_kv, T, D] at positions start..start+T-1 (their blocks must be allocated)."""
+
+    @abstractmethod
+    def attend(self, layer: int, q: np.ndarray, context_len: int) -> np.ndarray:
+        """Decode attention of q [n_heads, D] over positions 0..context_len-1 -> [n_heads, D] f32."""
+
+    @abstractmethod
+    def weights(self, layer: int, q: np.ndarray, context_len: int) -> np.ndarray:
+        """Attention weights [n_heads, context_len] the decode applies."""
+
+    # -- shared --------------------------------------------------------------------------------
+
+    def append_attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int) -> np.ndarray:
+        """The attention hook's work: store the token's k, v [n_kv, D] at `pos`, attend over 0..pos."""
+        self.table.ensure(pos + 1)
+        self.write(layer, k[:, None, :], v[:, None, :], pos)
+        out = self.attend(layer, q, pos + 1)
+        self._wrote(layer, q, pos + 1)
+        return out
+
+    def _wrote(self, layer: int, q, context_len: int) -> None:
+        self.last_q[layer] = np.array(q, dtype=_F32)
+        if layer == self.n_layers - 1:
+            self.length = context_len
+
+    def extend(self, layer: int, k: np.ndarray, v: np.ndarray, start: int) -> None:
+        """Prefill sink: store k, v [n_kv, T, D] at start.., allocating blocks as needed."""
+        self.table.ensure(start + k.shape[1])
+        self.write(layer, k, v, start)
+        if layer == self.n_layers - 1:
+            self.length = start + k.shape[1]
+
+    def load(self, k_all: np.ndarray, v_all: np.ndarray) -> None:
+        """Fill every layer from k, v [L, n_kv, T, D] (positions 0..T-1)."""
+        for li in range(self.n_layers):
+            self.extend(li, k_all[li], v_all[li], 0)
+
+    def last_weights(self, layer: int) -> np.ndarray | None:
+        """Attention weights of the last query seen by `layer` over the current context (for drawing)."""
+        q = self.last_q[layer]
+        return None if q is None or self.length == 0 else self.weights(layer, q, self.length)
+
+    def bytes_per_token(self) -> float:
+        """Bytes one token costs in K + V over all layers and KV heads (NaN when unknown)."""
+        return float("nan")
+
+    def inspect_block(self, layer: int, block: int, kv_head: int, which: str = "K") -> list[TokenRecord]:
+        raise InvalidInput(f"the {self.method_id} live cache cannot show its blocks")
+
+    def token_scales(self, layer: int, kv_head: int) -> TokenScales | None:
+        """Per-position K and V scales of one layer and KV head over positions 0..length-1 (None: this
+        cache cannot tell). Reads what the cache holds (GPU or the method's host copies), on the
+        calling thread: call it where the decoder runs."""
+        return None
+
+    def describe(self) -> dict:
+        return {"method": self.method_id, "label": self.label, "blocks": list(self.table.blocks), "length": self.length,
+                "block_size": self.table.block_size, "num_blocks": self.table.num_blocks,
+                "policy": self.table.policy}
+
+
+def _tokens_major(a: np.ndarray) -> np.ndarray:
+    """[n_kv, T, D] -> contiguous float32 [T, n_kv, D] (the writers' layout)."""
+    return np.ascontiguousarray(np.asarray(a, dtype=_F32).transpose(1, 0, 2))
+
+
+class PagedLiveCache(LiveCache):
+    """The shared paged kernels (kvviz.attention.paged) in one format: one PagedCache per layer."""
+
+    fmt = "f32"
+
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
+        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
+        check_head_size(self.fmt, head_size)
+        if n_heads % n_kv_heads:
+            raise InvalidInput(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
+        self.layers = [ctx.paged.allocate(self.fmt, table.num_blocks, n_kv_heads, table.block_size, head_size)
+                       for _ in range(n_layers)]
+
+    def write(self, layer, k, v, start):
+        slots = self.table.slots(start, start + k.shape[1])
+        self.ctx.paged.write(self.layers[layer], _tokens_major(k), _tokens_major(v), slots)
+
+    def attend(self, layer, q, context_len):
+        return self.ctx.paged.decode(self.layers[layer], np.asarray(q, _F32)[None], self.table.batch(context_len),
+                                     self.scale)[0]
+
+    def weights(self, layer, q, context_len):
+        return self.ctx.paged.weights(self.layers[layer], np.asarray(q, _F32)[None],
+                                      self.table.batch(context_len), self.scale)[0]
+
+    def append_attend(self, layer, q, k, v, pos):
+        # Writer and decode in one compute pass, one submit: WebGPU orders dispatches of a pass, so
+        # the decode sees the token the writer just stored.
+        self.table.ensure(pos + 1)
+        paged, cache = self.ctx.paged, self.layers[layer]
+        w = paged.write_dispatches(cache, np.asarray(k, _F32)[None], np.asarray(v, _F32)[None],
+                                   self.table.slots(pos, pos + 1))
+        d, outs = paged.decode_dispatches(cache, np.asarray(q, _F32)[None], self.table.batch(pos + 1), self.scale)
+        paged.rt.run(w + d)
+        out = np.zeros((1, self.n_heads * self.head_size), _F32)
+        for idx, buf in outs:
+            out[idx] = paged.rt.read(buf, np.float32, (len(idx), self.n_heads * self.head_size))
+        self._wrote(layer, q, pos + 1)
+        return out.reshape(self.n_heads, self.head_size)
+
+    def bytes_per_token(self):
+        return float(self.n_layers * self.layers[0].bytes_per_token())
+
+    def read_positions(self, layer: int, which: str = "K", stop: int | None = None) -> np.ndarray:
+        """Raw records of positions 0..stop-1 (default: length) [T, n_kv, words], like `read_tokens`, but
+        reading only the sequence's blocks (one read-back per run of consecutive block ids), not the pool."""
+        stop = self.length if stop is None else int(stop)
+        cache = self.layers[layer]
+        buf = cache.k if which == "K" else cache.v
+        bs = self.table.block_size
+        blocks = self.table.blocks[: -(-stop // bs)]
+        out = np.empty((len(blocks),) + cache.shape[1:], cache.dtype)  # [n, n_kv, bs, words]
+        i = 0
+        while i < len(blocks):
+            j = i + 1
+            while j < len(blocks) and blocks[j] == blocks[j - 1] + 1:
+                j += 1
+            out[i:j] = self.ctx.paged.rt.read(buf, cache.dtype, (j - i,) + cache.shape[1:],
+                                              offset=blocks[i] * cache.block_bytes, nbytes=(j - i) * cache.block_bytes)
+            i = j
+        return out.transpose(0, 2, 1, 3).reshape(len(blocks) * bs, cache.num_kv_heads, cache.wpt)[:stop]
+
+    def read_tokens(self, layer: int, which: str = "K") -> np.ndarray:
+        """Raw records of positions 0..length-1: [T, n_kv, words] (u32 for q8, f32 for f32)."""
+        full = self.ctx.paged.read(self.layers[layer], "k" if which == "K" else "v")
+        sl = self.table.slots(0, self.length).astype(np.int64)
+        bs = self.table.block_size
+        return full[sl // bs, :, sl % bs, :]
+
+
+class F32PagedCache(PagedLiveCache):
+    method_id = "f32"
+    label = "f32 paged baseline (GPU)"
+    fmt = "f32"
+
+    def inspect_block(self, layer, block, kv_head, which="K"):
+        full = self.ctx.paged.read(self.layers[layer], "k" if which == "K" else "v")
+        recs = full[block, kv_head]
+        pos = _block_positions(self.table, block, self.length)
+        return [TokenRecord(slot=block * self.table.block_size + o, position=int(pos[o]),
+                            words=recs[o].view(np.uint32).copy(), fields={"values": recs[o].copy()})
+                for o in range(self.table.block_size)]
+
+    def token_scales(self, layer, kv_head):
+        amax = [np.abs(self.read_positions(layer, w)[:, kv_head]).max(-1).astype(np.float64) for w in "KV"]
+        return TokenScales(amax[0], amax[1], "max |K|", "max |V|",
+                           "the f32 cache stores no scale: max |x| of each stored vector")
+
+
+class MethodPagedCache(PagedLiveCache):
+    """A method whose cache is one format of the shared paged kernels (`fmt`, e.g. "q8"): their writer
+    and decode run token by token; blocks and per-token scales are read through the method's
+    `paged_qkv` / `record_scales` hooks (kvviz/methods/base.py)."""
+
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method: KVMethod, fmt: str,
+                 label: str, scales_note: str = ""):
+        self.fmt = fmt
+        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
+        self.method = method
+        self.method_id = method.id
+        self.label = label
+        self.scales_note = scales_note
+
+    def inspect_block(self, layer, block, kv_head, which="K"):
+        qkv = self.method.paged_qkv(self.layers[layer])
+        return self.method.inspect_block(self.ctx, qkv, self.table.batch(self.length), block, kv_head, which)
+
+    def token_scales(self, layer, kv_head):
+        k, v = (np.asarray(self.method.record_scales(self.read_positions(layer, w)[:, kv_head]), np.float64)
+                for w in "KV")
+        return TokenScales(k, v, "K scale", "V scale", self.scales_note)
+
+
+class RequantCache(LiveCache):
+    """Any registered method, without an incremental writer: the layer's whole sequence is quantised
+    again by `method.quantize` each step (host f32 copies of K/V are kept for that), then
+    `method.attend` runs over the fresh cache. O(T) GPU work per token and layer: slow but exact
+    for every method whose quantisation of a token does not depend on later tokens (KIVI's key groups
+    of 32 and its recent window are defined by position, so re-quantising reproduces its streaming
+    cache). Each layer quantises with `method.for_layer(layer)` (TurboQuant seeds its rotation per layer)."""
+
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method: KVMethod):
+        super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
+        method.check(n_heads, n_kv_heads, head_size, table.block_size)
+        self.method = method
+        self.methods = [method.for_layer(li) for li in range(n_layers)]
+        self.method_id = method.id
+        self.label = f"{method.label} (re-quantised every step)"
+        cap = table.num_blocks * table.block_size
+        self._k = np.zeros((n_layers, cap, n_kv_heads, head_size), _F32)  # [L, pos, n_kv, D]
+        self._v = np.zeros_like(self._k)
+        self.qkv: list[QuantizedKV | None] = [None] * n_layers  # the method's cache of each layer's last attend
+        self._qkv_len = [0] * n_layers
+
+    def write(self, layer, k, v, start):
+        t = k.shape[1]
+        if start + t > self._k.shape[1]:
+            raise InvalidInput(f"position {start + t - 1} is past the pool's {self._k.shape[1]} slots")
+        self._k[layer, start : start + t] = _tokens_major(k)
+        self._v[layer, start : start + t] = _tokens_major(v)
+        self._qkv_len[layer] = -1  # stale
+
+    def _quantized(self, layer: int, context_len: int):
+        batch = self.table.batch(context_len)
+        if self.qkv[layer] is None or self._qkv_len[layer] != context_len:
+            n = context_len
+            self.qkv[layer] = self.methods[layer].quantize(self.ctx, batch, np.ascontiguousarray(self._k[layer, :n]),
+                                                   np.ascontiguousarray(self._v[layer, :n]))
+            self._qkv_len[layer] = context_len
+        return self.qkv[layer], batch
+
+    def attend(self, layer, q, context_len):
+        qkv, batch = self._quantized(layer, context_len)
+        out = self.methods[layer].attend(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale)
+        return np.asarray(out, _F32)[0]
+
+    def weights(self, layer, q, context_len):
+        qkv, batch = self._quantized(layer, context_len)
+        return np.asarray(self.methods[layer].weights(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale))[0]
+
+    def bytes_per_token(self):
+        k, v = self.method.layouts(self.head_size, self.table.block_size)
+        return float(self.n_layers * self.n_kv_heads * (k.bytes_per_token_per_head + v.bytes_per_token_per_head))
+
+    def inspect_block(self, layer, block, kv_head, which="K"):
+        qkv, batch = self._quantized(layer, self.length)
+        return self.methods[layer].inspect_block(self.ctx, qkv, batch, block, kv_head, which)
+
+    def token_scales(self, layer, kv_head):
+        """From the method's QuantizedKV of the layer, through its `token_scales` hook (host copies read
+        back from the GPU by its quantize): a per-group or per-channel scale is averaged over the token's
+        groups or channels, a method without scales shows what it stores (TurboQuant: the vector norms)."""
+        if self.length == 0:
+            return None
+        qkv, _ = self._quantized(layer, self.length)
+        got = self.methods[layer].token_scales(qkv, kv_head, self.length)
+        if got is None:
+            return None
+        k, v, missing = got
+        labels = [_scale_label(lay) for lay in self.method.layouts(self.head_size, self.table.block_size)]
+        note = (f"{self.method.id}: " + "; ".join(lab[1] for lab in labels)
+                + " (the method's cache, read back from the GPU)")
+        if missing:
+            note += f"; {missing}"
+        return TokenScales(k, v, labels[0][0], labels[1][0], note)
+
+
+def _scale_label(layout) -> tuple[str, str]:
+    """(short axis label, what it is) of what `RequantCache.token_scales` shows for one of K or V."""
+    w = layout.which
+    fields = {f.name: f for f in layout.fields}
+    f = fields.get("scale")
+    if f is not None:
+        if f.per == "token" or (f.per == "group" and f.count == 1):
+            return f"{w} scale", f"{w}: scale per token"
+        if f.per == "tensor":
+            return f"{w} tensor scale", f"{w}: one scale per tensor"
+        if f.per == "group":
+            return f"{w} scale (mean)", f"{w}: mean of each token's {f.count} group scales"
+        if f.per == "channel-group":
+            return f"{w} scale (mean)", f"{w}: mean of the {f.count} per-channel scales of each token's group"
+        return f"{w} scale", f"{w}: scale per {f.per}"
+    f = fields.get("norm")
+    if f is not None:
+        return f"|{w.lower()}| norm", f"{w}: no scale, the {f.dtype} norm of each vector"
+    return f"{w} scale", f"{w}: scale"
+
+
+def _block_positions(table: BlockTable, block: int, length: int) -> np.ndarray:
+    pos = np.full(table.block_size, -1, dtype=np.int64)
+    if block in table.blocks:
+        logical = table.blocks.index(block)
+        p = logical * table.block_size + np.arange(table.block_size)
+        pos = np.where(p < length, p, -1)
+    return pos
+
+
+def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int,
+                    head_size: int, scale: float, method_options: dict | None = None,
+                    incremental: bool = True) -> LiveCache:
+    """The live cache of 'f32' (the f32 paged baseline) or a method id or instance: the method's own
+    `live_cache` when it returns one, else re-quantisation of the whole sequence every step.
+    incremental=False forces the re-quantising path for every method except 'f32' (a cross-check)."""
+    args = (ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
+    if isinstance(method, str) and method == "f32":
+        return F32PagedCache(*args)
+    m = get_method(method, **(method_options or {})) if isinstance(method, str) else method
+    if incremental:
+        own = m.live_cache(*args)
+        if own is not None:
+            return own
+        log.info("live cache of %s: the method has no incremental cache; its whole sequence is quantised "
+                 "again every step", m.id)
+    return RequantCache(*args, method=m)
+
+
+def cache_kind(method: str | KVMethod) -> str:
+    """'native' (the f32 baseline or the method's own incremental cache) or 'requant': the path
+    `make_live_cache` takes."""
+    if isinstance(method, str) and method == "f32":
+        return "native"
+    m = get_method(method) if isinstance(method, str) else method
+    return "native" if m.has_live_cache else "requant"
