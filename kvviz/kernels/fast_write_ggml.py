@@ -83,8 +83,8 @@ Q8_TRUNC = True
 
 
 # The records staged through workgroup memory and stored by consecutive threads (write_ggml.wgsl and
-# write_nvfp4.wgsl STAGE), not by each lane at its block's bytes: every type but iq4_nl (measured slower:
-# write_ggml.wgsl says by how much).
+# write_nvfp4.wgsl STAGE), not by each lane at its block's bytes: every type but iq4_nl (measured slower: its
+# table shares the workgroup memory; write_ggml.wgsl says why).
 STAGE = True
 NO_STAGE = ("iq4_nl",)
 
