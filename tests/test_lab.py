@@ -1,4 +1,4 @@
-"""The Kernel lab (issue 12 items 1-3): slot contracts, `kvviz kernel new` output passing its own slot's
+"""The Kernel lab: slot contracts, `kvviz kernel new` output passing its own slot's
 check, a wrong user kernel failing the oracle check with the right count of bad elements and where, a syntax
 error with its line and column, the source view, `kvviz bench --kernel`.
 

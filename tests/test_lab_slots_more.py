@@ -1,4 +1,4 @@
-"""Kernel lab slots of issue 12 item 1 beyond the first ones: the fast decode over every cache format it
+"""Kernel lab slots beyond those of tests/test_lab.py: the fast decode over every cache format it
 reads (f16, the int8 seed layout, FP8 E4M3 / E5M2 with per-token scales, int4 per group), the f16 method's
 kernels, the vLLM FP8 writers and dequantisers, the seed layout's fast writer, the llama.cpp types' fast writers.
 

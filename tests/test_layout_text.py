@@ -1,4 +1,4 @@
-"""No cut text at 1280x800 (issue 13, item 3): every visible combo box, label, button, field and plot
+"""No cut text at 1280x800: every visible combo box, label, button, field and plot
 title of every panel shows its whole text in the default layout and the live-decode layout; the panels
 under the overview and the live decode's KL plot get real height; the f16 code histogram is binned on its
 value axis (a few hundred points, not 63,488 bars); the History tab's legend sits outside the data and a
@@ -183,9 +183,9 @@ def _live_plot_as_after_a_run(lp):
 
 @pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
 def test_no_clipped_plots_in_the_live_layout(qtbot, settings, session, size):  # noqa: F811
-    """Issue 13 item 3: no view's plots are wider than the view. A plot title used to hold its plot (and the
-    view's whole layout) at the title's one-line width: the live KL plot at 1280x800 needed 391 px in a 377 px
-    view (its right "top-1" axis cut), the Scales plots at 1920x1080 387 px in 357 px."""
+    """No view's plots are wider than the view. A plot title can hold its plot (and the view's whole layout) at
+    the title's one-line width, wider than the view: the live KL plot at 1280x800 (its right "top-1" axis cut)
+    and the Scales plots at 1920x1080 are the views where that would show."""
     cfg = SessionConfig(timing_runs=3)  # the screenshots' default workload
     w = open_window(qtbot, settings, session, cfg)
     try:

@@ -1,4 +1,4 @@
-"""Live decode appends (issue 11 item 5): a per-token-record method's live cache writes only the new
+"""Live decode appends: a per-token-record method's live cache writes only the new
 token through the method's writer and attends with the fast decode; the whole-sequence re-quantising
 cache (`incremental=False`) is the cross-check: same records, same outputs within f32 tolerance."""
 from __future__ import annotations

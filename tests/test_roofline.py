@@ -1,4 +1,4 @@
-"""Roofline (issue 12 item 4): every bench row's FLOPs, GFLOP/s, intensity and bound agree with each other
+"""Roofline: every bench row's FLOPs, GFLOP/s, intensity and bound agree with each other
 and with the ceilings measured in the same run; the FMA probe's sink matches numpy (a probe that skips its
 loop is caught); the arithmetic counts; the report's SVG. Timings are printed, never asserted."""
 from __future__ import annotations

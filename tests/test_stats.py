@@ -1,6 +1,5 @@
-"""Code statistics mean what their names say (issue 13 item 1) and histograms have one bin per code
-(item 2): per-method definitions through KVMethod.code_statistics, checked against numpy on the
-inputs and the codes the GPU wrote."""
+"""Code statistics mean what their names say and histograms have one bin per code: per-method definitions
+through KVMethod.code_statistics, checked against numpy on the inputs and the codes the GPU wrote."""
 import numpy as np
 import pytest
 

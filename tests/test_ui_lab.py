@@ -1,4 +1,4 @@
-"""The Kernel lab panel in the window (issue 12; pytest-qt, offscreen): a file opened in the lab runs, each save
+"""The Kernel lab panel in the window (pytest-qt, offscreen): a file opened in the lab runs, each save
 recompiles it and adds timing rows, a syntax error lists its line and column and marks the line, a wrong kernel shows
 the failed check, the roofline tab and the report's roofline have the run's kernels. Apart from tests/test_lab.py so
 that the lab's Qt-free tests run where Qt is not installed (the GPU machine)."""

@@ -1,4 +1,4 @@
-"""What the window shows is true and readable (issue 13): histograms with one bar per code, statistics
+"""What the window shows is true and readable: histograms with one bar per code, statistics
 with their definitions, exports that are figures (no controls, vector scatter points), a report folder
 with every panel in strict JSON, bad input named where it is (pytest-qt, offscreen)."""
 import json

@@ -80,30 +80,27 @@ _ONES = np.array([0.0, 0.0, 1.0, 1.0], np.float32).view(np.uint32)
 #   output is inf / NaN, which callers refuse as non-finite.
 QK_VARIANTS = ("f32", "i8")
 PV_VARIANTS = ("f32", "f16")
-# Defaults chosen by measurement on the H200 at the anchor shape (tools/device-pipeline.sh, 2026-12-01, two
-# passes within 0.5 us): prefetch int8 110.1 -> 107.0 us, f16 105.2 -> 91.9, int4 113.9 -> 106.5; the 2^23
-# conversion on top, int8 107.0 -> 102.3 but int4 106.5 -> 110.8 (so int8 only); lazy rescale mixed (f16 with
-# prefetch 91.9 -> 101.4), so off. Rendering the block size as a constant: int8 123 -> 110 us.
+# Defaults chosen by measurement on the H200 at the anchor shape (figures in docs/benchmarks.md): the prefetch
+# is faster for int8, f16 and int4; the 2^23 conversion on top helps int8 but slows int4 (so int8 only, MAGIC_CVT);
+# lazy rescale without the scatter softmax is mixed (slower for f16 with the prefetch), so off. Rendering the block
+# size as a constant is faster than reading it from a uniform.
 PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decode_tune.py --prefetch)
 # ... when a lane's words of one step fit this many registers: the prefetch holds two steps' words. The f32
 # cache at 16 lanes and 2 tokens a row loads 32 words a step, and prefetching them measured slower on the H200
-# (fast_decode_f32 177 -> 221 us at the anchor: registers, so fewer warps); a wide lane (the one-lane layout
+# (fast_decode_f32 at the anchor: the extra registers leave fewer warps resident); a wide lane (the one-lane layout
 # without subgroups: a whole head a lane) would double a shader that is already huge (lavapipe's LLVM took
 # over 10 minutes to compile the f16 head-64 one-lane kernel with it).
 PREFETCH_MAX_WORDS = 24
 # Formats whose prefetch loads each token's block-table entry a step before the words it addresses (step_loads'
-# bt_ahead), so the next step's loads need not wait on a block-table load first (a warp issues in order). H200 at the
-# anchor (tools/device-session10a.sh, two passes, split + reduce): f16 84.7 / 84.2 -> 83.2 / 82.9 us, int4 101.1 / 101.4
-# -> 99.6 / 99.1, but int8 91.6 / 91.6 -> 92.9 / 92.7, so not int8; f32 and fp8_e4m3 unchanged within 0.5 us
-# (tools/device-session10b.sh; tools/fast_decode_tune.py --bt-ahead=off|all).
+# bt_ahead), so the next step's loads need not wait on a block-table load first (a warp issues in order). On the
+# H200 at the anchor it is faster for f16 and int4 but slower for int8, so not int8; f32 and fp8_e4m3 do not move
+# (tools/fast_decode_tune.py --bt-ahead=off|all; figures in docs/benchmarks.md).
 BT_AHEAD_FORMATS = ("f16", "int4")
-# Tried and slower there: the prefetch two steps ahead (int8 92.8 -> 100.2, f16 83.1 -> 88.9, int4 99.4 -> 105.0); the
-# query slices in workgroup memory, read back each step instead of held in registers (tools/device-session10c.sh: int8
-# split 86.9 -> 97.0 us, f16 77.0 -> 83.4, int4 94.3 -> 97.4). An SM holds 4 of the int8 decode's 128-thread workgroups
-# (tools/device-session10b.sh: 5 partitions, 600 workgroups, 120.1 us against 4's 92.4), and the 480 of the anchor fit.
-# Each step's P.V run one step late, beside the next step's logits (the same operations in the same order, so the same
-# bits; tools/device-session10e.sh): int8 split 86.3 -> 113.5 us, f16 77.7 -> 107.5, int4 93.7 -> 102.3, the int8 query
-# at 4 tokens a row 62.5 -> 63.1; its 17 more live registers a thread push the kernel past what lets an SM hold 4.
+# Measured slower there, so not used: the prefetch two steps ahead; the query slices in workgroup memory, read back
+# each step instead of held in registers. An SM holds 4 of the int8 decode's 128-thread workgroups (5 partitions,
+# 600 workgroups, is much slower than 4), and the 480 of the anchor fit. Also slower: each step's P.V run one step
+# late, beside the next step's logits (the same operations in the same order, so the same bits), for every format;
+# its extra live registers a thread push the kernel past what lets an SM hold 4. Figures in docs/benchmarks.md.
 
 
 def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
@@ -114,21 +111,19 @@ def prefetch_fits(fmt: CacheFormat, head_size: int, lay: Layout) -> bool:
         extra = 4 * max(1, lay.dims_per_lane // fmt.group_size)
     return lay.unroll * (2 * wpl + extra) <= PREFETCH_MAX_WORDS
 # FP8 formats whose fp8x4 yields value / FP8_UNIT, the unit folded into the query and the V scale (exact: a power of
-# two), not multiplied into every vec4 of codes. H200 at the anchor (tools/device-session8g.sh, two passes each):
-# fp8_e4m3 93.7 -> 87.6 / 88.1 us.
+# two), not multiplied into every vec4 of codes: one multiply fewer per code vec4, measured faster on the H200.
 FP8_UNIT = {"e4m3": 256.0}
 MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
 # Lazy rescale (render's lazy; tools/fast_decode_tune.py --lazy), the default for these formats. With the scatter
 # softmax an owner moves its max only past the old one + LAZY_TAU (log2 units, so p <= 2^8: no f32 range concern)
 # and the G heads' accumulators are rescaled in one branch uniform over the subgroup (scatter_softmax's tau,
-# lazy_rescale). H200 at the anchor (tools/device-session8a.sh / 8b.sh, two runs): int8 95.5 -> 92.7 us, the int8
-# query at 4 tokens a row 72.2 -> 71.0; f16 84.6 -> 93.4, fp8_e4m3 93.7 -> 94.0, int4 102.4 -> 99.5 (but 101.2 ->
-# 113.2 at 4 tokens a row), so int8 only. Without the scatter softmax: rescale in the steps where the max grows.
+# lazy_rescale). On the H200 at the anchor it is faster for int8 (and its int8-query variant) but slower for f16
+# and fp8_e4m3, and for int4 at 4 tokens a row, so int8 only. Without the scatter softmax: rescale in the steps where
+# the max grows.
 LAZY_FORMATS = ("int8",)
 LAZY_TAU = 8.0
-# The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter), measured on the H200 at the
-# anchor (tools/device-scatter.sh, 2026-12-01, one run): int8 102.4 -> 95.7 us, f16 91.4 -> 85.0, fp8 138.4 -> 130.6,
-# int4 106.5 -> 102.7, the int8-query variant 88.8 -> 75.0 (72.1 at 4 tokens a row per step).
+# The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter): measured faster on the H200 at
+# the anchor for every format and the int8-query variant (figures in docs/benchmarks.md).
 SCATTER = True
 PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
 F16_EPS = 2.0 ** -11  # f16 unit roundoff
@@ -689,9 +684,8 @@ def split_context(partition_tokens: int | None, planned: int, step: int, max_len
 
 REDUCE_CHUNK = 8  # partitions a step of decode_reduce.wgsl (and of TurboQuant's reduce: CHUNK there)
 WIDE_REDUCE_GROUPS, WIDE_REDUCE_CHUNK = 4, 8  # decode_reduce_wide.wgsl's GROUPS and CHUNK
-# the most partitions decode_reduce.wgsl takes; decode_reduce_wide.wgsl takes more. On the H200
-# (tools/device-session11c.sh, int8 / f16 split + reduce): at 4 partitions the wide one was 2.3 / 2.5 us slower, at 15
-# 1.5 / 0.3 us faster, at 60 11.8 / 11.1 us faster
+# the most partitions decode_reduce.wgsl takes; decode_reduce_wide.wgsl takes more. On the H200 the wide one is
+# slower at 4 partitions and faster at 15 and more (figures in docs/benchmarks.md).
 WIDE_REDUCE_FROM = 9
 
 

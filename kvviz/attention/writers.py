@@ -10,14 +10,14 @@ workgroup per (token, head, K|V) and a 25-step integer division per element):
   - amax / min / max by `red_min` over the lane group: subgroupShuffleXor where the adapter has subgroups
     (L never exceeds the adapter's smallest subgroup size), workgroup memory otherwise (a fallback, not a
     failure); a reduction whose lane span fits the smallest subgroup takes shuffles even then
-    (`Variant.defines(span=...)`: int4's groups of 4 units at 8 lanes, 298.0 -> 281.3 us on the H200);
+    (`Variant.defines(span=...)`: int4's groups of 4 units at 8 lanes, measured faster on the H200);
   - codes from q = x * (1/scale), branch-free in the unrolled main loop, and sure only away from a rounding
     boundary; a lane with a value that close to one (exact ties included) redoes those words by the exact integer
     division after the loop (one copy of it in the shader): the same codes as the oracles. Where the quotient is
     known to be small (int8_token, int4, KIVI: write_common.wgsl round_fixed4 / asym_codes4v_fast) the code and
     the distance to the boundary come from integer ops on the bits of q + 3 x 2^k, with no round and no
     float-to-int: those run 16 a clock an SM on NVIDIA against 128 adds, and bound the writers more than their
-    bytes did (H200, session 9: KIVI 2-bit 383.8 -> 257.1 us, int4 279.0 -> 232.9, int8_token 267.7 -> 240.4);
+    bytes do (measured faster on the H200 for KIVI 2-bit, int4 and int8_token; docs/benchmarks.md);
   - KIVI's key groups (write_kivi_kgroup.wgsl): a workgroup a (32-token group, KV head) loads the group's tile
     once, every load of a thread issued together, and reduces the channels' min / max through workgroup memory;
   - a 2-D grid (y * gx + x), so more than 65535 workgroups take one dispatch: the host splits the input
@@ -177,9 +177,8 @@ class Variant:
         auto = subgroups is None and lanes is None and have and smallest_subgroup(rt) < AUTO_LANES
         if auto:
             # wgpu guarantees subgroups of fewer than 8 lanes (Vulkan adapters report 4, NVIDIA's included):
-            # 8 lanes a row through workgroup memory measured 2.5x faster on the H200 than 4 lanes through
-            # subgroup shuffles (int8 seed layout at the anchor shape: 378 vs 936 us,
-            # assets/bench/h200-2026-11-30-fast-writers.txt)
+            # 8 lanes a row through workgroup memory measured faster on the H200 than 4 lanes through
+            # subgroup shuffles (int8 seed layout at the anchor shape; docs/benchmarks.md)
             subgroups, lanes = False, AUTO_LANES
         self.subgroups = have if subgroups is None else bool(subgroups)
         # where the default took workgroup memory only because subgroups are small: the widest aligned lane span a
@@ -239,10 +238,9 @@ def _row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: i
 
 
 # The int8 seed-layout writer where wgpu guarantees only subgroups of fewer than AUTO_LANES (NVIDIA reports 4):
-# 4 lanes a row through subgroup shuffles measured 290.6 and 292.7 us against 304.0 for 8 lanes through workgroup
-# memory on the H200 (anchor shape, tools/device-writers-6.sh, assets/bench/h200-2026-12-01-fast-writers-6.txt).
-# The other writers measured slower that way (int8_token 373.8 vs 330.8 us, fp8_e4m3 996.2 vs 560.0, int4 527.9 vs
-# 436.0), so only this one takes it.
+# 4 lanes a row through subgroup shuffles measured faster than 8 lanes through workgroup memory on the H200 (anchor
+# shape; docs/benchmarks.md). The other writers (int8_token, fp8_e4m3, int4) measured slower that way, so only this
+# one takes it.
 SEED_SUBGROUP_LANES = 4
 
 
@@ -268,8 +266,7 @@ def int8_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size:
 
 
 # Lanes a row of the FP8 per-tensor writer pass by default: it reduces nothing across lanes, so any lane count is
-# legal without subgroups. H200 at the anchor (tools/device-session8f.sh): 8 lanes 199.6 us, 16 lanes 178.2, 32
-# lanes 201.0, 4 lanes 238.1.
+# legal without subgroups. 16 measured fastest on the H200 at the anchor, against 4, 8 and 32 (docs/benchmarks.md).
 PER_TENSOR_LANES = 16
 
 
@@ -295,8 +292,8 @@ def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_b
 
 
 # Row blocks a workgroup of the per-tensor amax pass (it strides over the rows: any grid is correct; fewer
-# workgroups, fewer reductions and atomics). H200 at the anchor (tools/device-session8e.sh, the slot and the
-# values loaded together): 1 block 215.3 us, 4 130.6, 16 121.0, 64 123.4 (FP8 per-tensor's pass; NVFP4's the same).
+# workgroups, fewer reductions and atomics). 16 measured fastest on the H200 at the anchor, against 1, 4 and 64
+# (FP8 per-tensor's pass, the slot and the values loaded together; NVFP4's the same; docs/benchmarks.md).
 AMAX_BLOCKS = 16
 
 
@@ -320,7 +317,7 @@ def int4_dispatches(rt: GpuRuntime, group: int, key, value, slots, k_buf, v_buf,
     var = variant or Variant(rt)
     L = var.lanes(D // 8, group // 8)
     # a group's statistics are reduced over min(group units, L) lanes (write_int4.wgsl SPAN): shuffles where that
-    # span fits the smallest subgroup (tools/device-writers-7d.sh measured it against workgroup memory)
+    # span fits the smallest subgroup (measured faster than workgroup memory on the H200)
     kern = rt.compile(WRITE_INT4, GROUP=group, NJ=D // (8 * L), **var.defines(L, span=min(group // 8, L)))
     wpt = D // 8 + 2 * (D // group)
     return _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],

@@ -339,8 +339,8 @@ def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, a
                     role="decode", impl="fast")
 
 
-# the int8-query variant's layout: 4 tokens a row per step measured fastest for it on the H200 (72.2 us vs 75.4 at 2;
-# assets/bench/h200-2026-12-01-fast-decode-scatter-layouts.txt)
+# the int8-query variant's layout: 4 tokens a row per step measured fastest for it on the H200 (faster than 2;
+# figures in docs/benchmarks.md)
 I8Q_UNROLL = 4
 
 

@@ -90,10 +90,10 @@ def measure_fma(rt: GpuRuntime, dtype: str = "f32", runs: int = 10, warmup: int 
 
 # The timing frame's floor: the FMA probe cut to one step a thread on a grid of FLOOR_GROUPS workgroups (about as many
 # threads as the fast decode's anchor grid), timed like every kernel: its own compute pass, begin / end timestamps.
-# A row near it is mostly the frame's fixed cost. It moves between processes: on 2026-12-02 an H200 read 13.1, 15.1 and 15.7 us in the bench's
-# and tools/timing_frame.py's processes and 6.7 / 6.9 us in the sweeps'; with a pass of real work before each timed pass
-# (tried to keep the clocks up, not kept) 14.3 / 15.5 and 7.0 / 7.2, so not the clocks. 16 of them back to back in one
-# pass took 6.0-7.6 us each (tools/timing_frame.py; tools/device-session13[def].sh).
+# A row near it is mostly the frame's fixed cost. That cost moves between processes (on the H200 about twice as
+# much in some processes as in others), and a pass of real work before each timed pass does not change it, so it is
+# not the clocks; passes back to back in one compute pass cost about the lower figure each (tools/timing_frame.py;
+# figures in docs/benchmarks.md).
 FLOOR_GROUPS = 480
 
 

@@ -588,8 +588,8 @@ class GpuRuntime:
             stamps = self.has_timestamps
             period = self.timestamp_period_ns
             # Warm up by time as well as by count: an idle GPU runs at low clocks and a
-            # latency-bound kernel measured cold read 3.7x slower on an H200 (seed decode 7.8 ms
-            # vs 2.1 ms warm, which wall-clock throughput confirmed).
+            # latency-bound kernel measured cold reads several times slower on an H200 than warm
+            # (wall-clock throughput confirms it: the clocks, not the timer).
             if self.summary.is_software:
                 warmup_ms = 0.0  # a CPU rasteriser has no GPU clocks to ramp up
             t_start = time.perf_counter()
@@ -619,9 +619,9 @@ class GpuRuntime:
                     warm.append((t0, time.perf_counter_ns()))
                 done += n
                 # Keep the GPU busy, not idling between tiny submits: with 3 passes a submit and a wait after
-                # each, a 120 us kernel kept an H200 at ~30 % duty and its first timing in a process read
-                # 2.5x slow (314 vs 123 us, tools/diag_seed_cache.py). Grow the batch until a submit lasts
-                # ~20 ms of wall time.
+                # each, a short kernel keeps an H200 at a low duty cycle and its first timing in a process reads
+                # slow (tools/diag_seed_cache.py shows it). Grow the batch until a submit lasts ~20 ms of wall
+                # time.
                 if warmup_ms > 0 and (time.perf_counter_ns() - t0) < 20e6:
                     n = min(2 * n, WARMUP_BATCH_MAX)
                 if time.perf_counter() - t_start > 4 * max(warmup_ms, 250.0) / 1e3:

@@ -127,8 +127,8 @@ def unroll_loops(src: str, name: str) -> str:
     """Expand every loop marked by a `// @unroll` line right above its header `for (var j = 0u; j < N; j = j + 1u) {`
     (N an integer or a module-scope const) into N blocks `{ const j = <k>u; <body> }`. Why: naga bounds every
     loop with a counter the driver's compiler cannot see through, so it does not unroll them, and a private
-    array indexed by the loop variable then leaves registers (the fast int8 writer: 378 -> 304 us on the H200,
-    assets/bench/h200-2026-12-01-fast-writers-unrolled.txt); with a const index it stays in registers. Inner
+    array indexed by the loop variable then leaves registers (the fast int8 writer measured much slower that way
+    on the H200); with a const index it stays in registers. Inner
     marked loops are expanded first. A loop of more than UNROLL_MAX iterations (a one-lane writer's whole head)
     is left a loop: its marker is dropped."""
     while True:

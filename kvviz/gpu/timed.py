@@ -2,7 +2,7 @@
 kernel, with what it moves and what it is (its role in the method, which implementation).
 
 `impl` says which implementation a row is so rows of one method can be shown side by side:
-  "seed"       a kernel as given in ../shared/seeds (the reference users compare against);
+  "seed"       a seed kernel as given, unchanged (the reference users compare against);
   "first-wave" kvviz's first straightforward kernel (a dequantise pass + the f32 decode, a scalar writer);
   "fast"       the flash-decoding / subgroup kernels (kvviz/attention/split_decode.py and the fast writers);
   "baseline"   the f32 / f16 unquantised paths.

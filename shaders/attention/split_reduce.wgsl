@@ -4,10 +4,10 @@
 // (0 for a sequence without tokens: every partition is empty, L = 0). No 1e-6 term: an exact softmax.
 // Grid (num_heads, num_seqs, 1), 64 threads; thread t owns dims t, t + 64, t + 128, t + 192 (D <= 256).
 // Why it is laid out so: a loop naga bounds stays a loop, so a loop of one partition a step waits for each
-// step's loads in turn (three such loops took 5.5 us at the anchor shape, 4 partitions). Here the partitions
-// go CHUNK at a time, their loads issued together (an index past the last partition reads the last one and
-// adds 0), and the two passes (M, then L and the dims together) wait twice for P <= CHUNK. The sums run in
-// partition order, as before.
+// step's loads in turn (three such loops are a measurable share of the decode at the anchor shape, 4 partitions).
+// Here the partitions go CHUNK at a time, their loads issued together (an index past the last partition reads
+// the last one and adds 0), and the two passes (M, then L and the dims together) wait twice for P <= CHUNK. The
+// sums run in partition order.
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 struct P { num_heads: u32, head_size: u32, num_partitions: u32 }

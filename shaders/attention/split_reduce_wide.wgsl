@@ -3,11 +3,11 @@
 //   M = max_p m_p;  L = sum_p l_p 2^(m_p - M);  out[d] = (sum_p acc_p[d] 2^(m_p - M)) / L   (0 when L = 0)
 // a partition with l = 0 (no token) adding nothing. Why a second kernel: a loop naga bounds stays a loop and each
 // step waits for its loads, so decode_reduce.wgsl's two loops over 60 partitions, 8 a step, wait for DRAM 16 times
-// in a row (20 us of a 167 us decode at 1 x 131072 on the H200). Here GROUPS groups of LANES threads take the
+// in a row (a large share of the decode at 1 x 131072 on the H200). Here GROUPS groups of LANES threads take the
 // partitions interleaved (partition s0 + k * GROUPS + g to group g), CHUNK a step with every load of the step
 // issued together and one online pass (each group's state rescaled when its max grows), and the groups meet once
 // in workgroup memory: 60 partitions wait twice. For a few partitions decode_reduce.wgsl is faster (fewer threads
-// and loads; tools/device-session11c.sh measured both) and stays. The sums run in a different order from it.
+// and loads; both measured on the H200, docs/benchmarks.md) and stays. The sums run in a different order from it.
 // Grid (num_heads, num_seqs, 1), GROUPS x LANES = 256 threads; lane `lane` of a group owns dims lane + LANES j.
 @group(0) @binding(0) var<storage, read> partials: array<f32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

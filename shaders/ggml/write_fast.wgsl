@@ -323,9 +323,8 @@ fn next_block(which: u32, k: u32, src: u32, b0: u32, nb: u32, ok: bool) -> array
   return load_block(1u, src, ok && which == 0u);
 }
 
-// Measured on the H200 at the anchor (tools/device-writers-7d.sh): q8_0 558.5 -> 478.6 us, q4_0 288.5 -> 260.6,
-// q5_0 345.1 -> 305.8, mxfp4 358.4 -> 316.3; iq4_nl 2098.7 -> 2345.3 (its 16 trials want the registers), so not
-// iq4_nl: it loads the next block after quantising one.
+// Measured on the H200 at the anchor: faster for q8_0, q4_0, q5_0 and mxfp4, slower for iq4_nl (its 16 trials want
+// the registers), so not iq4_nl: it loads the next block after quantising one (figures in docs/benchmarks.md).
 const PIPELINE: bool = TYPE != 5u;
 
 // XCH = 1 (where the adapter's smallest subgroup holds a unit of UNIT lanes): a lane a block (NB = 1). A block
@@ -340,11 +339,9 @@ fn next_first(v: u32) -> u32 { {{NEXT_FIRST}} }
 // STAGE = 1: the lanes put their words into workgroup memory at their row's place (SO), with each row's
 // record start (SD), and after a barrier the 64 threads store the workgroup's R records word by word, thread j
 // words j, j + 64, ...: consecutive threads, consecutive words of a record. Without it a store instruction
-// writes 4-byte words a lane's bytes apart (BPB with a lane a block), touching a sector for every lane. H200 at
-// the anchor (tools/device-session8b.sh, two passes each): q8_0 418.3 -> 248.8 us, q4_0 220.4 -> 194.0, q5_0
-// 251.3 -> 210.2, mxfp4 214.3 -> 185.3 (a lane a block), q4_1 228.5 -> 208.8, q5_1 251.4 -> 225.3 (tools/device-
-// session8c.sh, a lane its whole words); iq4_nl 1795.6 -> 1929.7 (its table shares the workgroup memory), so not
-// iq4_nl.
+// writes 4-byte words a lane's bytes apart (BPB with a lane a block), touching a sector for every lane. On the
+// H200 at the anchor staging is faster for every type, a lane a block or a lane its whole words, but iq4_nl (its
+// table shares the workgroup memory), so not iq4_nl (figures in docs/benchmarks.md).
 const STAGE: u32 = {{STAGE}}u;
 const WPR: u32 = {{WPR}}u;                 // words of a row's record (the type's words per token)
 const NO_ROW: u32 = 0xFFFFFFFFu;

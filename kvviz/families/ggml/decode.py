@@ -233,7 +233,7 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
         k, j = seg(i)
         if q8:
             # unpack4xI8: the 2^23 trick of fast_decode (I8X4_MAGIC_WGSL) measured slower here on the H200
-            # (q8_0 113.8 -> 117.6 us), unlike the int8 cache's decode (107.0 -> 102.3 us)
+            # for q8_0, unlike in the int8 cache's decode, where it is faster
             return f"vec4<f32>(unpack4xI8({x}c{u}_{k}_{j // 4}))"
         if n == 32:
             word, sh = (j % 16) // 4, ("vec4<u32>(0u, 8u, 16u, 24u)" if j < 16 else "vec4<u32>(4u, 12u, 20u, 28u)")

@@ -1,5 +1,5 @@
 """Fast writers of the llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4) and of NVFP4
-(issue 11): shaders/fast/write_ggml.wgsl (the type as a define, the per-block helpers of ggml/common.wgsl)
+shaders/fast/write_ggml.wgsl (the type as a define, the per-block helpers of ggml/common.wgsl)
 and shaders/fast/write_nvfp4.wgsl; the same words as the first-wave writers ggml/write.wgsl and
 fp4/nvfp4_write.wgsl and the oracles kvviz/families/ggml/oracle.py (gguf.quants) and kvviz/families/fp4/oracle.py
 (tests/test_fast_write_ggml.py).
@@ -16,11 +16,10 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     block and the word it shares with the next block's lane comes over by subgroupShuffleDown (`exchange`, the
     default where the word-aligned unit of 2 or 4 blocks fits the smallest subgroup wgpu guarantees); otherwise
     a lane owns the fewest blocks that span whole u32 words (q8_0: 2 blocks = 68 bytes = 17 words, q4_0 / q5_0
-    / iq4_nl: 2, q4_1 / q5_1: 1, mxfp4: 4). H200 at the anchor, whole words -> a lane a block: q8_0 498.4 ->
-    417.8 us, q4_0 283.1 -> 221.8, q5_0 321.7 -> 251.3, mxfp4 321.5 -> 216.3
-    (assets/bench/h200-2026-12-01-writers-exchange-7.txt);
+    / iq4_nl: 2, q4_1 / q5_1: 1, mxfp4: 4). A lane a block with the exchange measured faster than whole words
+    a lane on the H200 at the anchor for q8_0, q4_0, q5_0 and mxfp4 (docs/benchmarks.md);
   - the next block's (NVFP4: group's) 8 vec4s are loaded before a block is quantised (not iq4_nl, whose trials
-    want the registers): q8_0 558.5 -> 478.6 us, NVFP4 548.2 -> 490.4 (...-writers-pipelined-7.txt);
+    want the registers): measured faster for q8_0 and NVFP4 (docs/benchmarks.md);
   - iq4_nl: the nearest of the 16 values (each of the 16 trials x 32 values, and the codes) is one load from
     a workgroup table indexed by floor(2 id x) (IQ4_TABLE entries, built by the workgroup, one barrier),
     not a 16-value search;
@@ -35,7 +34,7 @@ workgroup memory and barriers between the block parameters, the codes and the wo
     encoded on the float bits, branch-free; a group with a value within 32 ulp of a rounding boundary (or
     a subnormal) is redone exactly after the lane's loop (div_fast twice a value, as the first-wave writer);
   - the records staged through workgroup memory and stored by consecutive threads (STAGE; not iq4_nl): a lane's
-    own stores would write 4-byte words a block apart, a sector each: q8_0 418.3 -> 248.8 us on the H200;
+    own stores would write 4-byte words a block apart, a sector each (much slower on the H200);
   - a 2-D grid (fast_write.grid_2d): more than 65535 workgroups take one dispatch; the input is split
     only where it exceeds one storage binding (fast_write.input_chunks).
 `blocks_per_lane` (a multiple of the type's smallest word-aligned block count) gives a lane more blocks (and
@@ -77,15 +76,14 @@ def _pow2_at_least(n: int) -> int:
 
 
 # q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC): the same words, fewer operations.
-# H200 at the anchor, with the staged stores (tools/device-session8d.sh, two passes): 250.1 -> 219.4 us; on another
-# machine (device-session8e.sh) 218.9 -> 218.1, so that gain did not reproduce. Before the staging it made no
-# difference (415.9 -> 415.2: the stores were the limit).
+# With the staged stores it measured faster on one H200 and no different on another; without the staging it makes
+# no difference (the stores are the limit). Kept: it is never slower.
 Q8_TRUNC = True
 
 
 # The records staged through workgroup memory and stored by consecutive threads (write_ggml.wgsl and
-# write_nvfp4.wgsl STAGE), not by each lane at its block's bytes: every type but iq4_nl (measured slower:
-# write_ggml.wgsl says by how much).
+# write_nvfp4.wgsl STAGE), not by each lane at its block's bytes: every type but iq4_nl (measured slower: its
+# table shares the workgroup memory; write_ggml.wgsl says why).
 STAGE = True
 NO_STAGE = ("iq4_nl",)
 
@@ -173,21 +171,17 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
 
 # Groups of 16 a lane of the NVFP4 writer pass where subgroups and the head size allow (1: all of a lane's loads at
 # once, 8 lanes a row at head 128, the scale words OR-ed together by shuffles; write_nvfp4.wgsl SUBW), else 4 (whole
-# scale words a lane, its groups walked one after another). H200, anchor shape, two passes each
-# (assets/bench/h200-2026-12-01-nvfp4-groups-12.txt): the writer pass, records staged (tools/device-session12e.sh) at 4
-# groups 254.0 / 253.1 us, 2 groups 262.1 / 262.0, 1 group 216.7 / 216.3; then (12f) staged against stored in place,
-# 1 group 216.6 / 216.3 against 209.9 / 208.8, 4 groups 254.3 / 254.0 against 271.6 / 271.9: so 1 group stores in
-# place and 4 groups stage (nvfp4_spec). With the lane's tensors as a loop (12g): 200.4 / 198.9 us. Amax pass + writer:
-# 371.1 -> 315.5 us (309.2 with the scale pass, NVFP4_SCALE_PASS).
+# scale words a lane, its groups walked one after another). On the H200 at the anchor shape 1 group a lane is the
+# fastest writer pass (against 2 and 4); 1 group is faster storing in place and 4 groups faster staged, so 1 group
+# stores in place and 4 groups stage (nvfp4_spec); the lane's tensors run as a loop, faster again (figures in
+# docs/benchmarks.md).
 NVFP4_GROUPS_PER_LANE = 1
-# At 1 or 2 groups a lane: K and V on separate lanes (write_nvfp4.wgsl KVS), twice the lanes a row. Slower (12g, writer
-# pass in place, two passes): 1 group 249.7 / 249.3 us against 200.4 / 198.9 in one lane, 2 groups 247.3 / 245.8 against
-# 257.5 / 257.4. So off.
+# At 1 or 2 groups a lane: K and V on separate lanes (write_nvfp4.wgsl KVS), twice the lanes a row. Off: at 1 group a
+# lane (the default) it measured slower on the H200 than K and V in one lane (docs/benchmarks.md).
 NVFP4_KV_SPLIT = False
 # s_t derived once by fp4/nvfp4_scale_fast.wgsl (one invocation between the amax pass and the writer) instead of by
-# every thread of the writer (two correctly rounded divisions each). H200, 1 group a lane in place, two passes
-# (tools/device-session12h.sh): the row 316.0 / 319.2 -> 309.2 / 309.1 us, the writer pass 199.2 / 199.7 -> 184.6 /
-# 185.1 (the scale pass timed alone: 5.1 us, mostly a dispatch's fixed cost).
+# every thread of the writer (two correctly rounded divisions each): the writer pass gains more than the extra
+# dispatch costs (the scale pass is mostly a dispatch's fixed cost), measured on the H200 at 1 group a lane in place.
 NVFP4_SCALE_PASS = True
 
 

@@ -243,7 +243,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
 
     # ---- one step over quantised tokens: U consecutive tokens of the row group's TG
     # block_size > 0: a constant (token -> block and offset by shift and mask for powers of two, as
-    # fast_decode.render does; measured there: int8 123 -> 110 us on the H200), else the immediate
+    # fast_decode.render does; measured faster there on the H200), else the immediate
     bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
 
     def rows(u, stage, sfx):  # token u's K and V rows: its key group's step ("first": clamped, g1 may be 0)

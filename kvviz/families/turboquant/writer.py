@@ -1,4 +1,4 @@
-"""The fast writer of TurboQuant's seed configuration (issue 11 item 2): the paged per-token records that
+"""The fast writer of TurboQuant's seed configuration: the paged per-token records that
 tq_general_compress.wgsl writes at bits 2 / v_bits 2 without outliers (K [polar d/16 | jl d/32 | norm],
 V [polar d/16 | norm] u32; the seed compressor's words re-laid out, kvviz/families/turboquant/format.py seed_records),
 bit for bit, from shaders/fast/write_tq.wgsl.
@@ -16,14 +16,12 @@ so the words equal kvviz/families/turboquant/oracle.py compress_general / encode
 (tests/test_fast_write_tq.py), and on the H200 every word of the anchor shape equals tq_general_compress's.
 Without the subgroup feature `dispatches` returns None and the caller keeps the general compressor.
 
-H200, anchor (15 x 4096 tokens, 8 KV heads, head 128; assets/bench/h200-2026-12-01-tq-writer.txt): 301.8 us at
-8 lanes a row (1812 GB/s, 43% of the copy shader), 318.8 at 4, 353.5 at 16; tq_general_compress 7463 us, the seed
-compressor tq_compress 2912 us. The kernel is bound by its instructions, not its bytes: the cross-lane butterflies
-as one fma by +-1 (not an add, a subtract and a select), the code and centroid from one set of compares and the JL
-nibble by ORs took it to 271.7 us (302.9 before, two passes each, tools/device-session9f.sh; 49.6 % of copy), and
-the OR of code words over 4 / 8 lanes written straight-line instead of a loop (naga bounds every loop with a counter
-the driver does not see through, so a 2-step loop stayed a loop) to 220.7 us (270.9 before, tools/device-session9g.sh;
-61.2 % of copy).
+On the H200 at the anchor (15 x 4096 tokens, 8 KV heads, head 128) 8 lanes a row is faster than 4 or 16, and the
+kernel is far faster than tq_general_compress and the seed compressor tq_compress (figures in docs/benchmarks.md).
+The kernel is bound by its instructions, not its bytes, so it saves instructions: the cross-lane butterflies as one
+fma by +-1 (not an add, a subtract and a select), the code and centroid from one set of compares, the JL nibble by
+ORs, and the OR of code words over 4 / 8 lanes written straight-line instead of a loop (naga bounds every loop with a
+counter the driver does not see through, so a 2-step loop stays a loop).
 """
 from __future__ import annotations
 
