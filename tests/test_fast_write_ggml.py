@@ -25,6 +25,7 @@ from kvviz.errors import InvalidInput
 from kvviz.families.fp4 import format as f4
 from kvviz.families.ggml import format as fg
 from kvviz.attention import writers as fw
+from kvviz.families.fp4 import writer as fw4
 from kvviz.families.ggml import writer as fwg
 from kvviz.attention import records as qk
 from kvviz.methods import get_method
@@ -219,7 +220,7 @@ def run_nvfp4(rt, batch, k, v, **kw):
     wpt = f4.words_per_token(D)
     kb, vb = caches(rt, batch, kvh, wpt)
     tb = rt.upload(np.zeros(4, np.uint32), "tensor")
-    d = fwg.nvfp4_dispatches(rt, k, v, batch.slot_mapping, kb, vb, tb, batch.block_size, **kw)
+    d = fw4.nvfp4_dispatches(rt, k, v, batch.slot_mapping, kb, vb, tb, batch.block_size, **kw)
     rt.run(d)
     shape = (batch.num_blocks, kvh, batch.block_size, wpt)
     return rt.read(kb, np.uint32, shape), rt.read(vb, np.uint32, shape), rt.read(tb, np.uint32, nbytes=16), d
@@ -273,7 +274,7 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
         k0, v0 = nvfp4_rows(rng, batch.num_tokens, kvh, D)
         for k, v in [(k0, v0)] + nvfp4_tie_rows(rng, k0, v0):
             d = check_nvfp4(rt, batch, k, v, variant=var)
-            ng = fwg.nvfp4_groups_default(rt, D)   # the default: records staged through workgroup memory at 4 groups
+            ng = fw4.nvfp4_groups_default(rt, D)   # the default: records staged through workgroup memory at 4 groups
             assert f"-DNG={ng} " in d[-1].kernel.name and f"STAGE={int(ng >= 4)}" in d[-1].kernel.name
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4)
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
@@ -317,14 +318,14 @@ def test_nvfp4_near_rule_with_an_inexact_divider(ctx):
     batch = make_batch([30, 7], 16, policy="scattered", pad_every=5)
     rng = np.random.default_rng(8)
     k, v = nvfp4_rows(rng, batch.num_tokens, 2, 128)
-    saved = fwg.nvfp4_spec
-    fwg.nvfp4_spec = lambda *a, **kw: saved(*a, **kw).define(INV_ULPS=3)
+    saved = fw4.nvfp4_spec
+    fw4.nvfp4_spec = lambda *a, **kw: saved(*a, **kw).define(INV_ULPS=3)
     try:
         for k, v in [(k, v)] + nvfp4_tie_rows(rng, k, v):
             check_nvfp4(rt, batch, k, v)
             check_nvfp4(rt, batch, k, v, stage=False)
     finally:
-        fwg.nvfp4_spec = saved
+        fw4.nvfp4_spec = saved
 
 
 def test_two_dimensional_grid(ctx):
@@ -343,7 +344,7 @@ def test_two_dimensional_grid(ctx):
         d = check_nvfp4(rt, batch, k, v)
         # the amax pass strides over the rows (AMAX_BLOCKS row blocks a workgroup): its grid is only kept in bounds;
         # at one block a workgroup it takes a 2-D grid too (then the one-invocation scale pass, then the writer)
-        assert len(d) == 2 + fwg.NVFP4_SCALE_PASS and all(max(x.grid) <= 16 for x in d) and d[-1].grid[1] > 1
+        assert len(d) == 2 + fw4.NVFP4_SCALE_PASS and all(max(x.grid) <= 16 for x in d) and d[-1].grid[1] > 1
         blocks, fw.AMAX_BLOCKS = fw.AMAX_BLOCKS, 1
         try:
             d = check_nvfp4(rt, batch, k, v)

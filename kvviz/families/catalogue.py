@@ -1,9 +1,10 @@
 """Kernel families: one name for a family's shaders, launcher, bit format and numpy reference.
 
-A family is one unit: its shaders live in shaders/<folder>/, its kernel specs (KernelSpec: shader,
-entry, named bindings, immediates) and host launchers in its launcher module, its bit format in
-kvviz/formats/, its numpy reference in kvviz/oracles/. The product path never imports a reference:
-`reference(name)` loads one by its module name, for `kvviz bench` and the tests.
+A kernel family is one unit: its shaders live in shaders/<folder>/, its kernel specs (KernelSpec: shader,
+entry, named bindings, immediates) and host launchers in its launcher module, its bit format and its
+numpy reference in its quantisation family's folder (kvviz/families/<family>/format.py, oracle.py). The
+product path never imports a reference: `reference(name)` loads one by its module name, for
+`kvviz bench` and the tests.
 """
 from __future__ import annotations
 
@@ -20,37 +21,39 @@ class KernelFamily:
     shaders: str  # folder under shaders/
     launcher: str  # module holding the kernel specs (KERNELS) and the host launchers
     reference: str | None  # module name of the numpy reference (None: nothing to reproduce)
-    format: str | None = None  # module name of the bit format in kvviz/formats/
+    format: str | None = None  # module name of the bit format
     specs: str = "KERNELS"  # attribute of the launcher listing the family's KernelSpecs
     key: str | None = None  # for a dict-valued attribute: the family's entry
 
 
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
-    KernelFamily("paged", "paged", "kvviz.attention.paged", "kvviz.attention.paged_oracle", "kvviz.attention.int8_records"),
+    KernelFamily("paged", "attention", "kvviz.attention.paged", "kvviz.attention.paged_oracle", "kvviz.attention.int8_records"),
     KernelFamily("copy", "copy", "kvviz.gpu.copy", None),
     KernelFamily("probe", "probe", "kvviz.gpu.runtime", None, specs="PROBES"),
-    KernelFamily("int8", "quant", "kvviz.attention.records", "kvviz.families.int8.oracle", "kvviz.attention.int8_records", key="int8"),
-    KernelFamily("int4", "quant", "kvviz.attention.records", "kvviz.families.int4.oracle", "kvviz.families.int4.format", key="int4"),
-    KernelFamily("fp8", "quant", "kvviz.attention.records", "kvviz.families.fp8.oracle", "kvviz.families.fp8.format", key="fp8"),
-    KernelFamily("fp8_vllm", "quant", "kvviz.families.fp8_vllm.kernels", "kvviz.families.fp8.oracle", "kvviz.families.fp8.format"),
-    KernelFamily("kivi", "quant", "kvviz.attention.records", "kvviz.families.kivi.oracle", "kvviz.families.kivi.format", key="kivi"),
-    KernelFamily("quant_selftest", "quant", "kvviz.attention.records", None, key="selftest"),
+    KernelFamily("int8", "int8", "kvviz.attention.records", "kvviz.families.int8.oracle", "kvviz.attention.int8_records", key="int8"),
+    KernelFamily("int4", "int4", "kvviz.attention.records", "kvviz.families.int4.oracle", "kvviz.families.int4.format", key="int4"),
+    KernelFamily("fp8", "fp8", "kvviz.attention.records", "kvviz.families.fp8.oracle", "kvviz.families.fp8.format", key="fp8"),
+    KernelFamily("fp8_vllm", "fp8_vllm", "kvviz.families.fp8_vllm.kernels", "kvviz.families.fp8.oracle", "kvviz.families.fp8.format"),
+    KernelFamily("kivi", "kivi", "kvviz.attention.records", "kvviz.families.kivi.oracle", "kvviz.families.kivi.format", key="kivi"),
+    KernelFamily("quant_selftest", "common", "kvviz.attention.records", None, key="selftest"),
     KernelFamily("turboquant", "turboquant", "kvviz.families.turboquant.kernels", "kvviz.families.turboquant.oracle",
                  "kvviz.families.turboquant.format"),
     KernelFamily("ggml", "ggml", "kvviz.families.ggml.kernels", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format", key="ggml"),
-    KernelFamily("fp4", "fp4", "kvviz.families.ggml.kernels", "kvviz.families.fp4.oracle", "kvviz.families.fp4.format", key="fp4"),
-    KernelFamily("fast_write", "fast", "kvviz.attention.writers", "kvviz.families.writer_oracles", key="fast_write"),
-    KernelFamily("f16", "fast", "kvviz.attention.writers", "kvviz.families.f16.oracle", "kvviz.families.f16.format", key="f16"),
+    KernelFamily("fp4", "fp4", "kvviz.families.fp4.kernels", "kvviz.families.fp4.oracle", "kvviz.families.fp4.format", key="fp4"),
+    KernelFamily("fast_write", "attention", "kvviz.attention.writers", "kvviz.families.writer_oracles", key="fast_write"),
+    KernelFamily("f16", "f16", "kvviz.attention.writers", "kvviz.families.f16.oracle", "kvviz.families.f16.format", key="f16"),
     # the split-K decodes and the later fast writers: generated shaders (their launchers render the defines)
-    KernelFamily("fast_decode", "fast", "kvviz.attention.split_decode", "kvviz.attention.paged_oracle"),
-    KernelFamily("fast_decode_ggml", "fast", "kvviz.families.ggml.decode", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format"),
-    KernelFamily("fast_decode_kivi", "fast", "kvviz.families.kivi.decode", "kvviz.families.kivi.oracle", "kvviz.families.kivi.format"),
-    KernelFamily("fast_decode_tq", "fast", "kvviz.families.turboquant.decode", "kvviz.families.turboquant.oracle",
+    KernelFamily("fast_decode", "attention", "kvviz.attention.split_decode", "kvviz.attention.paged_oracle"),
+    KernelFamily("fast_decode_ggml", "ggml", "kvviz.families.ggml.decode", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format"),
+    KernelFamily("fast_decode_kivi", "kivi", "kvviz.families.kivi.decode", "kvviz.families.kivi.oracle", "kvviz.families.kivi.format"),
+    KernelFamily("fast_decode_tq", "turboquant", "kvviz.families.turboquant.decode", "kvviz.families.turboquant.oracle",
                  "kvviz.families.turboquant.format"),
-    KernelFamily("fast_decode_fp4", "fast", "kvviz.families.fp4.decode", "kvviz.families.fp4.oracle", "kvviz.families.fp4.format"),
-    KernelFamily("fast_write_ggml", "fast", "kvviz.families.ggml.writer", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format",
+    KernelFamily("fast_decode_fp4", "fp4", "kvviz.families.fp4.decode", "kvviz.families.fp4.oracle", "kvviz.families.fp4.format"),
+    KernelFamily("fast_write_ggml", "ggml", "kvviz.families.ggml.writer", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format",
                  key="fast_write_ggml"),
-    KernelFamily("fast_write_tq", "fast", "kvviz.families.turboquant.writer", "kvviz.families.turboquant.oracle",
+    KernelFamily("fast_write_fp4", "fp4", "kvviz.families.fp4.writer", "kvviz.families.fp4.oracle", "kvviz.families.fp4.format",
+                 key="fast_write_fp4"),
+    KernelFamily("fast_write_tq", "turboquant", "kvviz.families.turboquant.writer", "kvviz.families.turboquant.oracle",
                  "kvviz.families.turboquant.format"),
 )}
 

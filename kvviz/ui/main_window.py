@@ -33,7 +33,7 @@ from kvviz.ui.panels import (
     AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
     QjlBiasPanel, ScalesPanel, TimingPanel, WorkloadPanel,
 )
-from kvviz.ui.panels.workload import model_label
+from kvviz.ui.state import model_label
 from kvviz.ui.panels.timing import SOFTWARE_FLAG
 from kvviz.ui.style import ERROR_BG, ERROR_FG, WARN_BG, WARN_FG, setup_pyqtgraph
 from kvviz.ui.tasks import TASKS

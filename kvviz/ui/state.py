@@ -25,3 +25,7 @@ class AppState(QObject):
     def set_results(self, res) -> None:
         self.results = res
         self.results_changed.emit(res)
+
+
+def model_label(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1] if path else "SmolLM2-135M"

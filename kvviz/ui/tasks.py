@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvviz.errors import Cancelled
-from kvviz.ui.panels.workload import model_label
+from kvviz.ui.state import model_label
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.families.fp4 import format as f4
+from kvviz.families.fp4 import kernels as f4k
 from kvviz.families.ggml import kernels as gk
 from kvviz.attention import records as qk
 from kvviz.methods.base import CacheLayout, LayoutField, register
@@ -47,10 +48,10 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
         return f4.words_per_token(head_size)
 
     def writer_spec(self):
-        return gk.NVFP4_WRITE
+        return f4k.NVFP4_WRITE
 
     def dequant_spec(self):
-        return gk.NVFP4_DEQUANT
+        return f4k.NVFP4_DEQUANT
 
     def _tensor_buffer(self, ctx):
         # [amax K, amax V, s_t K, s_t V] as u32 bits; zeroed (atomicMax starts from 0)
@@ -68,8 +69,8 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
     def fast_writer_dispatches(self, ctx, qc, key, value, sm):
         """The fast writer (kvviz/families/ggml/writer.py: the fast amax pass, then shaders/fast/
         write_nvfp4.wgsl; the same words as fp4/nvfp4_write.wgsl), or None where it cannot take the shape."""
-        from kvviz.families.ggml import writer as fwg
-        return fwg.method_dispatches(ctx.rt, self, qc, key, value, sm)
+        from kvviz.families.fp4 import writer as fw4
+        return fw4.method_dispatches(ctx.rt, self, qc, key, value, sm)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):

@@ -1,9 +1,8 @@
-"""Kernels of the llama.cpp block-type caches (family "ggml") and of NVFP4 (family "fp4").
+"""Kernels of the llama.cpp block-type caches (family "ggml").
 
 ggml: shaders/ggml/ggml_write.wgsl and ggml_dequant.wgsl, one pair of KernelSpecs per block type (the
 type's defines, kvviz.families.ggml.format.GgmlType.defines); numpy reference kvviz/families/ggml/oracle.py.
-fp4: shaders/fp4/nvfp4_write.wgsl and nvfp4_dequant.wgsl; the per-tensor amax is the FP8 family's
-fp8/amax.wgsl; numpy reference kvviz/families/fp4/oracle.py. Methods: kvviz/families/ggml/method.py, fp4.py.
+Methods: kvviz/families/ggml/method.py.
 The host side (chunked writer dispatches, dequantise windows) is kvviz/attention/records.py's.
 """
 from __future__ import annotations
@@ -25,10 +24,6 @@ GGML_WRITE = KernelSpec("ggml/write.wgsl", bindings=_TOKENS + rw("k_cache", "v_c
                         immediates=Struct("P", "kvh hd bs wpt zero"))
 GGML_DEQUANT = KernelSpec("ggml/dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + rw("k_out", "v_out"),
                           immediates=_DEQUANT_IMM)
-NVFP4_WRITE = KernelSpec("fp4/nvfp4_write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"),
-                         immediates=Struct("P", "kvh hd bs wpt"))
-NVFP4_DEQUANT = KernelSpec("fp4/nvfp4_dequant.wgsl", bindings=ro("k_cache", "v_cache", "tensor", "items") + rw("k_out", "v_out"),
-                           immediates=_DEQUANT_IMM)
 
 
 def write_spec(t: GgmlType) -> KernelSpec:
@@ -41,7 +36,6 @@ def dequant_spec(t: GgmlType) -> KernelSpec:
 
 KERNELS = {
     "ggml": tuple(s for t in TYPES.values() for s in (write_spec(t), dequant_spec(t))),
-    "fp4": (NVFP4_WRITE, NVFP4_DEQUANT),
 }
 
 

@@ -79,8 +79,9 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
         """mxfp4: the 15 E2M1 values in order (the histogram's code-index axis); integer codes otherwise."""
         if self.fmt.name != "mxfp4":
             return None
-        from kvviz.families.fp4 import format as f4
-        return np.unique(np.asarray(f4.E2M1_VALUES, np.float64))
+        from kvviz.families.ggml.format import MXFP4_VALUES
+
+        return np.unique(np.asarray(MXFP4_VALUES, np.float64) / 2)  # gguf's table holds E2M1 doubled
 
     # ------------------------------------------------------------------ kernels
     def wpt(self, head_size):

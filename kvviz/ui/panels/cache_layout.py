@@ -16,32 +16,8 @@ from PySide6.QtWidgets import (
 
 from kvviz.tables import block_pool_table, block_table_table, grid_columns
 from kvviz.ui.panels.base import Panel
+from kvviz.ui.widgets.pool_grid import CELL, pool_image
 from kvviz.ui.style import FREE_COLOR, qcolor, seq_color
-
-CELL = 12  # pixels of one block cell in the grid image (1 px gap included)
-
-
-def pool_image(owner: np.ndarray, fill: np.ndarray, block_size: int, cols: int, cell: int = CELL) -> np.ndarray:
-    """RGB uint8 image [rows*cell, cols*cell, 3] of the pool (row-major, block b at row b // cols)."""
-    n = len(owner)
-    rows = max(1, -(-n // cols))
-    img = np.full((rows * cell, cols * cell, 3), 255, dtype=np.uint8)
-    inner = cell - 1
-    for b in range(n):
-        r, c = divmod(b, cols)
-        y0, x0 = r * cell, c * cell
-        s = int(owner[b])
-        if s < 0:
-            img[y0:y0 + inner, x0:x0 + inner] = FREE_COLOR
-            continue
-        col = np.array(seq_color(s), dtype=np.float64)
-        light = (col * 0.3 + 255 * 0.7).astype(np.uint8)
-        img[y0:y0 + inner, x0:x0 + inner] = light
-        w = int(round(inner * min(1.0, fill[b] / block_size)))
-        if fill[b] > 0:
-            w = max(1, w)
-        img[y0:y0 + inner, x0:x0 + w] = col.astype(np.uint8)
-    return img
 
 
 class CacheLayoutPanel(Panel):

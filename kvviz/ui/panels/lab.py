@@ -32,7 +32,8 @@ from PySide6.QtWidgets import (
 
 from kvviz.lab.slots import render_text, slots
 from kvviz.tables import Table
-from kvviz.ui.panels.base import ElidedLabel, Panel
+from kvviz.ui.panels.base import Panel
+from kvviz.ui.widgets.labels import ElidedLabel
 
 HANG_S = 60.0
 LAB_SHAPE = None  # kvviz.bench.BenchShape used before the window has results (set on first use)

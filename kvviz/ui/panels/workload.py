@@ -23,6 +23,7 @@ from kvviz.gpu.shaders import GLSL_FRONTENDS
 from kvviz.live.run import describe_model
 from kvviz.paging import POLICIES
 from kvviz.ui.panels.base import fit_current_text
+from kvviz.ui.state import model_label
 from kvviz.ui.widgets.options_editor import OptionsEditor
 
 
@@ -55,10 +56,6 @@ def method_choices() -> list:
 
 MODEL_PLACEHOLDER = "SmolLM2-135M (built in)"
 GGUF_FILTER = "llama GGUF (*.gguf);;All files (*)"
-
-
-def model_label(path: str) -> str:
-    return path.replace("\\", "/").rsplit("/", 1)[-1] if path else "SmolLM2-135M"
 
 
 class PromptEdit(QPlainTextEdit):

@@ -16,7 +16,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QSpinBox, QVBoxLayout, QWidget
 
 from kvviz.live.run import pick_weights, view_scales
-from kvviz.ui.panels.base import ElidedLabel
+from kvviz.ui.widgets.labels import ElidedLabel
 from kvviz.ui.style import K_COLOR, Q_COLOR, V_COLOR
 
 W_BASE_COLOR = (150, 150, 150)  # f32 attention weights
