@@ -187,5 +187,5 @@ def per_token_caches(batch, key, value, dequantise):
 
 def through_f32_decode(batch, q, scale, fk, fv):
     """Attention over dequantised caches, the way the f32 paged decode runs it, and its tolerance."""
-    ref = op.decode(q, fk, fv, batch.block_tables, batch.context_lens, batch.block_size, scale)
+    ref = decode(q, fk, fv, batch.block_tables, batch.context_lens, batch.block_size, scale)
     return ref, 2e-5 * max(1.0, float(np.abs(fv).max(initial=0)))

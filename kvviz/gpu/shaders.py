@@ -39,17 +39,21 @@ from kvviz.errors import ShaderCompileError
 log = logging.getLogger("kvviz.gpu.shaders")
 
 def _shader_dir() -> Path:
-    """The shaders: the installed package's data (kvviz.shaders, mapped from the repository's top-level
-    shaders/ by setup.py), or the source tree's shaders/ when kvviz runs from a checkout uninstalled."""
+    """The shaders beside the code that runs: the checkout's top-level shaders/ when kvviz runs from a
+    source tree (installed editable or not, so a second checkout never borrows another one's shaders),
+    else the installed package's data (kvviz.shaders, mapped from shaders/ by setup.py)."""
     from importlib.resources import files
 
+    top = Path(__file__).resolve().parents[2]
+    if (top / "pyproject.toml").is_file() and (top / "shaders" / "__init__.py").is_file():
+        return top / "shaders"
     try:
         installed = Path(str(files("kvviz.shaders")))
         if installed.is_dir():
             return installed
     except ModuleNotFoundError:
         pass
-    return Path(__file__).resolve().parents[2] / "shaders"
+    return top / "shaders"
 
 
 SHADER_DIR = _shader_dir()
