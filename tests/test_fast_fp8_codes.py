@@ -15,6 +15,7 @@ import pytest
 
 from kvviz.families.fp8 import format as fmt8
 from kvviz.attention import writers as fw
+from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.paging import PAD_SLOT, make_batch
 
 from test_fast_writers import oracle_words, run_writer  # noqa: E402 - the fast writers' runner and oracles
@@ -134,7 +135,7 @@ def test_fp8_amax_any_grid(rt, grid):
     k[pad], v[pad] = 1e30, -1e30
     var = fw.Variant(rt)
     L = var.lanes(D2 // 4)
-    kern = rt.compile(fw.WRITE_FP8_AMAX, NV=D2 // (4 * L), **var.defines(L))
+    kern = rt.compile(fp8_kernels.WRITE_FP8_AMAX, NV=D2 // (4 * L), **var.defines(L))
     tensor = rt.upload(np.zeros(4, np.uint32), "tensor")
     sm = np.asarray(batch.slot_mapping).astype(np.uint32)
     bufs = [rt.upload(k, "key"), rt.upload(v, "value"), rt.upload(sm, "slots"), tensor]

@@ -25,6 +25,7 @@ from kvviz.errors import InvalidInput
 from kvviz.families.fp4 import format as f4
 from kvviz.families.ggml import format as fg
 from kvviz.attention import writers as fw
+from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.fp4 import writer as fw4
 from kvviz.families.ggml import writer as fwg
 from kvviz.attention import records as qk
@@ -345,11 +346,11 @@ def test_two_dimensional_grid(ctx):
         # the amax pass strides over the rows (AMAX_BLOCKS row blocks a workgroup): its grid is only kept in bounds;
         # at one block a workgroup it takes a 2-D grid too (then the one-invocation scale pass, then the writer)
         assert len(d) == 2 + fw4.NVFP4_SCALE_PASS and all(max(x.grid) <= 16 for x in d) and d[-1].grid[1] > 1
-        blocks, fw.AMAX_BLOCKS = fw.AMAX_BLOCKS, 1
+        blocks, fp8_kernels.AMAX_BLOCKS = fp8_kernels.AMAX_BLOCKS, 1
         try:
             d = check_nvfp4(rt, batch, k, v)
         finally:
-            fw.AMAX_BLOCKS = blocks
+            fp8_kernels.AMAX_BLOCKS = blocks
         assert all(x.grid[1] > 1 and max(x.grid) <= 16 for x in d if "write_nvfp4_scale" not in x.kernel.name)
     finally:
         rt.limits.clear()

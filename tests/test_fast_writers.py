@@ -21,6 +21,11 @@ import pytest
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.fp8 import format as fmt8
 from kvviz.attention import writers as fw
+from kvviz.families.kivi import kernels as kivi_kernels
+from kvviz.families.int8 import kernels as int8_kernels
+from kvviz.families.int4 import kernels as int4_kernels
+from kvviz.families.fp8 import kernels as fp8_kernels
+from kvviz.families.f16 import kernels as f16_kernels
 from kvviz.attention import records as qk
 from kvviz.methods import get_method
 from kvviz.families import writer_oracles as ofw
@@ -111,15 +116,15 @@ def run_writer(rt, writer, batch, k, v, variant):
     kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
     tensor = None
     if writer in ("int8_token", "int8_seed"):
-        d = fw.int8_dispatches(rt, k, v, sm, kb, vb, batch.block_size, seed=writer == "int8_seed", variant=variant)
+        d = int8_kernels.int8_dispatches(rt, k, v, sm, kb, vb, batch.block_size, seed=writer == "int8_seed", variant=variant)
     elif writer.startswith("fp8"):
         tensor = rt.upload(np.zeros(4, np.uint32), "tensor")
-        d = fw.fp8_dispatches(rt, fmt8.FORMATS[writer[4:8]], writer.endswith("per_tensor"), k, v, sm, kb, vb, tensor,
+        d = fp8_kernels.fp8_dispatches(rt, fmt8.FORMATS[writer[4:8]], writer.endswith("per_tensor"), k, v, sm, kb, vb, tensor,
                               batch.block_size, variant=variant)
     elif writer.startswith("int4"):
-        d = fw.int4_dispatches(rt, method.group_for(D), k, v, sm, kb, vb, batch.block_size, variant=variant)
+        d = int4_kernels.int4_dispatches(rt, method.group_for(D), k, v, sm, kb, vb, batch.block_size, variant=variant)
     else:
-        d = fw.f16_dispatches(rt, k, v, sm, kb, vb, batch.block_size)
+        d = f16_kernels.f16_dispatches(rt, k, v, sm, kb, vb, batch.block_size)
     rt.run(d)
     shape = (batch.num_blocks, kvh, batch.block_size, wpt)
     t = rt.read(tensor, np.uint32, nbytes=16) if tensor is not None else None
@@ -281,13 +286,13 @@ def test_two_dimensional_grid_without_chunks(rt):
         var = fw.Variant(rt, False, 16)  # 16 lanes: 4 rows a workgroup, > 16 workgroups
         n = batch.num_blocks * 2 * 16 * 17
         kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
-        d = fw.int8_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16, variant=var)
+        d = int8_kernels.int8_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16, variant=var)
         assert len(d) == 1 and d[0].grid[1] > 1 and max(d[0].grid) <= 16
         rt.run(d)
         shape = (batch.num_blocks, 2, 16, 17)
         np.testing.assert_array_equal(rt.read(kb, np.uint32, shape), ofw.int8_token(batch, k))
         np.testing.assert_array_equal(rt.read(vb, np.uint32, shape), ofw.int8_token(batch, v))
-        f = fw.f16_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16)
+        f = f16_kernels.f16_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16)
         assert len(f) == 1 and f[0].grid[1] > 1
     finally:
         rt.limits.clear()
@@ -304,7 +309,7 @@ def test_more_than_65535_tokens_in_one_dispatch(rt):
     v = (k * np.float32(0.5)).astype(np.float32)
     n = batch.num_blocks * 16 * (D // 4 + 1)
     kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
-    d = fw.int8_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16, seed=True, variant=fw.Variant(rt, False, 64))
+    d = int8_kernels.int8_dispatches(rt, k, v, batch.slot_mapping, kb, vb, 16, seed=True, variant=fw.Variant(rt, False, 64))
     assert len(d) == 1 and d[0].grid[0] * d[0].grid[1] >= T > rt.max_grid and d[0].grid[1] > 1
     rt.run(d)
     shape = (batch.num_blocks, 1, 16, D // 4 + 1)
@@ -385,7 +390,7 @@ def test_kivi_key_groups_at_other_row_sets(ctx, row_sets, monkeypatch):
     from kvviz.families.kivi import oracle as okv
     monkeypatch.setattr(fw, "KGROUP_ROW_SETS", row_sets)
     for D, bits in ((64, 2), (128, 4)):
-        assert fw.kgroup_defines(ctx.rt, D)["RS"] == row_sets
+        assert kivi_kernels.kgroup_defines(ctx.rt, D)["RS"] == row_sets
         batch = make_batch([100, 33], 16, policy="scattered", pad_every=5, seed=row_sets)
         k, v = make_rows(np.random.default_rng(D + row_sets), batch.num_tokens, 2, D, "int4")
         m = get_method("kivi", bits=bits, recent=0)
@@ -401,9 +406,9 @@ def test_kivi_key_groups_beyond_the_workgroup_take_the_first_wave_writer(ctx, mo
     writes the cache with the first-wave writers instead (the same words), saying so in writer_impl."""
     from kvviz.families.kivi import oracle as okv
     monkeypatch.setitem(ctx.rt.limits, "max-compute-workgroup-storage-size", 4096)   # 128 x D/4 bytes needed: D <= 128
-    assert fw.kgroup_defines(ctx.rt, 128)["NV4"] == 32
+    assert kivi_kernels.kgroup_defines(ctx.rt, 128)["NV4"] == 32
     with pytest.raises(UnsupportedShape, match="workgroup memory"):
-        fw.kgroup_defines(ctx.rt, 256)
+        kivi_kernels.kgroup_defines(ctx.rt, 256)
     batch = make_batch([70], 16, seed=3)
     k, v = make_rows(np.random.default_rng(5), batch.num_tokens, 1, 256, "int4")
     m = get_method("kivi", bits=2, recent=0)
@@ -429,7 +434,7 @@ def test_kivi_key_group_written_when_it_fills(ctx):
     kbuf = qk.read_cache(ctx.rt, qc, "K")
     kbuf[:] = 0
     ctx.rt.queue.write_buffer(qc.k, 0, kbuf.tobytes())
-    d = fw.kivi_group_dispatches(ctx.rt, 2, key, sm, np.asarray(groups[1:], np.uint32), np.asarray(rows[1:]), info_buf,
+    d = kivi_kernels.kivi_group_dispatches(ctx.rt, 2, key, sm, np.asarray(groups[1:], np.uint32), np.asarray(rows[1:]), info_buf,
                                  qc.k, batch.block_size, qc.k_words, bt_off, mbs)
     ctx.rt.run(d)
     got = qk.read_cache(ctx.rt, qc, "K")
@@ -471,11 +476,11 @@ def test_bad_input_is_refused(rt):
     k = np.zeros((4, 1, 64), np.float32)
     buf = rt.upload(np.zeros(16 * 17, np.uint32), "c")
     with pytest.raises(InvalidInput, match="key and value"):
-        fw.int8_dispatches(rt, k, k[:, :, :32], batch.slot_mapping, buf, buf, 16)
+        int8_kernels.int8_dispatches(rt, k, k[:, :, :32], batch.slot_mapping, buf, buf, 16)
     with pytest.raises(InvalidInput, match="slots"):
-        fw.int8_dispatches(rt, k, k, batch.slot_mapping[:2], buf, buf, 16)
+        int8_kernels.int8_dispatches(rt, k, k, batch.slot_mapping[:2], buf, buf, 16)
     with pytest.raises(UnsupportedShape, match="multiple of 4"):
-        fw.int8_dispatches(rt, k[:, :, :62], k[:, :, :62], batch.slot_mapping, buf, buf, 16)
+        int8_kernels.int8_dispatches(rt, k[:, :, :62], k[:, :, :62], batch.slot_mapping, buf, buf, 16)
     with pytest.raises(InvalidInput, match="power of two"):
         fw.Variant(rt, False, 3)
     if fw.subgroups_available(rt):
@@ -485,12 +490,12 @@ def test_bad_input_is_refused(rt):
 
 def test_seed_writer_default_on_a_small_guaranteed_subgroup(rt, monkeypatch):
     """Where wgpu guarantees only subgroups of 4 (NVIDIA), the seed-layout writer's default is 4 lanes a row
-    through shuffles (fw.SEED_SUBGROUP_LANES), the other writers keep 8 lanes through workgroup memory; the
+    through shuffles (int8_kernels.SEED_SUBGROUP_LANES), the other writers keep 8 lanes through workgroup memory; the
     default seed writer still writes the seed oracle's words."""
     if not fw.subgroups_available(rt):
         pytest.skip("this adapter has no subgroups: the seed writer's default is the workgroup-memory one")
     monkeypatch.setattr(fw, "smallest_subgroup", lambda rt: 4)
-    var = fw.seed_variant(rt)
+    var = int8_kernels.seed_variant(rt)
     assert var.subgroups and var.lanes(32) == 4
     assert not fw.Variant(rt).subgroups and fw.Variant(rt).lanes(32) == fw.AUTO_LANES
     D, bs, lens, policy, pad_every, kvh = SHAPES[1]

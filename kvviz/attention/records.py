@@ -34,41 +34,17 @@ log = logging.getLogger("kvviz.attention.records")
 
 # ------------------------------------------------------------------------------ kernel specs
 # Writers: grid (token rows, kv heads, K|V or 1); dequantisers: grid (work items, kv heads, K|V).
-_WRITE_IMM = Struct("P", "kvh hd bs wpt")
-_DEQUANT_IMM = Struct("P", "kvh hd bs wpt win0")
-_TOKENS = ro("key_in", "val_in", "slots")
-_DEQUANT_OUT = rw("k_out", "v_out")
+WRITE_IMM = Struct("P", "kvh hd bs wpt")
+DEQUANT_IMM = Struct("P", "kvh hd bs wpt win0")
+TOKENS = ro("key_in", "val_in", "slots")
+DEQUANT_OUT = rw("k_out", "v_out")
 
-INT8_WRITE = KernelSpec("int8/write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_WRITE_IMM)
-INT8_DEQUANT = KernelSpec("int8/dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + _DEQUANT_OUT,
-                          immediates=_DEQUANT_IMM)
-INT4_WRITE = KernelSpec("int4/write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_WRITE_IMM)  # GROUP
-INT4_DEQUANT = KernelSpec("int4/dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + _DEQUANT_OUT,
-                          immediates=_DEQUANT_IMM)  # GROUP
-# FP8 kernels take the format's defines (kvviz.families.fp8.format.Fp8Format.defines), PER_TENSOR and NAME.
-FP8_AMAX = KernelSpec("fp8/amax.wgsl", bindings=_TOKENS + rw("tensor"), immediates=_WRITE_IMM)
-FP8_WRITE = KernelSpec("fp8/write.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"), immediates=_WRITE_IMM)
-FP8_DEQUANT = KernelSpec("fp8/dequant.wgsl", bindings=ro("k_cache", "v_cache", "tensor", "items") + _DEQUANT_OUT,
-                         immediates=_DEQUANT_IMM)
-# KIVI kernels take BITS.
-KIVI_WRITE_TOK = KernelSpec("kivi/write_tok.wgsl", bindings=_TOKENS + ro("row_res") + rw("k_cache", "v_cache", "res"),
-                            immediates=Struct("P", "kvh hd bs kstride"))
-KIVI_WRITE_KGROUP = KernelSpec("kivi/write_kgroup.wgsl", bindings=ro("key_g", "slots_g", "groups", "info") + rw("k_cache"),
-                               immediates=Struct("P", "kvh hd bs kstride bt_off mbs"))
-KIVI_DEQUANT = KernelSpec("kivi/dequant.wgsl", bindings=ro("k_cache", "v_cache", "res", "info", "items") + _DEQUANT_OUT,
-                          immediates=Struct("P", "kvh hd bs kstride bt_off mbs win0"))
 # Self-tests of common.wgsl's helpers (take the FP8 defines).
 _SELFTEST = dict(bindings=ro("a_in", "b_in") + rw("out"), immediates=Struct("P", "n row"))
 SELFTEST_DIV = KernelSpec("common/selftest.wgsl", "div_test", **_SELFTEST)
 SELFTEST_FP8 = KernelSpec("common/selftest.wgsl", "fp8_test", **_SELFTEST)
 
-KERNELS = {
-    "int8": (INT8_WRITE, INT8_DEQUANT),
-    "int4": (INT4_WRITE, INT4_DEQUANT),
-    "fp8": (FP8_AMAX, FP8_WRITE, FP8_DEQUANT),
-    "kivi": (KIVI_WRITE_TOK, KIVI_WRITE_KGROUP, KIVI_DEQUANT),
-    "selftest": (SELFTEST_DIV, SELFTEST_FP8),
-}
+KERNELS = {"selftest": (SELFTEST_DIV, SELFTEST_FP8)}
 
 
 # ----------------------------------------------------------------------------------- validation

@@ -40,28 +40,14 @@ from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
 log = logging.getLogger("kvviz.attention.writers")
 
-_ROW_IMM = Struct("P", "kvh hd bs wpt rows gx")
-_TOKENS = ro("key_in", "val_in", "slots")
+ROW_IMM = Struct("P", "kvh hd bs wpt rows gx")
+TOKENS = ro("key_in", "val_in", "slots")
 # Every spec carries representative defines (one lane, the workgroup-memory reduction, ...) so it renders
 # and checks on its own (tests/test_kernel_families.py); the launchers below always pass their own.
-_LANE_DEFAULTS = dict(LANES=1, REDUCE_KIND="workgroup memory", NV=1, NJ=1, INV_ULPS=0)
-_FP8_DEFAULTS = dict(MBITS=3, BIAS=7, MAX_BITS=0x43E00000, MAX_CODE=0x7E, FMAX="448.0", PER_TENSOR="false", NAME="fp8_e4m3fn")
-WRITE_INT8 = KernelSpec("int8/write_fast.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_ROW_IMM)
-WRITE_FP8 = KernelSpec("fp8/write_fast.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache", "tensor"), immediates=_ROW_IMM)
-WRITE_FP8_AMAX = KernelSpec("fp8/amax_fast.wgsl", bindings=_TOKENS + rw("tensor"), immediates=_ROW_IMM)
-WRITE_INT4 = KernelSpec("int4/write_fast.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"), immediates=_ROW_IMM)
-WRITE_KIVI_TOK = KernelSpec("kivi/write_tok_fast.wgsl", bindings=_TOKENS + ro("row_res") + rw("k_cache", "v_cache", "res"),
-                            immediates=Struct("P", "kvh hd bs kstride rows gx"))
-WRITE_KIVI_KGROUP = KernelSpec("kivi/write_kgroup_fast.wgsl",
-                               bindings=ro("key_in", "slots", "grows", "groups", "info") + rw("k_cache"),
-                               immediates=Struct("P", "kvh hd bs kstride bt_off mbs items gx"))
-WRITE_F16 = KernelSpec("f16/write_fast.wgsl", bindings=_TOKENS + rw("k_cache", "v_cache"),
-                       immediates=Struct("P", "kvh hd bs items gx"))
-F16_DEQUANT = KernelSpec("f16/dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + rw("k_out", "v_out"),
-                         immediates=Struct("P", "kvh hd bs wpt win0"))
+LANE_DEFAULTS = dict(LANES=1, REDUCE_KIND="workgroup memory", NV=1, NJ=1, INV_ULPS=0)
 
 # The reductions over a lane group, pasted into write_common.wgsl ({{REDUCE}}).
-_REDUCE_SUBGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group (span a power of two <= L), by
+REDUCE_SUBGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group (span a power of two <= L), by
 // subgroup shuffles (red_min2: two values, half the shuffles).
 fn red_min(v: vec4<u32>, lid: u32, span: u32) -> vec4<u32> {
   var m = v;
@@ -73,7 +59,7 @@ fn red_min2(v: vec2<u32>, lid: u32, span: u32) -> vec2<u32> {
   for (var o = 1u; o < span; o = o << 1u) { m = min(m, subgroupShuffleXor(m, o)); }
   return m;
 }"""
-_REDUCE_WORKGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group, through workgroup memory (no subgroups).
+REDUCE_WORKGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group, through workgroup memory (no subgroups).
 var<workgroup> s_red: array<vec4<u32>, 64>;
 fn red_min(v: vec4<u32>, lid: u32, span: u32) -> vec4<u32> {
   workgroupBarrier();
@@ -97,16 +83,6 @@ fn red_min2(v: vec2<u32>, lid: u32, span: u32) -> vec2<u32> {
 
 MAX_LANES = 32
 WG = 64
-
-WRITE_INT8 = WRITE_INT8.define(SEED="false", REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
-WRITE_FP8 = WRITE_FP8.define(REDUCE=_REDUCE_WORKGROUP, **_FP8_DEFAULTS, **_LANE_DEFAULTS)
-WRITE_FP8_AMAX = WRITE_FP8_AMAX.define(REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
-WRITE_INT4 = WRITE_INT4.define(GROUP=32, REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
-WRITE_KIVI_TOK = WRITE_KIVI_TOK.define(BITS=2, REDUCE=_REDUCE_WORKGROUP, **_LANE_DEFAULTS)
-WRITE_KIVI_KGROUP = WRITE_KIVI_KGROUP.define(BITS=2, REDUCE=_REDUCE_WORKGROUP, NV4=32, RS=4, SBUF=1024, **_LANE_DEFAULTS)
-# family "fast_write" (the quantised methods' writers) and family "f16" (the f16 method's kernels)
-KERNELS = {"fast_write": (WRITE_INT8, WRITE_FP8, WRITE_FP8_AMAX, WRITE_INT4, WRITE_KIVI_TOK, WRITE_KIVI_KGROUP),
-           "f16": (WRITE_F16, F16_DEQUANT)}
 
 
 # ------------------------------------------------------------------------------ lanes and grid
@@ -203,11 +179,11 @@ class Variant:
         groups of 4 units at 8 lanes). A workgroup-memory variant whose spans all fit the adapter's smallest
         subgroup then reduces by shuffles anyway: an aligned span of lanes lies inside one subgroup."""
         sg = self.subgroups or (span is not None and 1 <= span <= self.shuffle_span)
-        return {"LANES": lanes, "REDUCE": _REDUCE_SUBGROUP if sg else _REDUCE_WORKGROUP,
+        return {"LANES": lanes, "REDUCE": REDUCE_SUBGROUP if sg else REDUCE_WORKGROUP,
                 "REDUCE_KIND": "subgroup shuffles" if sg else "workgroup memory", "INV_ULPS": self.inv_ulps}
 
 
-def _check_rows(key, value, sm):
+def check_rows(key, value, sm):
     key = np.ascontiguousarray(key, np.float32)
     value = np.ascontiguousarray(value, np.float32)
     if key.ndim != 3 or key.shape != value.shape:
@@ -221,7 +197,7 @@ def _check_rows(key, value, sm):
     return key, value, sm.astype(np.int64)
 
 
-def _row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: int, extra_rows=()) -> list[Dispatch]:
+def row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: int, extra_rows=()) -> list[Dispatch]:
     """One dispatch a binding chunk of token rows, grid 2-D over its (token, KV head) rows / rows_per_wg."""
     T, kvh, D = key.shape
     out = []
@@ -237,207 +213,6 @@ def _row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: i
     return out
 
 
-# The int8 seed-layout writer where wgpu guarantees only subgroups of fewer than AUTO_LANES (NVIDIA reports 4):
-# 4 lanes a row through subgroup shuffles measured faster than 8 lanes through workgroup memory on the H200 (anchor
-# shape; docs/benchmarks.md). The other writers (int8_token, fp8_e4m3, int4) measured slower that way, so only this
-# one takes it.
-SEED_SUBGROUP_LANES = 4
-
-
-def seed_variant(rt: GpuRuntime) -> Variant:
-    """The default variant of the seed-layout int8 writer (SEED_SUBGROUP_LANES above)."""
-    if subgroups_available(rt) and smallest_subgroup(rt) < AUTO_LANES:
-        return Variant(rt, True, min(SEED_SUBGROUP_LANES, max_lanes(rt, True)))
-    return Variant(rt)
-
-
-# ------------------------------------------------------------------------------ writers
-def int8_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size: int, *, seed: bool = False,
-                    variant: Variant | None = None) -> list[Dispatch]:
-    """int8 records [hd/4 code words | f32 scale] (the seed q8 layout): int8_token's quantiser, or with
-    seed=True the seed GLSL writer's (same bytes as reshape_and_cache_q8.comp; kvviz/attention/paged_oracle.py)."""
-    key, value, sm = _check_rows(key, value, slots)
-    T, kvh, D = key.shape
-    var = variant or (seed_variant(rt) if seed else Variant(rt))
-    L = var.lanes(D // 4)
-    kern = rt.compile(WRITE_INT8, SEED="true" if seed else "false", NV=D // (4 * L), **var.defines(L))
-    return _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
-                           lambda rows, gx: kern.pack(kvh, D, block_size, D // 4 + 1, rows, gx), WG // L)
-
-
-# Lanes a row of the FP8 per-tensor writer pass by default: it reduces nothing across lanes, so any lane count is
-# legal without subgroups. 16 measured fastest on the H200 at the anchor, against 4, 8 and 32 (docs/benchmarks.md).
-PER_TENSOR_LANES = 16
-
-
-def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_buf, v_buf, tensor, block_size: int, *,
-                   variant: Variant | None = None) -> list[Dispatch]:
-    """FP8 records (kvviz/families/fp8/format.py `fmt`), per-token scale word or per-tensor scales in `tensor`
-    ([amax K, amax V, scale K, scale V], zeroed before): the codes of fp8/write.wgsl."""
-    key, value, sm = _check_rows(key, value, slots)
-    T, kvh, D = key.shape
-    var = variant or Variant(rt)
-    L = var.lanes(D // 4)
-    if per_tensor and variant is None:   # no row reduction: the lanes need no subgroup (PER_TENSOR_LANES)
-        L = choose_lanes(D // 4, 0, PER_TENSOR_LANES)
-    d = dict(fmt.defines(), PER_TENSOR="true" if per_tensor else "false", NAME=fmt.name, NV=D // (4 * L), **var.defines(L))
-    wpt = D // 4 + (0 if per_tensor else 1)
-    out = []
-    if per_tensor:
-        out += amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, var)
-    kern = rt.compile(WRITE_FP8, **d)
-    out += _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
-                           lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
-    return out
-
-
-# Row blocks a workgroup of the per-tensor amax pass (it strides over the rows: any grid is correct; fewer
-# workgroups, fewer reductions and atomics). 16 measured fastest on the H200 at the anchor, against 1, 4 and 64
-# (FP8 per-tensor's pass, the slot and the values loaded together; NVFP4's the same; docs/benchmarks.md).
-AMAX_BLOCKS = 16
-
-
-def amax_dispatches(rt: GpuRuntime, key, value, sm, tensor, block_size: int, wpt: int, var: Variant) -> list[Dispatch]:
-    """The per-tensor amax pass (fp8/amax_fast.wgsl) of the FP8 per-tensor and NVFP4 writers: max |x| bits of
-    K and V into tensor[0|1] (zeroed before)."""
-    T, kvh, D = key.shape
-    L = var.lanes(D // 4)
-    amax = rt.compile(WRITE_FP8_AMAX, NV=D // (4 * L), **var.defines(L))
-    return _row_dispatches(rt, amax, key, value, sm, [tensor],
-                           lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), AMAX_BLOCKS * (WG // L))
-
-
-def int4_dispatches(rt: GpuRuntime, group: int, key, value, slots, k_buf, v_buf, block_size: int, *,
-                    variant: Variant | None = None) -> list[Dispatch]:
-    """int4_group records (kvviz/families/int4/format.py): 8 codes a word, then (scale, zero) per group of `group`."""
-    key, value, sm = _check_rows(key, value, slots)
-    T, kvh, D = key.shape
-    if D % 8 or group % 8 or D % group:
-        raise UnsupportedShape(f"fast int4 writer: head_size {D} and group {group} must be multiples of 8, the group dividing the head")
-    var = variant or Variant(rt)
-    L = var.lanes(D // 8, group // 8)
-    # a group's statistics are reduced over min(group units, L) lanes (write_int4.wgsl SPAN): shuffles where that
-    # span fits the smallest subgroup (measured faster than workgroup memory on the H200)
-    kern = rt.compile(WRITE_INT4, GROUP=group, NJ=D // (8 * L), **var.defines(L, span=min(group // 8, L)))
-    wpt = D // 8 + 2 * (D // group)
-    return _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
-                           lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
-
-
-def kivi_token_dispatches(rt: GpuRuntime, bits: int, key, value, slots, row_res, k_buf, v_buf, res, block_size: int,
-                          kstride: int, *, variant: Variant | None = None) -> list[Dispatch]:
-    """KIVI's per-token part (kvviz/families/kivi/format.py): V codes of quantised rows, residual rows copied."""
-    key, value, sm = _check_rows(key, value, slots)
-    T, kvh, D = key.shape
-    kw = D * bits // 32
-    var = variant or Variant(rt)
-    L = var.lanes(kw)
-    kern = rt.compile(WRITE_KIVI_TOK, BITS=bits, NJ=kw // L, **var.defines(L))
-    return _row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, res],
-                           lambda rows, gx: kern.pack(kvh, D, block_size, kstride, rows, gx), WG // L,
-                           extra_rows=[np.asarray(row_res, np.uint32)])
-
-
-# write_kivi_kgroup.wgsl's row sets RS (1, 2, 4 or 8) where RS x D/4 threads fit (fast_write_bench.py --kgroup-rs=N)
-KGROUP_ROW_SETS = 4
-
-
-def kgroup_defines(rt: GpuRuntime, head_size: int) -> dict:
-    """write_kivi_kgroup.wgsl's shape: NV4 = D/4 vec4 columns, RS row sets (4 where 4 x NV4 threads fit the
-    adapter's workgroup, else 2 or 1), so TG = RS x NV4 threads and 32 / RS rows a thread; SBUF its workgroup words."""
-    nv4 = head_size // 4
-    most = int(rt.limits.get("max-compute-invocations-per-workgroup", 256) or 256)
-    shared = int(rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
-    sbuf = lambda r: max(8 * r * nv4, 32 * nv4)  # noqa: E731 (workgroup words at r row sets)
-    fits = [r for r in (8, 4, 2, 1) if r <= KGROUP_ROW_SETS and r * nv4 <= most and 4 * sbuf(r) <= shared]
-    if not fits:
-        raise UnsupportedShape(f"fast KIVI key-group writer: head size {head_size} needs {nv4} threads and "
-                               f"{128 * nv4} bytes of workgroup memory, the adapter allows {most} and {shared}")
-    return {"NV4": nv4, "RS": fits[0], "SBUF": sbuf(fits[0])}
-
-
-def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndarray, group_rows: np.ndarray, info_buf,
-                          k_buf, block_size: int, kstride: int, bt_off: int, mbs: int, *, key_buf=None,
-                          variant: Variant | None = None) -> list[Dispatch]:
-    """KIVI key groups: groups [n, 4] u32 (seq, g, 0, 0), group_rows [n, 32] the token rows of each group
-    (indices into key). Read in place from `key_buf` (the uploaded key, when given and it fits one binding),
-    else from the groups' rows uploaded one binding at a time."""
-    key = np.ascontiguousarray(key, np.float32)
-    T, kvh, D = key.shape
-    groups = np.ascontiguousarray(groups, np.uint32).reshape(-1, 4)
-    group_rows = np.asarray(group_rows, np.int64).reshape(-1, 32)
-    if not len(groups):
-        return []
-    var = variant or Variant(rt)
-    kern = rt.compile(WRITE_KIVI_KGROUP, BITS=bits, **kgroup_defines(rt, D), **var.defines(1))
-    sm = np.asarray(slots).astype(np.uint32)
-    row_bytes = kvh * D * 4
-    out = []
-    whole = T * row_bytes <= rt.max_binding
-    per = len(groups) if whole else max(1, rt.max_binding // (32 * row_bytes))
-    kb = sb = None
-    if whole:
-        kb = key_buf if key_buf is not None else rt.upload(key, "key")
-        sb = rt.upload(sm, "slots")
-    for a in range(0, len(groups), per):
-        b = min(len(groups), a + per)
-        rows = group_rows[a:b]
-        if whole:
-            kbuf, sbuf, local = kb, sb, rows
-        else:
-            flat = rows.reshape(-1)
-            kbuf, sbuf = rt.upload(key[flat], "kivi_key_groups"), rt.upload(sm[flat], "kivi_group_slots")
-            local = np.arange(flat.size).reshape(rows.shape)
-        items = (b - a) * kvh  # a workgroup a (group, KV head)
-        gx, gy, gz = grid_2d(rt, items)
-        out.append(kern.dispatch((gx, gy, gz), [kbuf, sbuf, rt.upload(local.astype(np.uint32), "kivi_group_rows"),
-                                                rt.upload(groups[a:b], "kivi_groups"), info_buf, k_buf],
-                                 imm=kern.pack(kvh, D, block_size, kstride, bt_off, mbs, items, gx)))
-    return out
-
-
-def f16_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size: int) -> list[Dispatch]:
-    """f16 records [hd/2 words], element 2w in the low half of word w (numpy astype(float16) bits)."""
-    key, value, sm = _check_rows(key, value, slots)
-    T, kvh, D = key.shape
-    kern = rt.compile(WRITE_F16)
-    out = []
-    for a, b in input_chunks(rt, T, kvh * D * 4):
-        if b <= a:
-            continue
-        items = (b - a) * kvh * (D // 4)
-        gx, gy, gz = grid_2d(rt, -(-items // WG))
-        out.append(kern.dispatch((gx, gy, gz), [rt.upload(key[a:b], "key"), rt.upload(value[a:b], "value"),
-                                                rt.upload(sm[a:b].astype(np.uint32), "slots"), k_buf, v_buf],
-                                 imm=kern.pack(kvh, D, block_size, items, gx)))
-    return out
-
-
-# ------------------------------------------------------------------------------ per method
-def method_dispatches(rt: GpuRuntime, method, qc, key, value, sm, variant: Variant | None = None):
-    """The fast writer of a per-token-record method (kvviz/methods/records.py) into its cache `qc`, or
-    None when it has none for this shape (the method then keeps its first-wave writer)."""
-    fam = getattr(method, "family", "")
-    D = np.asarray(key).shape[2]
-    try:
-        if fam == "int8" and method.id == "int8_token":
-            return int8_dispatches(rt, key, value, sm, qc.k, qc.v, qc.block_size, variant=variant)
-        if fam == "fp8" and hasattr(method, "fmt"):
-            return fp8_dispatches(rt, method.fmt, method.per_tensor, key, value, sm, qc.k, qc.v, qc.extra["tensor"],
-                                  qc.block_size, variant=variant)
-        if fam == "int4" and hasattr(method, "group_for"):
-            g = method.group_for(D)
-            if g and g % 8 == 0:
-                return int4_dispatches(rt, g, key, value, sm, qc.k, qc.v, qc.block_size, variant=variant)
-            return None
-        if fam == "f16":
-            return f16_dispatches(rt, key, value, sm, qc.k, qc.v, qc.block_size)
-    except UnsupportedShape as exc:
-        log.info("%s: no fast writer for this shape (%s); the first-wave writer runs", method.id, exc)
-        return None
-    return None
-
-
 def describe(rt: GpuRuntime) -> str:
     """One line for logs and the bench: which variant the fast writers run on this adapter."""
     sub = subgroups_available(rt)
@@ -445,5 +220,3 @@ def describe(rt: GpuRuntime) -> str:
             f"lanes a row, 2-D grid up to {rt.max_grid}^2 workgroups")
 
 
-__all__ = ["KERNELS", "Variant", "choose_lanes", "int8_dispatches", "fp8_dispatches", "int4_dispatches",
-           "kivi_token_dispatches", "kivi_group_dispatches", "amax_dispatches", "f16_dispatches", "method_dispatches", "describe"]

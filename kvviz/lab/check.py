@@ -34,6 +34,7 @@ from kvviz.lab.source import (
     workgroup_size,
 )
 from kvviz.paging import PAD_SLOT
+from kvviz.families.int8 import kernels as int8_kernels
 
 log = logging.getLogger("kvviz.lab")
 
@@ -449,7 +450,7 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         cache = pk.allocate(fmt, batch.num_blocks, kvh, bs, D)
         if slot.case == "paged-writer" and slot.impl == "fast":  # the seed layout's fast writer (same bytes)
             from kvviz.attention import writers as fw
-            wd = fw.int8_dispatches(rt, key, value, batch.slot_mapping, cache.k, cache.v, bs, seed=True)
+            wd = int8_kernels.int8_dispatches(rt, key, value, batch.slot_mapping, cache.k, cache.v, bs, seed=True)
         else:
             wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
         if slot.case == "paged-writer":

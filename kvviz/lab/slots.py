@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 from kvviz.errors import InvalidInput
 from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
+from kvviz.families.kivi import kernels as kivi_kernels
+from kvviz.families.int8 import kernels as int8_kernels
+from kvviz.families.int4 import kernels as int4_kernels
+from kvviz.families.fp8 import kernels as fp8_kernels
 
 REF_HEAD_SIZE = 128  # the head size and block size the contracts' layouts are written at
 REF_BLOCK_SIZE = 16
@@ -319,7 +323,7 @@ def _fast_slots() -> None:
     from kvviz.attention import writers as fw
     from kvviz.methods import get_method, registry
 
-    fast_writer = {"int8_token": fw.WRITE_INT8, "fp8_e4m3": fw.WRITE_FP8, "fp8_e5m2": fw.WRITE_FP8, "int4_group": fw.WRITE_INT4}
+    fast_writer = {"int8_token": int8_kernels.WRITE_INT8, "fp8_e4m3": fp8_kernels.WRITE_FP8, "fp8_e5m2": fp8_kernels.WRITE_FP8, "int4_group": int4_kernels.WRITE_INT4}
     for mid, spec in fast_writer.items():
         if mid not in registry():
             continue
@@ -355,9 +359,9 @@ def _fast_slots() -> None:
         q8 = next((b.elem, b.shape, b.layout) for b in base.buffers if b.name == "key_cache")
         register(Slot(
             "int8_seed.writer_fast", "seed int8 layout fast writer (write_int8, SEED=true)", "writer", "fast",
-            fw.WRITE_INT8.define(SEED="true"), "int8_seed", "paged-writer", "q8",
-            _buffers(fw.WRITE_INT8, {"k_cache": q8, "v_cache": q8}),
-            _imm(fw.WRITE_INT8),
+            int8_kernels.WRITE_INT8.define(SEED="true"), "int8_seed", "paged-writer", "q8",
+            _buffers(int8_kernels.WRITE_INT8, {"k_cache": q8, "v_cache": q8}),
+            _imm(int8_kernels.WRITE_INT8),
             "2-D (gx, gy, 1), workgroup w = y * gx + x: one workgroup per `rows` token rows (K and V together), "
             "a lane group of LANES lanes per (token, KV head) row",
             base.oracle, base.tolerance, timed_name="int8_seed writer (fast)", template=True,
@@ -471,12 +475,12 @@ def _kivi_slots() -> None:
                "through grows")
     for sid, title, impl, spec, grid, tmpl, timed in (
         ("kivi.writer_tokens", "KIVI token writer (V codes, residual rows)", "first-wave",
-         qk.KIVI_WRITE_TOK.define(BITS=2), tok_grid, False, "kivi writer (tokens + key groups)"),
+         kivi_kernels.KIVI_WRITE_TOK.define(BITS=2), tok_grid, False, "kivi writer (tokens + key groups)"),
         ("kivi.writer_key_groups", "KIVI key-group writer (K per channel)", "first-wave",
-         qk.KIVI_WRITE_KGROUP.define(BITS=2), kg_grid, False, "kivi writer (tokens + key groups)"),
-        ("kivi.writer_tokens_fast", "KIVI fast token writer", "fast", fw.WRITE_KIVI_TOK, fast_row, True,
+         kivi_kernels.KIVI_WRITE_KGROUP.define(BITS=2), kg_grid, False, "kivi writer (tokens + key groups)"),
+        ("kivi.writer_tokens_fast", "KIVI fast token writer", "fast", kivi_kernels.WRITE_KIVI_TOK, fast_row, True,
          "kivi writer (tokens + key groups, fast)"),
-        ("kivi.writer_key_groups_fast", "KIVI fast key-group writer", "fast", fw.WRITE_KIVI_KGROUP, fast_kg, True,
+        ("kivi.writer_key_groups_fast", "KIVI fast key-group writer", "fast", kivi_kernels.WRITE_KIVI_KGROUP, fast_kg, True,
          "kivi writer (tokens + key groups, fast)"),
     ):
         register(Slot(sid, title, "writer", impl, spec, "kivi", "kivi-writer", buffers=_buffers(spec, caches),
@@ -485,8 +489,8 @@ def _kivi_slots() -> None:
                       options=KIVI_OPTIONS,
                       notes=(f"the lab times this kernel alone; the window's and the bench's `{timed}` row times both "
                              "writer kernels together, so it is not this slot's pinned baseline",)))
-    register(Slot("kivi.dequantise", "KIVI dequantise", "dequantise", "first-wave", qk.KIVI_DEQUANT.define(BITS=2), "kivi",
-                  "kivi-dequant", buffers=_buffers(qk.KIVI_DEQUANT, caches), immediates=_imm(qk.KIVI_DEQUANT),
+    register(Slot("kivi.dequantise", "KIVI dequantise", "dequantise", "first-wave", kivi_kernels.KIVI_DEQUANT.define(BITS=2), "kivi",
+                  "kivi-dequant", buffers=_buffers(kivi_kernels.KIVI_DEQUANT, caches), immediates=_imm(kivi_kernels.KIVI_DEQUANT),
                   grid="(used blocks, kv_heads, 2): one workgroup per (work item = used physical block, KV head, K|V) "
                        "expands the block's codes (and residual rows) into the f32 cache window",
                   oracle=oracle + " (the built-in writers wrote the cache)", tolerance=tol, timed_name="kivi dequantise",

@@ -7,6 +7,7 @@ made by the method's WGSL dequantise kernel, through the f32 baseline decode / w
 """
 from __future__ import annotations
 
+import logging
 from abc import abstractmethod
 
 import numpy as np
@@ -15,8 +16,11 @@ from kvviz.attention import records as qk
 from kvviz.attention.split_decode import fast_decode_rows
 from kvviz.gpu.timed import TimedKernel
 from kvviz.attention.traffic import decode_bytes
+from kvviz.errors import UnsupportedShape
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.paging import PAD_SLOT
+
+log = logging.getLogger("kvviz.methods.records")
 
 
 class DequantisedAttention:
@@ -171,11 +175,19 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         return qk.token_dispatches(rt, kern, key, value, sm, bufs, lambda n: imm)
 
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
+        """The method's fast writer's dispatches into qc (its family's kernels), or None where it has none;
+        UnsupportedShape where the shape is one it cannot take."""
+        return None
+
     def fast_writer_dispatches(self, ctx, qc, key, value, sm):
         """The fast writer's dispatches into qc (same words as writer_dispatches), or None when the method
-        has none for this shape."""
-        from kvviz.attention import writers as fast_write
-        return fast_write.method_dispatches(ctx.rt, self, qc, key, value, sm)
+        has none for this shape (the first-wave writer then runs)."""
+        try:
+            return self.fast_writer(ctx.rt, qc, key, value, sm)
+        except UnsupportedShape as exc:
+            log.info("%s: no fast writer for this shape (%s); the first-wave writer runs", self.id, exc)
+            return None
 
     def select_writer(self, ctx, qc, key, value, sm):
         """(dispatches, "fast" | "first-wave"): the writer `writer_impl` picks, the first-wave one where

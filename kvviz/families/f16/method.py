@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.families.f16 import format as fmt16
-from kvviz.attention import writers as fw
+from kvviz.families.f16 import kernels as f16_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod
 
@@ -36,10 +36,13 @@ class F16(PerTokenRecordMethod):
         return fmt16.words_per_token(head_size)
 
     def writer_spec(self):
-        return fw.WRITE_F16
+        return f16_kernels.WRITE_F16
 
     def dequant_spec(self):
-        return fw.F16_DEQUANT
+        return f16_kernels.F16_DEQUANT
+
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
+        return f16_kernels.f16_dispatches(rt, key, value, sm, qc.k, qc.v, qc.block_size)
 
     def fast_cache_format(self, head_size):
         from kvviz.attention.split_decode import F16 as F16_FORMAT
@@ -51,7 +54,7 @@ class F16(PerTokenRecordMethod):
         fmt16.check_range("value", value)
 
     def writer_dispatches(self, ctx, qc, key, value, sm):
-        return fw.f16_dispatches(ctx.rt, key, value, sm, qc.k, qc.v, qc.block_size)
+        return f16_kernels.f16_dispatches(ctx.rt, key, value, sm, qc.k, qc.v, qc.block_size)
 
     def unpack(self, records, head_size):
         h = fmt16.unpack_records(records)

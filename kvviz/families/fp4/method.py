@@ -23,6 +23,7 @@ from kvviz.families.fp4 import format as f4
 from kvviz.families.fp4 import kernels as f4k
 from kvviz.families.ggml import kernels as gk
 from kvviz.attention import records as qk
+from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod, SiblingFastAttention
 
@@ -60,7 +61,7 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
     def writer_dispatches(self, ctx, qc, key, value, sm):
         rt = ctx.rt
         kvh, D = key.shape[1], key.shape[2]
-        amax = rt.compile(qk.FP8_AMAX)
+        amax = rt.compile(fp8_kernels.FP8_AMAX)
         kern = rt.compile(self.writer_spec())
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         tb = qc.extra["tensor"]

@@ -6,6 +6,8 @@ fp4/nvfp4_write.wgsl and the oracle kvviz/families/fp4/oracle.py (tests/test_fas
 from __future__ import annotations
 
 from kvviz.attention import writers as fw
+
+from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.fp4 import format as f4
 from kvviz.families.ggml.writer import STAGE, WG, lanes_for, stage_defines
@@ -81,7 +83,7 @@ def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, bl
     pass, fp4/nvfp4_scale_fast.wgsl, or by the writer's first row: scale_pass, default NVFP4_SCALE_PASS), then the
     writer. groups_per_lane: 16-element groups a lane (default nvfp4_groups_default); kv_split (1 or 2 groups
     a lane; default NVFP4_KV_SPLIT there): K and V on separate lanes."""
-    key, value, sm = fw._check_rows(key, value, slots)
+    key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     if D % f4.SUB:
         raise UnsupportedShape(f"fast NVFP4 writer: head_size {D} is not a multiple of {f4.SUB}")
@@ -94,14 +96,14 @@ def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, bl
     elif groups_per_lane < 4 or groups_per_lane % 4:
         raise InvalidInput(f"fast NVFP4 writer: groups_per_lane must be 1, 2 or a multiple of 4, got {groups_per_lane}")
     wpt = f4.words_per_token(D)
-    out = fw.amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, variant or fw.Variant(rt))
+    out = fp8_kernels.amax_dispatches(rt, key, value, sm, tensor, block_size, wpt, variant or fw.Variant(rt))
     kvs = groups_per_lane < 4 and (NVFP4_KV_SPLIT if kv_split is None else kv_split)
     L = lanes_for(2 * D // f4.SUB if kvs else D // f4.SUB, groups_per_lane)
     sp = NVFP4_SCALE_PASS if scale_pass is None else scale_pass
     kern = rt.compile(nvfp4_spec(groups_per_lane, L, D, stage, kvs, sp))
     if sp:
         out.append(rt.compile(NVFP4_SCALE).dispatch((1, 1, 1), [tensor]))
-    out += fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
+    out += fw.row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, tensor],
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
     return out
 

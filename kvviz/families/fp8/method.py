@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.attention import records as qk
+from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.records import PerTokenRecordMethod
 from kvviz.families.fp8 import format as fmt8
@@ -51,10 +52,14 @@ class _Fp8Base(PerTokenRecordMethod):
         return d
 
     def writer_spec(self):
-        return qk.FP8_WRITE.define(**self._defines())
+        return fp8_kernels.FP8_WRITE.define(**self._defines())
 
     def dequant_spec(self):
-        return qk.FP8_DEQUANT.define(**self._defines())
+        return fp8_kernels.FP8_DEQUANT.define(**self._defines())
+
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
+        return fp8_kernels.fp8_dispatches(rt, self.fmt, self.per_tensor, key, value, sm, qc.k, qc.v, qc.extra["tensor"],
+                                          qc.block_size, variant=variant)
 
     def fast_cache_format(self, head_size):
         from kvviz.attention.split_decode import fp8_format
@@ -72,7 +77,7 @@ class _Fp8Base(PerTokenRecordMethod):
         kern = rt.compile(self.writer_spec())
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D))
         if self.per_tensor:
-            amax = rt.compile(qk.FP8_AMAX)
+            amax = rt.compile(fp8_kernels.FP8_AMAX)
             out += qk.token_dispatches(rt, amax, key, value, sm, [qc.extra["tensor"]], lambda n: imm)
         out += qk.token_dispatches(rt, kern, key, value, sm, [qc.k, qc.v, qc.extra["tensor"]], lambda n: imm)
         return out

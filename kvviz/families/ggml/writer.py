@@ -125,7 +125,7 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
     exchange (default: where subgroups allow, unless blocks_per_lane is given): a lane a block, the words two
     blocks share handed over by a subgroup shuffle, instead of the fewest blocks whose bytes are whole words."""
     t = TYPES[t] if isinstance(t, str) else t
-    key, value, sm = fw._check_rows(key, value, slots)
+    key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     if D % BLOCK:
         raise UnsupportedShape(f"fast ggml writer: head_size {D} is not a multiple of {BLOCK}")
@@ -144,7 +144,7 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
     L = lanes_for(D // BLOCK, nbl)
     kern = rt.compile(ggml_spec(t, nbl, L, bool(exchange), q8_trunc, D, stage))
     wpt = t.words_per_token(D)
-    return fw._row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
+    return fw.row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)
 
 

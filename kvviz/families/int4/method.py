@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kvviz.errors import UnsupportedShape
 from kvviz.attention import records as qk
+from kvviz.families.int4 import kernels as int4_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.records import PerTokenRecordMethod
 from kvviz.families.int4 import format as asym
@@ -66,16 +67,22 @@ class Int4Group(PerTokenRecordMethod):
     def wpt(self, head_size):
         return head_size // 8 + 2 * (head_size // self.group_for(head_size))
 
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
+        g = self.group_for(key.shape[2])
+        if not g or g % 8:
+            return None
+        return int4_kernels.int4_dispatches(rt, g, key, value, sm, qc.k, qc.v, qc.block_size, variant=variant)
+
     def fast_cache_format(self, head_size):
         from kvviz.attention.split_decode import int4_format
 
         return int4_format(self.group_for(head_size))
 
     def writer_spec(self, head_size: int | None = None):
-        return qk.INT4_WRITE.define(GROUP=self.group_for(head_size) if head_size else self.group_size)
+        return int4_kernels.INT4_WRITE.define(GROUP=self.group_for(head_size) if head_size else self.group_size)
 
     def dequant_spec(self, head_size: int | None = None):
-        return qk.INT4_DEQUANT.define(GROUP=self.group_for(head_size) if head_size else self.group_size)
+        return int4_kernels.INT4_DEQUANT.define(GROUP=self.group_for(head_size) if head_size else self.group_size)
 
     def writer_dispatches(self, ctx, qc, key, value, sm):
         kvh, D = key.shape[1], key.shape[2]

@@ -151,13 +151,14 @@ class Int8PerTokenSeed(KVMethod):
         """The fast writer of the seed layout (kvviz/attention/writers.py int8_dispatches(seed=True): the seed
         writer's bytes) as a timed row, into a cache of its own; [] where that cache exceeds one binding."""
         from kvviz.attention import writers as fw
+        from kvviz.families.int8 import kernels as int8_kernels
         from kvviz.gpu.timed import TimedKernel
         from kvviz.attention.traffic import writer_bytes
 
         if not batch.num_tokens or cache.nbytes > ctx.rt.max_binding:
             return []
         fc = ctx.paged.allocate("q8", cache.num_blocks, cache.num_kv_heads, cache.block_size, cache.head_size)
-        d = fw.int8_dispatches(ctx.rt, key, value, batch.slot_mapping, fc.k, fc.v, cache.block_size, seed=True)
+        d = int8_kernels.int8_dispatches(ctx.rt, key, value, batch.slot_mapping, fc.k, fc.v, cache.block_size, seed=True)
         from kvviz.attention import arith
         flops = arith.writer_flops(batch, cache.num_kv_heads, cache.head_size, arith.WRITER_PER_ELEMENT["int8"])
         return [TimedKernel("reshape_and_cache_q8 (fast, seed layout)", d, writer_bytes(cache, batch, key), "writer", "fast",

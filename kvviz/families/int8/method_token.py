@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.attention import records as qk
+from kvviz.families.int8 import kernels as int8_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod
 from kvviz.attention import int8_records as fmt8
@@ -25,10 +26,13 @@ class Int8PerToken(PerTokenRecordMethod):
         return head_size // 4 + 1
 
     def writer_spec(self):
-        return qk.INT8_WRITE
+        return int8_kernels.INT8_WRITE
 
     def dequant_spec(self):
-        return qk.INT8_DEQUANT
+        return int8_kernels.INT8_DEQUANT
+
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
+        return int8_kernels.int8_dispatches(rt, key, value, sm, qc.k, qc.v, qc.block_size, variant=variant)
 
     def fast_cache_format(self, head_size):
         from kvviz.attention.split_decode import INT8

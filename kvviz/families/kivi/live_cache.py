@@ -39,6 +39,7 @@ from kvviz.errors import InvalidInput
 from kvviz.families.kivi import format as layout
 from kvviz.families.int4.format import unpack_codes
 from kvviz.attention import records as qk
+from kvviz.families.kivi import kernels as kivi_kernels
 from kvviz.methods.live_cache import LiveCache, TokenScales, _scale_label, _tokens_major
 from kvviz.methods.base import QuantizedKV
 from kvviz.paging import PAD_SLOT
@@ -99,7 +100,7 @@ class KiviLiveCache(LiveCache):
                             info=qk.alloc_words(rt, BT_OFF + nb, f"kivi_live_info_l{li}"),
                             plan=layout.plan([0], method.recent), bt_off=BT_OFF, mbs=nb)
             self.layers.append(_Layer(qc, ctx.paged.allocate("f32", nb, kvh, bs, Dp)))
-        self._dequant = rt.compile(qk.KIVI_DEQUANT, BITS=method.bits)
+        self._dequant = rt.compile(kivi_kernels.KIVI_DEQUANT, BITS=method.bits)
         # None: not known yet; True: the method's attend reads the f32 cache (fused into the step's submit)
         self.attend_reads_f32: bool | None = None
         self.fuse_fast = True  # False: never take the method's fast decode plan into the step's submit

@@ -26,6 +26,7 @@ import numpy as np
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.gpu.runtime import Dispatch
 from kvviz.attention import records as qk
+from kvviz.families.kivi import kernels as kivi_kernels
 from kvviz.gpu.timed import TimedKernel
 from kvviz.attention.traffic import decode_bytes
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
@@ -293,7 +294,7 @@ class Kivi(DequantisedAttention, KVMethod):
         qc.extra["writer_args"] = (key, value, sm, row_res, res, info_buf, groups, rows, bt_off, mbs)
         out, qc.extra["writer_impl"] = self._writer(ctx, qc, self.writer_impl)
         f32c = qk.alloc_f32(ctx, batch, kvh, D)
-        dk = rt.compile(qk.KIVI_DEQUANT, **defines)
+        dk = rt.compile(kivi_kernels.KIVI_DEQUANT, **defines)
         dd = qk.dequant_dispatches(
             ctx, dk, [qc.k, qc.v, res, info_buf], f32c, batch,
             lambda w0: dk.pack(kvh, D, bs, kstride, bt_off, mbs, w0),
@@ -316,8 +317,8 @@ class Kivi(DequantisedAttention, KVMethod):
         if impl == "fast":
             try:
                 if T:
-                    out += fw.kivi_token_dispatches(rt, self.bits, key, value, sm, row_res, qc.k, qc.v, res, bs, kstride)
-                out += fw.kivi_group_dispatches(rt, self.bits, key, sm, np.asarray(groups, np.uint32).reshape(-1, 4),
+                    out += kivi_kernels.kivi_token_dispatches(rt, self.bits, key, value, sm, row_res, qc.k, qc.v, res, bs, kstride)
+                out += kivi_kernels.kivi_group_dispatches(rt, self.bits, key, sm, np.asarray(groups, np.uint32).reshape(-1, 4),
                                                 np.asarray(rows, np.int64).reshape(-1, GROUP), info_buf, qc.k, bs,
                                                 kstride, bt_off, mbs)
                 return out, impl
@@ -325,11 +326,11 @@ class Kivi(DequantisedAttention, KVMethod):
                 log.info("kivi: %s; the first-wave writers write this cache", exc)
                 out, impl = [], "first-wave"
         if T:
-            tok = rt.compile(qk.KIVI_WRITE_TOK, **defines)
+            tok = rt.compile(kivi_kernels.KIVI_WRITE_TOK, **defines)
             imm = tok.pack(kvh, D, bs, kstride)
             out += qk.token_dispatches(rt, tok, key, value, sm, [qc.k, qc.v, res], lambda n: imm, extra_rows=[row_res], z=1)
         if groups:
-            gk = rt.compile(qk.KIVI_WRITE_KGROUP, **defines)
+            gk = rt.compile(kivi_kernels.KIVI_WRITE_KGROUP, **defines)
             garr = np.asarray(groups, dtype=np.uint32)
             rarr = np.asarray(rows, dtype=np.int64)
             imm = gk.pack(kvh, D, bs, kstride, bt_off, mbs)
