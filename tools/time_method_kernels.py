@@ -24,7 +24,7 @@ def parse(spec: str):
 
 def setup(a):
     """The runtime, context, bench inputs of shape a.shape and the copy shader's GB/s (printed): what a timing
-    tool over a bench shape starts with (this one, tools/kivi_prefetch_time.py)."""
+    tool over a bench shape starts with."""
     rt = GpuRuntime()
     ctx = GpuContext(rt)
     shape = SHAPES[a.shape]
