@@ -17,8 +17,8 @@ import sys
 import numpy as np
 
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import fast_decode as fd
-from kvviz.kernels.copy import measure_copy
+from kvviz.attention import split_decode as fd
+from kvviz.gpu.copy import measure_copy
 from kvviz.paging import make_batch
 
 H, KVH, D, BS = 32, 8, 128, 16

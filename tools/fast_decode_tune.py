@@ -5,7 +5,7 @@ f32 caches; prints GPU medians and GB/s against the copy shader. Run on the devi
 
 Variant mode (any --qk / --pv / --flush / --checks flag, or --variants for all of them): the default layout
 of each format in `formats` (default int8,f16) for every combination of the kernel variants
-(kvviz/kernels/fast_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
+(kvviz/attention/split_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
 `flush` steps, naga's runtime checks on | off; --lanes / --unroll: layouts, default 16 / 2; --prefetch=on,off: the
 software-pipelined loads (default: fast_decode.PREFETCH); --lazy=on,off: rescale only when the max grows
 (default: on for fast_decode.LAZY_FORMATS); --scatter=on,off: the reduce-scatter softmax (default: fast_decode.SCATTER); --magic=on,off: int8/int4 codes to f32 by the 2^23 trick (default:
@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import fast_decode as fd
-from kvviz.kernels.copy import measure_copy
+from kvviz.attention import split_decode as fd
+from kvviz.gpu.copy import measure_copy
 from kvviz.paging import make_batch
 
 # --fp8-unit=off: e4m3 codes converted times 2^8 a vec4 (fast_decode.FP8_UNIT emptied), the A/B of the folded unit;
@@ -71,8 +71,7 @@ def values(fmt, words):
 
 def variant_table(fmt, k, v, kw, vw):
     """Every requested variant combination of `fmt` at the default layout: checked, timed, tabled."""
-    from kvviz.oracles import paged as O
-
+    from kvviz.attention import paged_oracle as O
     every = "variants" in FLAGS
     qks = FLAGS.get("qk") or ("f32,i8" if every else "f32")
     pvs = FLAGS.get("pv") or ("f32,f16" if every else "f32")

@@ -1,5 +1,5 @@
 """Times every writer at the anchor shape (15 x 4096 tokens, 8 KV heads, d128, block 16, scattered blocks):
-the seed int8 writer, the first-wave writers and the fast writers (kvviz/kernels/fast_write.py) side by
+the seed int8 writer, the first-wave writers and the fast writers (kvviz/attention/writers.py) side by
 side, the fast ones in their variants (lanes a row, subgroups or workgroup memory); the fast seed-layout
 writer is checked word for word against the seed oracle. Prints GPU medians, GB/s on the writer's unique bytes and
 % of the copy shader measured in the same run. Timings are printed, never asserted. Run on the device:
@@ -10,12 +10,15 @@ import sys
 import numpy as np
 
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import fast_write as fw
-from kvviz.kernels.copy import measure_copy
-from kvviz.kernels.traffic import writer_bytes
+from kvviz.attention import writers as fw
+from kvviz.families.kivi import kernels as kivi_kernels
+from kvviz.families.int8 import kernels as int8_kernels
+from kvviz.families.fp8 import kernels as fp8_kernels
+from kvviz.gpu.copy import measure_copy
+from kvviz.attention.traffic import writer_bytes
 from kvviz.methods import get_method
 from kvviz.methods.context import GpuContext
-from kvviz.oracles import fast_write as ofw
+from kvviz.families import writer_oracles as ofw
 from kvviz.paging import make_batch
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
@@ -33,22 +36,19 @@ AUTO = FLAGS.get("auto", "")
 # --q8-trunc: q8_0's roundf as trunc(q + copysign(0.5 - 2^-25, q)) (write_ggml.wgsl Q8_TRUNC), the variant to time
 # --amax-blocks=N: row blocks a workgroup of the per-tensor amax pass (fast_write.AMAX_BLOCKS), the A/B
 if FLAGS.get("amax-blocks"):
-    fw.AMAX_BLOCKS = int(FLAGS["amax-blocks"])
+    fp8_kernels.AMAX_BLOCKS = int(FLAGS["amax-blocks"])
 # --kgroup-rs=N: row sets of KIVI's key-group writer (fast_write.KGROUP_ROW_SETS: N x D/4 threads, 32/N rows a thread)
 if FLAGS.get("kgroup-rs"):
-    fw.KGROUP_ROW_SETS = int(FLAGS["kgroup-rs"])
+    kivi_kernels.KGROUP_ROW_SETS = int(FLAGS["kgroup-rs"])
 # --no-stage: the llama.cpp exchange writers store each lane's words in place (write_ggml.wgsl STAGE = 0), the A/B
 if "--no-stage" in sys.argv[1:]:
-    from kvviz.kernels import fast_write_ggml as _fwg
-
+    from kvviz.families.ggml import writer as _fwg
     _fwg.STAGE = False
 if "--q8-trunc" in sys.argv[1:]:
-    from kvviz.kernels import fast_write_ggml as _fwg
-
+    from kvviz.families.ggml import writer as _fwg
     _fwg.Q8_TRUNC = True
 if AUTO:
-    from kvviz.kernels import fast_write as _fw
-
+    from kvviz.attention import writers as _fw
     _n = int(AUTO.rstrip("sg"))
     if AUTO.endswith("sg"):
         _fw.smallest_subgroup = lambda rt: 32  # noqa: E731 (the experiment above)
@@ -90,7 +90,7 @@ rt.run(wd)
 nbytes = writer_bytes(cache, batch, key)
 report("reshape_and_cache_q8 (seed)", wd, nbytes)
 seed_words = ctx.paged.read(cache, "k")
-want = ofw.int8_seed(batch, key)  # the seed oracle (kvviz/oracles/paged.py): 127/amax and amax/127 exact
+want = ofw.int8_seed(batch, key)  # the seed oracle (kvviz/attention/paged_oracle.py): 127/amax and amax/127 exact
 print(f"the seed GLSL writer vs its oracle: {int((seed_words != want).sum())} of {want.size} K words differ "
       "(a driver's division need not be correctly rounded; the tests allow it 3 ULP on scales and 1 code at ties)")
 variants = [("default", None, None)] + [(f"{n} lanes", None, n) for n in (4, 8, 16, 32)] + \
@@ -108,7 +108,7 @@ for label, sub, lanes in variants:
         print(f"int8 seed layout, {label}: {exc}")
         continue
     fc = ctx.paged.allocate("q8", batch.num_blocks, KVH, BS, D)
-    d = fw.int8_dispatches(rt, key, value, batch.slot_mapping, fc.k, fc.v, BS, seed=True, variant=var)
+    d = int8_kernels.int8_dispatches(rt, key, value, batch.slot_mapping, fc.k, fc.v, BS, seed=True, variant=var)
     rt.run(d)
     got = ctx.paged.read(fc, "k")
     same = "same words as the seed oracle" if (got == want).all() else f"{int((got != want).sum())} words differ from the seed oracle"
@@ -123,10 +123,10 @@ if FLAGS.get("only") == "seed":
 if FLAGS.get("nvfp4-groups"):
     from types import SimpleNamespace
 
-    from kvviz.formats import fp4 as f4
-    from kvviz.kernels import fast_write_ggml as fwg
-    from kvviz.oracles import fp4 as of4
-
+    from kvviz.families.fp4 import format as f4
+    from kvviz.families.fp4 import writer as fw4
+    from kvviz.families.ggml import writer as fwg
+    from kvviz.families.fp4 import oracle as of4
     wpt4 = f4.words_per_token(D)
     rk, rv, _ = of4.quantize_batch(key, value, batch.slot_mapping)
     sm4 = np.asarray(batch.slot_mapping).astype(np.int64)
@@ -138,7 +138,7 @@ if FLAGS.get("nvfp4-groups"):
         n4 = batch.num_blocks * KVH * BS * wpt4
         kb4, vb4 = rt.upload(np.zeros(n4, np.uint32), "k"), rt.upload(np.zeros(n4, np.uint32), "v")
         tb4 = rt.upload(np.zeros(4, np.uint32), "tensor")
-        d4 = fwg.nvfp4_dispatches(rt, key, value, batch.slot_mapping, kb4, vb4, tb4, BS, groups_per_lane=g, stage=stg,
+        d4 = fw4.nvfp4_dispatches(rt, key, value, batch.slot_mapping, kb4, vb4, tb4, BS, groups_per_lane=g, stage=stg,
                                   kv_split=kvs, scale_pass=sp)
         rt.run(d4)
         bad = 0

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels import fast_decode as fd
+from kvviz.attention import split_decode as fd
 from kvviz.paging import make_batch
 
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 1024

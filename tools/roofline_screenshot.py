@@ -104,7 +104,7 @@ def bench_screenshot(a) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
     from PySide6.QtWidgets import QApplication
 
-    from kvviz.lab.roofline import bench_roofline
+    from kvviz.bench.roofline import bench_roofline
     from kvviz.ui.export import save_png
     from kvviz.ui.style import setup_pyqtgraph
     from kvviz.ui.widgets.roofline import RooflineWidget

@@ -10,8 +10,8 @@ import numpy as np
 
 from kvviz.bench import SHAPES, make_inputs
 from kvviz.gpu.runtime import GpuRuntime
-from kvviz.kernels.copy import time_copy_shader
-from kvviz.kernels.timed import checked
+from kvviz.gpu.copy import time_copy_shader
+from kvviz.gpu.timed import checked
 from kvviz.methods import get_method, method_class
 from kvviz.methods.context import GpuContext
 

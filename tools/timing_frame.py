@@ -13,9 +13,9 @@ import numpy as np
 import kvviz.gpu.runtime as R
 
 R.WANTED_FEATURES = R.WANTED_FEATURES + ("timestamp-query-inside-passes",)
-from kvviz.kernels import fast_decode as fd  # noqa: E402
-from kvviz.kernels import fma  # noqa: E402
-from kvviz.kernels.copy import copy_shader_dispatches  # noqa: E402
+from kvviz.attention import split_decode as fd  # noqa: E402
+from kvviz.gpu import fma  # noqa: E402
+from kvviz.gpu.copy import copy_shader_dispatches  # noqa: E402
 from kvviz.paging import make_batch  # noqa: E402
 
 rt = R.GpuRuntime()
@@ -55,7 +55,7 @@ for fmt in (fd.INT8, fd.F16):
     cases.append((f"fast {fmt.name} decode, split + reduce", plan.dispatches))
     cases.append((f"fast {fmt.name} decode, split alone", plan.dispatches[:1]))
 ft = fma.measure_timing_floor(rt, 30, 5)
-print(f"the product's timing floor (kvviz.kernels.fma.measure_timing_floor): {ft.median_us:.1f} us")
+print(f"the product's timing floor (kvviz.gpu.fma.measure_timing_floor): {ft.median_us:.1f} us")
 print(f"{'dispatches':42s} {'pass':>9s} {'in pass':>9s} {f'{REPS} in a pass':>14s}   (median us)")
 for name, d in cases:
     a = rt.time(d, 30, 5).median_us
