@@ -1,5 +1,5 @@
 """Conformance of the PAGED fast TurboQuant decode (kvviz/families/turboquant/decode.py: plan_paged,
-shaders/fast/decode_tq_paged.wgsl + decode_tq_reduce.wgsl) and of its writer on the local adapter.
+shaders/turboquant/decode_fast_paged.wgsl + decode_tq_reduce.wgsl) and of its writer on the local adapter.
 
 The writer is the general-settings compressor (tq_general_compress.wgsl) at the seed configuration (bits 2,
 v_bits 2, no outliers, head 32/64/128): per-token records [num_blocks, kv_heads, block_size, WK | WV] written

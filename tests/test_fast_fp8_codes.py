@@ -1,4 +1,4 @@
-"""The fast FP8 writer's branch-free path (shaders/fast/write_fp8.wgsl `fast_codes`, its per-row scale
+"""The fast FP8 writer's branch-free path (shaders/fp8/write_fast.wgsl `fast_codes`, its per-row scale
 division `scale_bits`) against the numpy oracle, word for word, on rows built to sit on its edges: every
 FP8 midpoint (exact ties) and values 1..40 ulp either side of them, the FP8 values themselves, the FP8
 subnormal range and its edge with the normals, saturation (max, the tie above it, beyond), f32 subnormals,

@@ -1,5 +1,5 @@
 """Conformance of the fast writers of the llama.cpp block types and NVFP4 (kvviz/families/ggml/writer.py,
-shaders/fast/write_ggml.wgsl, write_nvfp4.wgsl) on the GPU (lavapipe in CI) against the oracles
+shaders/ggml/write_fast.wgsl, write_nvfp4.wgsl) on the GPU (lavapipe in CI) against the oracles
 kvviz/families/ggml/oracle.py (gguf.quants; iq4_nl: llama.cpp's reference) and kvviz/families/fp4/oracle.py.
 
 Exact, word for word, over head sizes 32 / 64 / 128 / 256 and block sizes 1 / 16 / 32, ragged sequences,

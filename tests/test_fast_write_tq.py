@@ -1,4 +1,4 @@
-"""Conformance of the fast TurboQuant writer (kvviz/families/turboquant/writer.py, shaders/fast/write_tq.wgsl) on the
+"""Conformance of the fast TurboQuant writer (kvviz/families/turboquant/writer.py, shaders/turboquant/write_fast.wgsl) on the
 local adapter: the seed configuration's paged records (K [polar d/16 | jl d/32 | norm], V [polar d/16 | norm] u32)
 through the batch's slot mapping.
 

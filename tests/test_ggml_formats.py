@@ -1,7 +1,7 @@
 """llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl) and MXFP4 as KV caches: bit identity with
 the gguf package and conformance of the GPU writer / dequantiser / decode on lavapipe.
 
-What is exact and why (kvviz/families/ggml/oracle.py, shaders/ggml/ggml_write.wgsl):
+What is exact and why (kvviz/families/ggml/oracle.py, shaders/ggml/write.wgsl):
   * The GPU's cache bytes EQUAL gguf.quants.quantize's bytes (q8_0..q5_1, mxfp4) over random, outlier
     and tie-heavy inputs: divisions are correctly rounded, products are never fused into the add after
     them, f16 conversion is integer round-to-nearest-even. Documented exceptions (blocks with max|x| <

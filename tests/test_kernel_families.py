@@ -121,7 +121,7 @@ def test_a_spec_that_disagrees_with_the_shader_is_refused_naming_both():
     shader = good.shader()
     decl = declarations(shader.rendered(), "wgsl")
     with pytest.raises(ShaderCompileError) as e:
-        wrong_access.check(decl, "shaders/quant/int8_write.wgsl")
+        wrong_access.check(decl, "shaders/int8/write.wgsl")
     msg = str(e.value)
     assert "binding 3: the spec says k_cache (read), the shader declares k_cache (read_write)" in msg
     assert "int8/write.wgsl" in msg

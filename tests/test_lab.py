@@ -176,7 +176,7 @@ def test_wgsl_errors_map_through_includes(rt, tmp_path):
         check.load_user(rt, "int8_token.writer", str(again))
     d = ei.value.diagnostics[0]
     common = (SHADER_DIR / "quant" / "common.wgsl").read_text().splitlines()
-    assert d.file == "shaders/quant/common.wgsl" and "redefinition" in d.message
+    assert d.file == "shaders/common/quant.wgsl" and "redefinition" in d.message
     assert common[d.line - 1][d.column - 1:].split()[0].rstrip(":") in d.message
 
 

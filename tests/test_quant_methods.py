@@ -2,7 +2,7 @@
 GPU (lavapipe in CI) against their numpy oracles (kvviz/oracles/{int8,int4,fp8,kivi}.py).
 
 What is exact and why:
-  * Every quantiser divides with a correctly rounded integer division (shaders/quant/common.wgsl,
+  * Every quantiser divides with a correctly rounded integer division (shaders/common/quant.wgsl,
     div_rn_bits; checked bit for bit against numpy below) and takes min / max on integer keys of
     the float bits. So the written cache words -- codes, scales, zeros, FP8 bytes, KIVI side
     streams and residual rows -- must EQUAL the oracle's, word for word: no one-code allowance at

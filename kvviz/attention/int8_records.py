@@ -4,9 +4,9 @@ Record (u32 words) of one token and KV head: head_size/4 code words (element 4w 
 w, little-endian, two's complement), then the float32 bits of the scale. Dequantised value =
 code * scale. The two quantisers differ (docs/kernels.md, "Per-token int8"):
 
-- the seed writer (shaders/paged/reshape_and_cache_q8.comp): code = clamp(round(x * (127/amax)),
+- the seed writer (shaders/attention/reshape_and_cache_q8.comp): code = clamp(round(x * (127/amax)),
   -127, 127), scale = amax/127 (1 when amax = 0);
-- int8_token (shaders/quant/int8_write.wgsl): scale = max(amax/127, SCALE_FLOOR),
+- int8_token (shaders/int8/write.wgsl): scale = max(amax/127, SCALE_FLOOR),
   code = clamp(round(x / scale), -128, 127).
 """
 from __future__ import annotations

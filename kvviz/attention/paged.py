@@ -1,7 +1,7 @@
 """Host launchers of the paged-cache kernels: the seed int8 writer and decode, the f32 baseline
 writer and decode, and the attention-weights kernel for both formats.
 
-Family "paged" (kvviz/families/catalogue.py): shaders in shaders/paged/, kernel specs below, numpy
+Kernel family "paged" (kvviz/families/catalogue.py): shaders in shaders/attention/, kernel specs below, numpy
 reference kvviz/attention/paged_oracle.py, tests tests/test_paged_conformance.py.
 
 Everything is checked on the host before dispatch (shapes, dtypes, NaN/Inf, head sizes, block ids):
@@ -121,7 +121,7 @@ class _Window:
 
 def softmax_dispatch(rt: GpuRuntime, stats, row_lens, out, num_heads: int, rows: int, row_len: int,
                      num_partitions: int, normaliser: int = 0, row_base: int = 0) -> Dispatch:
-    """The second pass of a split attention-weights kernel (shaders/paged/softmax_partitioned.wgsl):
+    """The second pass of a split attention-weights kernel (shaders/attention/softmax_partitioned.wgsl):
     normaliser 0 = the paged decodes' e * (1 / (sum + 1e-6)), 1 = the TurboQuant seed's e / sum."""
     return rt.compile(SOFTMAX).dispatch((num_heads, rows, _cdiv(max(row_len, 1), PARTITION)), [stats, row_lens, out],
                                         num_heads, row_len, num_partitions, normaliser, row_base)

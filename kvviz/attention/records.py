@@ -1,8 +1,9 @@
-"""Shared host logic of the quantised paged caches (int8_token, int4_group, fp8_*, kivi).
+"""Shared host logic of the quantised paged caches (int8_token, int4_group, fp8_*, kivi, the llama.cpp
+types, NVFP4): checks, cache allocation, chunked token dispatches and dequantise windows.
 
-Families "int8", "int4", "fp8", "kivi" (kvviz/families/catalogue.py): shaders in shaders/quant/, each
-including shaders/quant/common.wgsl; kernel specs below; bit formats in kvviz/formats/; numpy
-references kvviz/oracles/{int8,int4,fp8,kivi}.py; tests tests/test_quant_methods.py.
+The families' own kernel specs are in kvviz/families/<family>/kernels.py (shaders in shaders/<family>/,
+each including shaders/common/quant.wgsl), their bit formats and numpy oracles beside them; tests
+tests/test_quant_methods.py.
 
 Every method here has
   - a WGSL writer that quantises token rows into a u32 paged cache, addressed through the batch's

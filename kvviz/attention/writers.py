@@ -1,9 +1,10 @@
-"""The fast writers (reshape_and_cache): every method's codes and scales, written the way the best engines
-write them (docs/fast-kernels.md s.3, s.7). Family "fast_write" (kvviz/families/catalogue.py): shaders
-shaders/fast/write_*.wgsl + common/write_fast.wgsl; each writer reproduces its method's numpy oracle
-word for word (kvviz/oracles/{paged,int8,int4,fp8,kivi,f16}.py); tests tests/test_fast_writers.py.
+"""What the fast writers (reshape_and_cache) share: lane groups, the lane reductions, variants, the 2-D grid
+and the row dispatches. Each family's fast writer (its spec and launcher in kvviz/families/<family>/
+kernels.py, its shader shaders/<family>/write_fast.wgsl including shaders/common/write_fast.wgsl)
+reproduces its method's numpy oracle word for word (kvviz/families/writer_oracles.py); tests
+tests/test_fast_writers.py.
 
-What makes them fast, against the first-wave writers (shaders/quant/*_write.wgsl, one 64-thread
+What makes them fast, against the first-wave writers (shaders/<family>/write.wgsl, one 64-thread
 workgroup per (token, head, K|V) and a 25-step integer division per element):
   - a small group of L lanes per (token, KV head) row, K and V together, R = 64/L rows a workgroup;
     lane l loads the vec4s l, l+L, ... (16-B coalesced loads) and packs whole code words;

@@ -172,5 +172,5 @@ class KernelSpec:
         if problems:
             raise ShaderCompileError(
                 f"Kernel spec {self.name} does not match {where}:\n  " + "\n  ".join(problems),
-                "Make the spec in the kernel family's launcher (kvviz/kernels/) and the shader's declarations agree.",
+                "Make the spec in the kernel family's launcher (kvviz/families/catalogue.py names it) and the shader's declarations agree.",
             )

@@ -1,6 +1,6 @@
 """The wgpu runtime: one adapter, one device, buffers, pipelines, dispatches and their GPU timings.
 
-Qt-free. Kernel launchers in kvviz.kernels build on `GpuRuntime`; they never touch wgpu directly
+Qt-free. Kernel launchers (kvviz.attention, kvviz.families) build on `GpuRuntime`; they never touch wgpu directly
 except through the objects it hands out.
 """
 from __future__ import annotations
@@ -620,7 +620,7 @@ class GpuRuntime:
                 done += n
                 # Keep the GPU busy, not idling between tiny submits: with 3 passes a submit and a wait after
                 # each, a short kernel keeps an H200 at a low duty cycle and its first timing in a process reads
-                # slow (tools/diag_seed_cache.py shows it). Grow the batch until a submit lasts ~20 ms of wall
+                # slow (docs/benchmarks.md, "Why the warm-up is long"). Grow the batch until a submit lasts ~20 ms of wall
                 # time.
                 if warmup_ms > 0 and (time.perf_counter_ns() - t0) < 20e6:
                     n = min(2 * n, WARMUP_BATCH_MAX)

@@ -98,7 +98,7 @@ class Slot:
                   f"{head}   kvviz bench --quick --no-methods --kernel {self.id}=<this file>\n")
         if self.template:
             banner += (f"{head} Its double-brace placeholders are filled with the built-in's values at the shape being run\n"
-                       f"{head} (kvviz/kernels/{'fast_decode' if 'decode' in self.spec.path else 'fast_write'}.py chooses them).\n")
+                       f"{head} ({'kvviz/attention/split_decode.py' if 'decode' in self.spec.path else "the family's kernels.py"} chooses them).\n")
         if self.language == "glsl":
             lines = text.splitlines()
             at = next((i + 1 for i, l in enumerate(lines) if l.strip().startswith("#version")), 0)

@@ -1,4 +1,4 @@
-// ---- shaders/fast/split_common.wgsl: what every split-K decode template (fast/decode_*.wgsl) shares --------
+// ---- shaders/attention/split_common.wgsl: what every split-K decode template (fast/decode_*.wgsl) shares --------
 // (their generators: kvviz/attention/split_decode*.py; the {{...}} values come from each render())
 const D: u32 = {{D}}u;       // head size (the padded one for KIVI)
 const L: u32 = {{L}}u;       // lanes sharing a token row

@@ -1,4 +1,4 @@
-  // ---- shaders/fast/split_entry.wgsl: where a paged split-K decode's invocation works (fast/decode_*.wgsl,
+  // ---- shaders/attention/split_entry.wgsl: where a paged split-K decode's invocation works (fast/decode_*.wgsl,
   // included first in the entry point): partition x KV head x sequence of the grid, its lane and row group,
   // the partition's tokens [t0, t1), its query heads' first dim qb and its block-table row bt.
   let part = wid.x;

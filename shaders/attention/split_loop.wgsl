@@ -1,4 +1,4 @@
-// ---- shaders/fast/split_loop.wgsl: the body every split-K decode template (fast/decode_*.wgsl) ends its entry
+// ---- shaders/attention/split_loop.wgsl: the body every split-K decode template (fast/decode_*.wgsl) ends its entry
 // point with, included inside it: the generated prologue, the token loop, the row groups' merge, the write.
 {{PROLOGUE}}
   // Every row group runs the same number of steps (uniform control flow for the shuffles);

@@ -1,4 +1,4 @@
-// ---- shaders/quant/common.wgsl: helpers every quant/*.wgsl kernel includes -----------------------
+// ---- shaders/common/quant.wgsl: helpers every quant/*.wgsl kernel includes -----------------------
 // (first line of each kernel: `// #include "common/quant.wgsl"`, resolved by kvviz/gpu/shaders.py.)
 //
 // Exactness: every quantiser divides through `div_rn_bits`, a correctly rounded (round to nearest,

@@ -1,5 +1,5 @@
-// ---- shaders/fast/write_common.wgsl: what every fast writer (fast/write_*.wgsl) shares ----------
-// (included after common/quant.wgsl: div_rn_bits / div_fast, order keys, f32_to_fp8; docs/fast-kernels.md s.3, s.7.)
+// ---- shaders/common/write_fast.wgsl: what every fast writer (fast/write_*.wgsl) shares ----------
+// (included after common/quant.wgsl: div_rn_bits / div_fast, order keys, f32_to_fp8; docs/kernels.md, "Fast writers".)
 // The per-row scales divide by div_fast (div_rn_bits' bits without its 25-step loop, common/quant.wgsl); the rare
 // per-element exact path keeps div_rn, in a loop after the writer's main loop (inlined 4 x NV times, div_fast made
 // lavapipe's LLVM compile for over 10 minutes).

@@ -1,4 +1,4 @@
-// ---- shaders/fast/write_redo.wgsl: the rare exact pass of a fast writer whose record holds one code word a vec4
+// ---- shaders/common/write_redo.wgsl: the rare exact pass of a fast writer whose record holds one code word a vec4
 // (int8/write_fast.wgsl, fp8/write_fast.wgsl). Their main loop writes every word from the branch-free
 // fast_codes(x, inv) -> (word, 1 when sure); a lane with an unsure word then calls redo_unsure, which redoes
 // those words through the writer's exact codes(x, scale, inv), K then V, the vec4s reloaded (a loop, not

@@ -1,4 +1,4 @@
-// ---- shaders/fast/tq_common.wgsl: the TurboQuant decodes' code helpers (fast/decode_tq*.wgsl) --------------
+// ---- shaders/turboquant/fast_common.wgsl: the TurboQuant decodes' code helpers (fast/decode_tq*.wgsl) --------------
 const PW: u32 = {{PW}}u;     // polar words of one vector (16 codes a word)
 const JW: u32 = {{JW}}u;     // QJL words of one key (32 bits a word)
 const WPL: u32 = {{WPL}}u;   // polar words per lane

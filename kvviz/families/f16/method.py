@@ -5,9 +5,9 @@ Conversion: round to nearest even from float32 with subnormals (numpy astype(flo
 would round to infinity (|x| >= 65520; float16's largest finite value is 65504) is refused with an
 InvalidInput before anything is dispatched. Cache: paged [num_blocks, kv_heads, block_size, D/2] u32,
 element 2w in the low half of word w (kvviz/families/f16/format.py).
-Writer: shaders/fast/write_f16.wgsl (the fast writer; f16 has no first-wave one). Attention: the fast
+Writer: shaders/f16/write_fast.wgsl (the fast writer; f16 has no first-wave one). Attention: the fast
 split-K decode reading the halves in place (kvviz/attention/split_decode.py, format "f16") where it takes the
-shape, else the dequantise kernel shaders/fast/f16_dequant.wgsl (exact widening into the f32 cache) + the
+shape, else the dequantise kernel shaders/f16/dequant.wgsl (exact widening into the f32 cache) + the
 f32 paged decode; weights always over the dequantised cache. Oracle: kvviz/families/f16/oracle.py.
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@
     half = float16(x)      numpy astype(np.float16): round to nearest even, subnormals kept
     dequantised = float32(half)   exact
 
-The GPU writer (shaders/fast/write_f16.wgsl) converts on the float bits with the same rounding, so the
-cache words equal `write_cache` word for word; the dequantise kernel (shaders/fast/f16_dequant.wgsl) widens
+The GPU writer (shaders/f16/write_fast.wgsl) converts on the float bits with the same rounding, so the
+cache words equal `write_cache` word for word; the dequantise kernel (shaders/f16/dequant.wgsl) widens
 exactly. Values with |x| >= 65520 would become infinity and are refused by the method (and here).
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ The MXFP4 block type (E8M0 scale per 32) is kvviz/families/ggml/method.py's `mxf
 Shaders: the writer fp4/nvfp4_write_fast.wgsl after the fast amax pass (kvviz/families/ggml/writer.py;
 writer_impl "first-wave": fp4/nvfp4_write.wgsl, the same words; timed_kernels times both),
 fp4/nvfp4_dequant.wgsl. Attention: the fast split-K decode over the packed cache
-(kvviz/families/fp4/decode.py, shaders/fast/decode_fp4.wgsl) where it takes the shape (head sizes
+(kvviz/families/fp4/decode.py, shaders/fp4/decode_fast.wgsl) where it takes the shape (head sizes
 16..256, GQA 1..16); otherwise the first-wave path, the dequantised f32 cache through the f32 paged decode
 (quant_common.DequantisedAttention). timed_kernels lists both.
 """

@@ -1,7 +1,7 @@
 """fp8_e4m3 and fp8_e5m2: real OCP FP8 KV caches (the seed WGSL quantiser's "FP8" was int8 with an amax/127 scale: docs/kernels.md).
 
 Saturating, round-to-nearest-even conversion written with integer bit manipulation in WGSL
-(shaders/quant/common.wgsl: f32_to_fp8), bit exact against ml_dtypes after clipping to +-max.
+(shaders/common/quant.wgsl: f32_to_fp8), bit exact against ml_dtypes after clipping to +-max.
 Option scale_mode:
   "per_token" : scale = max(amax/fp8_max, 2^-126) per token and KV head, stored after the codes;
   "per_tensor": one scale each for K and V, max(amax/fp8_max, 2^-126) with amax over every real token

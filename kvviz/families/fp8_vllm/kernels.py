@@ -3,7 +3,7 @@ FP8 codes with a scale that is not the token's own: one per tensor (K and V each
 calibrated once from the K/V seen (amax over the calibration rows / fp8_max, as engines calibrate) or
 given, then frozen. Values beyond the calibrated range saturate; the writer counts them.
 
-Family "fp8_vllm" (kvviz/families/catalogue.py): shaders shaders/quant/fp8_vllm_{amax,scale,write,dequant}.wgsl
+Family "fp8_vllm" (kvviz/families/catalogue.py): shaders shaders/fp8_vllm/{amax,scale,write,dequant}.wgsl
 (they include common/quant.wgsl: the same correctly rounded division and saturating FP8 encoder as the
 fp8_* methods), bit format kvviz/families/fp8/format.py, numpy reference kvviz/families/fp8/oracle.py (`vllm_*`), tests
 tests/test_fp8_vllm.py.

@@ -1,6 +1,6 @@
 """Kernels of the llama.cpp block-type caches (family "ggml").
 
-ggml: shaders/ggml/ggml_write.wgsl and ggml_dequant.wgsl, one pair of KernelSpecs per block type (the
+ggml: shaders/ggml/write.wgsl and ggml_dequant.wgsl, one pair of KernelSpecs per block type (the
 type's defines, kvviz.families.ggml.format.GgmlType.defines); numpy reference kvviz/families/ggml/oracle.py.
 Methods: kvviz/families/ggml/method.py.
 The host side (chunked writer dispatches, dequantise windows) is kvviz/attention/records.py's.

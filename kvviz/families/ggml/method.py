@@ -22,7 +22,7 @@ Documented departures and limits (kvviz/families/ggml/oracle.py has the detail):
     the scales it stored; mxfp4's E8M0 scale covers every finite float32.
 Shaders: the writer ggml/write_fast.wgsl (kvviz/families/ggml/writer.py; writer_impl "first-wave":
 ggml/write.wgsl, the same bytes; timed_kernels times both), ggml/dequant.wgsl. Attention: the fast split-K decode over the packed
-cache (kvviz/families/ggml/decode.py, shaders/fast/decode_ggml.wgsl) where it takes the type and shape;
+cache (kvviz/families/ggml/decode.py, shaders/ggml/decode_fast.wgsl) where it takes the type and shape;
 otherwise the dequantised f32 cache through the f32 paged decode (quant_common.DequantisedAttention).
 timed_kernels lists both.
 """
@@ -100,7 +100,7 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
         return qk.token_dispatches(ctx.rt, kern, key, value, sm, [qc.k, qc.v], lambda n: imm)
 
     def fast_writer_dispatches(self, ctx, qc, key, value, sm):
-        """The fast writer (kvviz/families/ggml/writer.py, shaders/fast/write_ggml.wgsl: a lane a few whole
+        """The fast writer (kvviz/families/ggml/writer.py, shaders/ggml/write_fast.wgsl: a lane a few whole
         blocks, words built in registers; the same bytes), or None where it cannot take the shape."""
         from kvviz.families.ggml import writer as fwg
         return fwg.method_dispatches(ctx.rt, self, qc, key, value, sm)

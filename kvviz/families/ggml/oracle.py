@@ -2,7 +2,7 @@
 
 q8_0, q4_0, q4_1, q5_0, q5_1, mxfp4: the field's own implementation, gguf.quants.quantize (bit exact with
 ggml-quants.c's quantize_row_*_ref), over each token's head vector, with two documented exceptions the
-GPU writer (shaders/ggml/ggml_write.wgsl) also makes:
+GPU writer (shaders/ggml/write.wgsl) also makes:
   * a block whose max |x| is below 2^-100 (kvviz.families.ggml.format.TINY) gets the codes of a block whose
     scale is 0 (ggml's `id = d ? 1/d : 0` with id = 0): q8_0 0, q4_0 8, q5_0 16, q4_1 / q5_1 0, mxfp4 e = 0
     and codes 0. gguf computes those codes from subnormal float32 arithmetic (and from 1/d = inf below

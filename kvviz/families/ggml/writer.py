@@ -1,6 +1,6 @@
 """Fast writers of the llama.cpp block types (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4) and of NVFP4
-shaders/fast/write_ggml.wgsl (the type as a define, the per-block helpers of ggml/common.wgsl)
-and shaders/fast/write_nvfp4.wgsl; the same words as the first-wave writers ggml/write.wgsl and
+shaders/ggml/write_fast.wgsl (the type as a define, the per-block helpers of ggml/common.wgsl)
+and shaders/fp4/nvfp4_write_fast.wgsl; the same words as the first-wave writers ggml/write.wgsl and
 fp4/nvfp4_write.wgsl and the oracles kvviz/families/ggml/oracle.py (gguf.quants) and kvviz/families/fp4/oracle.py
 (tests/test_fast_write_ggml.py).
 

@@ -12,7 +12,7 @@ Asymmetric quantiser with L = 2^bits - 1 levels over a set of float32 values (a 
     dequantised value = code * scale + zero    (float32; a GPU may fuse this into one fma)
 The integer zero point of the usual formulation is -zero/scale; storing mn keeps reconstruction
 exact at code 0 and avoids a division. The GPU divides with a correctly rounded integer division
-(shaders/quant/common.wgsl), so codes, scales and zeros are bit-identical to this oracle; a 2^-100
+(shaders/common/quant.wgsl), so codes, scales and zeros are bit-identical to this oracle; a 2^-100
 threshold rather than range == 0 makes the result independent of denormal flushing on the GPU.
 
 int4_group: groups of G in {32, 64, 128} consecutive elements of one token's head vector, L = 15.

@@ -9,7 +9,7 @@ The clamp is the seed WGSL quantiser's asymmetric [-128, 127]; it differs from t
 [-127, 127] and multiplies by the float32 reciprocal 127/amax. Because the scale is amax/127 (rounded),
 |x / scale| <= 127 * (1 + 2^-23) and rounds to at most 127: the code -128 is never produced unless the
 1e-8 floor applies, where |x / scale| < 127 as well. So codes lie in [-127, 127] in practice.
-The GPU divides with a correctly rounded integer division (shaders/quant/common.wgsl), so codes and
+The GPU divides with a correctly rounded integer division (shaders/common/quant.wgsl), so codes and
 scales are bit-identical to this oracle; dequantised value = code * scale (one float32 multiply).
 
 Record: kvviz/attention/int8_records.py (the seed's q8 record shape).

@@ -1,11 +1,11 @@
 """TurboQuant (arXiv:2504.19874) as a kvviz method. The seed configuration (the default): 2-bit PolarQuant +
 1-bit QJL keys, 2-bit PolarQuant values, in a PAGED cache: per-token records [num_blocks, kv_heads, block_size,
 WK | WV] u32 written through the batch's slot mapping by the fast writer (kvviz/families/turboquant/writer.py,
-shaders/fast/write_tq.wgsl: subgroup shuffles, tests/test_fast_write_tq.py) or, on an adapter without subgroups, the
+shaders/turboquant/write_fast.wgsl: subgroup shuffles, tests/test_fast_write_tq.py) or, on an adapter without subgroups, the
 general compressor (tq_general_compress.wgsl); both write the seed compressor's words bit for bit
 (tests/test_fast_decode_tq_paged.py), so the
 batch's block tables are real and the block inspector shows the physical blocks. Decode (`attend`) by the paged
-fast split-K decode (kvviz/families/turboquant/decode.py plan_paged, shaders/fast/decode_tq_paged.wgsl + decode_tq_reduce.wgsl:
+fast split-K decode (kvviz/families/turboquant/decode.py plan_paged, shaders/turboquant/decode_fast_paged.wgsl + decode_tq_reduce.wgsl:
 one split dispatch and one reduce for the batch). The UNMODIFIED seed kernels stay as the reference: the seed
 compressor tq_compress.wgsl and flash_attention_tq.wgsl over per-sequence caches (slot = kv_head * cache_cap +
 position, in regions), their own timed rows beside the fast one; the weights (tq_scores) and shapes the fast decode

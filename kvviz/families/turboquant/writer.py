@@ -1,7 +1,7 @@
 """The fast writer of TurboQuant's seed configuration: the paged per-token records that
 tq_general_compress.wgsl writes at bits 2 / v_bits 2 without outliers (K [polar d/16 | jl d/32 | norm],
 V [polar d/16 | norm] u32; the seed compressor's words re-laid out, kvviz/families/turboquant/format.py seed_records),
-bit for bit, from shaders/fast/write_tq.wgsl.
+bit for bit, from shaders/turboquant/write_fast.wgsl.
 
 Why it is fast, against tq_general_compress (one 256-lane workgroup per (row, KV head, K|V), the norm trees
 and the Walsh-Hadamard stages through workgroup memory with a barrier each, 3/4 of the lanes idle at d=32):
