@@ -97,8 +97,9 @@ class Slot:
                   f"{head} Its contract: docs/slots.md, `kvviz kernel list`. Check and time it with\n"
                   f"{head}   kvviz bench --quick --no-methods --kernel {self.id}=<this file>\n")
         if self.template:
+            chooser = "kvviz/attention/split_decode.py" if "decode" in self.spec.path else "the family's kernels.py"
             banner += (f"{head} Its double-brace placeholders are filled with the built-in's values at the shape being run\n"
-                       f"{head} ({'kvviz/attention/split_decode.py' if 'decode' in self.spec.path else "the family's kernels.py"} chooses them).\n")
+                       f"{head} ({chooser} chooses them).\n")
         if self.language == "glsl":
             lines = text.splitlines()
             at = next((i + 1 for i, l in enumerate(lines) if l.strip().startswith("#version")), 0)
