@@ -14,10 +14,30 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+import tempfile
 
-from kvviz.checks import nonneg_int, positive_int
+from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, run_bench, save_json
+from kvviz.bench.roofline import bench_roofline
+from kvviz.bench.sweep import run_sweep, sweep_shapes
+from kvviz.checks import check_out_file, nonneg_int, positive_int
+from kvviz.errors import InvalidInput, KvvizError
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.shaders import GLSL_FRONTENDS, find_glslang
+from kvviz.history.db import HistoryDB, HistoryError, record_bench_result, shape_label
+from kvviz.history.diff import diff, format_diff, load_side
+from kvviz.lab.slots import render_text, slot
+from kvviz.live import measure as live_measure
+from kvviz.live.measure import add_arguments
+from kvviz.methods import registry
+from kvviz.report.roofline import roofline_svg, roofline_table
+from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+from kvviz.sources.kv_files import save_capture
+from kvviz.sources.llama_numpy import capture_tokens
+from kvviz.tables import clean
 
 EXIT_BAD_INPUT = 2  # a bad argument, setting, file or shape: one line `kvviz: ...` on stderr, nothing run
 EXIT_FAILED = 1  # the run failed (device, compiler) or a result is wrong (bench: a row FAILED or out of tolerance)
@@ -48,9 +68,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_info(args) -> int:
-    from kvviz.gpu.runtime import GpuRuntime
-    from kvviz.gpu.shaders import find_glslang
-
     rt = GpuRuntime()
     s = rt.summary
     print(f"adapter:   {s.line()}")
@@ -64,7 +81,6 @@ def _cmd_info(args) -> int:
                             f"{lim} iterations per invocation, all loops together (software rasteriser); "
                             "kernels that would pass it are refused (docs/loop-limits.md)"))
     print(f"glslangValidator: {find_glslang() or 'NOT FOUND'}")
-    from kvviz.methods import registry
 
     print(f"methods:   {', '.join(sorted(registry()))}")
     return 0
@@ -75,9 +91,6 @@ _CUSTOM_SHAPE = {"ctx": 4096, "heads": 32, "kv_heads": 8, "head_size": 128, "blo
 
 def _bench_sweep(args) -> int:
     """`kvviz bench --sweep context|batch [--values ...]` (kvviz/bench/sweep.py)."""
-    from kvviz.bench import save_json
-    from kvviz.bench.sweep import run_sweep, sweep_shapes
-
     if not args.sweep:
         print("kvviz bench: --values needs --sweep context|batch", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -103,10 +116,6 @@ def _bench_sweep(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, run_bench, save_json
-    from kvviz.checks import check_out_file
-    from kvviz.gpu.shaders import GLSL_FRONTENDS
-
     # Every argument and the output path are checked before the GPU is touched (exit 2).
     custom = [k for k in _CUSTOM_SHAPE if getattr(args, k) is not None]
     if args.shape:
@@ -167,7 +176,6 @@ def _bench_methods_arg(args):
     if args.no_methods:
         print("kvviz bench: --methods and --no-methods contradict each other; give one", file=sys.stderr)
         return None
-    from kvviz.methods import registry
 
     names = tuple(dict.fromkeys(n.strip() for n in args.methods.split(",") if n.strip()))
     unknown = [n for n in names if n not in registry()]
@@ -181,13 +189,6 @@ def _bench_methods_arg(args):
 def _cmd_roofline(args) -> int:
     """`kvviz roofline BENCH.json`: the roofline of a bench run (its kernels and the ceilings measured in the same
     run) as a table, and as SVG with --svg."""
-    import json
-
-    from kvviz.checks import check_out_file
-    from kvviz.errors import InvalidInput
-    from kvviz.bench.roofline import bench_roofline
-    from kvviz.report.roofline import roofline_svg, roofline_table
-
     if args.svg:
         check_out_file(args.svg, "--svg")
     try:
@@ -212,17 +213,12 @@ def _cmd_roofline(args) -> int:
 
 def _user_kernels(specs) -> list:
     """`--kernel SLOT=FILE` values as (slot id, path), checked before any GPU work (exit 2 on a bad one)."""
-    from kvviz.errors import InvalidInput
-    from kvviz.lab.slots import slot
-
     out = []
     for spec in specs:
         sid, sep, path = spec.partition("=")
         if not sep or not sid or not path:
             raise InvalidInput(f"--kernel {spec!r}: expected SLOT=FILE", "kvviz kernel list shows the slots.")
         slot(sid)
-        import os
-
         if not os.path.isfile(path):
             raise InvalidInput(f"--kernel {sid}={path}: no such file", f"kvviz kernel new {sid} {path} writes a starting file.")
         out.append((sid, path))
@@ -230,18 +226,13 @@ def _user_kernels(specs) -> list:
 
 
 def _cmd_kernel(args) -> int:
-    from kvviz.errors import InvalidInput
-    from kvviz.lab.slots import render_text, slot
-
     if args.kernel_cmd == "list":
         print(render_text(args.slot) if args.slot else render_text())
         return 0
     s = slot(args.slot)
-    import os
 
     if os.path.exists(args.file) and not args.force:
         raise InvalidInput(f"{args.file} exists", "Pass --force to overwrite it, or give another path.")
-    from kvviz.checks import check_out_file
 
     check_out_file(args.file, "FILE", suffixes=(".wgsl",) if s.language == "wgsl" else (".comp", ".glsl"))
     with open(args.file, "w") as fh:
@@ -254,8 +245,6 @@ def _cmd_kernel(args) -> int:
 def _record_bench(result: dict) -> None:
     """Keep the bench in the run history (its id goes into the JSON as history_run_id); a history that
     cannot be written is said on stderr and does not fail the bench."""
-    from kvviz.history.db import HistoryError, record_bench_result
-
     try:
         run_id, path = record_bench_result(result)
     except HistoryError as exc:
@@ -267,10 +256,6 @@ def _record_bench(result: dict) -> None:
 
 def _write_json(data, path: str | None) -> None:
     """Strict JSON (null for NaN/Inf) to `path`, or to stdout for "-"."""
-    import json
-
-    from kvviz.tables import clean
-
     text = json.dumps(clean(data), indent=2, allow_nan=False)
     if path == "-":
         print(text)
@@ -280,9 +265,6 @@ def _write_json(data, path: str | None) -> None:
 
 
 def _cmd_runs(args) -> int:
-    from kvviz.checks import check_out_file
-    from kvviz.history.db import HistoryDB
-
     if getattr(args, "json", None) not in (None, "-"):
         check_out_file(args.json, "--json")
     with HistoryDB() as db:
@@ -321,8 +303,6 @@ def _cmd_runs(args) -> int:
     vw = max([len("variant")] + [len(k.variant) for k in run.kernels])
     shape = None
     for k in run.kernels:
-        from kvviz.history.db import shape_label
-
         if shape_label(k.shape) != shape:
             shape = shape_label(k.shape)
             print(f"\n== {shape}")
@@ -333,9 +313,6 @@ def _cmd_runs(args) -> int:
 
 
 def _cmd_diff(args) -> int:
-    from kvviz.checks import check_out_file
-    from kvviz.history.diff import diff, format_diff, load_side
-
     if args.json not in (None, "-"):
         check_out_file(args.json, "--json")
     d = diff(load_side(args.a), load_side(args.b))
@@ -354,18 +331,10 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_live(args) -> int:
-    from kvviz.live.measure import run
-
-    return run(args)
+    return live_measure.run(args)
 
 
 def _cmd_capture(args) -> int:
-    from kvviz.checks import check_out_file
-    from kvviz.errors import InvalidInput
-    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
-    from kvviz.sources.kv_files import save_capture
-    from kvviz.sources.llama_numpy import capture_tokens
-
     # Checked before the model is loaded: the output must be writable in a format that takes the dtype.
     check_out_file(args.out, "--out", suffixes=(".safetensors", ".npz"))
     if args.dtype == "bfloat16" and args.out.lower().endswith(".npz"):
@@ -461,7 +430,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting")
     r.add_argument("--compare", action="store_true", help="also compare every method on the same KV")
     lv = command("live", "decode a real model token by token through the quantised paged cache")
-    from kvviz.live.measure import add_arguments
 
     add_arguments(lv)
     c = command("capture", "capture a real model's Q/K/V for a prompt into a KV dump file")
@@ -501,9 +469,6 @@ def build_parser() -> argparse.ArgumentParser:
 def ensure_runtime_dir() -> None:
     """Mesa's Vulkan loader prints "error: XDG_RUNTIME_DIR is invalid or not set" twice when a device opens
     without one (CI, ssh, containers): give the process a private one (0700, per user) when it has none."""
-    import os
-    import tempfile
-
     cur = os.environ.get("XDG_RUNTIME_DIR")
     if cur and os.path.isdir(cur):
         return
@@ -519,7 +484,6 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", 0))
     ensure_runtime_dir()
-    from kvviz.errors import InvalidInput, KvvizError
 
     try:
         if args.cmd == "info":

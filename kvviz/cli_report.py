@@ -6,14 +6,16 @@ kvviz.ui without a display. Without Qt (the GPU machine) it writes everything bu
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 from kvviz.analysis.session import Session, SessionConfig
-from kvviz.errors import KvvizError
 from kvviz.checks import check_out_dir
-from kvviz.tables import default_panel_tables, history_entry
+from kvviz.errors import KvvizError
+from kvviz.report.compare_run import run_compare
 from kvviz.report.writer import relocate, staged_dir, write_report
+from kvviz.tables import default_panel_tables, history_entry
 
 
 def build_config(args) -> SessionConfig:
@@ -31,8 +33,6 @@ def _progress(frac: float, msg: str) -> None:
 
 def render_figures(res, out_dir: str, compare_rows=None) -> tuple[dict, str]:
     """Panel PNGs via kvviz.ui (offscreen); ({} , reason) when Qt is not available."""
-    import importlib.util
-
     missing = [m for m in ("PySide6", "pyqtgraph") if importlib.util.find_spec(m) is None]
     if missing:
         return {}, f"no figures: {', '.join(missing)} not installed (report.json, report.md and CSVs are complete)"
@@ -57,8 +57,6 @@ def main(args) -> int:
     res = session.compute(cfg, progress=_progress)
     compare_rows = None
     if getattr(args, "compare", False):
-        from kvviz.report.compare_run import run_compare
-
         try:
             compare_rows = run_compare(session, res)
         except KvvizError as exc:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 
 class KvvizError(Exception):
     """Base class: a problem the user can understand and fix."""
@@ -88,8 +90,6 @@ _known_finite: list = []  # (start, end) address ranges checked finite by `valid
 def validated_once(**arrays):
     """Check each named float array for NaN/Inf once; within the block, `check_finite` of that memory (or
     a view into it) is free, so a computation's kernels do not re-scan the same K and V."""
-    import numpy as np
-
     ranges = []
     for name, arr in arrays.items():
         a = np.asarray(arr)
@@ -114,8 +114,6 @@ def _checked_already(a) -> bool:
 
 def check_finite(name: str, arr) -> None:
     """Reject NaN/Inf before dispatch: the kernels would silently propagate them."""
-    import numpy as np
-
     a = np.asarray(arr)
     if a.dtype.kind == "f" and not _checked_already(a) and not np.isfinite(a).all():
         bad = np.argwhere(~np.isfinite(a))[0]
@@ -127,8 +125,6 @@ def check_finite(name: str, arr) -> None:
 
 def require_f32(name: str, a, shape_desc: str, ndim: int):
     """A float32, finite, C-contiguous array of rank `ndim`, or InvalidInput saying what is expected."""
-    import numpy as np
-
     arr = np.asarray(a)
     if arr.dtype != np.float32:
         raise InvalidInput(f"{name} must be float32, got {arr.dtype}", f"Convert with .astype(np.float32); expected {shape_desc}.")

@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from kvviz.gpu.timed import checked, decode_time
 from kvviz.metrics import attention_metrics
 
 TOPK = 8
@@ -81,8 +82,6 @@ def baseline(ctx, batch, key, value, q, scale):
 
 def compare_methods(ctx, batch, key, value, q, scale, methods, time_decode: bool = True, runs: int = 5) -> list[dict]:
     """Run the f32 baseline and every method on the same KV; one dict per method (see module doc)."""
-    from kvviz.gpu.timed import checked, decode_time
-
     key = np.asarray(key)
     kvh, D = key.shape[1], key.shape[2]
     _, o_ref, w_ref = baseline(ctx, batch, key, value, q, scale)

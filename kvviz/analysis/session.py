@@ -11,19 +11,37 @@ import logging
 import numbers
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from kvviz.analysis import synthetic
 from kvviz.analysis.compare import batch_layouts
-from kvviz.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax
 from kvviz.analysis.numeric import check_finite_result, check_logits
-from kvviz.errors import Cancelled, InvalidInput, validated_once  # noqa: F401  (Cancelled re-exported)
+from kvviz.attention import split_decode as fd
+from kvviz.attention.traffic import decode_bytes, writer_bytes
+from kvviz.errors import (  # noqa: F401  (Cancelled re-exported)
+    Cancelled,
+    InvalidInput,
+    UnsupportedShape,
+    validated_once,
+)
+from kvviz.gpu.copy import measure_copy
+from kvviz.gpu.fma import measure_timing_floor
+from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
-from kvviz.gpu.timing import TimingResult
 from kvviz.gpu.timed import checked
-from kvviz.paging import POLICIES, PAD_SLOT, PagedBatch, make_batch
+from kvviz.gpu.timing import TimingResult
+from kvviz.methods import get_method
+from kvviz.methods.base import parse_options
+from kvviz.methods.context import GpuContext
+from kvviz.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax
+from kvviz.paging import PAD_SLOT, POLICIES, PagedBatch, make_batch
+from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+from kvviz.sources.hf_llama import capture_hf
+from kvviz.sources.kv_files import load_kv
+from kvviz.sources.llama_numpy import capture_tokens
 
 log = logging.getLogger("kvviz.session")
 
@@ -76,7 +94,6 @@ class SessionConfig:
     def validate(self) -> None:
         for f in fields(self):  # declared types and ranges, also for configs built in code (the window)
             coerce_setting(f.name, getattr(self, f.name))
-        from kvviz.methods.base import parse_options
 
         parse_options(self.method, self.method_options)  # the method's option schema, before any GPU work
         if self.source not in SOURCES:
@@ -116,7 +133,6 @@ class SessionConfig:
         if unknown:
             raise InvalidInput(f"Unknown setting(s): {', '.join(unknown)}", f"Known settings: {', '.join(sorted(known))}")
         cfg = cls(**{k: coerce_setting(k, v) for k, v in d.items()})
-        from kvviz.methods.base import parse_options
 
         cfg.method_options = parse_options(cfg.method, cfg.method_options, defaults=False)
         return cfg
@@ -289,8 +305,6 @@ def parse_setting(name: str, text: str):
 def _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps) -> list:
     """The fast split-K decode over the f32 baseline cache, beside paged_attn_f32 ([] where it cannot take
     the shape: the first-wave row stands alone)."""
-    from kvviz.errors import UnsupportedShape
-    from kvviz.attention import split_decode as fd
     S, H, D = np.asarray(q).shape
     kvh = base.num_kv_heads
     if H % kvh or fd.unsupported(fd.F32, D, H // kvh):
@@ -411,12 +425,9 @@ class Session:
     @property
     def rt(self):
         if self._rt is None:
-            from kvviz.gpu.runtime import GpuRuntime
-
             self._rt = GpuRuntime()
         if self._rt.lost_reason:
             # A lost device cannot be used again: open a fresh one for the next run.
-            from kvviz.gpu.runtime import GpuRuntime
 
             lost, self._rt = self._rt, GpuRuntime()
             self._ctx.clear()
@@ -424,8 +435,6 @@ class Session:
         return self._rt
 
     def ctx(self, frontend: str):
-        from kvviz.methods.context import GpuContext
-
         rt = self.rt
         if frontend not in self._ctx:
             self._ctx[frontend] = GpuContext(rt, frontend)
@@ -449,8 +458,6 @@ class Session:
         return batch, k, v, q, f"synthetic '{cfg.preset}' (seed {cfg.seed})"
 
     def _inputs_from_file(self, cfg: SessionConfig):
-        from kvviz.sources.kv_files import load_kv
-
         if not cfg.kv_file:
             raise InvalidInput("No KV file chosen.", "Pick a .safetensors, .npz or .pt dump (see kvviz.sources.kv_files).")
         dump = load_kv(cfg.kv_file)
@@ -461,8 +468,6 @@ class Session:
 
     def load_model(self, path: str = "", progress: ProgressFn | None = None):
         """A llama GGUF (SmolLM2-135M when path is empty), loaded once per session."""
-        from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
-
         if not path:
             found = find_smollm2()
             if found is None:
@@ -480,14 +485,8 @@ class Session:
         model_path: a llama GGUF file (kvviz's numpy forward pass), a local Hugging Face model folder
         (torch + transformers, the optional `hf` extra, offline), or "" for SmolLM2-135M.
         """
-        from pathlib import Path
-
-        from kvviz.sources.llama_numpy import capture_tokens
-
         key = (cfg.model_path, cfg.prompt)
         if key not in self._captures and cfg.model_path and Path(cfg.model_path).is_dir():
-            from kvviz.sources.hf_llama import capture_hf
-
             if not cfg.prompt.strip():
                 raise InvalidInput("The prompt is empty.", "Type a prompt for the model.")
             cap, _ = capture_hf(cfg.model_path, cfg.prompt, cancel=cancel)
@@ -536,8 +535,6 @@ class Session:
 
     # ------------------------------------------------------------ compute
     def compute(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel: Callable[[], bool] | None = None) -> Results:
-        from kvviz.methods import get_method
-
         t0 = time.perf_counter()
         progress = progress or (lambda f, msg: None)
         cancel = cancel or (lambda: False)
@@ -575,10 +572,6 @@ class Session:
             return self._compute_on_device(cfg, ctx, method, batch, key, value, q, scale, note, step, t0)
 
     def _compute_on_device(self, cfg, ctx, method, batch, key, value, q, scale, note, step, t0) -> Results:
-        from kvviz.gpu.copy import measure_copy
-        from kvviz.gpu.fma import measure_timing_floor
-        from kvviz.attention.traffic import decode_bytes, writer_bytes
-
         rt = ctx.rt
         kvh, D = key.shape[1], key.shape[2]
         step(0.10, "f32 baseline: write + decode + weights")
@@ -649,9 +642,6 @@ class Session:
         sequences of the config's first context length). Returns one dict per point; stops early
         and returns what it has when cancelled.
         """
-        from kvviz.attention.traffic import decode_bytes
-        from kvviz.methods import get_method
-
         if param not in ("context", "batch"):
             raise InvalidInput(f"sweep parameter must be 'context' or 'batch', got {param!r}")
         progress = progress or (lambda f, m: None)

@@ -33,9 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvviz.attention.int8_records import QMAX, SCALE_FLOOR
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.timed import TimedKernel
+from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
 from kvviz.paging import PagedBatch
 
 log = logging.getLogger("kvviz.attention.split_decode")
@@ -144,8 +147,6 @@ def variant_name(qk: str = "f32", pv: str = "f32", pv_flush: int = PV_FLUSH, unr
 def quantize_query(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """q [S, H, D] f32 -> (codes int8 [S, H, D], scales f32 [S, H]): int8_token's quantiser
     (kvviz/families/int8/oracle.quantize, float32 ops, round half to even), one scale a query head."""
-    from kvviz.attention.int8_records import QMAX, SCALE_FLOOR
-
     q = np.asarray(q, dtype=np.float32)
     scales = np.maximum(np.abs(q).max(axis=-1) / QMAX, SCALE_FLOOR).astype(np.float32)
     codes = np.clip(np.rint((q / scales[..., None]).astype(np.float32)), -128, 127).astype(np.int8)
@@ -1026,8 +1027,6 @@ class FastDecode:
             scatter = SCATTER and lay.lanes > 1 and pv == "f32"
         defines = render(fmt, head_size, group, lay, qk, pv, pv_flush, block_size, prefetch, lazy, magic, scatter)
         if not checks:
-            from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
-
             if not available():
                 raise UnsupportedShape("this wgpu build has no wgpuDeviceCreateShaderModuleTrusted",
                                        "Keep the runtime checks (the default).")
@@ -1139,8 +1138,6 @@ def decode_traffic(fmt: CacheFormat, batch: PagedBatch, num_heads: int, num_kv_h
 def fast_decode_rows(ctx, method, k, v, num_kv_heads: int, batch: PagedBatch, q, scale: float, tensor=None) -> list:
     """The fast decode of `method` over its caches as a timed row ([] when the method has no fast
     format or the shape does not fit it)."""
-    from kvviz.gpu.timed import TimedKernel
-
     q = np.asarray(q)
     S, H, D = q.shape
     fmt = method.fast_cache_format(D)

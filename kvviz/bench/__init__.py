@@ -13,16 +13,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvviz.attention import arith, paged_oracle as oracle, split_decode as fd
+from kvviz.attention.paged import PagedKernels, check_head_size
+from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
+from kvviz.gpu.copy import measure_copy
+from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_NAGA_GLSL
-from kvviz.attention import arith
-from kvviz.gpu.copy import measure_copy
-from kvviz.attention.paged import PagedKernels
 from kvviz.gpu.timed import checked
-from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
-from kvviz.attention import paged_oracle as oracle
+from kvviz.gpu.timing import TimingResult
+from kvviz.lab.check import lab_run
+from kvviz.lab.slots import slot as get_slot
+from kvviz.methods import get_method, reference, registry
+from kvviz.methods.context import GpuContext
 from kvviz.paging import make_batch
+from kvviz.tables import clean
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,6 @@ def run_bench(
     `kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
     and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
     from kvviz.bench.roofline import Ceilings, bound
-    from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
 
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
@@ -264,10 +269,6 @@ def timing_floor_row(shape, timing, adapter) -> dict:
 def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapter):
     """A user kernel row and its slot's built-in row per `--kernel SLOT=FILE`: the check against the slot's oracle
     (max error, elements outside the tolerance and where) in the user row."""
-    from kvviz.lab.check import lab_run
-    from kvviz.lab.slots import slot as get_slot
-    from kvviz.methods.context import GpuContext
-
     ctx = GpuContext(rt)
     rows = []
     for slot_id, path in kernels:
@@ -299,9 +300,6 @@ def _user_kernel_rows(rt, kernels, shape, inputs, runs, warmup, copy_gbps, adapt
 
 def _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, copy_gbps, adapter):
     """The fast int8 writer of the seed layout, timed and its words compared with the seed oracle's."""
-    from kvviz.methods import get_method
-    from kvviz.methods.context import GpuContext
-
     ctx = GpuContext(rt)
     out = []
     try:
@@ -323,7 +321,6 @@ def _fast_seed_writer_rows(rt, cache, batch, key, value, shape, runs, warmup, co
 def _fast_row(rt, fmt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, adapter, ref, tol, method):
     """The fast split-K decode over the seed writer's int8 cache or the f32 baseline cache, checked
     against the same oracle as the kernel it stands beside."""
-    from kvviz.attention import split_decode as fd
     f = fd.INT8 if fmt == "q8" else fd.F32
     fast = fd.FastDecode(rt)
     name = f"fast_decode_{f.name}"
@@ -349,7 +346,6 @@ def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, ad
     (one scale a head) and dotted with K's codes by dot4I8Packed. Checked against ITS oracle (the float64 decode
     of the dequantised int8 query: kvviz/attention/split_decode.py, variants), with the f32 kernel's tolerance;
     the note gives its distance from the f32-query oracle `exact` too (the query's quantisation error)."""
-    from kvviz.attention import split_decode as fd
     name = "fast_decode_int8 (int8 query)"
     fast = fd.FastDecode(rt)
     try:
@@ -375,9 +371,6 @@ def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, ad
 def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log, only=None):
     """Every registered method's own kernels (the int8 seed is covered above), each method's decode
     output checked end to end against its numpy reference (the method's REFERENCE, found by name)."""
-    from kvviz.methods import reference, registry
-    from kvviz.methods.context import GpuContext
-
     ctx = GpuContext(rt)
     rows = []
     for mkey, cls in sorted(registry().items()):
@@ -429,7 +422,6 @@ def _torch_row(shape, runs, warmup, copy_gbps, adapter):
         return _row("torch_sdpa_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter, f"torch not importable: {exc}")
     if not torch.cuda.is_available():
         return _row("torch_sdpa_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter, "torch has no CUDA device")
-    from kvviz.gpu.timing import TimingResult
 
     S, T = len(shape.context_lens), max(shape.context_lens)
     dev = torch.device("cuda")
@@ -493,8 +485,6 @@ def format_table(result: dict) -> str:
 
 def save_json(result: dict, path: str) -> None:
     """Strict JSON (RFC 8259): NaN/Inf become null, numpy values plain numbers; other tools parse it."""
-    from kvviz.tables import clean
-
     with open(path, "w") as fh:
         json.dump(clean(result), fh, indent=2, allow_nan=False)
 
@@ -502,9 +492,6 @@ def save_json(result: dict, path: str) -> None:
 def check_shape(shape: BenchShape) -> None:
     """Refuse a shape the kernels cannot take before any GPU work (InvalidInput/UnsupportedShape,
     exit 2 from the CLI), with the kernels' own head-size rules."""
-    from kvviz.errors import InvalidInput, UnsupportedShape
-    from kvviz.attention.paged import check_head_size
-
     if not shape.context_lens or any(int(n) < 1 for n in shape.context_lens):
         raise InvalidInput(f"shape {shape.name}: every sequence needs at least one token, got {list(shape.context_lens)}",
                            "Give --seqs and --ctx of at least 1.")

@@ -11,6 +11,11 @@ import math
 from dataclasses import dataclass
 
 from kvviz.attention import arith
+from kvviz.errors import InvalidInput
+from kvviz.gpu.copy import time_copy_shader
+from kvviz.gpu.fma import dtypes, measure_fma
+
+
 @dataclass(frozen=True)
 class Ceilings:
     mem_gbps: float  # the WGSL vec4 copy shader's bandwidth (unique bytes / median)
@@ -34,9 +39,6 @@ class Ceilings:
 
 def measure_ceilings(rt, copy_bytes: int = 32 << 20, runs: int = 10, warmup: int = 3) -> tuple[Ceilings, list]:
     """(Ceilings, [(name, variant, TimingResult, bytes, flops)]) of this adapter, from GPU timestamps."""
-    from kvviz.gpu.copy import time_copy_shader
-    from kvviz.gpu.fma import dtypes, measure_fma
-
     st, sb = time_copy_shader(rt, copy_bytes, runs, warmup)
     rows = [("copy_shader", "wgsl vec4", st, sb, 0.0)]
     peaks = {}
@@ -50,8 +52,6 @@ def measure_ceilings(rt, copy_bytes: int = 32 << 20, runs: int = 10, warmup: int
 
 def measure_fma_gflops(rt, runs: int = 10, warmup: int = 3) -> dict:
     """{"f32": GFLOP/s, "f16": GFLOP/s where the adapter has shader-f16} of the FMA-throughput shader."""
-    from kvviz.gpu.fma import dtypes, measure_fma
-
     return {dt: measure_fma(rt, dt, runs, warmup).gflops for dt in dtypes(rt)}
 
 
@@ -135,8 +135,6 @@ def ceilings_from_results(res, fma_gflops: dict | None = None) -> Ceilings | Non
 def bench_roofline(result: dict, shape: str | None = None) -> tuple[list[Point], Ceilings | None]:
     """The roofline of a `kvviz bench --json` result: every timed row of one shape (the first one when `shape`
     is None) as a point, the ceilings measured in the same run (the bench's copy shader and FMA rows)."""
-    from kvviz.errors import InvalidInput
-
     rows = result.get("rows") if isinstance(result, dict) else None
     if not isinstance(rows, list) or not rows:
         raise InvalidInput("the file has no bench rows (expected the JSON that kvviz bench --json writes)")

@@ -32,9 +32,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 from kvviz.errors import ShaderCompileError
+from kvviz.gpu.trusted import create_wgsl_module  # the measured no-checks variant (kvviz/gpu/trusted.py)
 
 log = logging.getLogger("kvviz.gpu.shaders")
 
@@ -42,8 +44,6 @@ def _shader_dir() -> Path:
     """The shaders beside the code that runs: the checkout's top-level shaders/ when kvviz runs from a
     source tree (installed editable or not, so a second checkout never borrows another one's shaders),
     else the installed package's data (kvviz.shaders, mapped from shaders/ by setup.py)."""
-    from importlib.resources import files
-
     top = Path(__file__).resolve().parents[2]
     if (top / "pyproject.toml").is_file() and (top / "shaders" / "__init__.py").is_file():
         return top / "shaders"
@@ -365,8 +365,6 @@ def compile_shader(device, spec: ShaderSpec, src: str | None = None):
     t0 = time.perf_counter()
     try:
         if fe == FRONTEND_WGSL and dict(spec.defines).get("KVVIZ_RUNTIME_CHECKS") == "off":
-            from kvviz.gpu.trusted import create_wgsl_module  # the measured no-checks variant (kvviz/gpu/trusted.py)
-
             module = create_wgsl_module(device, src, spec.name)
         elif fe == FRONTEND_WGSL:
             module = device.create_shader_module(code=src, label=spec.name)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kvviz.errors import InvalidInput
+from kvviz.tables import clean
 
 SCHEMA_VERSION = 1
 DB_NAME = "runs.sqlite3"
@@ -444,8 +445,6 @@ def kernel_from_row(r: dict) -> KernelRecord:
 
 
 def _dumps(v) -> str:
-    from kvviz.tables import clean
-
     return json.dumps(clean(v), allow_nan=False, sort_keys=True)
 
 

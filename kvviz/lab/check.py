@@ -23,18 +23,42 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompileError
+from kvviz.attention import arith, paged_oracle as op, records as qk, split_decode as fd, writers as fw
+from kvviz.attention.int8_records import unpack_records
+from kvviz.attention.traffic import decode_bytes
+from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompileError, UnsupportedShape
+from kvviz.families.int8 import kernels as int8_kernels
+from kvviz.families.f16 import oracle as o16
+from kvviz.families.fp8 import oracle as o8f
+from kvviz.families.int8 import oracle as o8
+from kvviz.families.int4 import oracle as o4
+from kvviz.families.ggml import oracle as ogg
+from kvviz.families.fp4 import oracle as ofp4
+from kvviz.families.kivi import format as layout, oracle as okv
 from kvviz.gpu.kernel_spec import READ_WRITE
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
-from kvviz.gpu.shaders import FRONTEND_GLSLANG, FRONTEND_WGSL, ShaderSpec, declarations, render_wgsl_defines, unroll_loops
-from kvviz.attention import arith
-from kvviz.lab.slots import EXACT_FAMILIES, Slot, slot as get_slot
+from kvviz.gpu.shaders import (
+    FRONTEND_GLSLANG,
+    FRONTEND_WGSL,
+    ShaderSpec,
+    declarations,
+    render_wgsl_defines,
+    unroll_loops,
+)
+from kvviz.lab.slots import EXACT_FAMILIES, Slot, siblings, slot as get_slot
 from kvviz.lab.source import (
-    Diagnostic, KernelCompileError, SourceInfo, driver_code, parse_glslang, parse_naga, resolve, workgroup_bytes,
+    Diagnostic,
+    KernelCompileError,
+    SourceInfo,
+    driver_code,
+    parse_glslang,
+    parse_naga,
+    resolve,
+    workgroup_bytes,
     workgroup_size,
 )
+from kvviz.methods import get_method
 from kvviz.paging import PAD_SLOT
-from kvviz.families.int8 import kernels as int8_kernels
 
 log = logging.getLogger("kvviz.lab")
 
@@ -266,28 +290,27 @@ def _dequant_oracle(m, batch, x, key=None, value=None, which: int = 0):
     fam = m.family
     D = x.shape[-1]
     if fam == "f16":
-        from kvviz.families.f16 import oracle as o
-        return o.dequantize(o.quantize(x))
+        return o16.dequantize(o16.quantize(x))
     if fam == "fp8_vllm":
-        from kvviz.families.fp8 import oracle as o
+        o = o8f
         s = o.vllm_method_scales(m, batch, key, value)[which]
         return o.vllm_dequantize(o.vllm_quantize(x, s, m.fmt)[0], s, m.fmt)
     if fam == "int8":
-        from kvviz.families.int8 import oracle as o
+        o = o8
         return o.dequantize(*o.quantize(x))
     if fam == "int4":
-        from kvviz.families.int4 import oracle as o
+        o = o4
         G = m.group_for(D) if hasattr(m, "group_for") else m.group_size
         return o.dequantize_groups(*o.quantize_groups(x, G), G)
     if fam == "fp8":
-        from kvviz.families.fp8 import oracle as o
+        o = o8f
         codes, scales = o.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
         return o.dequantize(codes, scales, m.fmt)
     if fam == "ggml":
-        from kvviz.families.ggml import oracle as o
+        o = ogg
         return o.dequantize(o.quantize(x, m.fmt), D, m.fmt)
     if fam == "fp4":
-        from kvviz.families.fp4 import oracle as o
+        o = ofp4
         st = o.tensor_scale(x[np.asarray(batch.slot_mapping) != PAD_SLOT])
         return o.dequantize(*o.quantize(x, st), st)
     raise InvalidInput(f"no dequantised-rows oracle for method family {fam!r}")
@@ -307,10 +330,10 @@ def _record_values(m, records: np.ndarray, D: int) -> np.ndarray:
     if fam == "f16":
         return np.asarray(u["codes"], np.float64)
     if fam == "fp8" and not m.per_tensor:
-        from kvviz.families.fp8 import oracle as o
+        o = o8f
         return o.dequantize(u["code_bits"], u["scale"], m.fmt).astype(np.float64)
     if fam == "int4":
-        from kvviz.families.int4 import oracle as o
+        o = o4
         return o.dequantize_groups(u["codes"], u["scale"], u["zero"], m.group_for(D)).astype(np.float64)
     raise InvalidInput(f"no numpy record dequantiser for method {m.id} (family {fam!r})")
 
@@ -319,9 +342,6 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
     """The cache a fast decode slot reads, written by its method's built-in writer: (CacheFormat, K buffer,
     V buffer, tensor-scale buffer or None, (K, V) float64 [num_blocks, kvh, block_size, D]: the cache read
     back and dequantised in numpy, what the oracle attends over)."""
-    from kvviz.errors import UnsupportedShape
-    from kvviz.attention import split_decode as fd
-    from kvviz.attention import paged_oracle as op
     rt, pk = ctx.rt, ctx.paged
     T, kvh, D = key.shape
     bs = batch.block_size
@@ -330,7 +350,6 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
         rt.run(pk.write_dispatches(cache, key, value, batch.slot_mapping))
         vals = tuple(pk.read(cache, w).astype(np.float64) for w in ("k", "v"))
         return fd.F32, cache.k, cache.v, None, vals
-    from kvviz.methods import get_method
 
     m = get_method(slot.method)
     fmt = m.fast_cache_format(D)
@@ -343,7 +362,6 @@ def _decode_cache(ctx, slot: Slot, batch, key, value, H: int):
         rt.run(pk.write_dispatches(cache, key, value, batch.slot_mapping))
         vals = tuple(op.dequantize_cache_int8(pk.read(cache, w)).astype(np.float64) for w in ("k", "v"))
         return fmt, cache.k, cache.v, None, vals
-    from kvviz.attention import records as qk
     if hasattr(m, "writer_impl"):
         m.writer_impl = "fast"
     _, _, qc, _, wd, _ = m._build(ctx, batch, key, value)
@@ -363,9 +381,6 @@ def _kivi_case(ctx, slot: Slot, kernel_name: str, batch, key, value, kernel):
     kernel changed where the built-in writer writes nothing (K, V and the residual buffer prefilled with
     SENTINEL; the built-in's unwritten words found by running it first over the same prefill).
     Returns (CheckResult, ([timed dispatches], kernel), base dispatches, unique bytes, flops)."""
-    from kvviz.families.kivi import format as layout
-    from kvviz.methods import get_method
-    from kvviz.families.kivi import oracle as okv
     rt = ctx.rt
     m = get_method(slot.method, **dict(slot.options))
     m.writer_impl = "fast" if slot.impl == "fast" else "first-wave"
@@ -377,8 +392,6 @@ def _kivi_case(ctx, slot: Slot, kernel_name: str, batch, key, value, kernel):
     rs = sm[real]
     plan = qc.extra["plan"]
     if "key_groups" in slot.id and not any(int(n) >= layout.GROUP for n in plan.n_q):
-        from kvviz.errors import UnsupportedShape
-
         raise UnsupportedShape(f"slot {slot.id}: no sequence of this shape holds a whole {layout.GROUP}-token key group "
                                f"(recent {m.recent}), so the key-group writer has nothing to write",
                                f"Use a context of at least {layout.GROUP + m.recent} tokens.")
@@ -449,7 +462,6 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         fmt = slot.fmt
         cache = pk.allocate(fmt, batch.num_blocks, kvh, bs, D)
         if slot.case == "paged-writer" and slot.impl == "fast":  # the seed layout's fast writer (same bytes)
-            from kvviz.attention import writers as fw
             wd = int8_kernels.int8_dispatches(rt, key, value, batch.slot_mapping, cache.k, cache.v, bs, seed=True)
         else:
             wd = pk.write_dispatches(cache, key, value, batch.slot_mapping)
@@ -468,8 +480,6 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
                 ref = np.concatenate([x[real].reshape(len(rs), -1) for x in (key, value)], 1)
                 res = compare(slot, kernel_name, got, ref, 0.0, "token rows", "K|V x KV head x dim", untouched=untouched)
             else:
-                from kvviz.attention.int8_records import unpack_records
-                from kvviz.attention import paged_oracle as op
                 ulps = op.division_ulps(rt.summary)
                 gots, refs, bads = [], [], []
                 for c, x in ((kc, key), (vc, value)):
@@ -491,7 +501,6 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             run = _swap(dd, slot, kernel)
             rt.run(run)
             out = pk._collect(outs, batch.num_seqs, H * D, (H, D))
-            from kvviz.attention import paged_oracle as op
             if fmt == "q8":
                 kf, vf = op.dequantize_cache_int8(pk.read(cache, "k")), op.dequantize_cache_int8(pk.read(cache, "v"))
             else:
@@ -501,7 +510,6 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
             res = compare(slot, kernel_name, out.reshape(-1, D), ref.reshape(-1, D), tol, "(sequence, head)", "dim")
             timed = [d for d in run if _is_slot(d, slot, kernel)]
             base = dd
-            from kvviz.attention.traffic import decode_bytes
 
             if slot.role == "reduce":
                 parts = max(d.grid[2] for d in dd)
@@ -511,8 +519,6 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
                 nbytes = decode_bytes(cache, batch, q)
                 flops = arith.decode_flops(batch, H, D)
     elif slot.case in ("method-writer", "method-dequant"):
-        from kvviz.methods import get_method
-
         m = get_method(slot.method)
         if hasattr(m, "writer_impl"):  # a method with a fast and a first-wave writer runs the one of the slot
             m.writer_impl = "fast" if slot.impl == "fast" else "first-wave"
@@ -544,8 +550,6 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         else:
             nbytes, flops = m._dequant_bytes(batch, kvh, D), arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(fam, 0.0))
     elif slot.case == "fast-decode":
-        from kvviz.attention import split_decode as fd
-        from kvviz.attention import paged_oracle as op
         fmt, kbuf, vbuf, tensor, (kf, vf) = _decode_cache(ctx, slot, batch, key, value, H)
         # a reduce slot runs its own reduce at any partition count (the decode picks one of two by the count)
         plan = ctx.fast.plan(fmt, kbuf, vbuf, kvh, q, batch, scale, tensor=tensor,
@@ -620,8 +624,6 @@ def lab_run(ctx, slot_id: str, inputs, *, path: str | None = None, text: str | N
     if s.template and kernel is not None:
         user = made[-1]
     if kernel is not None and runs:
-        from kvviz.lab.slots import siblings
-
         for sib in siblings(slot_id):  # the slot's other built-in implementations (seed / first-wave / fast)
             try:
                 _, st = run_case(ctx, sib, None, inputs, f"built-in {sib.spec.path}", runs, warmup)

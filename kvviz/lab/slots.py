@@ -22,13 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvviz.attention import paged as pk, records as qk, split_decode as fd, writers as fw
 from kvviz.errors import InvalidInput
+from kvviz.families.fp8 import kernels as fp8_kernels
+from kvviz.families.ggml import writer as fwg
+from kvviz.families.int4 import kernels as int4_kernels
+from kvviz.families.int8 import kernels as int8_kernels
+from kvviz.families.int8.method_seed import Int8PerTokenSeed
+from kvviz.families.kivi import kernels as kivi_kernels
 from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
-from kvviz.families.kivi import kernels as kivi_kernels
-from kvviz.families.int8 import kernels as int8_kernels
-from kvviz.families.int4 import kernels as int4_kernels
-from kvviz.families.fp8 import kernels as fp8_kernels
+from kvviz.methods import get_method, registry
+from kvviz.methods.records import PerTokenRecordMethod
 
 REF_HEAD_SIZE = 128  # the head size and block size the contracts' layouts are written at
 REF_BLOCK_SIZE = 16
@@ -197,9 +202,6 @@ def register(slot: Slot) -> Slot:
 
 
 def _paged_slots() -> None:
-    from kvviz.attention import paged as pk
-    from kvviz.families.int8.method_seed import Int8PerTokenSeed
-
     seed_lay = _layout_text(Int8PerTokenSeed().layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)[0])
     q8 = ("u32", "[num_blocks, num_kv_heads, block_size, head_size/4 + 1]", seed_lay)
     f32 = ("f32", "[num_blocks, num_kv_heads, block_size, head_size]", _F32_CACHE)
@@ -280,9 +282,6 @@ _WRITER_NOTES = {
 
 
 def _method_slots() -> None:
-    from kvviz.methods import registry
-    from kvviz.methods.records import PerTokenRecordMethod
-
     for mid, cls in sorted(registry().items()):
         if not issubclass(cls, PerTokenRecordMethod) or cls.family not in DEQUANT_ORACLES:
             continue
@@ -320,10 +319,6 @@ def _method_slots() -> None:
 
 def _fast_slots() -> None:
     """The fast kernels (kvviz/attention/writers.py, fast_decode.py) as slots of their own."""
-    from kvviz.attention import split_decode as fd
-    from kvviz.attention import writers as fw
-    from kvviz.methods import get_method, registry
-
     fast_writer = {"int8_token": int8_kernels.WRITE_INT8, "fp8_e4m3": fp8_kernels.WRITE_FP8, "fp8_e5m2": fp8_kernels.WRITE_FP8, "int4_group": int4_kernels.WRITE_INT4}
     for mid, spec in fast_writer.items():
         if mid not in registry():
@@ -339,7 +334,6 @@ def _fast_slots() -> None:
             oracle=base.oracle, tolerance=base.tolerance, timed_name=f"{mid} writer (fast)", template=True,
         ))
     # the llama.cpp block types' fast writer (kvviz/families/ggml/writer.py): the first-wave writer's bytes
-    from kvviz.families.ggml import writer as fwg
     for mid in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
         if mid not in registry() or f"{mid}.writer" not in _SLOTS:
             continue
@@ -435,10 +429,6 @@ def _kivi_slots() -> None:
     K codes per channel over 32-token groups), in a first-wave and a fast implementation, and one
     dequantiser. Each is a slot; the pipeline runs KIVI 2-bit with recent 0, so every whole 32-token group
     is quantised and both writer kernels run at short contexts."""
-    from kvviz.attention import writers as fw
-    from kvviz.attention import records as qk
-    from kvviz.methods import get_method, registry
-
     if "kivi" not in registry():
         return
     m = get_method("kivi", **dict(KIVI_OPTIONS))

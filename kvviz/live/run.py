@@ -17,8 +17,10 @@ from typing import Callable
 
 import numpy as np
 
-from kvviz.live.metrics import summarize_live
+from kvviz.errors import Cancelled
 from kvviz.live.config import LiveConfig
+from kvviz.live.decode import LiveDecoder
+from kvviz.live.metrics import summarize_live
 from kvviz.tables import Table, clean
 
 # pool grid bands: (key in `tables_now`, label, colour index of the sequence palette)
@@ -304,9 +306,6 @@ def decode_run(load_model: Callable, cfg: LiveConfig, ctx, run_id, on_event: Cal
     on_event(run_id, "prefilled", dict) after the prefill; on_step(run_id, LiveStep) after every step.
     Returns {"decoder", "summary", "describe", "timings"}; a cancel raises Cancelled.
     """
-    from kvviz.errors import Cancelled
-    from kvviz.live.decode import LiveDecoder
-
     model = load_model(cfg.model_path, progress)
     on_event(run_id, "model", (cfg.model_path, model.config))
     if cancel():

@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 
 from kvviz.errors import InvalidInput
-
+from kvviz.metrics import code_stats
+from kvviz.paging import PAD_SLOT
 
 _KIND_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -325,8 +326,6 @@ class KVMethod(ABC):
     def dequantised_rows(self, ctx, qkv: QuantizedKV, batch, which: str) -> np.ndarray | None:
         """The method's reconstruction of K or V in token-row order [tokens, kv_heads, D] (pad rows 0),
         read from its dequantised f32 cache when it keeps one (`read_f32`); None otherwise."""
-        from kvviz.paging import PAD_SLOT
-
         read = getattr(self, "read_f32", None)
         if read is None or "f32" not in qkv.device:
             return None
@@ -347,9 +346,6 @@ class KVMethod(ABC):
         a float format's histogram runs over `code_values`. Index methods (TurboQuant, KIVI) override this
         with the statistics that fit them.
         """
-        from kvviz.metrics import code_stats
-        from kvviz.paging import PAD_SLOT
-
         real = np.asarray(batch.slot_mapping) != PAD_SLOT
         out = []
         for which, codes, x in (("K", qkv.k_codes, key), ("V", qkv.v_codes, value)):
@@ -451,6 +447,4 @@ def reference(method_id: str) -> Callable:
 
 def reference_attention(method, batch, key, value, q, scale, qkv=None):
     """(output [S, H, D], tolerance) of any registered method: the function its REFERENCE names."""
-    from kvviz.methods import reference
-
     return reference(method.id)(method, batch, key, value, q, scale, qkv)

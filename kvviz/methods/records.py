@@ -12,12 +12,13 @@ from abc import abstractmethod
 
 import numpy as np
 
-from kvviz.attention import records as qk
-from kvviz.attention.split_decode import fast_decode_rows
-from kvviz.gpu.timed import TimedKernel
+from kvviz.attention import arith, records as qk
+from kvviz.attention.split_decode import fast_decode_rows, unsupported
 from kvviz.attention.traffic import decode_bytes
-from kvviz.errors import UnsupportedShape
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
+from kvviz.methods.live_records import RecordLiveCache
 from kvviz.paging import PAD_SLOT
 
 log = logging.getLogger("kvviz.methods.records")
@@ -118,8 +119,6 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     # ------------------------------------------------------------------ shared
     def _fast_format(self, qkv, q):
         """The fast decode's cache format for this batch, or None when it cannot take the shape."""
-        from kvviz.attention.split_decode import unsupported
-
         fmt = self.fast_cache_format(qkv.head_size)
         H = np.asarray(q).shape[1] if np.ndim(q) == 3 else 0
         if fmt is None or not H or H % qkv.num_kv_heads or unsupported(fmt, qkv.head_size, H // qkv.num_kv_heads):
@@ -149,7 +148,6 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         (kvviz/methods/live_records.py)."""
         if self.batch_scales:
             return None
-        from kvviz.methods.live_records import RecordLiveCache
 
         return RecordLiveCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self)
 
@@ -193,8 +191,6 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         """(dispatches, "fast" | "first-wave"): the writer `writer_impl` picks, the first-wave one where
         the method has no fast writer for the shape."""
         if self.writer_impl not in ("fast", "first-wave"):
-            from kvviz.errors import InvalidInput
-
             raise InvalidInput(f"{self.id}: writer_impl must be 'fast' or 'first-wave', got {self.writer_impl!r}")
         if self.writer_impl == "fast" or not self.has_first_wave_writer:
             d = self.fast_writer_dispatches(ctx, qc, key, value, sm)
@@ -273,7 +269,6 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     def _writer_rows(self, ctx, qc, batch, key, value, wd) -> list:
         """The writer quantize ran and the other implementation over the same cache (it writes the same
         words), as TimedKernel rows with impl "fast" / "first-wave"."""
-        from kvviz.attention import arith
         impl = qc.extra.get("writer_impl", "first-wave")
         nbytes = self._writer_bytes(batch, key)
         flops = arith.writer_flops(batch, key.shape[1], key.shape[2], arith.WRITER_PER_ELEMENT.get(self.family, 2.0))
@@ -300,7 +295,6 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
         kvh, D = key.shape[1], key.shape[2]
         qc = qkv.device["cache"]
-        from kvviz.attention import arith
         return self._writer_rows(ctx, qc, batch, key, value, wd) + [
             TimedKernel(f"{self.id} dequantise", dd, self._dequant_bytes(batch, kvh, D), "dequantise", "first-wave",
                         arith.dequant_flops(batch, kvh, D, arith.DEQUANT_PER_ELEMENT.get(self.family, 1.0))),

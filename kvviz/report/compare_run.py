@@ -5,6 +5,7 @@ import importlib
 import inspect
 
 from kvviz.errors import KvvizError
+from kvviz.methods import registry
 
 
 class CompareUnavailable(KvvizError):
@@ -27,8 +28,6 @@ def results_scale(res) -> float:
 def method_instances(res) -> list:
     """One instance of every registered method: the results' own method with its options, the others
     with their defaults."""
-    from kvviz.methods import registry
-
     out = []
     for key, cls in registry().items():
         if key == res.method.id:

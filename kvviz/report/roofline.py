@@ -11,8 +11,6 @@ from kvviz.tables import Table
 
 
 def roofline_table(points, c: Ceilings | None):
-    from kvviz.tables import Table
-
     rows = [[p.kernel, p.variant, p.bytes, p.flops, p.intensity, p.median_us, p.gflops, p.bound(c)] for p in points]
     return Table("roofline", ["kernel", "variant", "bytes", "flops", "flop_per_byte", "median_us", "gflops", "bound"],
                  rows, "Roofline: arithmetic intensity vs achieved GFLOP/s" + (
@@ -81,8 +79,6 @@ def write_roofline(out_dir: str, res, name: str = "roofline.svg"):
     """The report's roofline of a window run: `name` (SVG) in out_dir and its table. The compute ceiling is
     the one the window measured on the same device (res.roofline_ceilings, set by its Roofline tab); without it
     the points are drawn without ceilings and `bound` is "-"."""
-    import os
-
     pts = points_from_results(res)
     c = getattr(res, "roofline_ceilings", None)
     with open(os.path.join(out_dir, name), "w") as fh:

@@ -14,8 +14,9 @@ import tempfile
 import threading
 import time
 
-from kvviz.tables import Table, clean, default_panel_tables
+from kvviz.report.roofline import write_roofline
 from kvviz.report.trace import write_chrome_trace
+from kvviz.tables import Table, clean, default_panel_tables, sweep_table
 
 PANEL_TITLES = {
     "window": "Window",
@@ -147,8 +148,6 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
         L.append(f"| {t.kernel} | {t.variant} | {t.timing.median_us:.1f} ({t.timing.min_us:.1f}-{t.timing.p90_us:.1f}) "
                  f"| {t.bytes_moved} | {t.gbps:.3f} | {t.pct_of_copy:.1f} | {t.timing.method} |")
     if sweep_points:
-        from kvviz.tables import sweep_table
-
         t = sweep_table(sweep_points)
         L.append("")
         L.append(f"## Latency sweep over {sweep_points[0]['param']} (median us, {', '.join(methods)})")
@@ -267,7 +266,6 @@ def _write_report_files(out_dir, res, tables, compare_rows, sweep_points, histor
     if tables is None:
         tables = default_panel_tables(res, compare_rows, sweep_points, history)
     if getattr(res, "timings", None):  # the roofline of the run's kernels (kvviz/bench/roofline.py), SVG + table
-        from kvviz.report.roofline import write_roofline
 
         name, rtab = write_roofline(out_dir, res)
         tables = {**tables, "roofline": [rtab]}

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from gguf import GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from kvviz.errors import InvalidInput
 
@@ -60,8 +63,6 @@ def find_smollm2() -> Path | None:
 
 def _field_value(f):
     """Decode a GGUFReader field without relying on ReaderField.contents() (absent in older gguf)."""
-    from gguf import GGUFValueType
-
     if not f.types:
         return None
     main = f.types[0]
@@ -202,8 +203,6 @@ class GGUFTokenizer:
     def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int] | None = None,
                  *, pre: str = "default", bos_id: int | None = None, eos_id: int | None = None,
                  add_bos: bool = False):
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
         vocab = {t: i for i, t in enumerate(tokens)}
         pairs = []
         for i, m in enumerate(merges):
@@ -338,8 +337,6 @@ def unpermute_llamacpp(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _dequant(t, path: Path) -> np.ndarray:
-    from gguf.quants import dequantize
-
     try:
         a = dequantize(t.data, t.tensor_type)
     # gguf raises NotImplementedError for the types its numpy code lacks (gguf 0.19: I8, I16, I32, I64, F64, Q1_0,
@@ -354,8 +351,6 @@ def _dequant(t, path: Path) -> np.ndarray:
 
 def load_gguf_llama(path: str | Path, progress: ProgressFn | None = None) -> LlamaModel:
     """Read a llama GGUF: config, tokenizer and all weights dequantised to float32."""
-    from gguf import GGUFReader
-
     path = Path(path)
     if not path.is_file():
         raise InvalidInput(f"GGUF file not found: {path}", "Pass the path of a .gguf model file.")

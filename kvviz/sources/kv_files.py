@@ -25,7 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+import ml_dtypes
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from kvviz.errors import InvalidInput, check_finite
 
@@ -72,8 +75,6 @@ def _bad(source: str, what: str) -> InvalidInput:
 
 
 def _to_f32(source: str, name: str, a: np.ndarray) -> tuple[np.ndarray, str]:
-    import ml_dtypes
-
     a = np.asarray(a)
     if a.dtype == ml_dtypes.bfloat16:
         return a.astype(np.float32), "bfloat16"
@@ -142,8 +143,6 @@ _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np
 def _read_safetensors_raw(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Plain reader of the safetensors layout (u64 header size, JSON header, data), used when the installed
     safetensors cannot hand bfloat16 to numpy."""
-    import ml_dtypes
-
     data = path.read_bytes()
     if len(data) < 8:
         raise _bad(path.name, "file too short for a safetensors header")
@@ -166,8 +165,6 @@ def _read_safetensors_raw(path: Path) -> tuple[dict[str, np.ndarray], dict[str, 
 
 
 def _write_safetensors_raw(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, str]) -> None:
-    import ml_dtypes
-
     names = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
     names[np.dtype(ml_dtypes.bfloat16)] = "BF16"
     header: dict = {"__metadata__": dict(meta)} if meta else {}
@@ -187,8 +184,6 @@ def _write_safetensors_raw(path: Path, arrays: Mapping[str, np.ndarray], meta: M
 
 
 def _load_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="np") as f:
             meta = f.metadata() or {}
@@ -239,8 +234,6 @@ def _load_pt(path: Path) -> dict[str, np.ndarray]:
             raise _bad(path.name, f"entry '{k}' is a {type(t).__name__}, not a tensor")
         t = t.detach().cpu()
         if t.dtype == torch.bfloat16:
-            import ml_dtypes
-
             arrays[k] = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         else:
             arrays[k] = t.numpy()
@@ -279,8 +272,6 @@ def save_kv(path: str | Path, k: np.ndarray, v: np.ndarray, q: np.ndarray | None
             token_strings: list[str] | None = None, dtype: str = "float32",
             metadata: Mapping[str, str] | None = None) -> Path:
     """Validate and write a KV dump as .safetensors or .npz in `dtype` (float32, float16, bfloat16)."""
-    import ml_dtypes
-
     path = Path(path)
     ext = path.suffix.lower()
     if ext not in (".safetensors", ".npz"):
@@ -311,7 +302,6 @@ def save_kv(path: str | Path, k: np.ndarray, v: np.ndarray, q: np.ndarray | None
         meta["layout"] = "k,v,k_pre_rope: [layers, kv_heads, tokens, head_size]; q: [layers, heads, tokens, head_size]"
         if dump.token_strings is not None:
             meta["token_strings"] = json.dumps(dump.token_strings, ensure_ascii=False, allow_nan=False)
-        from safetensors.numpy import save_file
 
         try:
             save_file(out, str(path), metadata=meta)

@@ -14,6 +14,10 @@ import os
 import sys
 import tempfile
 
+from kvviz.analysis.session import SessionConfig
+from kvviz.ui.audit import cut_text, scrolling_docks
+from kvviz.ui.main_window import APP, ORG, MainWindow
+
 
 def _runtime_dir() -> None:
     if not os.environ.get("XDG_RUNTIME_DIR"):
@@ -25,8 +29,6 @@ def _runtime_dir() -> None:
 def make_settings():
     from PySide6.QtCore import QSettings
 
-    from kvviz.ui.main_window import APP, ORG
-
     path = os.environ.get("KVVIZ_SETTINGS")
     if path:
         return QSettings(path, QSettings.IniFormat)
@@ -37,9 +39,6 @@ def main(args=None) -> int:
     _runtime_dir()
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
-
-    from kvviz.analysis.session import SessionConfig
-    from kvviz.ui.main_window import APP, ORG, MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName(ORG)
@@ -63,11 +62,7 @@ def main(args=None) -> int:
                 win.save_screenshot(screenshot)
                 print(f"kvviz: window saved to {screenshot}")
                 if os.environ.get("KVVIZ_SCREENSHOT_AUDIT"):
-                    from kvviz.ui.audit import cut_text
-
                     try:
-                        from kvviz.ui.audit import scrolling_docks
-
                         cuts = cut_text(win)
                         print(f"kvviz: {len(cuts)} widget(s) with cut text" + "".join(f"\n  {c}" for c in cuts))
                         wide = scrolling_docks(win)

@@ -13,30 +13,61 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
+import re
 from dataclasses import fields as dataclass_fields
+from importlib.metadata import PackageNotFoundError, version
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow, QMenu, QMessageBox,
-    QProgressBar, QPushButton, QScrollArea, QToolButton, QVBoxLayout, QWidget,
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from kvviz.analysis.session import Cancelled, Session, SessionConfig
 from kvviz.errors import InvalidInput, KvvizError
+from kvviz.families.turboquant.bias import inner_product_bias
+from kvviz.gpu.shaders import FRONTEND_GLSLANG
+from kvviz.live.run import decode_run
+from kvviz.report.compare_run import run_compare
+from kvviz.report.trace import write_chrome_trace
 from kvviz.report.writer import relocate, staged_dir, write_report
 from kvviz.ui.export import save_png
 from kvviz.ui.log_dock import LogPanel
-from kvviz.ui.widgets.panel_scroll import PanelScroll
-from kvviz.ui.state import AppState
 from kvviz.ui.panels import (
-    AttentionPanel, BlockInspectorPanel, CacheLayoutPanel, CodesPanel, ComparePanel, LivePanel, OverviewPanel,
-    QjlBiasPanel, ScalesPanel, TimingPanel, WorkloadPanel,
+    AttentionPanel,
+    BlockInspectorPanel,
+    CacheLayoutPanel,
+    CodesPanel,
+    ComparePanel,
+    LivePanel,
+    OverviewPanel,
+    QjlBiasPanel,
+    ScalesPanel,
+    TimingPanel,
+    WorkloadPanel,
 )
-from kvviz.ui.state import model_label
+from kvviz.ui.panels.lab import install as install_lab
+from kvviz.ui.panels.qjl_bias import tq_setting
 from kvviz.ui.panels.timing import SOFTWARE_FLAG
+from kvviz.ui.state import AppState, model_label
 from kvviz.ui.style import ERROR_BG, ERROR_FG, WARN_BG, WARN_FG, setup_pyqtgraph
 from kvviz.ui.tasks import TASKS
+from kvviz.ui.widgets.panel_scroll import PanelScroll
 from kvviz.ui.worker import TaskRunner
 
 log = logging.getLogger("kvviz.ui")
@@ -203,7 +234,6 @@ class MainWindow(QMainWindow):
 
         self._build_status_bar()
         self._build_actions()
-        from kvviz.ui.panels.lab import install as install_lab
 
         install_lab(self)  # the Kernel lab dock and the GPU timing panel's Roofline tab (kvviz/ui/panels/lab.py)
         self._restore(config)
@@ -440,9 +470,6 @@ class MainWindow(QMainWindow):
         QMessageBox.information(self, "kvviz keyboard shortcuts", "\n".join(self.shortcut_lines()))
 
     def about_text(self) -> str:
-        import platform
-        from importlib.metadata import PackageNotFoundError, version
-
         def ver(name):
             try:
                 return version(name)
@@ -566,7 +593,6 @@ class MainWindow(QMainWindow):
         res = self.results
         if res is None:
             return
-        from kvviz.report.compare_run import run_compare
 
         session = self.session
         d = self.docks["compare"]
@@ -596,8 +622,6 @@ class MainWindow(QMainWindow):
         except (KvvizError, IndexError, ValueError) as exc:
             self.bias.set_error(exc)
             return
-        from kvviz.families.turboquant.bias import inner_product_bias
-        from kvviz.ui.panels.qjl_bias import tq_setting
 
         session = self.session
         setting = tq_setting(res)  # the results' TurboQuant bits / outlier share (the seed configuration otherwise)
@@ -614,9 +638,6 @@ class MainWindow(QMainWindow):
     def start_live(self) -> None:
         """Decode the live panel's prompt through an f32 and a quantised paged cache, step by step, in the
         worker (kvviz.live.run.decode_run). Cancels a running compute (and a compute cancels it)."""
-        from kvviz.gpu.shaders import FRONTEND_GLSLANG
-        from kvviz.live.run import decode_run
-
         cfg = self.live.config()
         if not cfg.prompt.strip():
             self.show_error("Live decode", InvalidInput("The prompt is empty.", "Type a prompt for the model."))
@@ -800,8 +821,6 @@ class MainWindow(QMainWindow):
                 self.show_error("Screenshot", exc)
 
     def export_trace(self, path: str | None = None) -> str:
-        from kvviz.report.trace import write_chrome_trace
-
         if self.results is None:
             self.show_error("Chrome trace", InvalidInput("No results yet.", "Wait for the first run to finish."))
             return ""
@@ -876,8 +895,6 @@ class MainWindow(QMainWindow):
     def invalid_field(exc: BaseException) -> str | None:
         """The SessionConfig field an InvalidInput names ("block_size must be ...", "method_options: ..."),
         or None."""
-        import re
-
         names = {f.name for f in dataclass_fields(SessionConfig)}
         m = re.match(r"\s*(?:--set: |--config: )?(?:unknown setting )?'?(\w+)'?", str(exc))
         if m and m.group(1) in names:

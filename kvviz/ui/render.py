@@ -6,8 +6,23 @@ and painted at 2x device pixel ratio, exactly as the window exports them.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+
+from kvviz.errors import KvvizError
+from kvviz.families.turboquant.bias import inner_product_bias
+from kvviz.ui.panels import (
+    AttentionPanel,
+    CacheLayoutPanel,
+    CodesPanel,
+    ComparePanel,
+    OverviewPanel,
+    ScalesPanel,
+    TimingPanel,
+)
+from kvviz.ui.panels.qjl_bias import QjlBiasPanel
+from kvviz.ui.style import setup_pyqtgraph
 
 PANEL_SIZES = {
     "overview": (1100, 260),
@@ -24,8 +39,6 @@ PANEL_SIZES = {
 def _quiet_qt(mode, context, message) -> None:
     """Qt's own messages go to the log (debug), not to the terminal: the offscreen platform says
     "This plugin does not support propagateSizeHints()" for every panel."""
-    import logging
-
     logging.getLogger("kvviz.qt").debug("Qt: %s", message)
 
 
@@ -44,9 +57,6 @@ def _app():
 def _draw_bias(panel, rt) -> None:
     """The QJL bias panel's estimate for its default selection (sequence 0, head 0), computed here as the
     window's worker would; a refusal is drawn as the panel's message."""
-    from kvviz.families.turboquant.bias import inner_product_bias
-    from kvviz.errors import KvvizError
-
     seq, head = panel.selection()
     try:
         q, K, seed, layer = panel.inputs()
@@ -60,10 +70,6 @@ def render_report_figures(res, out_dir: str, compare_rows=None, sweep_points=Non
     a GpuRuntime, when given)."""
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QApplication
-
-    from kvviz.ui.panels import AttentionPanel, CacheLayoutPanel, CodesPanel, ComparePanel, OverviewPanel, ScalesPanel, TimingPanel
-    from kvviz.ui.panels.qjl_bias import QjlBiasPanel
-    from kvviz.ui.style import setup_pyqtgraph
 
     _app()
     setup_pyqtgraph()

@@ -1,6 +1,9 @@
 """Colours, fonts and pyqtgraph defaults shared by every panel."""
 from __future__ import annotations
 
+import html
+import time
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject
@@ -236,9 +239,6 @@ def _title_room(plot, share: float) -> float:
 
 
 def _refit_title(plot) -> None:
-    import html
-    import time
-
     parts, size, share = getattr(plot, "_fit_title", ([], "9pt", 1.0))
     if not parts:
         return

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.families.f16 import format as fmt16
-from kvviz.families.f16 import kernels as f16_kernels
+from kvviz.attention.split_decode import F16 as F16_FORMAT
+from kvviz.families.f16 import format as fmt16, kernels as f16_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod
 
@@ -45,8 +45,6 @@ class F16(PerTokenRecordMethod):
         return f16_kernels.f16_dispatches(rt, key, value, sm, qc.k, qc.v, qc.block_size)
 
     def fast_cache_format(self, head_size):
-        from kvviz.attention.split_decode import F16 as F16_FORMAT
-
         return F16_FORMAT
 
     def check_values(self, key, value):

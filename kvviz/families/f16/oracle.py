@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
 from kvviz.families.f16.format import check_range, pack_records, unpack_records  # noqa: F401 - the record format
 from kvviz.paging import PAD_SLOT
 
@@ -40,7 +41,5 @@ def write_cache(cache: np.ndarray, x: np.ndarray, slot_mapping: np.ndarray, bloc
 def method_attention(method, batch, key, value, q, scale, qkv=None):
     """f16 caches attended in float64 (the dequantise + f32 decode path, or the fast f16 decode): the
     f32 kernels' tolerance 2e-5 * max(1, max|V^|) (kvviz/attention/paged_oracle.py)."""
-    from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
-
     fk, fv = per_token_caches(batch, key, value, lambda x: dequantize(quantize(x)))
     return through_f32_decode(batch, q, scale, fk, fv)

@@ -17,19 +17,19 @@ fp4/nvfp4_dequant.wgsl. Attention: the fast split-K decode over the packed cache
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-from kvviz.families.fp4 import format as f4
-from kvviz.families.fp4 import kernels as f4k
-from kvviz.families.ggml import kernels as gk
 from kvviz.attention import records as qk
+from kvviz.families.fp4 import decode as ffd, format as f4, kernels as f4k, writer as fw4
 from kvviz.families.fp8 import kernels as fp8_kernels
+from kvviz.families.ggml import kernels as gk
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod, SiblingFastAttention
+from kvviz.metrics import scaled_codes
+
 
 def _e4m3(codes) -> np.ndarray:
-    import ml_dtypes
-
     return np.asarray(codes, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 
@@ -70,14 +70,12 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
     def fast_writer_dispatches(self, ctx, qc, key, value, sm):
         """The fast writer (kvviz/families/ggml/writer.py: the fast amax pass, then shaders/fast/
         write_nvfp4.wgsl; the same words as fp4/nvfp4_write.wgsl), or None where it cannot take the shape."""
-        from kvviz.families.fp4 import writer as fw4
         return fw4.method_dispatches(ctx.rt, self, qc, key, value, sm)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):
         """The fast NVFP4 decode's plan over the packed cache `qc` and its tensor scales
         (kvviz/families/fp4/decode.py), or None where it cannot take the shape (fast_decode_fp4.unsupported)."""
-        from kvviz.families.fp4 import decode as ffd
         kvh, D = qc.num_kv_heads, qc.head_size
         shape = np.shape(q)
         if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or ffd.unsupported(D, shape[1] // kvh):
@@ -85,7 +83,6 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
         return ffd.Fp4FastDecode(ctx.rt).plan(qc.k, qc.v, qc.extra["tensor"], kvh, q, batch, scale)
 
     def _fast_traffic(self, batch, plan, qc):
-        from kvviz.families.fp4 import decode as ffd
         return ffd.decode_traffic(batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)
 
     def tensor_scales(self, ctx, qkv) -> tuple[float, float]:
@@ -116,8 +113,6 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
     def unrounded_codes(self, qkv, which, x):
         """x / (e4m3 scale * tensor scale) per 16 elements: beyond +-6 saturates (an e4m3 scale rounded
         down from amax/6 can put a group's largest value there)."""
-        from kvviz.metrics import scaled_codes
-
         return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
 
     def range_warnings(self, key, value, real, fields):

@@ -19,7 +19,15 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from kvviz.families.fp4.format import E2M1_VALUES, SCALE_FLOOR, SUB, TENSOR_DIV, pack_records, unpack_records  # noqa: F401
+from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
+from kvviz.families.fp4.format import (  # noqa: F401
+    E2M1_VALUES,
+    SCALE_FLOOR,
+    SUB,
+    TENSOR_DIV,
+    pack_records,
+    unpack_records,
+)
 from kvviz.paging import PAD_SLOT
 
 
@@ -77,8 +85,6 @@ def quantize_batch(key, value, slot_mapping):
 
 
 def reference_attention(method, batch, key, value, q, scale, qkv=None):
-    from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
-
     real = batch.slot_mapping != PAD_SLOT
     st = {id(key): tensor_scale(key[real]), id(value): tensor_scale(value[real])}
 

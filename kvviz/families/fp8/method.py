@@ -14,10 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.attention import records as qk
-from kvviz.families.fp8 import kernels as fp8_kernels
+from kvviz.attention.split_decode import fp8_format
+from kvviz.families.fp8 import format as fmt8, kernels as fp8_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.records import PerTokenRecordMethod
-from kvviz.families.fp8 import format as fmt8
+from kvviz.metrics import format_values, scaled_codes
+
 SCALE_MODES = ("per_token", "per_tensor")
 
 
@@ -62,8 +64,6 @@ class _Fp8Base(PerTokenRecordMethod):
                                           qc.block_size, variant=variant)
 
     def fast_cache_format(self, head_size):
-        from kvviz.attention.split_decode import fp8_format
-
         return fp8_format(self.fmt_key, self.per_tensor)
 
     def _tensor_buffer(self, ctx):
@@ -90,14 +90,10 @@ class _Fp8Base(PerTokenRecordMethod):
 
     def code_values(self):
         """Every finite value of the FP8 format, in order (the histogram's code-index axis)."""
-        from kvviz.metrics import format_values
-
         return format_values(self.fmt.dtype)
 
     def unrounded_codes(self, qkv, which, x):
         """x / scale: a value with |x / scale| > max saturates to +-max."""
-        from kvviz.metrics import scaled_codes
-
         return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
 
     def saturated_codes(self, qkv, which, x):

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.attention import records as qk
+from kvviz.attention.split_decode import fp8_format
 from kvviz.families.fp8 import format as fmt8
 from kvviz.families.fp8_vllm import kernels as fk
-from kvviz.attention import records as qk
+from kvviz.families.fp8_vllm.live_cache import VllmFp8LiveCache
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.records import PerTokenRecordMethod
+from kvviz.metrics import format_values, scaled_codes
 
 GRANULARITIES = ("per_tensor", "per_head")
 SCALE_SOURCES = ("calibrate", "given")
@@ -82,7 +85,6 @@ class _VllmFp8Base(PerTokenRecordMethod):
         buffer); per-head scales: the first-wave dequantise + f32 decode."""
         if self.per_head:
             return None
-        from kvviz.attention.split_decode import fp8_format
 
         return fp8_format(self.fmt_key, True)
 
@@ -127,14 +129,10 @@ class _VllmFp8Base(PerTokenRecordMethod):
 
     def code_values(self):
         """Every finite value of the FP8 format, in order (the histogram's code-index axis)."""
-        from kvviz.metrics import format_values
-
         return format_values(self.fmt.dtype)
 
     def unrounded_codes(self, qkv, which, x):
         """x / scale: a value with |x / scale| > max saturates to +-max."""
-        from kvviz.metrics import scaled_codes
-
         return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
 
     def saturated_codes(self, qkv, which, x):
@@ -169,8 +167,6 @@ class _VllmFp8Base(PerTokenRecordMethod):
         return True
 
     def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
-        from kvviz.families.fp8_vllm.live_cache import VllmFp8LiveCache
-
         return VllmFp8LiveCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self)
 
     # ------------------------------------------------------------------ layout

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.errors import InvalidInput
-from kvviz.families.ggml import format as fg
-from kvviz.families.ggml import kernels as gk
 from kvviz.attention import records as qk
+from kvviz.errors import InvalidInput
+from kvviz.families.ggml import decode as fdg, format as fg, kernels as gk, writer as fwg
+from kvviz.families.ggml.format import MXFP4_VALUES
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod, SiblingFastAttention
 from kvviz.paging import PAD_SLOT
@@ -79,7 +79,6 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
         """mxfp4: the 15 E2M1 values in order (the histogram's code-index axis); integer codes otherwise."""
         if self.fmt.name != "mxfp4":
             return None
-        from kvviz.families.ggml.format import MXFP4_VALUES
 
         return np.unique(np.asarray(MXFP4_VALUES, np.float64) / 2)  # gguf's table holds E2M1 doubled
 
@@ -102,14 +101,12 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
     def fast_writer_dispatches(self, ctx, qc, key, value, sm):
         """The fast writer (kvviz/families/ggml/writer.py, shaders/ggml/write_fast.wgsl: a lane a few whole
         blocks, words built in registers; the same bytes), or None where it cannot take the shape."""
-        from kvviz.families.ggml import writer as fwg
         return fwg.method_dispatches(ctx.rt, self, qc, key, value, sm)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):
         """The fast ggml decode's plan over the packed cache `qc` (kvviz/families/ggml/decode.py), or None
         where it cannot take the type or shape (fast_decode_ggml.unsupported)."""
-        from kvviz.families.ggml import decode as fdg
         kvh, D = qc.num_kv_heads, qc.head_size
         shape = np.shape(q)
         if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or fdg.unsupported(self.type_name, D, shape[1] // kvh):
@@ -117,7 +114,6 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
         return fdg.GgmlFastDecode(ctx.rt).plan(self.type_name, qc.k, qc.v, kvh, q, batch, scale)
 
     def _fast_traffic(self, batch, plan, qc):
-        from kvviz.families.ggml import decode as fdg
         return fdg.decode_traffic(self.type_name, batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)
 
     # ------------------------------------------------------------------ checks

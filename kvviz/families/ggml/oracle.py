@@ -34,7 +34,16 @@ from __future__ import annotations
 import gguf
 import numpy as np
 
-from kvviz.families.ggml.format import BLOCK, IQ4_NL_VALUES, TINY, TYPES, GgmlType, records_to_rows, rows_to_records  # noqa: F401
+from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
+from kvviz.families.ggml.format import (  # noqa: F401
+    BLOCK,
+    IQ4_NL_VALUES,
+    TINY,
+    TYPES,
+    GgmlType,
+    records_to_rows,
+    rows_to_records,
+)
 
 GROUP_MAX_EPS = np.float32(1e-15)
 NTRY = 7
@@ -180,8 +189,6 @@ def quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
 def reference_attention(method, batch, key, value, q, scale, qkv=None):
     """REFERENCE of the block-type methods: gguf's codes, gguf's dequantisation, the f32 decode's attention
     in float64 (tolerance of kvviz/attention/paged_oracle.py for dequantise + f32 decode methods)."""
-    from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
-
     t = method.fmt
     D = key.shape[-1]
     fk, fv = per_token_caches(batch, key, value, lambda x: dequantize(quantize(x, t), D, t))

@@ -9,12 +9,16 @@ Shaders: int4/write.wgsl, int4/dequant.wgsl. Oracle: kvviz/families/int4/oracle.
 """
 from __future__ import annotations
 
-from kvviz.errors import UnsupportedShape
+import numpy as np
+
 from kvviz.attention import records as qk
-from kvviz.families.int4 import kernels as int4_kernels
+from kvviz.attention.split_decode import int4_format
+from kvviz.errors import UnsupportedShape
+from kvviz.families.int4 import format as asym, kernels as int4_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, OptionSpec, register
 from kvviz.methods.records import PerTokenRecordMethod
-from kvviz.families.int4 import format as asym
+from kvviz.metrics import scaled_codes
+
 GROUP_SIZES = (32, 64, 128)
 
 
@@ -74,8 +78,6 @@ class Int4Group(PerTokenRecordMethod):
         return int4_kernels.int4_dispatches(rt, g, key, value, sm, qc.k, qc.v, qc.block_size, variant=variant)
 
     def fast_cache_format(self, head_size):
-        from kvviz.attention.split_decode import int4_format
-
         return int4_format(self.group_for(head_size))
 
     def writer_spec(self, head_size: int | None = None):
@@ -108,10 +110,6 @@ class Int4Group(PerTokenRecordMethod):
 
     def unrounded_codes(self, qkv, which, x):
         """(x - min) / scale per group: 0..15 by construction (min-max asymmetric), so saturation is 0."""
-        import numpy as np
-
-        from kvviz.metrics import scaled_codes
-
         z = qkv.extra["k_zeros" if which == "K" else "v_zeros"]
         s = qkv.k_scales if which == "K" else qkv.v_scales
         zz = np.repeat(np.asarray(z, np.float32), np.asarray(x).shape[-1] // np.asarray(z).shape[-1], axis=-1)

@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
 from kvviz.families.int4.format import (  # noqa: F401 - the record format
-    MIN_RANGE, pack_codes, pack_records, unpack_codes, unpack_records,
+    MIN_RANGE,
+    pack_codes,
+    pack_records,
+    unpack_codes,
+    unpack_records,
 )
 
 
@@ -92,8 +97,6 @@ def dequantize_groups(codes, scales, zeros, group: int) -> np.ndarray:
 def method_attention(method, batch, key, value, q, scale, qkv=None):
     """End-to-end reference of int4_group at the group it uses for this head size (`Int4Group.group_for`):
     the oracle's dequantised caches through the f32 paged decode's arithmetic (kvviz/attention/paged_oracle.py)."""
-    from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
-
     G = method.group_for(np.asarray(key).shape[2])
     fk, fv = per_token_caches(batch, key, value, lambda x: dequantize_groups(*quantize_groups(x, G), G))
     return through_f32_decode(batch, q, scale, fk, fv)

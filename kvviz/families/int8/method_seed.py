@@ -3,9 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention.paged import check_head_size
-from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.attention import arith, writers as fw
 from kvviz.attention.int8_records import unpack_records as unpack_int8_words
+from kvviz.attention.paged import check_head_size
+from kvviz.attention.split_decode import INT8, fast_decode_rows
+from kvviz.attention.traffic import decode_bytes, writer_bytes
+from kvviz.families.int8 import kernels as int8_kernels
+from kvviz.gpu.timed import TimedKernel
+from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, QuantizedKV, TokenRecord, register
+from kvviz.methods.live_cache import MethodPagedCache
+from kvviz.metrics import scaled_codes
 from kvviz.paging import PAD_SLOT
 
 
@@ -62,8 +69,6 @@ class Int8PerTokenSeed(KVMethod):
 
     def unrounded_codes(self, qkv, which, x):
         """x / scale (scale = amax/127 per token: saturation 0 by construction)."""
-        from kvviz.metrics import scaled_codes
-
         return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
 
     def dequantised_rows(self, ctx, qkv, batch, which):
@@ -103,7 +108,6 @@ class Int8PerTokenSeed(KVMethod):
         """The seed int8 writer + native paged decode, token by token (kvviz/methods/live_cache.py)."""
         if not self.has_live_cache:
             return None
-        from kvviz.methods.live_cache import MethodPagedCache
 
         return MethodPagedCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self, fmt="q8",
                                 label="int8 per token (seed GLSL), native paged decode",
@@ -115,8 +119,6 @@ class Int8PerTokenSeed(KVMethod):
         return QuantizedKV(self, cache.head_size, cache.num_kv_heads, e, e, e, e, (-127, 127), device={"cache": cache})
 
     def fast_cache_format(self, head_size):
-        from kvviz.attention.split_decode import INT8
-
         return INT8  # the fast decode reads the seed writer's cache as is: a drop-in for paged_attn_q8
 
     def record_scales(self, records: np.ndarray) -> np.ndarray:
@@ -124,8 +126,6 @@ class Int8PerTokenSeed(KVMethod):
         return unpack_int8_words(records)[1]
 
     def timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
-        from kvviz.attention.split_decode import fast_decode_rows
-
         if qkv is not None:  # the writer quantize ran, over its cache
             cache, w = qkv.device["cache"], qkv.device["writer"]
         else:
@@ -133,11 +133,7 @@ class Int8PerTokenSeed(KVMethod):
             w = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
             ctx.paged.rt.run(w)
         d, _ = ctx.paged.decode_dispatches(cache, q, batch, scale)
-        from kvviz.attention.traffic import decode_bytes, writer_bytes
 
-        from kvviz.gpu.timed import TimedKernel
-
-        from kvviz.attention import arith
         kvh, D, H = cache.num_kv_heads, cache.head_size, np.asarray(q).shape[1]
         out = [
             TimedKernel("reshape_and_cache_q8", w, writer_bytes(cache, batch, key), "writer", "seed",
@@ -150,16 +146,10 @@ class Int8PerTokenSeed(KVMethod):
     def fast_writer_rows(self, ctx, cache, batch, key, value) -> list:
         """The fast writer of the seed layout (kvviz/attention/writers.py int8_dispatches(seed=True): the seed
         writer's bytes) as a timed row, into a cache of its own; [] where that cache exceeds one binding."""
-        from kvviz.attention import writers as fw
-        from kvviz.families.int8 import kernels as int8_kernels
-        from kvviz.gpu.timed import TimedKernel
-        from kvviz.attention.traffic import writer_bytes
-
         if not batch.num_tokens or cache.nbytes > ctx.rt.max_binding:
             return []
         fc = ctx.paged.allocate("q8", cache.num_blocks, cache.num_kv_heads, cache.block_size, cache.head_size)
         d = int8_kernels.int8_dispatches(ctx.rt, key, value, batch.slot_mapping, fc.k, fc.v, cache.block_size, seed=True)
-        from kvviz.attention import arith
         flops = arith.writer_flops(batch, cache.num_kv_heads, cache.head_size, arith.WRITER_PER_ELEMENT["int8"])
         return [TimedKernel("reshape_and_cache_q8 (fast, seed layout)", d, writer_bytes(cache, batch, key), "writer", "fast",
                             flops)]

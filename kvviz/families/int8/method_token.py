@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import records as qk
+from kvviz.attention import int8_records as fmt8, records as qk
+from kvviz.attention.split_decode import INT8
 from kvviz.families.int8 import kernels as int8_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, register
 from kvviz.methods.records import PerTokenRecordMethod
-from kvviz.attention import int8_records as fmt8
+from kvviz.metrics import scaled_codes
+
+
 @register
 class Int8PerToken(PerTokenRecordMethod):
     id = "int8_token"
@@ -35,8 +38,6 @@ class Int8PerToken(PerTokenRecordMethod):
         return int8_kernels.int8_dispatches(rt, key, value, sm, qc.k, qc.v, qc.block_size, variant=variant)
 
     def fast_cache_format(self, head_size):
-        from kvviz.attention.split_decode import INT8
-
         return INT8  # the seed int8 record layout: 4 codes a word, then the f32 scale
 
     def unpack(self, records, head_size):
@@ -71,8 +72,6 @@ class Int8PerToken(PerTokenRecordMethod):
     def unrounded_codes(self, qkv, which, x):
         """x / scale: with scale = amax/127 per token nothing lies beyond 127 (saturation 0) unless the
         scale floor applies."""
-        from kvviz.metrics import scaled_codes
-
         return scaled_codes(x, qkv.k_scales if which == "K" else qkv.v_scales)
 
     def layouts(self, head_size, block_size):

@@ -23,16 +23,17 @@ import logging
 
 import numpy as np
 
-from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.gpu.runtime import Dispatch
-from kvviz.attention import records as qk
-from kvviz.families.kivi import kernels as kivi_kernels
-from kvviz.gpu.timed import TimedKernel
+from kvviz.attention import arith, records as qk, writers as fw
 from kvviz.attention.traffic import decode_bytes
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.families.int4.format import unpack_codes
+from kvviz.families.kivi import decode as fdk, format as layout, kernels as kivi_kernels
+from kvviz.families.kivi.live_cache import KiviLiveCache
+from kvviz.gpu.runtime import Dispatch
+from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.methods.records import DequantisedAttention
-from kvviz.families.kivi import format as layout
-from kvviz.families.int4.format import unpack_codes
+from kvviz.metrics import Statistic, code_stats, levels_used
 from kvviz.paging import PAD_SLOT
 
 log = logging.getLogger("kvviz.families.kivi.method")
@@ -118,7 +119,6 @@ class Kivi(DequantisedAttention, KVMethod):
     def _fast_plan(self, ctx, qc, batch, qp, scale):
         """The fast KIVI decode's plan over the cache `qc` (qp: the query padded to its head size), or None
         where it cannot take the shape (fast_decode_kivi.unsupported: head size, GQA group, block size)."""
-        from kvviz.families.kivi import decode as fdk
         H = np.shape(qp)[1] if np.ndim(qp) == 3 else 0
         kvh = qc.num_kv_heads
         if not H or H % kvh or fdk.unsupported(self.bits, qc.head_size, H // kvh, batch.block_size):
@@ -128,7 +128,6 @@ class Kivi(DequantisedAttention, KVMethod):
 
     def _fast_rows(self, ctx, qc, batch, q, scale):
         """The fast KIVI decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
-        from kvviz.families.kivi import decode as fdk
         plan = self._fast_plan(ctx, qc, batch, q, scale)
         if plan is None:
             return []
@@ -151,8 +150,6 @@ class Kivi(DequantisedAttention, KVMethod):
     def live_cache(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
         """Appends token by token: the new token into the f32 residual window, a 32-token key group quantised
         (with its V codes) when it fills, through this method's writers; attends with this method's decode."""
-        from kvviz.families.kivi.live_cache import KiviLiveCache
-
         return KiviLiveCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self)
 
     def _accounting(self, head_size: int, residual_fraction: float, note: str):
@@ -305,7 +302,6 @@ class Kivi(DequantisedAttention, KVMethod):
         """(dispatches, impl) of the writer `impl` ("fast": fast/write_kivi_tok + write_kivi_kgroup, reading
         each key group's rows in place; "first-wave": quant/kivi_write_tok + kivi_write_kgroup, the groups'
         rows gathered on the host) over the buffers _prepare set up. Both write the same words."""
-        from kvviz.attention import writers as fw
         if impl not in ("fast", "first-wave"):
             raise InvalidInput(f"kivi: writer_impl must be 'fast' or 'first-wave', got {impl!r}")
         rt = ctx.rt
@@ -404,8 +400,6 @@ class Kivi(DequantisedAttention, KVMethod):
         group's min..max), zeroed non-zeros, range used, the recent share, the mean range (max - min) of a
         group in the input's units and the mean share of the 2^bits levels one group uses (K: one channel
         over 32 tokens, V: one token's head vector)."""
-        from kvviz.metrics import Statistic, code_stats, levels_used
-
         real = np.asarray(batch.slot_mapping) != PAD_SLOT
         resid = np.asarray(qkv.extra["residual"], bool)
         quant = real & ~resid
@@ -515,7 +509,6 @@ class Kivi(DequantisedAttention, KVMethod):
         other = "first-wave" if impl == "fast" else "fast"
         names = {"first-wave": "kivi writer (tokens + key groups)", "fast": "kivi writer (tokens + key groups, fast)"}
         writers = {impl: wd, other: self._writer(ctx, qc, other)[0]}
-        from kvviz.attention import arith
         w_flops = arith.writer_flops(batch, kvh, D, arith.WRITER_PER_ELEMENT["kivi"])
         return [TimedKernel(names[i], writers[i], int(w_bytes), "writer", i, w_flops) for i in ("first-wave", "fast")] + [
             TimedKernel("kivi dequantise", dd, int(d_bytes), "dequantise", "first-wave",

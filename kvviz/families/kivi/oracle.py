@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.attention.paged_oracle import through_f32_decode
 from kvviz.families.int4.format import pack_codes
-from kvviz.families.kivi.format import GROUP, Plan, k_stride, kw, n_quantised, plan, ws  # noqa: F401 - the layout
 from kvviz.families.int4.oracle import asym_codes, asym_dequant, asym_params, tmax, tmin
+from kvviz.families.kivi.format import GROUP, Plan, k_stride, kw, n_quantised, plan, ws  # noqa: F401 - the layout
+
 
 def quantize_seq(k: np.ndarray, v: np.ndarray, bits: int, n_q: int) -> dict:
     """Dense sequence k, v [L, kvh, D] -> codes / scales / zeros of positions < n_q and residual rows."""
@@ -140,8 +142,6 @@ def pad_head(key: np.ndarray, value: np.ndarray, q: np.ndarray | None = None):
 def method_attention(method, batch, key, value, q, scale, qkv=None):
     """End-to-end reference of `kivi` at any head size (padded as the method runs it, see pad_head): the
     oracle's dequantised caches through the f32 paged decode's arithmetic; tolerance 2e-5 * max(1, max|V^|)."""
-    from kvviz.attention.paged_oracle import through_f32_decode
-
     D = np.asarray(key).shape[-1]
     k, v, qp = pad_head(np.asarray(key, np.float32), np.asarray(value, np.float32), np.asarray(q, np.float32))
     ref = write_buffers(batch, k, v, method.bits, method.recent)

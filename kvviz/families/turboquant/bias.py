@@ -24,16 +24,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvviz.attention import records as qk
 from kvviz.errors import InvalidInput, KvvizError
-from kvviz.families.turboquant import format as tqf
+from kvviz.families.turboquant import format as tqf, kernels as tqk
+from kvviz.families.turboquant.kernels import TurboQuantKernels, check_general_head_size, check_head_size
+from kvviz.gpu.runtime import GpuRuntime
+from kvviz.paging import make_batch
+
 ESTIMATORS = ("reference", "unbiased", "polar_only")
 DEFAULT_SEED = tqf.DEFAULT_SEED  # the rotation's seed when the caller has no TurboQuant method to take it from
 
 
 def unsupported_reason(head_size: int, bits: int = 2, outlier_share: float = 0.0) -> str:
     """'' when the TurboQuant compressor takes this head size (at this setting), else why not (its error and hint)."""
-    from kvviz.families.turboquant.kernels import check_general_head_size, check_head_size
-
     try:
         if tqf.TQSettings(int(head_size), bits, 2, outlier_share).is_seed:
             check_head_size(int(head_size))
@@ -77,8 +80,6 @@ def _fit(t: np.ndarray, e: np.ndarray) -> tuple[float, float]:
 
 def _runtime(rt):
     if rt is None:
-        from kvviz.gpu.runtime import GpuRuntime
-
         rt = GpuRuntime()
     return rt
 
@@ -87,7 +88,6 @@ def _compress_keys(K: np.ndarray, p: tqf.TQParams, rt=None):
     """Packed (key, value) cache words for K [n, d] (one KV head) from the GPU compressor."""
     n, d = K.shape
     rt = _runtime(rt)
-    from kvviz.families.turboquant.kernels import TurboQuantKernels
 
     kern = TurboQuantKernels(rt)
     cache = kern.allocate(1, d, n, p.seed, p.layer)
@@ -97,10 +97,6 @@ def _compress_keys(K: np.ndarray, p: tqf.TQParams, rt=None):
 
 def _general_estimates(q: np.ndarray, K: np.ndarray, st: tqf.TQSettings, rt=None) -> dict:
     """Estimator name -> [m*n] estimates of q [m, d] . K [n, d] through the general compressor (GPU)."""
-    from kvviz.attention import records as qk
-    from kvviz.families.turboquant import kernels as tqk
-    from kvviz.paging import make_batch
-
     rt = _runtime(rt)
     n, d = K.shape
     batch = make_batch([n], 16)
@@ -133,8 +129,6 @@ def inner_product_bias(q, K, seed: int = tqf.DEFAULT_SEED, layer: int = 0, rt=No
     d = K.shape[1]
     st = tqf.TQSettings(d, int(bits), 2, float(outlier_share), seed, layer)
     if not st.is_seed:
-        from kvviz.families.turboquant.kernels import check_general_head_size
-
         check_general_head_size(d)
         true = (q.astype(np.float64) @ K.astype(np.float64).T).ravel()
         scales = {name: tqf.qjl_scale_value(name, ins.P) for name in ("reference", "unbiased")
@@ -144,7 +138,6 @@ def inner_product_bias(q, K, seed: int = tqf.DEFAULT_SEED, layer: int = 0, rt=No
             res.slopes[name] = _slope_origin(true, res.est[name])
             res.fits[name] = _fit(true, res.est[name])
         return res
-    from kvviz.families.turboquant.kernels import check_head_size
 
     check_head_size(d)
     p = tqf.TQParams(d, seed, layer)
@@ -186,7 +179,6 @@ def mse_unit_vectors(d: int, n: int, bits: int = 2, rt=None, rng_seed: int = 0,
                            "The paper's distortion at 1/2/3/4 bits is about 0.36/0.117/0.03/0.009.")
     if n <= 0:
         raise InvalidInput("n must be positive")
-    from kvviz.families.turboquant.kernels import TurboQuantKernels, check_general_head_size, check_head_size
 
     rt = _runtime(rt)
     rng = np.random.default_rng(rng_seed)
@@ -194,10 +186,6 @@ def mse_unit_vectors(d: int, n: int, bits: int = 2, rt=None, rng_seed: int = 0,
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
     st = tqf.TQSettings(d, 2, bits, 0.0, seed, layer)
     if not (bits == 2 and d in tqf.SEED_HEAD_SIZES):
-        from kvviz.attention import records as qk
-        from kvviz.families.turboquant import kernels as tqk
-        from kvviz.paging import make_batch
-
         check_general_head_size(d)
         batch = make_batch([n], 16)
         xs = np.ascontiguousarray(x[batch.token_pos][:, None, :])

@@ -49,11 +49,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvviz.attention import split_decode as fd
 from kvviz.errors import InvalidInput, UnsupportedShape, require_f32
-from kvviz.families.turboquant import format as tqf
+from kvviz.families.turboquant import format as tqf, kernels as tqk
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch
-from kvviz.attention import split_decode as fd
+
 LOG2E = fd.LOG2E
 
 SPLIT = KernelSpec(
@@ -267,7 +268,6 @@ class TQFastDecode:
         """Decode of one query per sequence (q [S, H, D] f32) at its last position, attending over positions
         [0, context_lens[s]) of `caches[s]` (TQCache, kvviz.families.turboquant.kernels; None or length 0: no tokens,
         output 0)."""
-        from kvviz.families.turboquant import kernels as tqk
         q = require_f32("q", q, "[num_seqs, num_heads, head_size]", 3)
         S, H, D = q.shape
         lens = [int(x) for x in np.asarray(context_lens).reshape(-1)]
@@ -351,7 +351,6 @@ class TQFastDecode:
         [0, context_lens[s]) (0: no tokens, output 0). params: the rotation's head size, seed and layer; signs: a
         buffer of params.signs_buffer() (uploaded when None). One rotation, ONE split dispatch (grid (partitions,
         KV heads, sequences)) and ONE reduce (grid (H, S)) for the whole batch."""
-        from kvviz.families.turboquant import kernels as tqk
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         kvh = int(num_kv_heads)

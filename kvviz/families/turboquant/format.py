@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 
 import numpy as np
 
@@ -460,7 +461,6 @@ def _lloyd_max(P: int, bits: int, grid: int = 200001, tol: float = 1e-13, max_it
     G = np.concatenate([[0.0], np.cumsum((xf[1:] + xf[:-1]) / 2 * dx)])
     n = 1 << bits
     sigma = 1.0 / math.sqrt(P)
-    from statistics import NormalDist
 
     c = np.array([NormalDist().inv_cdf((i + 0.5) / n) * sigma for i in range(n)])
     for _ in range(max_iter):

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvviz.attention import records as qk
+from kvviz.attention.paged import softmax_dispatch
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.families.turboquant import format as tqf
+from kvviz.gpu import loop_budget
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
-from kvviz.gpu import loop_budget
-from kvviz.attention.paged import softmax_dispatch
 
 MAX_HEAD_SIZE = 128
 F16_MAX = 65504.0
@@ -443,7 +444,6 @@ class GeneralTQCache:
 
 
 def general_allocate(rt: GpuRuntime, st: tqf.TQSettings, batch, kvh: int, chans_k, chans_v) -> GeneralTQCache:
-    from kvviz.attention import records as qk
     d = st.head_size
     check_general_head_size(d)
     qc = qk.alloc_cache(rt, "turboquant", batch, kvh, d, batch.block_size * st.wpt("K"), batch.block_size * st.wpt("V"))
@@ -496,7 +496,6 @@ def general_compress_dispatches(rt: GpuRuntime, gc: GeneralTQCache, key: np.ndar
 
 def general_dequant_dispatches(ctx, gc: GeneralTQCache, f32c, batch, qjl_scale: str = "reference") -> list[Dispatch]:
     """Dequantise the batch's used blocks into the f32 paged cache (keys with the QJL term at `qjl_scale`)."""
-    from kvviz.attention import records as qk
     st = gc.settings
     small = max(i.P for w in ("K", "V") for i in st.instances(w)) <= 64
     kern = ctx.rt.compile(GENERAL_DEQUANT64 if small else GENERAL_DEQUANT)

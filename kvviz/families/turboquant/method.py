@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
-from kvviz.families.turboquant import kernels as tqk
-from kvviz.gpu.timed import TimedKernel
+from kvviz.attention import arith, records as qk
 from kvviz.attention.traffic import decode_bytes
+from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
+from kvviz.families.turboquant import decode as fdq, format as tqf, kernels as tqk, writer as fwt
+from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
-from kvviz.families.turboquant import format as tqf
+from kvviz.metrics import index_stats
+from kvviz.paging import PAD_SLOT
+
 F16_MIN_NORMAL = 2.0**-14  # 6.1e-5
 F16_MIN_SUBNORMAL = 2.0**-24  # 6.0e-8; a norm at or below half of it is stored as f16 0
 
@@ -215,7 +218,6 @@ class TurboQuantMethod(KVMethod):
         """The seed configuration's paged writer: tq_general_compress at bits 2 / v_bits 2 (no outliers: identity
         channel tables) through the batch's slot mapping. Returns (GeneralTQCache, writer dispatches, rows of each
         sequence); every sequence's rows must be its positions 0..L-1 (the decode reads them all)."""
-        from kvviz.attention import records as qk
         key, value, T, kvh, d = self._check_kv(batch, key, value)
         sm = qk.check_batch(batch, T)
         rows_of = [self._seq_rows(batch, s) for s in range(batch.num_seqs)]
@@ -235,7 +237,6 @@ class TurboQuantMethod(KVMethod):
         """(dispatches, impl) of the seed configuration's paged writer into gc: the fast writer
         (kvviz/families/turboquant/writer.py, impl "fast") where the adapter has subgroups, else (or impl "first-wave")
         tq_general_compress. Both write the same words. Inputs validated by the caller."""
-        from kvviz.families.turboquant import writer as fwt
         key, value = np.ascontiguousarray(key), np.ascontiguousarray(value)
         if impl != "first-wave":
             wd = fwt.dispatches(ctx.rt, gc.settings, key, value, sm, gc.qc.k, gc.qc.v, gc.qc.block_size, checked=True)
@@ -246,7 +247,6 @@ class TurboQuantMethod(KVMethod):
     def quantize(self, ctx, batch, key, value):
         if not self.uses_seed(np.asarray(key).shape[-1]):
             return self._general_quantize(ctx, batch, key, value)
-        from kvviz.attention import records as qk
         gc, wd, rows_of, writer_impl = self._seed_paged(ctx, batch, key, value)
         ctx.rt.run(wd)
         T, kvh, d = np.asarray(key).shape
@@ -295,9 +295,6 @@ class TurboQuantMethod(KVMethod):
         centroids used, the least and most used centroid's share and the index entropy; no saturation (every
         rotated coordinate has a nearest centroid). With the outlier split the instances' indices are
         counted on the widest instance's centroid set."""
-        from kvviz.metrics import index_stats
-        from kvviz.paging import PAD_SLOT
-
         real = np.asarray(batch.slot_mapping) != PAD_SLOT
         n = int(qkv.code_range[1]) + 1
         return tuple(index_stats(c, n, real) for c in (qkv.k_codes, qkv.v_codes))
@@ -360,7 +357,6 @@ class TurboQuantMethod(KVMethod):
         """The paged fast split-K decode over the seed configuration's records (kvviz/families/turboquant/decode.py
         plan_paged: one split + one reduce for the batch), or None where it cannot take the shape (the seed kernel
         then serves)."""
-        from kvviz.families.turboquant import decode as fdq
         H, D = np.asarray(q).shape[1:]
         lens = [int(L) for L in batch.context_lens]
         if "paged" not in qkv.device or not any(lens) or fdq.unsupported(D, H // qkv.num_kv_heads):
@@ -467,7 +463,6 @@ class TurboQuantMethod(KVMethod):
 
     def _paged_inspect_block(self, ctx, qkv, batch, block, kv_head, which):
         """The records of one physical block of the paged cache, as they sit in GPU memory now."""
-        from kvviz.attention import records as qk
         self._check_inspect(qkv, batch, block, kv_head, which)
         gc = qkv.device["paged"]
         st = gc.settings
@@ -511,11 +506,8 @@ class TurboQuantMethod(KVMethod):
         attn_b = sum(tqk.attention_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
         sc_b = sum(tqk.scores_bytes(c, 1, H, L) for c, L in zip(caches, lens) if L)
         rot_b = sum(1 for L in lens if L) * H * d * 4 * 4
-        from kvviz.attention import arith
         lg = int(np.log2(d)) if d > 0 else 0
         tokens = int(sum(lens))
-        from kvviz.families.turboquant import decode as fdq
-        from kvviz.paging import PAD_SLOT
 
         real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
         wk, wv = fdq.paged_words(d)
@@ -537,7 +529,6 @@ class TurboQuantMethod(KVMethod):
     def _paged_writer_rows(self, ctx, qkv, batch, key, value, nbytes, flops):
         """The paged records' writers: tq_general_compress (first-wave) and, where the adapter has subgroups, the
         fast writer (kvviz/families/turboquant/writer.py), each into a cache of its own; the method's is marked."""
-        from kvviz.attention import records as qk
         own = qkv.device.get("writer_impl", "first-wave")
         names = {"first-wave": "tq_general_compress (paged records)", "fast": "fast_write_tq (keys + values)"}
         rows = {own: (qkv.device["writer"])}
@@ -556,7 +547,6 @@ class TurboQuantMethod(KVMethod):
 
     def _fast_rows(self, ctx, qkv, batch, q, scale):
         """The paged fast split-K decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""
-        from kvviz.families.turboquant import decode as fdq
         plan = self.fast_plan(ctx, qkv, batch, q, scale)
         if plan is None:
             return []
@@ -613,9 +603,6 @@ class TurboQuantMethod(KVMethod):
         return out[0], out[1]
 
     def _general_build(self, ctx, batch, key, value):
-        from kvviz.attention import records as qk
-        from kvviz.paging import PAD_SLOT
-
         key = np.asarray(key)
         value = np.asarray(value)
         for name, a in (("key", key), ("value", value)):
@@ -642,9 +629,6 @@ class TurboQuantMethod(KVMethod):
         return key, value, sm, st, gc, f32c, wd, dd
 
     def _general_quantize(self, ctx, batch, key, value):
-        from kvviz.attention import records as qk
-        from kvviz.paging import PAD_SLOT
-
         key, value, sm, st, gc, f32c, wd, dd = self._general_build(ctx, batch, key, value)
         ctx.rt.run(wd + dd)
         T, kvh, d = key.shape
@@ -688,8 +672,6 @@ class TurboQuantMethod(KVMethod):
         return ctx.paged.read(qkv.device["f32"], "k" if which == "K" else "v")
 
     def _general_inspect_block(self, ctx, qkv, batch, block, kv_head, which):
-        from kvviz.attention import records as qk
-
         if which not in ("K", "V"):
             raise InvalidInput(f"which must be 'K' or 'V', got {which!r}")
         gc, st = qkv.device["general"], qkv.extra["settings"]
@@ -716,8 +698,6 @@ class TurboQuantMethod(KVMethod):
         return out
 
     def _general_timed_kernels(self, ctx, batch, key, value, q, scale, qkv=None):
-        from kvviz.paging import PAD_SLOT
-
         if qkv is not None:
             st, f32c, wd, dd = qkv.extra["settings"], qkv.device["f32"], qkv.device["writer"], qkv.device["dequant"]
         else:
@@ -730,7 +710,6 @@ class TurboQuantMethod(KVMethod):
         nblk = sum(len(b) for b in batch.seq_blocks)
         d_bytes = nblk * kvh * batch.block_size * (words + 2 * d) * 4
         dec, _ = ctx.paged.decode_dispatches(f32c, q, batch, scale)
-        from kvviz.attention import arith
         lg = int(np.ceil(np.log2(max(d, 1))))
         return [
             # compress: a padded Walsh-Hadamard rotation (d log2 d adds), norm and codebook search (~4 d) per vector;

@@ -37,13 +37,45 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvviz.attention.paged_oracle import scatter_rows, through_f32_decode
 from kvviz.families.turboquant.format import (  # noqa: F401 - the format, re-exported for the tests
-    DEFAULT_SEED, EPS, GOLDEN, LANES, MASK64, QJL_SCALES, DecodedCache, SplitMix64, TQParams, Xoshiro256StarStar,
-    decode_cache, dequantize_polar, estimate_scores, generate_signs, inv_sqrt_d, jl_seed, key_cache_words,
-    key_regions, layer_signs, lloyd_max_2bit, pack2x16float, pack_1bit, pack_2bit, qjl_scale_value, rht,
-    rht_inverse, rotate_q_parts, signs_buffer, tree_sum_f32, unpack2x16float, unpack_1bit, unpack_2bit,
-    value_cache_words, wht,
+    DEFAULT_SEED,
+    EPS,
+    GOLDEN,
+    LANES,
+    MASK64,
+    QJL_SCALES,
+    DecodedCache,
+    SplitMix64,
+    TQParams,
+    Xoshiro256StarStar,
+    decode_cache,
+    dequantize_polar,
+    estimate_scores,
+    generate_signs,
+    inv_sqrt_d,
+    jl_seed,
+    key_cache_words,
+    key_regions,
+    layer_signs,
+    lloyd_max_2bit,
+    pack2x16float,
+    pack_1bit,
+    pack_2bit,
+    qjl_scale_value,
+    rht,
+    rht_inverse,
+    rotate_q_parts,
+    seed_words,
+    signs_buffer,
+    tree_sum_f32,
+    unpack2x16float,
+    unpack_1bit,
+    unpack_2bit,
+    value_cache_words,
+    wht,
 )
+from kvviz.paging import PAD_SLOT
 
 
 # ------------------------------------------------------------------------------------ encoders
@@ -319,8 +351,6 @@ def paged_sequence_words(k_cache: np.ndarray, v_cache: np.ndarray, batch, seq: i
     """Sequence `seq`'s words of a PAGED seed-configuration cache (k_cache [num_blocks, kvh, block_size, WK],
     v_cache [.., WV] u32, the records gathered through its block table) in the per-sequence seed layout of
     max(L, 1) positions: what attention_oracle reads."""
-    from kvviz.families.turboquant.format import seed_words
-
     L = int(batch.context_lens[seq])
     t = np.arange(L)
     blocks = np.asarray(batch.block_tables[seq], np.int64)[t // batch.block_size]
@@ -368,8 +398,15 @@ def exact_attention(q, keys, values, start_pos: int, max_seq: int, scale: float)
 # The compressor and dequantiser of the paper's settings (kvviz/families/turboquant/format.py "general settings";
 # shaders turboquant/tq_general_{compress,dequant}.wgsl), float32 in the kernels' order.
 from kvviz.families.turboquant.format import (  # noqa: E402,F401
-    TQSettings, choose_channels, dequantize_general, pack_bits, qjl_scale_general, rotation_size, tree_sum_lanes,
-    unpack_bits, unpack_general,
+    TQSettings,
+    choose_channels,
+    dequantize_general,
+    pack_bits,
+    qjl_scale_general,
+    rotation_size,
+    tree_sum_lanes,
+    unpack_bits,
+    unpack_general,
 )
 
 
@@ -436,8 +473,6 @@ def compress_general(x: np.ndarray, chans: np.ndarray, st: TQSettings, which: st
 def general_caches(method, batch, key, value):
     """(settings, channel tables (K, V), K records, V records, dequantised K, V [rows, kvh, d] f32) of a
     general-settings TurboQuant method on a batch: what its kernels must produce (real rows only)."""
-    from kvviz.paging import PAD_SLOT
-
     key = np.asarray(key, np.float32)
     value = np.asarray(value, np.float32)
     st = method.settings(key.shape[2])
@@ -456,8 +491,6 @@ def general_caches(method, batch, key, value):
 def general_attention(method, batch, key, value, q, scale, qkv=None):
     """End-to-end reference of the general settings: the oracle's dequantised caches (keys carrying the
     QJL estimate) through the f32 paged decode's arithmetic; tolerance 2e-5 * max(1, max|V^|)."""
-    from kvviz.attention.paged_oracle import scatter_rows, through_f32_decode
-
     _, _, _, _, fk, fv = general_caches(method, batch, key, value)
     return through_f32_decode(batch, q, scale, scatter_rows(batch, fk.astype(np.float64)),
                                scatter_rows(batch, fv.astype(np.float64)))

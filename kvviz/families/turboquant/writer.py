@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvviz.attention import writers as fw
+from kvviz.attention.split_decode import FastDecode
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.families.turboquant import format as tqf
+from kvviz.families.turboquant.kernels import check_head_size
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
-from kvviz.attention import writers as fw
+from kvviz.paging import PAD_SLOT
+
 WRITE_TQ = KernelSpec("turboquant/write_fast.wgsl", bindings=ro("key_in", "val_in", "slots", "signs") + rw("k_cache", "v_cache"),
                       immediates=Struct("P", "kvh bs rows gx zero inv_sqrt_d:f32"))
 KERNELS = (WRITE_TQ,)
@@ -163,8 +167,6 @@ def render_defines(d: int, L: int, st: tqf.TQSettings) -> dict:
 def subgroup_size(rt: GpuRuntime) -> int:
     """The adapter's measured subgroup size (FastDecode's probe, shared and cached on the runtime); 1 without
     the subgroup feature."""
-    from kvviz.attention.split_decode import FastDecode
-
     return FastDecode(rt).subgroup_size
 
 
@@ -181,8 +183,6 @@ def lanes_for(rt: GpuRuntime, d: int, lanes: int | None = None) -> int:
 
 def check_inputs(key, value, slots, d_expected: int | None = None):
     """key / value float32 [tokens, kv_heads, head_size] (32 / 64 / 128), finite, norms within f16; slots one a row."""
-    from kvviz.families.turboquant.kernels import check_head_size
-
     key, value = np.asarray(key), np.asarray(value)
     for name, a in (("key", key), ("value", value)):
         if a.dtype != np.float32 or a.ndim != 3:
@@ -241,8 +241,6 @@ def dispatches(rt: GpuRuntime, st: tqf.TQSettings, key, value, slots, k_buf, v_b
 
 def writer_bytes(batch, kvh: int, d: int) -> int:
     """Unique bytes: f32 K and V of the real rows in, the slot mapping, K and V records out."""
-    from kvviz.paging import PAD_SLOT
-
     real = int(np.count_nonzero(np.asarray(batch.slot_mapping) != PAD_SLOT))
     wk, wv = d // 16 + d // 32 + 1, d // 16 + 1
     return 2 * real * kvh * d * 4 + int(batch.num_tokens) * 4 + real * kvh * (wk + wv) * 4

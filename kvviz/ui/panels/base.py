@@ -5,6 +5,7 @@ them: PNG at 2x device pixel ratio, SVG through QSvgGenerator, CSV of exactly th
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
@@ -208,7 +209,13 @@ class Panel(QWidget):
         with a plot in the panel also its tables (their numbers are the CSV)."""
         import pyqtgraph as pg
         from PySide6.QtWidgets import (
-            QAbstractButton, QAbstractItemView, QAbstractSpinBox, QComboBox, QLineEdit, QPlainTextEdit, QSlider,
+            QAbstractButton,
+            QAbstractItemView,
+            QAbstractSpinBox,
+            QComboBox,
+            QLineEdit,
+            QPlainTextEdit,
+            QSlider,
             QTabBar,
         )
 
@@ -225,8 +232,6 @@ class Panel(QWidget):
 
     def figure_mode(self):
         """Context manager: the panel as a figure, its controls hidden while it is painted."""
-        import contextlib
-
         from PySide6.QtWidgets import QApplication
 
         @contextlib.contextmanager

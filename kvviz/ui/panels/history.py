@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView, QComboBox, QHBoxLayout, QLabel, QPushButton, QSplitter, QTableWidget, QTableWidgetItem,
-    QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
 )
 
-from kvviz.history.db import HistoryDB, HistoryError
+from kvviz.history.db import HistoryDB, HistoryError, shape_label
 from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, diff, side_of_run
 from kvviz.tables import Table
 from kvviz.ui.style import kernel_color
+from kvviz.ui.widgets.ticks import log_ticks
 
 log = logging.getLogger("kvviz.ui.history")
 
@@ -249,8 +259,6 @@ class HistoryView(QWidget):
 
     def _draw_series(self) -> None:
         """The selected run's kernels over every run of the same shape: median with p10-p90 bars."""
-        from kvviz.ui.widgets.ticks import log_ticks
-
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()
@@ -262,9 +270,6 @@ class HistoryView(QWidget):
         if run is FAILED:
             return
         values, xs_all = [], set()
-        from collections import Counter
-
-        from kvviz.history.db import shape_label
 
         # one curve per (kernel, variant, shape): a kernel timed on several shapes gets a curve per shape,
         # never one line through all of them, and its legend entry names the shape

@@ -26,14 +26,35 @@ import pyqtgraph as pg
 from PySide6.QtCore import QFileSystemWatcher, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
-    QAbstractItemView, QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QListWidget, QPlainTextEdit,
-    QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget, QTextEdit, QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
 )
 
+from kvviz.bench import BenchShape, make_inputs
+from kvviz.bench.roofline import ceilings_from_results, measure_fma_gflops, points_from_results
+from kvviz.gpu.shaders import FRONTEND_GLSLANG
+from kvviz.lab.check import lab_run, source_info
 from kvviz.lab.slots import render_text, slots
 from kvviz.tables import Table
 from kvviz.ui.panels.base import Panel
+from kvviz.ui.tasks import TASKS, TaskKind, register
 from kvviz.ui.widgets.labels import ElidedLabel
+from kvviz.ui.widgets.panel_scroll import PanelScroll
+from kvviz.ui.widgets.roofline import RooflineWidget
 
 HANG_S = 60.0
 LAB_SHAPE = None  # kvviz.bench.BenchShape used before the window has results (set on first use)
@@ -172,8 +193,6 @@ class LabPanel(Panel):
     def show_builtin(self) -> None:
         """The slot's built-in kernel in the source view (no file open): its source, the driver's code, the facts
         that need no run (the grid comes with a run)."""
-        from kvviz.lab.check import source_info
-
         try:
             info = source_info(slots()[self.slot_id], None, [])
         except Exception as exc:  # noqa: BLE001 - a shader the view cannot render: said, the window stays up
@@ -384,14 +403,11 @@ def lab_inputs(results):
     """The shape the lab runs on: the window's current workload (any shape it has computed), else a small one."""
     if results is not None:
         return results.batch, results.key, results.value, results.q
-    from kvviz.bench import BenchShape, make_inputs
 
     return make_inputs(BenchShape("lab", (37, 100, 129), 8, 2, 128, 16, "scattered"))
 
 
 def _register_tasks() -> None:
-    from kvviz.ui.tasks import TASKS, TaskKind, register
-
     if "lab" in TASKS:
         return
 
@@ -411,8 +427,6 @@ def _register_tasks() -> None:
 
 
 def _update_roofline(win) -> None:
-    from kvviz.bench.roofline import ceilings_from_results, points_from_results
-
     res = win.results
     if res is None:
         return
@@ -425,15 +439,12 @@ def install(win) -> LabPanel:
     """Dock the Kernel lab into a MainWindow and add the Roofline tab to its GPU timing panel."""
     from PySide6.QtWidgets import QDockWidget
 
-    from kvviz.ui.widgets.roofline import RooflineWidget
-
     _register_tasks()
     panel = LabPanel(win.state)
     win.lab = panel
     d = QDockWidget(panel.title, win)
     d.setObjectName(f"dock_{panel.key}")
     try:  # a squeezed dock scrolls its panel, like every dock of the window
-        from kvviz.ui.widgets.panel_scroll import PanelScroll
 
         d.setWidget(PanelScroll(panel))
     except ImportError:
@@ -449,9 +460,6 @@ def install(win) -> LabPanel:
             a.menu().addAction(d.toggleViewAction())
 
     def run(slot_id: str, path: str) -> None:
-        from kvviz.gpu.shaders import FRONTEND_GLSLANG
-        from kvviz.lab.check import lab_run
-
         session = win.session
         res = win.results
         fe = getattr(getattr(win, "workload", None), "frontend", None)
@@ -466,8 +474,6 @@ def install(win) -> LabPanel:
     win._roofline_fma = None
 
     def measure() -> None:
-        from kvviz.bench.roofline import measure_fma_gflops
-
         session = win.session
         win.runner.submit("roofline", lambda p, c: measure_fma_gflops(session.rt), "measure the FMA ceiling")
 

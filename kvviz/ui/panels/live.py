@@ -25,13 +25,32 @@ import pyqtgraph as pg
 from PySide6.QtCore import QMetaMethod, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView, QComboBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QMenu, QPlainTextEdit, QPushButton,
-    QSizePolicy, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem, QTabWidget, QTextBrowser, QToolButton,
-    QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
 )
 
 from kvviz.live.config import DEFAULT_PROMPT, LiveConfig
 from kvviz.live.run import CacheViewState, LiveRun, describe_model
+from kvviz.methods.live_cache import cache_kind
+from kvviz.paging import POLICIES
+from kvviz.tables import clean
 from kvviz.ui.panels.base import Panel, fit_current_text, keep_whole
 from kvviz.ui.panels.workload import GGUF_FILTER, MODEL_PLACEHOLDER, method_choices
 from kvviz.ui.style import REF_COLOR, fit_title
@@ -130,8 +149,6 @@ class LivePanel(Panel):
 
     def _build_controls(self) -> QVBoxLayout:
         """Model, method, new tokens, block size, allocation, start / stop, the method's options, the prompt."""
-        from kvviz.paging import POLICIES
-
         controls = QVBoxLayout()
         controls.setContentsMargins(0, 0, 0, 0)
         controls.setSpacing(3)
@@ -286,8 +303,6 @@ class LivePanel(Panel):
 
     # ------------------------------------------------------------- controls
     def _method_changed(self, *args) -> None:
-        from kvviz.methods.live_cache import cache_kind
-
         key = self.method.currentData()
         self.options.build(key)
         try:
@@ -543,7 +558,6 @@ class LivePanel(Panel):
     def export_json(self, path: str) -> str:
         if not self.steps:
             raise ValueError(f"{self.title}: nothing to export yet")
-        from kvviz.tables import clean
 
         with open(path, "w") as fh:
             json.dump(clean(self.to_json()), fh, indent=1, allow_nan=False)  # strict JSON: NaN -> null

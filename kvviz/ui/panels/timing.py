@@ -13,16 +13,27 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView, QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSplitter, QTableWidget,
-    QTableWidgetItem, QTabWidget, QVBoxLayout, QWidget,
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
 )
 
-from kvviz.ui.widgets.ticks import bandwidth_ticks, log_ticks
+from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, compare_samples
 from kvviz.tables import history_entry, history_table, sweep_table, timing_key, timings_table
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.history import HistoryView
-from kvviz.ui.widgets.timeline import TimelineWidget
 from kvviz.ui.style import WARN_BG, WARN_FG, fit_title, kernel_color
+from kvviz.ui.widgets.ticks import bandwidth_ticks, log_ticks
+from kvviz.ui.widgets.timeline import TimelineWidget
 
 SOFTWARE_FLAG = "lavapipe: CPU timings, not GPU"
 
@@ -202,8 +213,6 @@ class TimingPanel(Panel):
 
     def _verdict_cell(self, it, i: int) -> None:
         """Colour a "vs pin" cell by the samples' verdict against the pinned run (not by a fixed %)."""
-        from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, compare_samples
-
         row = self.res.timings[i]
         ref = self.pinned_samples.get(timing_key(row))
         if not ref:

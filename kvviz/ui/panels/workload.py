@@ -12,8 +12,20 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit,
-    QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
 )
 
 from kvviz.analysis import synthetic
@@ -21,6 +33,7 @@ from kvviz.analysis.session import SOURCES, SessionConfig
 from kvviz.errors import InvalidInput
 from kvviz.gpu.shaders import GLSL_FRONTENDS
 from kvviz.live.run import describe_model
+from kvviz.methods import registry
 from kvviz.paging import POLICIES
 from kvviz.ui.panels.base import fit_current_text
 from kvviz.ui.state import model_label
@@ -41,8 +54,6 @@ def parse_context_lens(text: str) -> tuple:
 
 def method_choices() -> list:
     """[(key, label)] of every registered method, in registry order."""
-    from kvviz.methods import registry
-
     out = []
     for key, cls in registry().items():
         label = getattr(cls, "label", "")

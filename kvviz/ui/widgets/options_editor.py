@@ -10,8 +10,18 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QSpinBox, QWidget,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QWidget,
 )
+
+from kvviz.methods import option_schema
 
 INT_RANGE = (-2**31, 2**31 - 1)  # QSpinBox holds a C int
 FLOAT_RANGE = (-1e12, 1e12)
@@ -19,8 +29,6 @@ FLOAT_RANGE = (-1e12, 1e12)
 
 def option_specs(method_id: str | None) -> tuple:
     """The method's OptionSpecs; () for an unknown method (its options cannot be edited)."""
-    from kvviz.methods import option_schema
-
     if not method_id:
         return ()
     try:
