@@ -20,7 +20,8 @@ import os
 import sys
 import tempfile
 
-from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, run_bench, save_json
+from kvviz import bench
+from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, save_json
 from kvviz.bench.roofline import bench_roofline
 from kvviz.bench.sweep import run_sweep, sweep_shapes
 from kvviz.checks import check_out_file, nonneg_int, positive_int
@@ -153,7 +154,7 @@ def _cmd_bench(args) -> int:
         return EXIT_BAD_INPUT
     kernels = _user_kernels(args.kernel or [])
     runs = args.runs or (10 if args.quick else 30)
-    result = run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
+    result = bench.run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
                        methods=methods, kernels=kernels)
     print(format_table(result))
     _record_bench(result)

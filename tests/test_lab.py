@@ -161,7 +161,7 @@ def test_wgsl_errors_map_through_includes(rt, tmp_path):
     include causes (a redefinition) at the included file's line."""
     from kvviz.gpu.shaders import SHADER_DIR
 
-    raw = (SHADER_DIR / "quant" / "int8_write.wgsl").read_text()
+    raw = (SHADER_DIR / "int8" / "write.wgsl").read_text()
     assert raw.count("// #include") == 2
     text = raw.rstrip("\n") + "\nfn oops() { let y = undefined_name; }\n"
     path = tmp_path / "inc.wgsl"
@@ -175,7 +175,7 @@ def test_wgsl_errors_map_through_includes(rt, tmp_path):
     with pytest.raises(KernelCompileError) as ei:
         check.load_user(rt, "int8_token.writer", str(again))
     d = ei.value.diagnostics[0]
-    common = (SHADER_DIR / "quant" / "common.wgsl").read_text().splitlines()
+    common = (SHADER_DIR / "common" / "quant.wgsl").read_text().splitlines()
     assert d.file == "shaders/common/quant.wgsl" and "redefinition" in d.message
     assert common[d.line - 1][d.column - 1:].split()[0].rstrip(":") in d.message
 

@@ -35,7 +35,7 @@ from kvviz.errors import InvalidInput
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.timed import checked, decode_time
 from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
-from kvviz.live.decode import run_live
+from kvviz.live import decode as live_decode
 from kvviz.methods.base import get_method, parse_options, registry
 from kvviz.methods.context import GpuContext
 from kvviz.paging import POLICIES, make_batch
@@ -150,7 +150,7 @@ def run(a) -> int:
         t0 = time.perf_counter()
         log.info("live %s: %d prompt tokens, %d new", spec, len(ids), cfg.n_new)
         try:
-            r = run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model,
+            r = live_decode.run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model,
                          ctx=ctx, method_options=cfg.method_options, include_steps=False)
         except Exception as e:  # report and go on with the next method
             log.info("live %s failed: %s: %s", spec, type(e).__name__, e)  # the table row and the exit status say it
@@ -301,7 +301,7 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
                 row["bits_per_element"] = _bits_per_element(m, cfg_m.head_size, a.block_size, len(ids) + a.n_new - 1)
             else:
                 row["label"], row["bits_per_element"] = "f32 paged cache (the baseline itself)", 32.0
-            r = run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model, ctx=ctx,
+            r = live_decode.run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model, ctx=ctx,
                          method_options=cfg.method_options, include_steps=False, free_run=False)
             tm = decode_timing(ctx, cfg.method, cfg.method_options, cap, layer, a.block_size, scale)
             quant = r.get("blocks", {}).get("quant", {})
