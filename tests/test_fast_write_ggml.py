@@ -279,10 +279,10 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
             assert f"-DNG={ng} " in d[-1].kernel.name and f"STAGE={int(ng >= 4)}" in d[-1].kernel.name
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4)
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
-            # s_t from its own one-invocation pass (write_nvfp4_scale.wgsl) or from every thread: the same words and tensor
+            # s_t from its own one-invocation pass (fp4/nvfp4_scale_fast.wgsl) or from every thread: the same words and tensor
             for g, sp in ((4, True), (None, False), (4, False)):
                 d = check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=g, scale_pass=sp)
-                assert ("write_nvfp4_scale" in d[-2].kernel.name) == sp and f"SCALE_PASS={int(sp)}" in d[-1].kernel.name
+                assert ("nvfp4_scale_fast" in d[-2].kernel.name) == sp and f"SCALE_PASS={int(sp)}" in d[-1].kernel.name
             if variant == "default":   # each lane storing its own words
                 check_nvfp4(rt, batch, k, v, stage=False)
                 check_nvfp4(rt, batch, k, v, stage=False, groups_per_lane=4)
@@ -351,7 +351,7 @@ def test_two_dimensional_grid(ctx):
             d = check_nvfp4(rt, batch, k, v)
         finally:
             fp8_kernels.AMAX_BLOCKS = blocks
-        assert all(x.grid[1] > 1 and max(x.grid) <= 16 for x in d if "write_nvfp4_scale" not in x.kernel.name)
+        assert all(x.grid[1] > 1 and max(x.grid) <= 16 for x in d if "nvfp4_scale_fast" not in x.kernel.name)
     finally:
         rt.limits.clear()
         rt.limits.update(saved)

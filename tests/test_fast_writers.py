@@ -388,7 +388,7 @@ def test_kivi_key_groups_at_other_row_sets(ctx, row_sets, monkeypatch):
     """write_kivi_kgroup.wgsl at 1, 2 and 8 row sets (32, 16, 4 rows a thread; the product takes 4): the oracle's
     words, K and V, head 64 and 128."""
     from kvviz.families.kivi import oracle as okv
-    monkeypatch.setattr(fw, "KGROUP_ROW_SETS", row_sets)
+    monkeypatch.setattr(kivi_kernels, "KGROUP_ROW_SETS", row_sets)
     for D, bits in ((64, 2), (128, 4)):
         assert kivi_kernels.kgroup_defines(ctx.rt, D)["RS"] == row_sets
         batch = make_batch([100, 33], 16, policy="scattered", pad_every=5, seed=row_sets)
