@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
+from kvviz.attention import writers as fw
 from kvviz.attention.records import TOKENS
-from kvviz.attention.writers import WG, check_rows, grid_2d, input_chunks
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
@@ -21,15 +22,15 @@ F16_DEQUANT = KernelSpec("f16/dequant.wgsl", bindings=ro("k_cache", "v_cache", "
 
 def f16_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size: int) -> list[Dispatch]:
     """f16 records [hd/2 words], element 2w in the low half of word w (numpy astype(float16) bits)."""
-    key, value, sm = check_rows(key, value, slots)
+    key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     kern = rt.compile(WRITE_F16)
     out = []
-    for a, b in input_chunks(rt, T, kvh * D * 4):
+    for a, b in fw.input_chunks(rt, T, kvh * D * 4):
         if b <= a:
             continue
         items = (b - a) * kvh * (D // 4)
-        gx, gy, gz = grid_2d(rt, -(-items // WG))
+        gx, gy, gz = fw.grid_2d(rt, -(-items // fw.WG))
         out.append(kern.dispatch((gx, gy, gz), [rt.upload(key[a:b], "key"), rt.upload(value[a:b], "value"),
                                                 rt.upload(sm[a:b].astype(np.uint32), "slots"), k_buf, v_buf],
                                  imm=kern.pack(kvh, D, block_size, items, gx)))

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvviz.attention import records as qk
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
-from kvviz.attention import records as qk
 from kvviz.paging import PAD_SLOT
 
 AMAX = KernelSpec("fp8_vllm/amax.wgsl", bindings=ro("key_in", "val_in", "slots") + rw("amax"),

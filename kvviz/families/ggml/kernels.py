@@ -11,10 +11,11 @@ import logging
 
 import numpy as np
 
+from kvviz.attention import records as qk
 from kvviz.families.ggml.format import TYPES, GgmlType
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch
-from kvviz.attention import records as qk
+
 log = logging.getLogger("kvviz.families.ggml.kernels")
 
 _TOKENS = ro("key_in", "val_in", "slots")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from kvviz.attention import writers as fw
 from kvviz.attention.records import DEQUANT_IMM, DEQUANT_OUT, TOKENS, WRITE_IMM
-from kvviz.attention.writers import LANE_DEFAULTS, REDUCE_WORKGROUP, ROW_IMM, Variant, WG, check_rows, row_dispatches
 from kvviz.errors import UnsupportedShape
 from kvviz.gpu.kernel_spec import KernelSpec, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
@@ -18,25 +18,25 @@ INT4_WRITE = KernelSpec("int4/write.wgsl", bindings=TOKENS + rw("k_cache", "v_ca
 INT4_DEQUANT = KernelSpec("int4/dequant.wgsl", bindings=ro("k_cache", "v_cache", "items") + DEQUANT_OUT,
                           immediates=DEQUANT_IMM)  # GROUP
 
-WRITE_INT4 = KernelSpec("int4/write_fast.wgsl", bindings=TOKENS + rw("k_cache", "v_cache"), immediates=ROW_IMM)
+WRITE_INT4 = KernelSpec("int4/write_fast.wgsl", bindings=TOKENS + rw("k_cache", "v_cache"), immediates=fw.ROW_IMM)
 
-WRITE_INT4 = WRITE_INT4.define(GROUP=32, REDUCE=REDUCE_WORKGROUP, **LANE_DEFAULTS)
+WRITE_INT4 = WRITE_INT4.define(GROUP=32, REDUCE=fw.REDUCE_WORKGROUP, **fw.LANE_DEFAULTS)
 
 def int4_dispatches(rt: GpuRuntime, group: int, key, value, slots, k_buf, v_buf, block_size: int, *,
-                    variant: Variant | None = None) -> list[Dispatch]:
+                    variant: fw.Variant | None = None) -> list[Dispatch]:
     """int4_group records (kvviz/families/int4/format.py): 8 codes a word, then (scale, zero) per group of `group`."""
-    key, value, sm = check_rows(key, value, slots)
+    key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     if D % 8 or group % 8 or D % group:
         raise UnsupportedShape(f"fast int4 writer: head_size {D} and group {group} must be multiples of 8, the group dividing the head")
-    var = variant or Variant(rt)
+    var = variant or fw.Variant(rt)
     L = var.lanes(D // 8, group // 8)
     # a group's statistics are reduced over min(group units, L) lanes (write_int4.wgsl SPAN): shuffles where that
     # span fits the smallest subgroup (measured faster than workgroup memory on the H200)
     kern = rt.compile(WRITE_INT4, GROUP=group, NJ=D // (8 * L), **var.defines(L, span=min(group // 8, L)))
     wpt = D // 8 + 2 * (D // group)
-    return row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
-                           lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), WG // L)
+    return fw.row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
+                           lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx), fw.WG // L)
 
 
 # Every variant of the family's kernels, first-wave and fast (kvviz/families/catalogue.py).

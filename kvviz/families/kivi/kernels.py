@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
+from kvviz.attention import writers as fw
 from kvviz.attention.records import DEQUANT_OUT, TOKENS
-from kvviz.attention.writers import LANE_DEFAULTS, REDUCE_WORKGROUP, Variant, WG, check_rows, grid_2d, row_dispatches
 from kvviz.errors import UnsupportedShape
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
@@ -31,21 +32,21 @@ WRITE_KIVI_KGROUP = KernelSpec("kivi/write_kgroup_fast.wgsl",
                                bindings=ro("key_in", "slots", "grows", "groups", "info") + rw("k_cache"),
                                immediates=Struct("P", "kvh hd bs kstride bt_off mbs items gx"))
 
-WRITE_KIVI_TOK = WRITE_KIVI_TOK.define(BITS=2, REDUCE=REDUCE_WORKGROUP, **LANE_DEFAULTS)
+WRITE_KIVI_TOK = WRITE_KIVI_TOK.define(BITS=2, REDUCE=fw.REDUCE_WORKGROUP, **fw.LANE_DEFAULTS)
 
-WRITE_KIVI_KGROUP = WRITE_KIVI_KGROUP.define(BITS=2, REDUCE=REDUCE_WORKGROUP, NV4=32, RS=4, SBUF=1024, **LANE_DEFAULTS)
+WRITE_KIVI_KGROUP = WRITE_KIVI_KGROUP.define(BITS=2, REDUCE=fw.REDUCE_WORKGROUP, NV4=32, RS=4, SBUF=1024, **fw.LANE_DEFAULTS)
 
 def kivi_token_dispatches(rt: GpuRuntime, bits: int, key, value, slots, row_res, k_buf, v_buf, res, block_size: int,
-                          kstride: int, *, variant: Variant | None = None) -> list[Dispatch]:
+                          kstride: int, *, variant: fw.Variant | None = None) -> list[Dispatch]:
     """KIVI's per-token part (kvviz/families/kivi/format.py): V codes of quantised rows, residual rows copied."""
-    key, value, sm = check_rows(key, value, slots)
+    key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     kw = D * bits // 32
-    var = variant or Variant(rt)
+    var = variant or fw.Variant(rt)
     L = var.lanes(kw)
     kern = rt.compile(WRITE_KIVI_TOK, BITS=bits, NJ=kw // L, **var.defines(L))
-    return row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, res],
-                           lambda rows, gx: kern.pack(kvh, D, block_size, kstride, rows, gx), WG // L,
+    return fw.row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, res],
+                           lambda rows, gx: kern.pack(kvh, D, block_size, kstride, rows, gx), fw.WG // L,
                            extra_rows=[np.asarray(row_res, np.uint32)])
 
 # write_kivi_kgroup.wgsl's row sets RS (1, 2, 4 or 8) where RS x D/4 threads fit (fast_write_bench.py --kgroup-rs=N)
@@ -66,7 +67,7 @@ def kgroup_defines(rt: GpuRuntime, head_size: int) -> dict:
 
 def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndarray, group_rows: np.ndarray, info_buf,
                           k_buf, block_size: int, kstride: int, bt_off: int, mbs: int, *, key_buf=None,
-                          variant: Variant | None = None) -> list[Dispatch]:
+                          variant: fw.Variant | None = None) -> list[Dispatch]:
     """KIVI key groups: groups [n, 4] u32 (seq, g, 0, 0), group_rows [n, 32] the token rows of each group
     (indices into key). Read in place from `key_buf` (the uploaded key, when given and it fits one binding),
     else from the groups' rows uploaded one binding at a time."""
@@ -76,7 +77,7 @@ def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndar
     group_rows = np.asarray(group_rows, np.int64).reshape(-1, 32)
     if not len(groups):
         return []
-    var = variant or Variant(rt)
+    var = variant or fw.Variant(rt)
     kern = rt.compile(WRITE_KIVI_KGROUP, BITS=bits, **kgroup_defines(rt, D), **var.defines(1))
     sm = np.asarray(slots).astype(np.uint32)
     row_bytes = kvh * D * 4
@@ -97,7 +98,7 @@ def kivi_group_dispatches(rt: GpuRuntime, bits: int, key, slots, groups: np.ndar
             kbuf, sbuf = rt.upload(key[flat], "kivi_key_groups"), rt.upload(sm[flat], "kivi_group_slots")
             local = np.arange(flat.size).reshape(rows.shape)
         items = (b - a) * kvh  # a workgroup a (group, KV head)
-        gx, gy, gz = grid_2d(rt, items)
+        gx, gy, gz = fw.grid_2d(rt, items)
         out.append(kern.dispatch((gx, gy, gz), [kbuf, sbuf, rt.upload(local.astype(np.uint32), "kivi_group_rows"),
                                                 rt.upload(groups[a:b], "kivi_groups"), info_buf, k_buf],
                                  imm=kern.pack(kvh, D, block_size, kstride, bt_off, mbs, items, gx)))
