@@ -1,0 +1,44 @@
+"""Jinja2 templates of generated WGSL: the code a shader receives through its `{{NAME}}` defines
+(kvviz.gpu.shaders) when it is unrolled per query head, token and vec4, written as a template under shaders/
+(`family/name.wgsl.j2`) instead of Python string building.
+
+A template fills a shader's defines with top-level upper-case block sets,
+
+    {% set STEP %}
+    {% for u in range(U) %}
+    let tt{{u}} = tb + rg * U + {{u}}u;
+    {% endfor %}
+    {% endset %}
+
+and `render_defines(path, **context)` returns them ({"STEP": "...", ...}) rendered with the values the Python
+picks (sizes, flags, the format): the caller passes them on as defines, beside its plain values. Templates use
+Jinja's own means to share code: `{% import %}` of macro files, `{% extends %}` of a kernel skeleton whose
+`{% block %}`s a format overrides. Blocks and tags on lines of their own leave no blank line (trim_blocks,
+lstrip_blocks); blank lines and trailing spaces are dropped from every define, so a template may lay its tags
+out for reading. An undefined name is an error (StrictUndefined), not an empty string in a kernel.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from kvviz.gpu.shaders import SHADER_DIR
+
+
+@lru_cache(maxsize=1)
+def environment():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(SHADER_DIR)), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def tidy(text: str) -> str:
+    """The lines of `text` without trailing spaces, blank lines dropped."""
+    return "\n".join(line.rstrip() for line in text.splitlines() if line.strip())
+
+
+def render_defines(path: str, **context) -> dict[str, str]:
+    """The defines template `path` (relative to shaders/) fills: each top-level upper-case `{% set %}` it (or a
+    template it extends) makes, rendered with `context`, tidied."""
+    module = environment().get_template(path).make_module(context)
+    return {name: tidy(str(value)) for name, value in vars(module).items() if name.isupper()}
