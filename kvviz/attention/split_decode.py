@@ -9,11 +9,13 @@ What makes it fast (docs/fast-kernels.md s.6, measured s.8):
   - K is read once, with an online softmax (base 2, the query pre-scaled by scale*log2(e));
   - a token row is shared by L lanes that each own D/L dims; the row's G x U partial logits of a step are
     reduce-scattered by subgroup shuffles, so each (head, token) logit's softmax step runs once on the lanes
-    that own it, and the lanes then take the weights from their owners (scatter_softmax);
+    that own it, and the lanes then take the weights from their owners (the scatter softmax);
   - codes go straight into the dot products (unpack4xI8, FP8 bit arithmetic, unpack2x16float), and the
     per-token scales multiply the logit and the probability: no dequantise pass, no f32 copy of the cache;
-  - the per-head, per-token code is unrolled here (one variable per head and vec4), because naga clamps
-    dynamic indices of private arrays and those arrays then leave registers.
+  - the per-head, per-token code is unrolled (one variable per head and vec4), because naga clamps
+    dynamic indices of private arrays and those arrays then leave registers: Jinja2 templates write it
+    (shaders/attention/split_decode.wgsl.j2 over the split kernels' attention/split_kernel.wgsl.j2 and
+    split_macros.wgsl.j2; kvviz.gpu.templates renders them), render() picks their values.
 
 Formats (CacheFormat): "f32" (the baseline paged cache), "f16", "int8" (the seed int8 layout, which
 int8_token shares: 4 codes a word + an f32 scale word), "fp8_e4m3"/"fp8_e5m2" (per-token scale word or
@@ -36,6 +38,7 @@ import numpy as np
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.templates import render_defines
 from kvviz.paging import PagedBatch
 
 log = logging.getLogger("kvviz.attention.split_decode")
@@ -91,7 +94,7 @@ PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decod
 # without subgroups: a whole head a lane) would double a shader that is already huge (lavapipe's LLVM took
 # over 10 minutes to compile the f16 head-64 one-lane kernel with it).
 PREFETCH_MAX_WORDS = 24
-# Formats whose prefetch loads each token's block-table entry a step before the words it addresses (step_loads'
+# Formats whose prefetch loads each token's block-table entry a step before the words it addresses (the loads'
 # bt_ahead), so the next step's loads need not wait on a block-table load first (a warp issues in order). On the
 # H200 at the anchor it is faster for f16 and int4 but slower for int8, so not int8; f32 and fp8_e4m3 do not move
 # (tools/fast_decode_tune.py --bt-ahead=off|all; figures in docs/benchmarks.md).
@@ -116,14 +119,14 @@ FP8_UNIT = {"e4m3": 256.0}
 MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
 # Lazy rescale (render's lazy; tools/fast_decode_tune.py --lazy), the default for these formats. With the scatter
 # softmax an owner moves its max only past the old one + LAZY_TAU (log2 units, so p <= 2^8: no f32 range concern)
-# and the G heads' accumulators are rescaled in one branch uniform over the subgroup (scatter_softmax's tau,
-# lazy_rescale). On the H200 at the anchor it is faster for int8 (and its int8-query variant) but slower for f16
-# and fp8_e4m3, and for int4 at 4 tokens a row, so int8 only. Without the scatter softmax: rescale in the steps where
-# the max grows.
+# and the G heads' accumulators are rescaled in one branch uniform over the subgroup (the scatter softmax's tau,
+# split_macros' lazy_rescale). On the H200 at the anchor it is faster for int8 (and its int8-query variant) but slower
+# for f16 and fp8_e4m3, and for int4 at 4 tokens a row, so int8 only. Without the scatter softmax: rescale in the steps
+# where the max grows.
 LAZY_FORMATS = ("int8",)
 LAZY_TAU = 8.0
-# The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter): measured faster on the H200 at
-# the anchor for every format and the int8-query variant (figures in docs/benchmarks.md).
+# The reduce-scatter softmax (split_macros' scatter_step; tools/fast_decode_tune.py --scatter): measured faster on the
+# H200 at the anchor for every format and the int8-query variant (figures in docs/benchmarks.md).
 SCATTER = True
 PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
 F16_EPS = 2.0 ** -11  # f16 unit roundoff
@@ -720,7 +723,9 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
            pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
            magic: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of attention/split_decode.wgsl for one format and shape (and variant: QK_VARIANTS,
-    PV_VARIANTS; the defaults render the exact f32 kernel).
+    PV_VARIANTS; the defaults render the exact f32 kernel): its plain values, and its code blocks (HELPERS,
+    PROLOGUE, STEP, MERGE, WRITE, SG_PARAM, SG_GUARD) rendered from shaders/attention/split_decode.wgsl.j2 with
+    the values picked here.
 
     block_size > 0 renders the block size as a constant (token -> block and offset become a shift and a
     mask for powers of two instead of an integer division a token); 0 reads it from the immediates.
@@ -732,207 +737,36 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     lazy: the accumulators and l are rescaled only in the steps where the running max grows (a branch,
     uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
     the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only. With the
-    scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup (lazy_rescale).
-    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (_helpers: int8 by f16 pairs when I8X4_VIA_F16)
+    scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup.
+    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (int8 by f16 pairs when I8X4_VIA_F16)
     instead of the int-to-float conversion; exact, bit-identical outputs.
-    scatter: the reduce-scatter softmax (scatter_softmax): each (head, token) logit's softmax step runs on the
+    scatter: the reduce-scatter softmax: each (head, token) logit's softmax step runs on the
     lanes that own it instead of on all L lanes; f32 P.V, L >= 2. Same arithmetic per logit, the
     lane sums in another order: within the f32 tolerance, not bit for bit."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     i8, h16 = qk == "i8", pv == "f16"
     if scatter and (L < 2 or h16):
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row and f32 P.V")
-    qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
     dpl = lay.dims_per_lane
-    nv = dpl // 4
-    wpl = dpl // fmt.elems_per_word
-    cw = fmt.code_words(D)
-    stride = D + 2
     gs = fmt.group_size
-    pro, step, merge, write = [], [], [], []
-    I = "  "
-    # ---- prologue: the G query slices (pre-scaled), the online-softmax states
-    if i8:
-        pro.append(f"{I}let qhb = (seq * p.num_heads + kvh * {G}u) * {qrec}u;  // this GQA group's int8 query records")
-    unit = FP8_UNIT.get(fmt.fp8 or "", 1.0)  # e4m3 codes enter as value / 2^8 (_helpers' fold_unit): q and V scale x 2^8
-    qf = f"p.scale_log2 * {unit!r}" if unit != 1.0 else "p.scale_log2"
-    for g in range(G):
-        if i8:  # this lane's code words of head g, and the head's scale folded with scale*log2(e)
-            for w in range(wpl):
-                pro.append(f"{I}let qw{g}_{w} = q[qhb + lw + {g * qrec + w}u];")
-            pro.append(f"{I}let qs{g} = bitcast<f32>(q[qhb + {g * qrec + D // 4}u]) * p.scale_log2;")
-        else:
-            for i in range(nv):
-                pro.append(query_line(g, i, D, qf, I))
-        if not scatter:
-            pro.append(f"{I}var m{g} = EMPTY;")
-            pro.append(f"{I}var l{g} = 0.0;")
-        for i in range(nv):
-            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
-        if h16:  # the f16 accumulator of the steps since the last flush, and the f32 rescale over them
-            for i in range(nv):
-                pro.append(f"{I}var ah{g}_{i} = vec4<f16>(0.0h);")
-            pro.append(f"{I}var cum{g} = 1.0;")
-    if h16:
-        pro.append(f"{I}var steps = 0u;")
-    if fmt.scale == "tensor":
-        pro.append(f"{I}let ks_t = bitcast<f32>(tensor[2u]);")
-        pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
-    groups_per_lane = max(1, dpl // gs) if gs else 0
-    if gs:
-        pro.append(f"{I}let gi = (lane * DPL) / {gs}u;  // this lane's first (scale, zero) group")
-    # ---- one step: U tokens per row group
-    J = "    "
-    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-
-    def words(u, r):  # token u's words at row r: every load of the step is issued before any arithmetic
-        out = []
-        for wname, buf in (("kw", "kc"), ("vw", "vc")):
-            out += [(f"{wname}{u}_{w}", f"{buf}[{r} + lw + {w}u]") for w in range(wpl)]
-        if fmt.scale == "token":
-            out += [(f"ks{u}", f"bitcast<f32>(kc[{r} + {cw}u])"), (f"vs{u}", f"bitcast<f32>(vc[{r} + {cw}u])")]
-        for k in range(groups_per_lane):
-            for wname, buf in (("k", "kc"), ("v", "vc")):
-                out += [(f"{wname}gs{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u)])"),
-                        (f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")]
-        return out
-
-    first, loaded, rotate = step_loads(U, bsx, words, prefetch, I, J, bt_ahead=fmt.name in BT_AHEAD_FORMATS)
-    pro += first
-    for u in range(U):
-        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-    step += loaded
-
-    def grp(which, u, i):
-        if not gs:
-            return None
-        k = (4 * i) // gs if dpl > gs else 0
-        return (f"{which}gs{u}_{k}", f"{which}gz{u}_{k}")
-
-    if not i8:
-        for u in range(U):
-            for i in range(nv):
-                step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i), magic)};")
-    ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
-    vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
-    if unit != 1.0:
-        vs = f"({vs or '1.0'} * {unit!r})"
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            if i8:  # an exact integer dot (|sum| <= D * 128 * 128 < 2^24, so f32(si) is exact too)
-                si = f"si{g}_{u}"
-                step.append(f"{J}var {si} = {_join([f'dot4I8Packed(qw{g}_{w}, kw{u}_{w})' for w in range(wpl)])};")
-                if scatter:
-                    continue
-                step += lane_allreduce(si, L, J)
-                step.append(f"{J}let {s} = select(MASKED, f32({si}) * qs{g} * {ks.format(u=u)}, tt{u} < t1);")
-                continue
-            step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
-            if scatter:
-                continue
-            step += lane_allreduce(s, L, J)
-            scaled = f"{s} * {ks.format(u=u)}" if ks else s
-            step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
-    post = []
-    if scatter:  # the lane-partial logits are reduce-scattered; each lane runs the softmax of the slots it owns
-        def own_scale(tmpl, i):
-            if tmpl is None or "{u}" not in tmpl:
-                return tmpl
-            return own_select([tmpl.format(u=u) for u in range(U)], f"uo{i}")
-
-        def logit(i, r):
-            x = f"f32({r}) * qso{i}" if i8 else r
-            k = own_scale(ks, i)
-            return f"select(MASKED, {f'{x} * {k}' if k else x}, tb + rg * U + uo{i} < t1)"
-
-        sc_pro, sc_step, post = scatter_softmax(G, U, L, (lambda g, u: f"si{g}_{u}") if i8 else (lambda g, u: f"s{g}_{u}"),
-                                                "0i" if i8 else "0.0", logit, lambda i: own_scale(vs, i), I, J,
-                                                tau=LAZY_TAU if lazy else None)
-        pro += sc_pro
-        if i8:  # the owner's query scale (its head's, fixed per lane)
-            own = max(1, (1 << (G * U - 1).bit_length()) // L)
-            pro += [f"{I}let qso{i} = {own_select([f'qs{g}' for g in range(G)], f'go{i}')};" for i in range(own)]
-        step += sc_step
-    for u in range(U):
-        if h16 and fmt.name == "int8":
-            step.append(f"{J}let vsh{u} = f16({vs.format(u=u)});")
-        for i in range(nv):
-            if h16:  # the V value in f16, its per-token / tensor scale folded in (shared by the G heads)
-                step.append(f"{J}let vh{u}_{i} = {_vec16(fmt, f'vw{u}', i, grp('v', u, i), vs and vs.format(u=u))};")
-            else:
-                step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
-    vvals = lambda u, i: f"vv{u}_{i}"  # noqa: E731
-    if scatter and lazy:  # the accumulators are rescaled only in the steps where an owner of the subgroup moved its max
-        step += lazy_rescale(G, nv, J)
-    for g in range(G):
-        if scatter:  # al{g}, w{g}_u come from their owners
-            step += pv_accumulate(g, nv, U, J, vvals, rescale=not lazy)
-            continue
-        mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-        if lazy and not h16:
-            # rescale l and the accumulators only when the running max grows (uniform over the row
-            # group's lanes: they share the logits); otherwise alpha would be exactly 1
-            step.append(f"{J}let mn{g} = max(m{g}, {mx});")
-            step.append(f"{J}if (mn{g} > m{g}) {{")
-            step.append(f"{J}  let al{g} = exp2(m{g} - mn{g});")
-            step.append(f"{J}  l{g} = l{g} * al{g};")
-            for i in range(nv):
-                step.append(f"{J}  a{g}_{i} = a{g}_{i} * al{g};")
-            step.append(f"{J}  m{g} = mn{g};")
-            step.append(f"{J}}}")
-            for u in range(U):
-                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - m{g});")
-            step.append(f"{J}l{g} = l{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
-            for u in range(U):
-                step.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vs.format(u=u)}' if vs else f'p{g}_{u}'};")
-            step += pv_accumulate(g, nv, U, J, vvals, rescale=False)
-            continue
-        step += online_update(g, U, J)
-        if h16:
-            step.append(f"{J}let alh{g} = f16(al{g});")
-            step.append(f"{J}cum{g} = cum{g} * al{g};")
-            for u in range(U):
-                step.append(f"{J}let w{g}_{u} = f16(p{g}_{u} * {2.0 ** -pv_shift(U, pv_flush)!r});")
-            for i in range(nv):
-                acc = f"ah{g}_{i} * alh{g}"
-                for u in range(U):
-                    acc = f"fma(vec4<f16>(w{g}_{u}), vh{u}_{i}, {acc})"
-                step.append(f"{J}ah{g}_{i} = {acc};")
-            continue
-        for u in range(U):
-            wv = f"p{g}_{u} * {vs.format(u=u)}" if vs else f"p{g}_{u}"
-            step.append(f"{J}let w{g}_{u} = {wv};")
-        step += pv_accumulate(g, nv, U, J, vvals)
-    step += rotate  # the prefetched words become the next step's
-    if h16:  # every pv_flush steps, and once after the loop: a = a * cum + ah * 2^shift, in f32
-        flush = []
-        for g in range(G):
-            for i in range(nv):
-                flush.append(f"a{g}_{i} = fma(vec4<f32>(ah{g}_{i}), vec4<f32>({2.0 ** pv_shift(U, pv_flush)!r}), a{g}_{i} * cum{g});")
-                flush.append(f"ah{g}_{i} = vec4<f16>(0.0h);")
-            flush.append(f"cum{g} = 1.0;")
-        step.append(f"{J}steps = steps + 1u;")
-        step.append(f"{J}if (steps == {pv_flush}u) {{")
-        step.append(f"{J}  steps = 0u;")
-        step += [f"{J}  {x}" for x in flush]
-        step.append(f"{J}}}")
-        merge += [f"{I}{x}" for x in flush]
-    # ---- merge of the row groups, a tree over workgroup memory
-    merge += post + merge_tree(G, nv, stride, RG, I)
-    # ---- row group 0 writes the partition's state
-    write += partial_writes(G, nv, J)
+    values = dict(
+        fmt=fmt, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, wpl=dpl // fmt.elems_per_word, stride=D + 2,
+        cw=fmt.code_words(D), gs=gs, groups_per_lane=max(1, dpl // gs) if gs else 0,
+        qrec=D // 4 + 1,  # an int8 query record: D/4 code words + its f32 scale word
+        i8=i8, h16=h16, pv_flush=pv_flush, shift=pv_shift(U, pv_flush), lazy=lazy, lazy_tau=LAZY_TAU, magic=magic,
+        via_f16=I8X4_VIA_F16, scatter=scatter, prefetch=prefetch, bt_ahead=fmt.name in BT_AHEAD_FORMATS,
+        bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+        unit=FP8_UNIT.get(fmt.fp8 or "", 1.0),  # e4m3 codes enter as value / 2^8: the query and the V scale take 2^8
+    )
     return {
         "FORMAT": f"{fmt.name}" + (f", {fmt.scale} scale" if fmt.scale != "none" else "") + (f", group {gs}" if gs else ""),
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
-        "SHARED": str(max(1, RG // 2) * G * stride),
-        "HELPERS": _helpers(fmt, magic, fold_unit=unit != 1.0),
-        **subgroup_defines(L, scatter),
+        "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(values["wpl"]), "STRIDE": str(D + 2),
+        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
         "VARIANT": variant_name(qk, pv, pv_flush, U) + ("; scatter softmax" if scatter else ""),
         "ENABLES": "enable f16;" if h16 else "",
         "Q_TYPE": "u32" if i8 else "f32",
-        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+        **render_defines("attention/split_decode.wgsl.j2", **values),
     }
 
 
