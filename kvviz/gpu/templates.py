@@ -39,6 +39,24 @@ def tidy(text: str) -> str:
 
 def render_defines(path: str, **context) -> dict[str, str]:
     """The defines template `path` (relative to shaders/) fills: each top-level upper-case `{% set %}` it (or a
-    template it extends) makes, rendered with `context`, tidied."""
-    module = environment().get_template(path).make_module(context)
-    return {name: tidy(str(value)) for name, value in vars(module).items() if name.isupper()}
+    template it extends) makes, rendered with `context`, tidied. A render is a function of the template and its
+    values, so it is kept (_rendered) for the next plan of the same kernel: a decode plans its kernel every step,
+    and a render of the larger kernels takes milliseconds."""
+    values = tuple(sorted((k, _frozen(v)) for k, v in context.items()))
+    try:
+        hash(values)
+    except TypeError:  # a value that cannot be a key: rendered every time
+        return dict(_render(path, values))
+    return dict(_rendered(path, values))
+
+
+def _frozen(v):
+    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+def _render(path: str, values: tuple) -> tuple:
+    module = environment().get_template(path).make_module(dict(values))
+    return tuple((name, tidy(str(value))) for name, value in vars(module).items() if name.isupper())
+
+
+_rendered = lru_cache(maxsize=64)(_render)
