@@ -9,5 +9,5 @@ from setuptools import find_packages, setup
 setup(
     packages=find_packages(include=["kvviz", "kvviz.*"]) + ["kvviz.shaders"],
     package_dir={"kvviz.shaders": "shaders"},
-    package_data={"kvviz.shaders": ["*/*.wgsl", "*/*.comp"]},
+    package_data={"kvviz.shaders": ["*/*.wgsl", "*/*.comp", "*/*.wgsl.j2"]},
 )

@@ -17,3 +17,38 @@ def test_import_contracts_hold():
     assert r.returncode == 0, out[-4000:]
     m = re.search(r"Contracts: (\d+) kept, (\d+) broken", out)
     assert m and (int(m.group(1)), int(m.group(2))) == (3, 0), out[-4000:]
+
+
+# Imports that may stay inside a function, and why: Qt (and the window, from the Qt-free core), torch and
+# transformers (optional extras), wgpu (the core loads without a GPU stack), resource (Unix only).
+LAZY_ROOTS = ("PySide6", "pyqtgraph", "shiboken6", "torch", "transformers", "wgpu", "resource")
+LAZY_KVVIZ = ("kvviz.ui", "kvviz.cli_report")
+
+
+def _function_imports(path):
+    import ast
+
+    tree = ast.parse(open(path).read(), path)
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    yield node.lineno, node.names[0].name
+                elif isinstance(node, ast.ImportFrom):
+                    yield node.lineno, ("." * node.level) + (node.module or "")
+
+
+def test_imports_sit_at_the_top_of_modules():
+    """Every import inside a function is a deliberate lazy one (LAZY_ROOTS; the window from outside it)."""
+    bad = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "kvviz")):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            p = os.path.join(dirpath, f)
+            here = os.path.relpath(p, ROOT).replace(os.sep, ".")
+            for line, mod in _function_imports(p):
+                lazy_ui = mod.startswith(LAZY_KVVIZ) and not here.startswith("kvviz.ui.")
+                if mod.split(".")[0] not in LAZY_ROOTS and not lazy_ui:
+                    bad.append(f"{os.path.relpath(p, ROOT)}:{line}: {mod}")
+    assert not bad, "imports inside functions (move them to the top of the module):\n" + "\n".join(bad)

@@ -9,11 +9,13 @@ What makes it fast (docs/fast-kernels.md s.6, measured s.8):
   - K is read once, with an online softmax (base 2, the query pre-scaled by scale*log2(e));
   - a token row is shared by L lanes that each own D/L dims; the row's G x U partial logits of a step are
     reduce-scattered by subgroup shuffles, so each (head, token) logit's softmax step runs once on the lanes
-    that own it, and the lanes then take the weights from their owners (scatter_softmax);
+    that own it, and the lanes then take the weights from their owners (the scatter softmax);
   - codes go straight into the dot products (unpack4xI8, FP8 bit arithmetic, unpack2x16float), and the
     per-token scales multiply the logit and the probability: no dequantise pass, no f32 copy of the cache;
-  - the per-head, per-token code is unrolled here (one variable per head and vec4), because naga clamps
-    dynamic indices of private arrays and those arrays then leave registers.
+  - the per-head, per-token code is unrolled (one variable per head and vec4), because naga clamps
+    dynamic indices of private arrays and those arrays then leave registers: Jinja2 templates write it
+    (shaders/attention/split_decode.wgsl.j2 over the split kernels' attention/split_kernel.wgsl.j2 and
+    split_macros.wgsl.j2; kvviz.gpu.templates renders them), render() picks their values.
 
 Formats (CacheFormat): "f32" (the baseline paged cache), "f16", "int8" (the seed int8 layout, which
 int8_token shares: 4 codes a word + an f32 scale word), "fp8_e4m3"/"fp8_e5m2" (per-token scale word or
@@ -37,6 +39,7 @@ from kvviz.attention.int8_records import QMAX, SCALE_FLOOR
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.templates import render_defines
 from kvviz.gpu.timed import TimedKernel
 from kvviz.gpu.trusted import RUNTIME_CHECKS_OFF, available
 from kvviz.paging import PagedBatch
@@ -94,7 +97,7 @@ PREFETCH = True  # software-pipelined loads (render's prefetch; tools/fast_decod
 # without subgroups: a whole head a lane) would double a shader that is already huge (lavapipe's LLVM took
 # over 10 minutes to compile the f16 head-64 one-lane kernel with it).
 PREFETCH_MAX_WORDS = 24
-# Formats whose prefetch loads each token's block-table entry a step before the words it addresses (step_loads'
+# Formats whose prefetch loads each token's block-table entry a step before the words it addresses (the loads'
 # bt_ahead), so the next step's loads need not wait on a block-table load first (a warp issues in order). On the
 # H200 at the anchor it is faster for f16 and int4 but slower for int8, so not int8; f32 and fp8_e4m3 do not move
 # (tools/fast_decode_tune.py --bt-ahead=off|all; figures in docs/benchmarks.md).
@@ -119,14 +122,14 @@ FP8_UNIT = {"e4m3": 256.0}
 MAGIC_CVT = ("int8",)  # formats whose codes -> f32 by the 2^23 trick (render's magic; tools/fast_decode_tune.py --magic)
 # Lazy rescale (render's lazy; tools/fast_decode_tune.py --lazy), the default for these formats. With the scatter
 # softmax an owner moves its max only past the old one + LAZY_TAU (log2 units, so p <= 2^8: no f32 range concern)
-# and the G heads' accumulators are rescaled in one branch uniform over the subgroup (scatter_softmax's tau,
-# lazy_rescale). On the H200 at the anchor it is faster for int8 (and its int8-query variant) but slower for f16
-# and fp8_e4m3, and for int4 at 4 tokens a row, so int8 only. Without the scatter softmax: rescale in the steps where
-# the max grows.
+# and the G heads' accumulators are rescaled in one branch uniform over the subgroup (the scatter softmax's tau,
+# split_macros' lazy_rescale). On the H200 at the anchor it is faster for int8 (and its int8-query variant) but slower
+# for f16 and fp8_e4m3, and for int4 at 4 tokens a row, so int8 only. Without the scatter softmax: rescale in the steps
+# where the max grows.
 LAZY_FORMATS = ("int8",)
 LAZY_TAU = 8.0
-# The reduce-scatter softmax (scatter_softmax; tools/fast_decode_tune.py --scatter): measured faster on the H200 at
-# the anchor for every format and the int8-query variant (figures in docs/benchmarks.md).
+# The reduce-scatter softmax (split_macros' scatter_step; tools/fast_decode_tune.py --scatter): measured faster on the
+# H200 at the anchor for every format and the int8-query variant (figures in docs/benchmarks.md).
 SCATTER = True
 PV_FLUSH = 4  # steps between flushes of the f16 accumulator (8 tokens a row group at U = 2)
 F16_EPS = 2.0 ** -11  # f16 unit roundoff
@@ -283,293 +286,6 @@ def choose_layout(fmt: CacheFormat, head_size: int, group: int, subgroups: int, 
     return Layout(L, rg, unroll, head_size // L)
 
 
-# ---------------------------------------------------------------------------------- code generation
-# Integer codes -> f32 without the int-to-float instruction (a quarter-rate op on NVIDIA): a byte or
-# nibble n OR-ed into the mantissa of 2^23 is the float 2^23 + n, and subtracting 2^23 leaves n exactly
-# (signed bytes: flip the sign bit first, n + 128, and subtract 2^23 + 128). Exact, so the same values as
-# unpack4xI8 / vec4<f32>(u32): render(..., magic=True), bit-identical outputs (tests/test_fast_decode.py).
-I8X4_MAGIC_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by the 2^23 mantissa trick (see fast_decode.py)
-fn i8x4(w: u32) -> vec4<f32> {
-  let b = (vec4<u32>(w ^ 0x80808080u) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
-  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388736.0);
-}"""
-U4X4_MAGIC_WGSL = """// 4 nibbles of w from bit `sh` (element l in bits sh+4l..) -> f32 exactly, by the same trick
-fn u4x4(w: u32, sh: u32) -> vec4<f32> {
-  let b = (vec4<u32>(w) >> vec4<u32>(sh, sh + 4u, sh + 8u, sh + 12u)) & vec4<u32>(15u);
-  return bitcast<vec4<f32>>(b | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
-}"""
-
-
-# The same int8 x 4 by way of f16 pairs: the even and the odd bytes (sign bits flipped, n + 128) OR-ed into the
-# mantissas of two f16 1024s are the f16 pair (1024 + n + 128) exactly (f16 holds the integers to 2048), and
-# unpack2x16float turns each pair into two f32 at once: 6 integer ops and 2 conversions a word instead of 12 integer
-# ops (as written); the same values, so the same outputs bit for bit (tests/test_fast_decode.py).
-I8X4_VIA_F16_WGSL = """// int8 x 4 (byte l = element l) -> f32 exactly, by f16 pairs 1024 + n (see fast_decode.py)
-fn i8x4(w: u32) -> vec4<f32> {
-  let x = w ^ 0x80808080u;
-  let ev = unpack2x16float((x & 0x00FF00FFu) | 0x64006400u);           // bytes 0, 2
-  let od = unpack2x16float(((x >> 8u) & 0x00FF00FFu) | 0x64006400u);   // bytes 1, 3
-  return vec4<f32>(ev.x, od.x, ev.y, od.y) - vec4<f32>(1152.0);
-}"""
-I8X4_VIA_F16 = True  # render's magic int8 conversion takes the f16 route (tools/fast_decode_tune.py --i8-f16=off|on)
-
-
-def _helpers(fmt: CacheFormat, magic: bool = False, fold_unit: bool = False) -> str:
-    """fold_unit: e4m3's fp8x4 returns the value / 2^8 (the f16 pattern's own value) and the caller folds the 2^8
-    into its scales (render: the query and the V scale, FP8_UNIT), instead of 4 multiplies a vec4."""
-    if not fmt.fp8:
-        if not (magic and fmt.elems_per_word in (4, 8)):
-            return ""
-        return (I8X4_VIA_F16_WGSL if I8X4_VIA_F16 else I8X4_MAGIC_WGSL) + "\n" + U4X4_MAGIC_WGSL
-    # FP8 bytes -> f16 bit patterns by shifts and masks (e5m2 is the top byte of an f16; e4m3's 4-bit exponent and
-    # 3-bit mantissa land in an f16's low exponent bits and top mantissa bits, so the f16 is the value / 2^8,
-    # subnormals included), then unpack2x16float: 2 conversions a pair instead of a decoder a byte. Exact for
-    # every code the writer emits (tests/test_fast_decode.py: test_fp8_conversion_every_code).
-    if fmt.fp8 == "e5m2":
-        pairs, unit = "(w & 0x00FF00FFu) << 8u", "w & 0xFF00FF00u"
-        scale = ""
-    else:
-        pairs = "((w << 7u) & 0x3F803F80u) | ((w << 8u) & 0x80008000u)"
-        unit = "((w >> 1u) & 0x3F803F80u) | (w & 0x80008000u)"
-        scale = "" if fold_unit else " * 256.0"
-    note = ""
-    if fmt.fp8 == "e4m3":
-        note = "; the f16 is the value / 2^8" + (", which\n// the query and the V scale take back (x 2^8: exact)" if fold_unit else "")
-    return f"""// 4 FP8 {fmt.fp8} codes (byte l = element l) -> f32, exactly: bytes 0, 2 and bytes 1, 3 become two f16 pairs
-// (sign, exponent and mantissa moved into f16 bit positions{note}). The writer saturates, so the NaN / inf
-// encodings never occur.
-fn fp8x4(w: u32) -> vec4<f32> {{
-  let a = unpack2x16float({pairs});
-  let b = unpack2x16float({unit});
-  return vec4<f32>(a.x, b.x, a.y, b.y){scale};
-}}"""
-
-
-def _vec(fmt: CacheFormat, w: str, i: int, grp: tuple[str, str] | None, magic: bool = False) -> str:
-    """Expression of the i-th vec4 of dequantised codes of one lane (without a per-token scale), from
-    its code words named {w}_0, {w}_1, ... (magic: integer codes converted by _helpers' i8x4 / u4x4)."""
-    e = fmt.elems_per_word
-    if fmt.name == "f32":
-        return f"bitcast<vec4<f32>>(vec4<u32>({w}_{4 * i}, {w}_{4 * i + 1}, {w}_{4 * i + 2}, {w}_{4 * i + 3}))"
-    if fmt.name == "f16":
-        return f"vec4<f32>(unpack2x16float({w}_{2 * i}), unpack2x16float({w}_{2 * i + 1}))"
-    if fmt.fp8:
-        return f"fp8x4({w}_{i})"
-    if e == 4:  # int8, two's complement bytes
-        return f"i8x4({w}_{i})" if magic else f"vec4<f32>(unpack4xI8({w}_{i}))"
-    if e == 8:  # uint4 nibbles: element 8w+l in bits 4l..4l+3
-        word, sh = i // 2, 16 * (i % 2)
-        c = (f"u4x4({w}_{word}, {sh}u)" if magic else
-             f"vec4<f32>((vec4<u32>({w}_{word}) >> vec4<u32>({sh}u, {sh + 4}u, {sh + 8}u, {sh + 12}u)) "
-             f"& vec4<u32>(15u))")
-        s, z = grp
-        return f"fma({c}, vec4<f32>({s}), vec4<f32>({z}))"
-    raise ValueError(fmt)
-
-
-def _vec16(fmt: CacheFormat, w: str, i: int, grp, vs: str | None) -> str:
-    """The i-th vec4 of V values in f16 for the f16-P.V variant, the V scale (an f32 expression `vs`)
-    folded in: f16 halves widen and narrow back (exact; naga 0.32 rejects bitcast<vec2<f16>>(u32) and a
-    vec2<u32> -> vec4<f16> bitcast), int8 codes convert exactly and take the
-    token's scale as an f16 multiply (vsh{u}), the rest round their f32 value once."""
-    if fmt.name == "f16":
-        return f"vec4<f16>({_vec(fmt, w, i, None)})"  # naga 0.32 rejects bitcast<vec2<f16>>(u32)
-    if fmt.name == "int8":
-        return f"vec4<f16>(unpack4xI8({w}_{i})) * vsh{w[2:]}"
-    v = _vec(fmt, w, i, grp)
-    return f"vec4<f16>({v} * {vs})" if vs else f"vec4<f16>({v})"
-
-
-def _join(parts, sep=" + "):
-    return sep.join(parts) if parts else "0.0"
-
-
-def merge_tree(G: int, nv: int, stride: int, RG: int, I: str) -> list[str]:
-    """WGSL lines merging the RG row groups' online-softmax states (m, l and the nv vec4 accumulators of each of
-    the G heads) by a tree over workgroup memory `sh` (stride floats a head), into row group 0. Shared by the
-    split kernels of fast_decode and fast_decode_tq."""
-    merge = []
-    st = RG // 2
-    while st >= 1:
-        merge.append(f"{I}if (rg >= {st}u && rg < {2 * st}u) {{")
-        merge.append(f"{I}  let o = (rg - {st}u) * {G * stride}u;")
-        for g in range(G):
-            merge.append(f"{I}  if (lane == 0u) {{ sh[o + {g * stride}u] = m{g}; sh[o + {g * stride + 1}u] = l{g}; }}")
-            for i in range(nv):
-                for c in range(4):
-                    merge.append(f"{I}  sh[o + {g * stride + 2 + 4 * i + c}u + lane * DPL] = a{g}_{i}[{c}];")
-        merge.append(f"{I}}}")
-        merge.append(f"{I}workgroupBarrier();")
-        merge.append(f"{I}if (rg < {st}u) {{")
-        merge.append(f"{I}  let o = rg * {G * stride}u;")
-        for g in range(G):
-            merge.append(f"{I}  let mo{g} = sh[o + {g * stride}u];")
-            merge.append(f"{I}  let mm{g} = max(m{g}, mo{g});")
-            merge.append(f"{I}  let fa{g} = exp2(m{g} - mm{g});")
-            merge.append(f"{I}  let fb{g} = exp2(mo{g} - mm{g});")
-            merge.append(f"{I}  l{g} = l{g} * fa{g} + sh[o + {g * stride + 1}u] * fb{g};")
-            merge.append(f"{I}  m{g} = mm{g};")
-            for i in range(nv):
-                b = g * stride + 2 + 4 * i
-                merge.append(f"{I}  a{g}_{i} = a{g}_{i} * fa{g} + vec4<f32>(sh[o + {b}u + lane * DPL], sh[o + {b + 1}u + lane * DPL], "
-                             f"sh[o + {b + 2}u + lane * DPL], sh[o + {b + 3}u + lane * DPL]) * fb{g};")
-        merge.append(f"{I}}}")
-        merge.append(f"{I}workgroupBarrier();")
-        st //= 2
-    return merge
-
-
-def scatter_softmax(G: int, U: int, L: int, partial, zero: str, logit, wscale, I: str = "  ", J: str = "    ",
-                    extras=(), tau: float | None = None):
-    """WGSL of the "scatter" online softmax of a split kernel (render's scatter=True): (prologue lines, step
-    lines, lines after the loop). Instead of every one of a row's L lanes summing all G x U partial logits of
-    a step (G x U x log2 L shuffles) and each running the G heads' softmax (3 exp2 a head), the lanes
-    REDUCE-SCATTER the logits: at each of the log2 L levels (lane bit x, high to low) a lane keeps half of its
-    values and adds the partner's copy of that half, so after log2(G U) levels each lane holds one (head,
-    token) logit summed over its lanes (the remaining levels sum it over the replicas). The lane that owns
-    (g, u) runs that logit's softmax step (the max over the step's tokens of head g: log2 U shuffles; one
-    exp2 for p, one for the rescale), and keeps head g's m and its own share of l. Then every lane takes the
-    G rescales and the G x U weights by subgroupShuffle from their owners, for its slice of P.V. After the
-    loop the lanes gather m (from an owner) and l (the owners' shares summed) of every head, so the merge and
-    the write are the old ones. Values: `partial(g, u)` names the lane-partial logit, `zero` pads G U up to a
-    power of two, `logit(i, r)` scales the reduced value r of own slot i (its token uo{i}, head go{i}) and
-    masks it, `wscale(i)` the V scale of own slot i's token (None: none). `extras`: (name, expr(i) or None)
-    per-head sums of p * expr kept by the owners like l (rescaled; None: only rescaled), gathered into
-    var {name}{g} after the loop (KIVI's V zeros). Needs L >= 2 and the subgroup_invocation_id builtin `sgi`
-    (row lanes at sgi's low bits: the guard checks it).
-    tau (lazy rescale): an owner moves its running max only when the step's max exceeds it by more than tau
-    (log2 units), so p <= 2^tau and most steps keep alpha = 1; `anyg` (subgroupAny of the owners' moves, uniform
-    over the subgroup) then says whether any accumulator of the subgroup needs the rescale (render's branch)."""
-    b = L.bit_length() - 1
-    V = G * U
-    Vp = 1 << (V - 1).bit_length()
-    m = min(Vp.bit_length() - 1, b)  # scatter levels
-    own = max(1, Vp // L)  # (head, token) slots a lane owns after them
-    pro, step, post = [], [], []
-    pro.append(f"{I}let lhi = lane >> {b - m}u;  // the scatter's owner id: own slot i is (head, token) j = lhi * {own} + i")
-    pro.append(f"{I}let sgb = sgi & {~(L - 1) & 0xFFFFFFFF}u;  // this row's lane 0 in the subgroup")
-    for k in range(m):
-        pro.append(f"{I}let sbit{k} = (lane & {L >> (k + 1)}u) != 0u;")
-    for i in range(own):
-        pro.append(f"{I}let uo{i} = (lhi * {own}u + {i}u) % {U}u;")
-        pro.append(f"{I}let go{i} = (lhi * {own}u + {i}u) / {U}u;")
-        pro.append(f"{I}var mo{i} = EMPTY;")
-        pro.append(f"{I}var lo{i} = 0.0;")
-        pro += [f"{I}var {name}o{i} = 0.0;" for name, _ in extras]
-    vals = [partial(g, u) for g in range(G) for u in range(U)] + [zero] * (Vp - V)
-    for k in range(b):
-        x = L >> (k + 1)
-        if len(vals) > 1:
-            h = len(vals) // 2
-            nxt = []
-            for i in range(h):
-                lo, hi = vals[i], vals[h + i]
-                step.append(f"{J}let r{k}_{i} = select({lo}, {hi}, sbit{k}) + subgroupShuffleXor(select({hi}, {lo}, sbit{k}), {x}u);")
-                nxt.append(f"r{k}_{i}")
-            vals = nxt
-        else:
-            step.append(f"{J}let r{k}_0 = {vals[0]} + subgroupShuffleXor({vals[0]}, {x}u);")
-            vals = [f"r{k}_0"]
-    for i in range(own):
-        step.append(f"{J}let so{i} = {logit(i, vals[i])};")
-    per = min(own, U)  # own slots of one head
-    for h0 in range(0, own, per):
-        mx = f"so{h0}"
-        for i in range(h0 + 1, h0 + per):
-            mx = f"max({mx}, so{i})"
-        step.append(f"{J}var mx{h0} = {mx};")
-        t = 0
-        while (per << t) < U:  # the head's other tokens sit on lanes differing in lhi's low bits
-            step.append(f"{J}mx{h0} = max(mx{h0}, subgroupShuffleXor(mx{h0}, {1 << (b - m + t)}u));")
-            t += 1
-        for i in range(h0, h0 + per):
-            if tau is not None:
-                step.append(f"{J}let gro{i} = mx{h0} > mo{i} + {float(tau)!r};")
-                step.append(f"{J}let mno{i} = select(mo{i}, mx{h0}, gro{i});")
-            else:
-                step.append(f"{J}let mno{i} = max(mo{i}, mx{h0});")
-            step.append(f"{J}let alo{i} = exp2(mo{i} - mno{i});")
-            step.append(f"{J}let pp{i} = exp2(so{i} - mno{i});")
-            step.append(f"{J}lo{i} = lo{i} * alo{i} + pp{i};")
-            for name, expr in extras:
-                e = expr(i) if expr else None
-                step.append(f"{J}{name}o{i} = {name}o{i} * alo{i}{f' + pp{i} * {e}' if e else ''};")
-            step.append(f"{J}mo{i} = mno{i};")
-            ws = wscale(i)
-            step.append(f"{J}let wo{i} = {f'pp{i} * {ws}' if ws else f'pp{i}'};")
-
-    if tau is not None:
-        step.append(f"{J}let anyg = subgroupAny({' || '.join(f'gro{i}' for i in range(own))});")
-
-    def src(j):  # (own slot, subgroup lane) of an owner of slot j
-        return j % own, f"sgb | {(j // own) << (b - m)}u"
-
-    for g in range(G):
-        i, ln = src(g * U)
-        step.append(f"{J}let al{g} = subgroupShuffle(alo{i}, {ln});")
-        post.append(f"{I}var m{g} = subgroupShuffle(mo{i}, {ln});")
-        for u in range(U):
-            i, ln = src(g * U + u)
-            step.append(f"{J}let w{g}_{u} = subgroupShuffle(wo{i}, {ln});")
-        for name in ["l"] + [n for n, _ in extras]:  # the owners' shares of the head's sums
-            post.append(f"{I}var {name}{g} = {' + '.join(f'subgroupShuffle({name}o{src(g * U + u)[0]}, {src(g * U + u)[1]})' for u in range(U))};")
-    return pro, step, post
-
-
-def subgroup_defines(L: int, scatter: bool) -> dict:
-    """SG_PARAM (the subgroup builtins a split kernel takes) and SG_GUARD: a driver that ran the pipeline with
-    fewer lanes a subgroup than L, or (scatter) with a row's lanes not at the low bits of the subgroup
-    invocation id, would sum the wrong lanes: the partition then says NaN, and the result is refused as
-    non-finite instead of wrong."""
-    if L < 2:
-        return {"SG_PARAM": "", "SG_GUARD": ""}
-    cond = f"sg_size < {L}u" + (f" || (sgi & {L - 1}u) != lane" if scatter else "")
-    return {"SG_PARAM": ", @builtin(subgroup_size) sg_size: u32" + (", @builtin(subgroup_invocation_id) sgi: u32" if scatter else ""),
-            "SG_GUARD": f"if ({cond}) {{ m0 = bitcast<f32>(0x7fc00000u); }}"}
-
-
-def online_update(g: int, U: int, J: str) -> list[str]:
-    """WGSL of the all-lane online-softmax step of head g over U tokens whose logits s{g}_u are reduced and
-    masked: the new max, the rescale al{g}, the probabilities p{g}_u, l and m updated (base 2)."""
-    mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-    return ([f"{J}let mn{g} = max(m{g}, {mx});", f"{J}let al{g} = exp2(m{g} - mn{g});"]
-            + [f"{J}let p{g}_{u} = exp2(s{g}_{u} - mn{g});" for u in range(U)]
-            + [f"{J}l{g} = l{g} * al{g} + {_join([f'p{g}_{u}' for u in range(U)])};", f"{J}m{g} = mn{g};"])
-
-
-def lazy_rescale(G: int, nv: int, J: str) -> list[str]:
-    """WGSL of the lazy scatter softmax's rescale (scatter_softmax's tau): a{g}_i *= al{g} for the G heads, in a
-    branch on `anyg`, which is uniform over the subgroup (most steps skip it: alpha is exactly 1 there)."""
-    return ([f"{J}if (anyg) {{"] + [f"{J}  a{g}_{i} = a{g}_{i} * al{g};" for g in range(G) for i in range(nv)]
-            + [f"{J}}}"])
-
-
-def pv_accumulate(g: int, nv: int, U: int, J: str, vals, weight=lambda g, u: f"w{g}_{u}", rescale: bool = True):
-    """WGSL of head g's P.V step: a{g}_i = a{g}_i * al{g} + sum_u weight(g, u) * vals(u, i), an fma chain."""
-    out = []
-    for i in range(nv):
-        acc = f"a{g}_{i} * al{g}" if rescale else f"a{g}_{i}"
-        for u in range(U):
-            acc = f"fma(vec4<f32>({weight(g, u)}), {vals(u, i)}, {acc})"
-        out.append(f"{J}a{g}_{i} = {acc};")
-    return out
-
-
-def lane_allreduce(s: str, L: int, J: str) -> list[str]:
-    """WGSL summing the value `s` (a var) over the L lanes of a row by subgroupShuffleXor (log2 L steps)."""
-    out, x = [], 1
-    while x < L:
-        out.append(f"{J}{s} = {s} + subgroupShuffleXor({s}, {x}u);")
-        x *= 2
-    return out
-
-
-def query_line(g: int, i: int, D: int, factor: str, I: str) -> str:
-    """WGSL of the lane's i-th vec4 of query head g (q[qb + ...], qb its first dim), times `factor`."""
-    o = g * D + 4 * i
-    return f"{I}let q{g}_{i} = vec4<f32>(q[qb + {o}u], q[qb + {o + 1}u], q[qb + {o + 2}u], q[qb + {o + 3}u]) * {factor};"
-
-
 def block_lanes(head_size: int, most: int, block: int) -> int:
     """Lanes a row of records in blocks of `block` elements: the most (<= `most`) whose dims a lane (a multiple
     of 4) nest with the blocks (one divides the other); 0 when none."""
@@ -580,84 +296,6 @@ def block_lanes(head_size: int, most: int, block: int) -> int:
         if dpl % 4 == 0 and (block % dpl == 0 or dpl % block == 0):
             return L
     return 0
-
-
-def own_select(names, idx: str) -> str:
-    """WGSL picking names[idx] for a lane-dependent idx (a chain of selects)."""
-    e = names[0]
-    for k in range(1, len(names)):
-        e = f"select({e}, {names[k]}, {idx} == {k}u)"
-    return e
-
-
-def partial_writes(G: int, nv: int, J: str = "    ", head0: str = "seq * p.num_heads + ") -> list[str]:
-    """WGSL of row group 0 writing its partition's state [m, l, acc[0..D)] of each of the G heads to `partials`
-    (lane 0 writes m and l, every lane its DPL dims): the WRITE block of every split kernel. head0: the
-    sequence's first head row ("" for a per-sequence partials buffer: TurboQuant's per-sequence decode)."""
-    out = []
-    for g in range(G):
-        out.append(f"{J}let pb{g} = (({head0}kvh * {G}u + {g}u) * p.num_partitions + part) * STRIDE;")
-        out.append(f"{J}if (lane == 0u) {{ partials[pb{g}] = m{g}; partials[pb{g} + 1u] = l{g}; }}")
-        for i in range(nv):
-            for c in range(4):
-                out.append(f"{J}partials[pb{g} + 2u + lane * DPL + {4 * i + c}u] = a{g}_{i}[{c}];")
-    return out
-
-
-def step_loads(U: int, bsx: str, words, prefetch: bool, I: str = "  ", J: str = "    ", rows=None, bt_ahead: bool = False):
-    """WGSL of a split kernel's loads, shared by the paged fast decodes (this module, fast_decode_ggml,
-    fast_decode_kivi): (prologue lines, the step's load lines, the step's closing lines). Each of the U tokens
-    of a row group's step gets its row in the paged cache (`bsx`: the block size, a constant or
-    "p.block_size"), and `words(u, r)` gives token u's (name, expression) loads at row expression r.
-
-    Without prefetch the step loads its own tokens (clamped to t1 - 1). With it (software pipelining) the
-    prologue loads the first step's words into vars, each step issues the next step's block-table reads
-    and loads before its arithmetic and closes by rotating them in; an empty partition or sequence clamps
-    to a token that exists, or to block-table entry 0 of the sequence, and never uses what it loaded.
-
-    rows(u, stage, sfx), for a kernel that walks its tokens or addresses its rows otherwise (fast_decode_kivi:
-    a loop over key groups around the steps, separate K and V rows): ([(name, expression)] of token u's
-    address lets, names ending in sfx; the r given to words) at stage "step" (the step's own token, no
-    prefetch), "first" (the prologue's: the first step's; `tlast` = max(t1, 1) - 1 is defined) or "next" (the
-    next step's). None: the split loop's walk (tokens tb + rg * U + u, RG * U a step) over a
-    [blocks, kv_heads, block_size, WPT] cache; there, with the prefetch, bt_ahead loads each token's block-table
-    entry a step before the words it addresses (BT_AHEAD_FORMATS)."""
-
-    ahead = prefetch and bt_ahead and rows is None
-
-    def paged(u, stage, sfx):
-        base, last = {"step": ("tb", "t1 - 1u"), "first": ("t0", "tlast"), "next": ("tb + RG * U", "tlast")}[stage]
-        tc, row = f"tc{u}{sfx}", f"row{u}{sfx}"
-        block = f"block_tables[bt + {tc} / {bsx}]"
-        if ahead and stage == "next":  # the block id loaded a step before (BT_AHEAD_FORMATS); load the one after
-            return [(tc, f"min({base} + rg * U + {u}u, {last})"),
-                    (row, f"((bid{u} * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT"),
-                    (f"=bid{u}", f"block_tables[bt + min(tb + 2u * RG * U + rg * U + {u}u, tlast) / {bsx}]")], row
-        lets = [(tc, f"min({base} + rg * U + {u}u, {last})"),
-                (row, f"(({block} * p.num_kv_heads + kvh) * {bsx} + {tc} % {bsx}) * WPT")]
-        if ahead and stage == "first":  # the second step's block ids
-            lets.append((f"var bid{u}", f"block_tables[bt + min(t0 + RG * U + rg * U + {u}u, tlast) / {bsx}]"))
-        return lets, row
-
-    def emit(ind, stage, decl, pre, sfx):
-        out, names, rs = [], [], []
-        for u in range(U):
-            lets, r = (rows or paged)(u, stage, sfx)
-            # a name "=x" assigns the var x, "var x" declares it, any other is a let
-            out += [f"{ind}{n[1:]} = {e};" if n[0] == "=" else f"{ind}{n} = {e};" if n.startswith("var ")
-                    else f"{ind}let {n} = {e};" for n, e in lets]
-            rs.append(r)
-        for u in range(U):
-            for name, expr in words(u, rs[u]):
-                names.append(name)
-                out.append(f"{ind}{decl} {pre}{name} = {expr};")
-        return out, names
-
-    if not prefetch:
-        return [], emit(J, "step", "let", "", "")[0], []
-    first = [f"{I}let tlast = max(t1, 1u) - 1u;"] + emit(I, "first", "var", "", "p")[0]
-    nxt, names = emit(J, "next", "let", "n", "n")
-    return first, nxt, [f"{J}{n} = n{n};" for n in names]
 
 
 def check_query(q, batch: PagedBatch, num_kv_heads: int, scale: float):
@@ -717,11 +355,21 @@ def check_grid(rt: GpuRuntime, name: str, counts) -> None:
                                    "dimension", "Use longer partitions or fewer sequences per batch.")
 
 
+# ---------------------------------------------------------------------------------- code generation
+# The kernel's generated code is shaders/attention/split_decode.wgsl.j2 (the split kernels' shape:
+# attention/split_kernel.wgsl.j2; the formats' code expressions: attention/cache_formats.wgsl.j2); render() picks its
+# values. magic converts integer codes without the int-to-float instruction (a quarter-rate op on NVIDIA), exactly:
+# int8 by f16 pairs when I8X4_VIA_F16 (2 conversions and 6 integer ops a word), else by the 2^23 mantissa trick.
+I8X4_VIA_F16 = True  # render's magic int8 conversion takes the f16 route (tools/fast_decode_tune.py --i8-f16=off|on)
+
+
 def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = "f32", pv: str = "f32",
            pv_flush: int = PV_FLUSH, block_size: int = 0, prefetch: bool = False, lazy: bool = False,
            magic: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of attention/split_decode.wgsl for one format and shape (and variant: QK_VARIANTS,
-    PV_VARIANTS; the defaults render the exact f32 kernel).
+    PV_VARIANTS; the defaults render the exact f32 kernel): its plain values, and its code blocks (HELPERS,
+    PROLOGUE, STEP, MERGE, WRITE, SG_PARAM, SG_GUARD) rendered from shaders/attention/split_decode.wgsl.j2 with
+    the values picked here.
 
     block_size > 0 renders the block size as a constant (token -> block and offset become a shift and a
     mask for powers of two instead of an integer division a token); 0 reads it from the immediates.
@@ -733,207 +381,36 @@ def render(fmt: CacheFormat, head_size: int, group: int, lay: Layout, qk: str = 
     lazy: the accumulators and l are rescaled only in the steps where the running max grows (a branch,
     uniform over a row group's lanes) instead of by alpha = exp2(m - m_new) every step; same values up to
     the compiler's fusing of multiply-adds (within the f32 tolerance, not bit for bit). f32 P.V only. With the
-    scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup (lazy_rescale).
-    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (_helpers: int8 by f16 pairs when I8X4_VIA_F16)
+    scatter softmax: only where it grows past the old max + LAZY_TAU, one branch for the subgroup.
+    magic: int8 / int4 codes become f32 by the 2^23 mantissa trick (int8 by f16 pairs when I8X4_VIA_F16)
     instead of the int-to-float conversion; exact, bit-identical outputs.
-    scatter: the reduce-scatter softmax (scatter_softmax): each (head, token) logit's softmax step runs on the
+    scatter: the reduce-scatter softmax: each (head, token) logit's softmax step runs on the
     lanes that own it instead of on all L lanes; f32 P.V, L >= 2. Same arithmetic per logit, the
     lane sums in another order: within the f32 tolerance, not bit for bit."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     i8, h16 = qk == "i8", pv == "f16"
     if scatter and (L < 2 or h16):
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row and f32 P.V")
-    qrec = D // 4 + 1  # an int8 query record: D/4 code words + its f32 scale word
     dpl = lay.dims_per_lane
-    nv = dpl // 4
-    wpl = dpl // fmt.elems_per_word
-    cw = fmt.code_words(D)
-    stride = D + 2
     gs = fmt.group_size
-    pro, step, merge, write = [], [], [], []
-    I = "  "
-    # ---- prologue: the G query slices (pre-scaled), the online-softmax states
-    if i8:
-        pro.append(f"{I}let qhb = (seq * p.num_heads + kvh * {G}u) * {qrec}u;  // this GQA group's int8 query records")
-    unit = FP8_UNIT.get(fmt.fp8 or "", 1.0)  # e4m3 codes enter as value / 2^8 (_helpers' fold_unit): q and V scale x 2^8
-    qf = f"p.scale_log2 * {unit!r}" if unit != 1.0 else "p.scale_log2"
-    for g in range(G):
-        if i8:  # this lane's code words of head g, and the head's scale folded with scale*log2(e)
-            for w in range(wpl):
-                pro.append(f"{I}let qw{g}_{w} = q[qhb + lw + {g * qrec + w}u];")
-            pro.append(f"{I}let qs{g} = bitcast<f32>(q[qhb + {g * qrec + D // 4}u]) * p.scale_log2;")
-        else:
-            for i in range(nv):
-                pro.append(query_line(g, i, D, qf, I))
-        if not scatter:
-            pro.append(f"{I}var m{g} = EMPTY;")
-            pro.append(f"{I}var l{g} = 0.0;")
-        for i in range(nv):
-            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
-        if h16:  # the f16 accumulator of the steps since the last flush, and the f32 rescale over them
-            for i in range(nv):
-                pro.append(f"{I}var ah{g}_{i} = vec4<f16>(0.0h);")
-            pro.append(f"{I}var cum{g} = 1.0;")
-    if h16:
-        pro.append(f"{I}var steps = 0u;")
-    if fmt.scale == "tensor":
-        pro.append(f"{I}let ks_t = bitcast<f32>(tensor[2u]);")
-        pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
-    groups_per_lane = max(1, dpl // gs) if gs else 0
-    if gs:
-        pro.append(f"{I}let gi = (lane * DPL) / {gs}u;  // this lane's first (scale, zero) group")
-    # ---- one step: U tokens per row group
-    J = "    "
-    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-
-    def words(u, r):  # token u's words at row r: every load of the step is issued before any arithmetic
-        out = []
-        for wname, buf in (("kw", "kc"), ("vw", "vc")):
-            out += [(f"{wname}{u}_{w}", f"{buf}[{r} + lw + {w}u]") for w in range(wpl)]
-        if fmt.scale == "token":
-            out += [(f"ks{u}", f"bitcast<f32>(kc[{r} + {cw}u])"), (f"vs{u}", f"bitcast<f32>(vc[{r} + {cw}u])")]
-        for k in range(groups_per_lane):
-            for wname, buf in (("k", "kc"), ("v", "vc")):
-                out += [(f"{wname}gs{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u)])"),
-                        (f"{wname}gz{u}_{k}", f"bitcast<f32>({buf}[{r} + {cw}u + 2u * (gi + {k}u) + 1u])")]
-        return out
-
-    first, loaded, rotate = step_loads(U, bsx, words, prefetch, I, J, bt_ahead=fmt.name in BT_AHEAD_FORMATS)
-    pro += first
-    for u in range(U):
-        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-    step += loaded
-
-    def grp(which, u, i):
-        if not gs:
-            return None
-        k = (4 * i) // gs if dpl > gs else 0
-        return (f"{which}gs{u}_{k}", f"{which}gz{u}_{k}")
-
-    if not i8:
-        for u in range(U):
-            for i in range(nv):
-                step.append(f"{J}let kv{u}_{i} = {_vec(fmt, f'kw{u}', i, grp('k', u, i), magic)};")
-    ks = {"token": "ks{u}", "tensor": "ks_t"}.get(fmt.scale)
-    vs = {"token": "vs{u}", "tensor": "vs_t"}.get(fmt.scale)
-    if unit != 1.0:
-        vs = f"({vs or '1.0'} * {unit!r})"
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            if i8:  # an exact integer dot (|sum| <= D * 128 * 128 < 2^24, so f32(si) is exact too)
-                si = f"si{g}_{u}"
-                step.append(f"{J}var {si} = {_join([f'dot4I8Packed(qw{g}_{w}, kw{u}_{w})' for w in range(wpl)])};")
-                if scatter:
-                    continue
-                step += lane_allreduce(si, L, J)
-                step.append(f"{J}let {s} = select(MASKED, f32({si}) * qs{g} * {ks.format(u=u)}, tt{u} < t1);")
-                continue
-            step.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv)])};")
-            if scatter:
-                continue
-            step += lane_allreduce(s, L, J)
-            scaled = f"{s} * {ks.format(u=u)}" if ks else s
-            step.append(f"{J}{s} = select(MASKED, {scaled}, tt{u} < t1);")
-    post = []
-    if scatter:  # the lane-partial logits are reduce-scattered; each lane runs the softmax of the slots it owns
-        def own_scale(tmpl, i):
-            if tmpl is None or "{u}" not in tmpl:
-                return tmpl
-            return own_select([tmpl.format(u=u) for u in range(U)], f"uo{i}")
-
-        def logit(i, r):
-            x = f"f32({r}) * qso{i}" if i8 else r
-            k = own_scale(ks, i)
-            return f"select(MASKED, {f'{x} * {k}' if k else x}, tb + rg * U + uo{i} < t1)"
-
-        sc_pro, sc_step, post = scatter_softmax(G, U, L, (lambda g, u: f"si{g}_{u}") if i8 else (lambda g, u: f"s{g}_{u}"),
-                                                "0i" if i8 else "0.0", logit, lambda i: own_scale(vs, i), I, J,
-                                                tau=LAZY_TAU if lazy else None)
-        pro += sc_pro
-        if i8:  # the owner's query scale (its head's, fixed per lane)
-            own = max(1, (1 << (G * U - 1).bit_length()) // L)
-            pro += [f"{I}let qso{i} = {own_select([f'qs{g}' for g in range(G)], f'go{i}')};" for i in range(own)]
-        step += sc_step
-    for u in range(U):
-        if h16 and fmt.name == "int8":
-            step.append(f"{J}let vsh{u} = f16({vs.format(u=u)});")
-        for i in range(nv):
-            if h16:  # the V value in f16, its per-token / tensor scale folded in (shared by the G heads)
-                step.append(f"{J}let vh{u}_{i} = {_vec16(fmt, f'vw{u}', i, grp('v', u, i), vs and vs.format(u=u))};")
-            else:
-                step.append(f"{J}let vv{u}_{i} = {_vec(fmt, f'vw{u}', i, grp('v', u, i), magic)};")
-    vvals = lambda u, i: f"vv{u}_{i}"  # noqa: E731
-    if scatter and lazy:  # the accumulators are rescaled only in the steps where an owner of the subgroup moved its max
-        step += lazy_rescale(G, nv, J)
-    for g in range(G):
-        if scatter:  # al{g}, w{g}_u come from their owners
-            step += pv_accumulate(g, nv, U, J, vvals, rescale=not lazy)
-            continue
-        mx = f"s{g}_0" if U == 1 else "max(" * (U - 1) + f"s{g}_0" + "".join(f", s{g}_{u})" for u in range(1, U))
-        if lazy and not h16:
-            # rescale l and the accumulators only when the running max grows (uniform over the row
-            # group's lanes: they share the logits); otherwise alpha would be exactly 1
-            step.append(f"{J}let mn{g} = max(m{g}, {mx});")
-            step.append(f"{J}if (mn{g} > m{g}) {{")
-            step.append(f"{J}  let al{g} = exp2(m{g} - mn{g});")
-            step.append(f"{J}  l{g} = l{g} * al{g};")
-            for i in range(nv):
-                step.append(f"{J}  a{g}_{i} = a{g}_{i} * al{g};")
-            step.append(f"{J}  m{g} = mn{g};")
-            step.append(f"{J}}}")
-            for u in range(U):
-                step.append(f"{J}let p{g}_{u} = exp2(s{g}_{u} - m{g});")
-            step.append(f"{J}l{g} = l{g} + {_join([f'p{g}_{u}' for u in range(U)])};")
-            for u in range(U):
-                step.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vs.format(u=u)}' if vs else f'p{g}_{u}'};")
-            step += pv_accumulate(g, nv, U, J, vvals, rescale=False)
-            continue
-        step += online_update(g, U, J)
-        if h16:
-            step.append(f"{J}let alh{g} = f16(al{g});")
-            step.append(f"{J}cum{g} = cum{g} * al{g};")
-            for u in range(U):
-                step.append(f"{J}let w{g}_{u} = f16(p{g}_{u} * {2.0 ** -pv_shift(U, pv_flush)!r});")
-            for i in range(nv):
-                acc = f"ah{g}_{i} * alh{g}"
-                for u in range(U):
-                    acc = f"fma(vec4<f16>(w{g}_{u}), vh{u}_{i}, {acc})"
-                step.append(f"{J}ah{g}_{i} = {acc};")
-            continue
-        for u in range(U):
-            wv = f"p{g}_{u} * {vs.format(u=u)}" if vs else f"p{g}_{u}"
-            step.append(f"{J}let w{g}_{u} = {wv};")
-        step += pv_accumulate(g, nv, U, J, vvals)
-    step += rotate  # the prefetched words become the next step's
-    if h16:  # every pv_flush steps, and once after the loop: a = a * cum + ah * 2^shift, in f32
-        flush = []
-        for g in range(G):
-            for i in range(nv):
-                flush.append(f"a{g}_{i} = fma(vec4<f32>(ah{g}_{i}), vec4<f32>({2.0 ** pv_shift(U, pv_flush)!r}), a{g}_{i} * cum{g});")
-                flush.append(f"ah{g}_{i} = vec4<f16>(0.0h);")
-            flush.append(f"cum{g} = 1.0;")
-        step.append(f"{J}steps = steps + 1u;")
-        step.append(f"{J}if (steps == {pv_flush}u) {{")
-        step.append(f"{J}  steps = 0u;")
-        step += [f"{J}  {x}" for x in flush]
-        step.append(f"{J}}}")
-        merge += [f"{I}{x}" for x in flush]
-    # ---- merge of the row groups, a tree over workgroup memory
-    merge += post + merge_tree(G, nv, stride, RG, I)
-    # ---- row group 0 writes the partition's state
-    write += partial_writes(G, nv, J)
+    values = dict(
+        fmt=fmt, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, wpl=dpl // fmt.elems_per_word, stride=D + 2,
+        cw=fmt.code_words(D), gs=gs, groups_per_lane=max(1, dpl // gs) if gs else 0,
+        qrec=D // 4 + 1,  # an int8 query record: D/4 code words + its f32 scale word
+        i8=i8, h16=h16, pv_flush=pv_flush, shift=pv_shift(U, pv_flush), lazy=lazy, lazy_tau=LAZY_TAU, magic=magic,
+        via_f16=I8X4_VIA_F16, scatter=scatter, prefetch=prefetch, bt_ahead=fmt.name in BT_AHEAD_FORMATS,
+        bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+        unit=FP8_UNIT.get(fmt.fp8 or "", 1.0),  # e4m3 codes enter as value / 2^8: the query and the V scale take 2^8
+    )
     return {
         "FORMAT": f"{fmt.name}" + (f", {fmt.scale} scale" if fmt.scale != "none" else "") + (f", group {gs}" if gs else ""),
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
-        "SHARED": str(max(1, RG // 2) * G * stride),
-        "HELPERS": _helpers(fmt, magic, fold_unit=unit != 1.0),
-        **subgroup_defines(L, scatter),
+        "WPT": str(fmt.wpt(D)), "DPL": str(dpl), "WPL": str(values["wpl"]), "STRIDE": str(D + 2),
+        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
         "VARIANT": variant_name(qk, pv, pv_flush, U) + ("; scatter softmax" if scatter else ""),
         "ENABLES": "enable f16;" if h16 else "",
         "Q_TYPE": "u32" if i8 else "f32",
-        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+        **render_defines("attention/split_decode.wgsl.j2", **values),
     }
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from kvviz.attention import arith, paged_oracle as oracle, split_decode as fd
 from kvviz.attention.paged import PagedKernels, check_head_size
 from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
+from kvviz.bench.roofline import Ceilings, bound
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
 from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
@@ -162,8 +163,6 @@ def run_bench(
     """`methods`: every registered method's kernels (True), none (False) or those named (registry ids).
     `kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
     and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
-    from kvviz.bench.roofline import Ceilings, bound
-
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
     log(f"adapter: {rt.summary.line()}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from dataclasses import dataclass
 
 
@@ -21,8 +22,7 @@ def rss_bytes() -> int:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
-        import resource
-        import sys
+        import resource  # Unix only: imported where /proc is missing
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import traceback
 
 from kvviz.analysis.session import SessionConfig
 from kvviz.ui.audit import cut_text, scrolling_docks
@@ -68,8 +69,6 @@ def main(args=None) -> int:
                         wide = scrolling_docks(win)
                         print(f"kvviz: {len(wide)} dock(s) scroll sideways" + "".join(f"\n  {c}" for c in wide))
                     except Exception:  # noqa: BLE001 - the audit must not keep the window open
-                        import traceback
-
                         traceback.print_exc()
             except OSError as exc:
                 print(f"kvviz: {exc}", file=sys.stderr)

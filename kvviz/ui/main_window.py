@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import re
+import traceback
 from dataclasses import fields as dataclass_fields
 from importlib.metadata import PackageNotFoundError, version
 
@@ -748,15 +749,11 @@ class MainWindow(QMainWindow):
             try:
                 p.set_results(res)
             except Exception as exc:  # noqa: BLE001 - one broken panel must not take the window down
-                import traceback
-
                 traceback.print_exc()
                 self.show_error(f"{p.title} panel", exc)
         try:
             self.bias.set_results(res)
         except Exception as exc:  # noqa: BLE001
-            import traceback
-
             traceback.print_exc()
             self.show_error(f"{self.bias.title} panel", exc)
         self._fit_central()  # the overview grows by its warning line (Results.warnings) when there is one

@@ -1,5 +1,5 @@
-// ---- shaders/attention/split_common.wgsl: what every split-K decode template (fast/decode_*.wgsl) shares --------
-// (their generators: kvviz/attention/split_decode*.py; the {{...}} values come from each render())
+// ---- shaders/attention/split_common.wgsl: what every split-K decode shares --------
+// (the {{...}} values come from each decode's render(), its code blocks from its *.wgsl.j2 template)
 const D: u32 = {{D}}u;       // head size (the padded one for KIVI)
 const L: u32 = {{L}}u;       // lanes sharing a token row
 const RG: u32 = {{RG}}u;     // row groups of a workgroup

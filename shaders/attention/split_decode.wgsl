@@ -1,7 +1,7 @@
 // Split-K paged decode ("flash-decoding") reading a packed KV cache in place: kvviz's fast decode.
-// kvviz/attention/split_decode.py renders it for one cache format and shape; the {{...}} blocks are
-// generated there, unrolled per query head and per token, because naga clamps every dynamic index of
-// a private array and the arrays then leave registers (2x slower on an H200, docs/fast-kernels.md s.8).
+// kvviz/attention/split_decode.py renders it for one cache format and shape; the {{...}} code blocks come from
+// the template attention/split_decode.wgsl.j2, unrolled per query head and per token, because naga clamps every
+// dynamic index of a private array and the arrays then leave registers (2x slower on an H200, docs/fast-kernels.md s.8).
 //
 // Grid (num_partitions, num_kv_heads, num_seqs). One workgroup = one partition of one sequence for
 // one KV head and all G query heads of its GQA group, so every K/V word is loaded once for G heads.

@@ -1,6 +1,7 @@
 // Split-K paged decode ("flash-decoding") reading the NVFP4 cache in place: kvviz's fast nvfp4 decode.
-// kvviz/families/fp4/decode.py renders it for one shape; the {{...}} blocks are generated there, unrolled
-// per query head, token and vec4 (naga clamps dynamic indices of private arrays, which then leave registers).
+// kvviz/families/fp4/decode.py renders it for one shape; the {{...}} code blocks come from the template
+// fp4/decode_fast.wgsl.j2, unrolled per query head, token and vec4 (naga clamps dynamic indices of private arrays,
+// which then leave registers).
 //
 // Record (kvviz/families/fp4/format.py): words 0..SW-1 the E4M3 scale bytes (byte s = sub-block s of 16 elements),
 // then 2 code words a sub-block (byte i: element 16s+i in the low nibble, 16s+8+i in the high one);

@@ -1,6 +1,7 @@
 // Split-K paged decode ("flash-decoding") reading a llama.cpp block-type cache (q8_0, q4_0, q4_1, q5_0, q5_1,
 // iq4_nl, mxfp4) in place: kvviz's fast ggml decode. kvviz/families/ggml/decode.py renders it for one type
-// and shape; the {{...}} blocks are generated there, unrolled per query head, token and vec4 (naga clamps
+// and shape; the {{...}} code blocks come from the template ggml/decode_fast.wgsl.j2, unrolled per query head,
+// token and vec4 (naga clamps
 // dynamic indices of private arrays, which then leave registers).
 //
 // Record: a token's ggml row (D/32 blocks of BPB bytes, byte for byte as ggml lays them out) padded to whole

@@ -1,6 +1,7 @@
 // Split-K decode ("flash-decoding") over KIVI's paged cache, read in place: kvviz's fast KIVI decode.
 // kvviz/families/kivi/decode.py renders it for one bit width, head size, GQA group and lane layout; the
-// {{...}} blocks are generated there, unrolled per query head and per vec4 (naga clamps dynamic indices of
+// {{...}} code blocks come from the template kivi/decode_fast.wgsl.j2, unrolled per query head and per vec4 (naga
+// clamps dynamic indices of
 // private arrays, and those arrays then leave registers).
 //
 // Cache (kvviz/families/kivi/format.py), u32 words, KW = D*bits/32 code words a token, WS = D*bs/16:

@@ -1,6 +1,7 @@
 // Split-K decode ("flash-decoding") over TurboQuant's seed cache, read in place: kvviz's fast TurboQuant decode.
-// kvviz/families/turboquant/decode.py renders it for one head size, GQA group and lane layout; the {{...}} blocks are
-// generated there, unrolled per query head and per token (naga clamps dynamic indices of private arrays).
+// kvviz/families/turboquant/decode.py renders it for one head size, GQA group and lane layout; the {{...}} code blocks
+// come from the template turboquant/decode_fast.wgsl.j2, unrolled per query head and per token (naga clamps dynamic
+// indices of private arrays).
 //
 // The cache is the seed's (kvviz/families/turboquant/format.py): ONE sequence per buffer, not paged (turboquant/decode_fast_paged.wgsl
 // is the paged variant over per-token records), regions

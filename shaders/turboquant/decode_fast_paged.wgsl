@@ -1,7 +1,7 @@
 // Split-K decode ("flash-decoding") over a PAGED TurboQuant cache (the seed configuration), read in place.
 // kvviz/families/turboquant/decode.py renders it (render(..., paged=True)) for one head size, GQA group, lane layout
-// and block size; the per-token arithmetic is turboquant/decode_fast.wgsl's (the per-sequence cache's decode), only the
-// addressing differs.
+// and block size (the template turboquant/decode_fast.wgsl.j2); the per-token arithmetic is
+// turboquant/decode_fast.wgsl's (the per-sequence cache's decode), only the addressing differs.
 //
 // The cache: per-token records in [num_blocks, num_kv_heads, block_size, W] u32 (kvviz/families/turboquant/format.py,
 // "general settings", at bits 2 / v_bits 2 without outliers: the seed compressor's words, per token):

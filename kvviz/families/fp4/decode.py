@@ -1,16 +1,16 @@
 """The fast NVFP4 decode: split-K ("flash-decoding") paged attention that reads the nvfp4 method's cache
 (kvviz/families/fp4/format.py: E2M1 codes, an FP8 E4M3 scale per 16 elements, an f32 scale per tensor) in place,
 without the dequantise pass and the f32 copy of the cache the first-wave path makes. Shaders
-fp4/decode_fast.wgsl (split, rendered here) + fast_decode's reduce (reduce_spec), unchanged;
-numpy reference: the method's own (kvviz/families/fp4/oracle.py: e2m1 * e4m3 * s_t through the f32 decode's
+fp4/decode_fast.wgsl (split; its code rendered from the template fp4/decode_fast.wgsl.j2) + fast_decode's reduce
+(reduce_spec), unchanged; numpy reference: the method's own (kvviz/families/fp4/oracle.py: e2m1 * e4m3 * s_t through the f32 decode's
 arithmetic in float64); tests tests/test_fast_decode_nvfp4.py.
 
 Why a module of its own and not a type of fast_decode_ggml: a ggml record is a row of byte-packed blocks
 (header then codes, not word aligned: funnel shifts); the NVFP4 record keeps its E4M3 scale bytes in the
 first ceil(D/64) words and its codes word aligned after them (2 words a 16-element sub-block), and a
-per-tensor scale sits in a side buffer. The shared pieces come from fast_decode (layout rules, step_loads,
-scatter_softmax, online_update, pv_accumulate, merge_tree, partial_writes, plan_partitions, the checks, the
-subgroup probe, the loop budget, the reduce, the FP8 helper fp8x4).
+per-tensor scale sits in a side buffer. The shared pieces come from fast_decode (layout rules, plan_partitions,
+the checks, the subgroup probe, the loop budget, the reduce) and from its templates (the split kernel's shape
+attention/split_kernel.wgsl.j2 with its loads, softmax, merge and write; the FP8 helper fp8x4).
 
 Record (a token of one KV head, D a multiple of 16, SW = ceil(D/64) scale words):
     words 0..SW-1: E4M3 scale byte s = sub-block s; then code words SW + 2s, SW + 2s + 1 of sub-block s:
@@ -42,6 +42,7 @@ import numpy as np
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.fp4 import format as f4
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.templates import render_defines
 from kvviz.attention import split_decode as fd
 from kvviz.paging import PagedBatch
 
@@ -57,15 +58,8 @@ KERNELS = (SPLIT, REDUCE)
 
 # fast_decode's layout rules for 4-byte words (the lane split is ours: _lanes)
 _FMT = fd.CacheFormat("nvfp4", 4)
-# The E2M1 codes -> f32 helper (exact: see the module docstring), and the E4M3 scale byte through fast_decode's
-# FP8 helper (fp8x4: unpack2x16float of the bytes moved into f16 bit positions, x 2^8).
-E2M1_WGSL = """// 4 E2M1 codes (the low nibbles of bytes 0..3 of w) -> their values x 2^-14, exactly: each nibble's sign to
-// bit 15 and its exponent and mantissa bits to f16 bits 9..11, two f16 pairs widened by unpack2x16float
-fn e2m1x4(w: u32) -> vec4<f32> {
-  let a = unpack2x16float(((w << 9u) & 0x0E000E00u) | ((w << 12u) & 0x80008000u));
-  let b = unpack2x16float(((w << 1u) & 0x0E000E00u) | ((w << 4u) & 0x80008000u));
-  return vec4<f32>(a.x, b.x, a.y, b.y);
-}"""
+# The E2M1 codes -> f32 helper (exact: see the module docstring; shaders/fp4/decode_fast.wgsl.j2) yields the codes' values
+# x 2^-14; the E4M3 scale byte goes through the fast decode's FP8 helper (fp8x4), and the sub-block's scale takes the 2^14.
 E2M1_UNIT = 2.0 ** 14  # e2m1x4's values are the codes' x 2^-14
 
 
@@ -106,7 +100,7 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
            scatter: bool = False) -> dict:
     """The {{...}} values of fp4/decode_fast.wgsl for one shape. block_size > 0 renders the block size as a
     constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: software
-    pipelining (fast_decode.step_loads; same arithmetic, bit-identical outputs). scatter: fast_decode's
+    pipelining (fast_decode.render's; same arithmetic, bit-identical outputs). scatter: fast_decode's
     reduce-scatter softmax (L >= 2; the V tensor scale is the owners' weight scale)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
@@ -114,95 +108,15 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
     dpl = lay.dims_per_lane
     if dpl % 4 or not (SUB % dpl == 0 or dpl % SUB == 0):
         raise InvalidInput(f"nvfp4 fast decode: {dpl} dims a lane neither lie inside a 16-element sub-block nor cover whole ones")
-    nv = dpl // 4
     ncw, nsw = _counts(dpl)
-    sw = f4.scale_words(D)
-    stride = D + 2
-    pro, step = [], []
-    I, J = "  ", "    "
-    # ---- prologue: the lane's word offsets and nibble, the scaled query slices, the softmax states
-    pro.append(f"{I}let sb = (lane * DPL) / {SUB}u;  // the lane's first sub-block")
-    if dpl < SUB:
-        pro.append(f"{I}let e0 = (lane * DPL) % {SUB}u;  // its first element inside the sub-block")
-        pro.append(f"{I}let cwb = SW + 2u * sb + (e0 / 4u) % 2u;  // its first code word")
-        pro.append(f"{I}let ns = 4u * (e0 / 8u);  // its nibble: elements 8..15 of a sub-block are the high ones")
-    else:
-        pro.append(f"{I}let cwb = SW + 2u * sb;")
-    for k in range(nsw):
-        pro.append(f"{I}let sw{k} = (sb + {k}u) / 4u;")
-        pro.append(f"{I}let ssh{k} = ((sb + {k}u) % 4u) * 8u;")
-    pro.append(f"{I}let qsc = p.scale_log2 * bitcast<f32>(tensor[2u]);  // scale * log2(e) * s_t K")
-    pro.append(f"{I}let vs_t = bitcast<f32>(tensor[3u]);")
-    for g in range(G):
-        for i in range(nv):
-            pro.append(fd.query_line(g, i, D, "qsc", I))
-        if not scatter:
-            pro.append(f"{I}var m{g} = EMPTY;")
-            pro.append(f"{I}var l{g} = 0.0;")
-        for i in range(nv):
-            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
-    # ---- one step: U tokens per row group; every load before any arithmetic
-    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-
-    def words(u, r):  # token u's scale words and code words at row r
-        out = []
-        for x, buf in (("k", "kc"), ("v", "vc")):
-            out += [(f"{x}s{u}_{k}", f"{buf}[{r} + sw{k}]") for k in range(nsw)]
-            out += [(f"{x}w{u}_{j}", f"{buf}[{r} + cwb + {j}u]") for j in range(ncw)]
-        return out
-
-    first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, J)
-    pro += first
-    for u in range(U):
-        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-    step += loaded
-
-    def vals(x, u):  # the lane's vec4s of token u, e2m1 x e4m3 (exact): sub-block scale d folded into the codes
-        out = [f"{J}let {x}d{u}_{k} = fp8x4({x}s{u}_{k} >> ssh{k}).x * {E2M1_UNIT!r};" for k in range(nsw)]
-        for i in range(nv):
-            if dpl < SUB:
-                c, k = f"e2m1x4({x}w{u}_{i} >> ns)", 0
-            else:
-                k, j = i // 4, 4 * (i % 4)  # sub-block k of the lane, element j in it
-                w = f"{x}w{u}_{2 * k + (j // 4) % 2}"
-                c = f"e2m1x4({w} >> 4u)" if j >= 8 else f"e2m1x4({w})"
-            out.append(f"{J}let {x}v{u}_{i} = {c} * {x}d{u}_{k};")
-        return out
-
-    for u in range(U):
-        step += vals("k", u)
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            step.append(f"{J}var {s} = {' + '.join(f'dot(q{g}_{i}, kv{u}_{i})' for i in range(nv))};")
-            if scatter:
-                continue
-            step += fd.lane_allreduce(s, L, J)
-            step.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
-    post = []
-    if scatter:  # the lane-partial logits are reduce-scattered; the owners' weights carry the V tensor scale
-        sc_pro, sc_step, post = fd.scatter_softmax(
-            G, U, L, lambda g, u: f"s{g}_{u}", "0.0", lambda i, r: f"select(MASKED, {r}, tb + rg * U + uo{i} < t1)",
-            lambda i: "vs_t", I, J)
-        pro += sc_pro
-        step += sc_step
-    for u in range(U):
-        step += vals("v", u)
-    for g in range(G):
-        if not scatter:
-            step += fd.online_update(g, U, J)
-            step += [f"{J}let w{g}_{u} = p{g}_{u} * vs_t;" for u in range(U)]
-        step += fd.pv_accumulate(g, nv, U, J, lambda u, i: f"vv{u}_{i}")
-    step += rotate  # the prefetched words become the next step's
-    merge = post + fd.merge_tree(G, nv, stride, RG, I)
+    values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=D + 2, sub=SUB, ncw=ncw, nsw=nsw,
+                  e2m1_unit=E2M1_UNIT, scatter=scatter, prefetch=prefetch,
+                  bsx=f"{block_size}u" if block_size > 0 else "p.block_size")
     return {
         "FORMAT": "nvfp4", "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "WPT": str(f4.words_per_token(D)), "SW": str(sw), "DPL": str(dpl), "STRIDE": str(stride),
-        "SHARED": str(max(1, RG // 2) * G * stride),
-        "HELPERS": fd._helpers(fd.fp8_format("e4m3", False)) + "\n" + E2M1_WGSL,
-        **fd.subgroup_defines(L, scatter),
-        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge),
-        "WRITE": "\n".join(fd.partial_writes(G, nv, J)),
+        "WPT": str(f4.words_per_token(D)), "SW": str(f4.scale_words(D)), "DPL": str(dpl), "STRIDE": str(D + 2),
+        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
+        **render_defines("fp4/decode_fast.wgsl.j2", **values),
     }
 
 

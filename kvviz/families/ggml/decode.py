@@ -1,10 +1,11 @@
 """The fast ggml decode: split-K ("flash-decoding") paged attention that reads llama.cpp block-type caches
 (q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4; kvviz/families/ggml/format.py) in place, without the dequantise pass
-and the f32 copy of the cache the first-wave path makes. Shaders ggml/decode_fast.wgsl (split, rendered
-here) + fast_decode's reduce (reduce_spec), unchanged; numpy reference: the method's own
-(kvviz/families/ggml/oracle.py: gguf's dequantisation through the f32 decode's arithmetic in float64); tests
-tests/test_fast_decode_ggml.py. Reuses fast_decode's pieces (layout rules, merge_tree, plan_partitions, the
-subgroup probe, the loop-budget check, the reduce).
+and the f32 copy of the cache the first-wave path makes. Shaders ggml/decode_fast.wgsl (split; its code
+rendered from the template ggml/decode_fast.wgsl.j2) + fast_decode's reduce (reduce_spec), unchanged; numpy
+reference: the method's own (kvviz/families/ggml/oracle.py: gguf's dequantisation through the f32 decode's
+arithmetic in float64); tests tests/test_fast_decode_ggml.py. Reuses fast_decode's pieces (layout rules,
+plan_partitions, the subgroup probe, the loop-budget check, the reduce, the split kernel's template
+attention/split_kernel.wgsl.j2).
 
 Record: a token's record (one KV head) is its ggml row (D/32 blocks of 34 / 18 / 20 / 22 / 24 / 18 / 17
 bytes, byte for byte as ggml lays them out) padded to whole u32 words; paged [num_blocks, kv_heads,
@@ -43,6 +44,7 @@ import numpy as np
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.ggml import format as fg
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.templates import render_defines
 from kvviz.attention import split_decode as fd
 from kvviz.paging import PagedBatch
 
@@ -95,30 +97,6 @@ def _iq4_words() -> list[int]:
     return [int(x) for x in b.view(np.uint32)]
 
 
-def _helpers(t: fg.GgmlType) -> str:
-    if t.name == "iq4_nl":
-        w = _iq4_words()
-        return f"""// 4 iq4_nl codes -> their values (kvalues_iq4nl, signed bytes 4 a word, picked by selects)
-fn iq4v(c: vec4<u32>) -> vec4<f32> {{
-  let hi = c >> vec4<u32>(2u);
-  let w = select(select(vec4<u32>({w[0]}u), vec4<u32>({w[1]}u), hi == vec4<u32>(1u)),
-                 select(vec4<u32>({w[2]}u), vec4<u32>({w[3]}u), hi == vec4<u32>(3u)), hi >= vec4<u32>(2u));
-  let b = w << ((vec4<u32>(3u) - (c & vec4<u32>(3u))) * vec4<u32>(8u));
-  return vec4<f32>(bitcast<vec4<i32>>(b) >> vec4<u32>(24u));
-}}"""
-    if t.name == "mxfp4":
-        return """// 4 MXFP4 codes -> the doubled E2M1 values (gguf's kvalues: 0 1 2 3 4 6 8 12, bit 3 the sign)
-fn mxv(c: vec4<u32>) -> vec4<f32> {
-  let v = vec4<f32>((vec4<u32>(0xC8643210u) >> ((c & vec4<u32>(7u)) * vec4<u32>(4u))) & vec4<u32>(15u));
-  return select(v, -v, (c & vec4<u32>(8u)) != vec4<u32>(0u));
-}
-// E8M0 e -> 2^(e-128) (ggml_e8m0_to_fp32_half: the scale of the doubled values)
-fn e8m0h(e: u32) -> f32 {
-  return bitcast<f32>(select((e - 1u) << 23u, 0x00200000u << (e & 1u), e < 2u));
-}"""
-    return ""
-
-
 def prefetch_words(t: fg.GgmlType, lay: fd.Layout) -> int:
     """u32 words a lane loads for one step (K and V, U tokens): what the prefetch holds twice."""
     dpl = lay.dims_per_lane
@@ -135,175 +113,25 @@ def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_siz
     size as a constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: each
     step issues the next step's block-table reads and word loads before its arithmetic (fast_decode.render's
     software pipelining; same arithmetic, bit-identical outputs). scatter: fast_decode's reduce-scatter softmax
-    (fast_decode.scatter_softmax; L >= 2): the owners broadcast p, each lane applies its own blocks' V scales."""
+    (L >= 2): the owners broadcast p, each lane applies its own blocks' V scales."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
-    nv = dpl // 4
     n = min(dpl, 32)  # elements of one segment (the lane's part of one block)
-    nseg = max(1, dpl // 32)
-    stride = D + 2
-    q8, mx, iq = t.name == "q8_0", t.name == "mxfp4", t.name == "iq4_nl"
-    nbytes = n if q8 else min(n, 16)  # code bytes of a segment
-    ncw = nbytes // 4
-    code_hdr = t.header + (4 if t.qh else 0)
-    pro, step, merge, write = [], [], [], []
-    I, J = "  ", "    "
-    # ---- prologue: the lane's byte offsets, the G query slices (pre-scaled), the online-softmax states
-    for k in range(nseg):
-        pro.append(f"{I}let hb{k} = ((lane * DPL) / 32u + {k}u) * BPB;  // byte offset of the lane's block {k}")
-        pro.append(f"{I}let dw{k} = hb{k} / 4u;")
-        pro.append(f"{I}let ds{k} = (hb{k} % 4u) * 8u;")
-        cb = f"hb{k} + {code_hdr}u + e0" if q8 else f"hb{k} + {code_hdr}u + (e0 % 16u)"
-        pro.append(f"{I}let cb{k} = {cb};")
-        pro.append(f"{I}let cw{k} = cb{k} / 4u;")
-        pro.append(f"{I}let cl{k} = min(cw{k} + {ncw}u, WPT - 1u);  // the extra word, inside the record")
-        pro.append(f"{I}let sr{k} = (cb{k} % 4u) * 8u;")
-        pro.append(f"{I}let sl{k} = (32u - sr{k}) & 31u;")
-        pro.append(f"{I}let hm{k} = select(0u, 0xFFFFFFFFu, sr{k} != 0u);")
-        if t.qh:
-            pro.append(f"{I}let hq{k} = hb{k} + {t.header}u;")
-            pro.append(f"{I}let qw{k} = hq{k} / 4u;")
-            pro.append(f"{I}let ql{k} = min(qw{k} + 1u, WPT - 1u);")
-            pro.append(f"{I}let qsr{k} = (hq{k} % 4u) * 8u;")
-            pro.append(f"{I}let qsl{k} = (32u - qsr{k}) & 31u;")
-            pro.append(f"{I}let qhm{k} = select(0u, 0xFFFFFFFFu, qsr{k} != 0u);")
-    if not q8 and n <= 16:
-        pro.append(f"{I}let ns = vec4<u32>(select(0u, 4u, e0 >= 16u)) + vec4<u32>(0u, 8u, 16u, 24u);  // nibble of each byte")
-    if t.qh:
-        pro.append(f"{I}let eb = vec4<u32>(e0) + vec4<u32>(0u, 1u, 2u, 3u);  // element in the block (qh bit)")
-
-    def seg(i):
-        """(segment, element offset inside the segment) of the lane's vec4 i."""
-        k = (4 * i) // 32 if n == 32 else 0
-        return k, 4 * i - 32 * k
-
-    for g in range(G):
-        for i in range(nv):
-            pro.append(fd.query_line(g, i, D, "p.scale_log2", I))
-        if t.has_min:  # sum of the (pre-scaled) query over each of the lane's segments: the min's term of the logit
-            for k in range(nseg):
-                parts = [f"q{g}_{i}" for i in range(nv) if seg(i)[0] == k]
-                pro.append(f"{I}let qs{g}_{k} = dot({' + '.join(parts)}, vec4<f32>(1.0));")
-        if not scatter:
-            pro.append(f"{I}var m{g} = EMPTY;")
-            pro.append(f"{I}var l{g} = 0.0;")
-        for i in range(nv):
-            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
-    # ---- one step: U tokens per row group; every load before any arithmetic
-    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-
-    def words(u, r):  # token u's words at row r (its blocks' headers, q5's qh words, the code words + 1)
-        out = []
-        for x, buf in (("k", "kc"), ("v", "vc")):
-            for k in range(nseg):
-                out.append((f"{x}h{u}_{k}", f"{buf}[{r} + dw{k}]"))
-                if t.qh:
-                    out += [(f"{x}q{u}_{k}_0", f"{buf}[{r} + qw{k}]"), (f"{x}q{u}_{k}_1", f"{buf}[{r} + ql{k}]")]
-                out += [(f"{x}w{u}_{k}_{j}", f"{buf}[{r} + cw{k} + {j}u]") for j in range(ncw)]
-                out.append((f"{x}w{u}_{k}_{ncw}", f"{buf}[{r} + cl{k}]"))
-        return out
-
-    first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, J)
-    pro += first
-    for u in range(U):
-        step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-    step += loaded
-    for u in range(U):
-        for x in "kv":
-            for k in range(nseg):
-                h = f"{x}h{u}_{k}"
-                if mx:
-                    step.append(f"{J}let {x}d{u}_{k} = e8m0h(({h} >> ds{k}) & 0xFFu);")
-                elif t.has_min:  # (d, m) one aligned word: blocks of 20 / 24 bytes start at multiples of 4
-                    step.append(f"{J}let {x}dm{u}_{k} = unpack2x16float({h});")
-                    step.append(f"{J}let {x}d{u}_{k} = {x}dm{u}_{k}.x;")
-                    step.append(f"{J}let {x}m{u}_{k} = {x}dm{u}_{k}.y;")
-                else:
-                    step.append(f"{J}let {x}d{u}_{k} = unpack2x16float({h} >> ds{k}).x;")
-                if t.qh:
-                    step.append(f"{J}let {x}qh{u}_{k} = ({x}q{u}_{k}_0 >> qsr{k}) | (({x}q{u}_{k}_1 << qsl{k}) & qhm{k});")
-                for j in range(ncw):
-                    w = f"{x}w{u}_{k}"
-                    step.append(f"{J}let {x}c{u}_{k}_{j} = ({w}_{j} >> sr{k}) | (({w}_{j + 1} << sl{k}) & hm{k});")
-
-    def vec(x, u, i):
-        """The lane's i-th vec4 of codes of token u (values without the block's scale / min)."""
-        k, j = seg(i)
-        if q8:
-            # unpack4xI8: the 2^23 trick of fast_decode (I8X4_MAGIC_WGSL) measured slower here on the H200
-            # for q8_0, unlike in the int8 cache's decode, where it is faster
-            return f"vec4<f32>(unpack4xI8({x}c{u}_{k}_{j // 4}))"
-        if n == 32:
-            word, sh = (j % 16) // 4, ("vec4<u32>(0u, 8u, 16u, 24u)" if j < 16 else "vec4<u32>(4u, 12u, 20u, 28u)")
-        else:
-            word, sh = j // 4, "ns"
-        raw = f"((vec4<u32>({x}c{u}_{k}_{word}) >> {sh}) & vec4<u32>(15u))"
-        if t.qh:
-            raw = f"({raw} | (((vec4<u32>({x}qh{u}_{k}) >> (eb + vec4<u32>({j}u))) & vec4<u32>(1u)) << vec4<u32>(4u)))"
-        if mx:
-            return f"mxv({raw})"
-        if iq:
-            return f"iq4v({raw})"
-        off = {"q4_0": 8.0, "q5_0": 16.0}.get(t.name)
-        return f"(vec4<f32>({raw}) - vec4<f32>({off}))" if off else f"vec4<f32>({raw})"
-
-    for u in range(U):
-        for i in range(nv):
-            step.append(f"{J}let kv{u}_{i} = {vec('k', u, i)};")
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            terms = []
-            for k in range(nseg):
-                dots = " + ".join(f"dot(q{g}_{i}, kv{u}_{i})" for i in range(nv) if seg(i)[0] == k)
-                terms.append(f"kd{u}_{k} * ({dots})")
-                if t.has_min:
-                    terms.append(f"km{u}_{k} * qs{g}_{k}")
-            step.append(f"{J}var {s} = {' + '.join(terms)};")
-            if scatter:
-                continue
-            step += fd.lane_allreduce(s, L, J)
-            step.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
-    post = []
-    if scatter:  # p{g}_{u} comes from its owner (the V scales are per lane: each lane's own blocks')
-        sc_pro, sc_step, post = fd.scatter_softmax(
-            G, U, L, lambda g, u: f"s{g}_{u}", "0.0", lambda i, r: f"select(MASKED, {r}, tb + rg * U + uo{i} < t1)",
-            lambda i: None, I, J)
-        pro += sc_pro
-        step += sc_step
-        step += [f"{J}let p{g}_{u} = w{g}_{u};" for g in range(G) for u in range(U)]
-    for u in range(U):
-        for i in range(nv):
-            step.append(f"{J}let vv{u}_{i} = {vec('v', u, i)};")
-    for g in range(G):
-        if not scatter:
-            step += fd.online_update(g, U, J)
-        for u in range(U):
-            for k in range(nseg):
-                step.append(f"{J}let w{g}_{u}_{k} = p{g}_{u} * vd{u}_{k};")
-                if t.has_min:
-                    step.append(f"{J}let pm{g}_{u}_{k} = p{g}_{u} * vm{u}_{k};")
-        for i in range(nv):
-            k = seg(i)[0]
-            acc = f"a{g}_{i} * al{g}"
-            for u in range(U):
-                acc = f"fma(vec4<f32>(w{g}_{u}_{k}), vv{u}_{i}, {acc})"
-            if t.has_min:
-                acc = f"{acc} + vec4<f32>({' + '.join(f'pm{g}_{u}_{k}' for u in range(U))})"
-            step.append(f"{J}a{g}_{i} = {acc};")
-    step += rotate  # the prefetched words become the next step's
-    # ---- merge of the row groups (fast_decode's tree), row group 0 writes the partition's state
-    merge += post + fd.merge_tree(G, nv, stride, RG, I)
-    write += fd.partial_writes(G, nv, J)
+    q8 = t.name == "q8_0"
+    values = dict(
+        t=t, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=D + 2, n=n, nseg=max(1, dpl // 32),
+        q8=q8, mx=t.name == "mxfp4", iq=t.name == "iq4_nl", iq4_words=_iq4_words(),
+        ncw=(n if q8 else min(n, 16)) // 4,  # code words of a segment (4-bit codes: two a byte)
+        code_hdr=t.header + (4 if t.qh else 0), scatter=scatter, prefetch=prefetch,
+        bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+    )
     return {
         "FORMAT": t.name, "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "WPT": str(t.words_per_token(D)), "BPB": str(t.block_bytes), "DPL": str(dpl), "STRIDE": str(stride),
-        "SHARED": str(max(1, RG // 2) * G * stride),
-        "HELPERS": _helpers(t),
-        **fd.subgroup_defines(L, scatter),
-        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+        "WPT": str(t.words_per_token(D)), "BPB": str(t.block_bytes), "DPL": str(dpl), "STRIDE": str(D + 2),
+        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
+        **render_defines("ggml/decode_fast.wgsl.j2", **values),
     }
 
 

@@ -32,8 +32,8 @@ What it does:
     to every channel once after the loops. Chosen over folding z into each code (fma(code, s, z) per
     vec4) because that costs D/L FMAs a token and lane, the scalar G FMAs; the results differ by f32
     rounding only (the tolerance covers it);
-  - software-pipelined loads (prefetch; fast_decode.step_loads, the loads of the other fast decodes, with the
-    KIVI walk and rows): each quantised step issues the NEXT step's block-table reads and K / V words (codes,
+  - software-pipelined loads (prefetch; the loads of the other fast decodes, attention/split_macros.wgsl.j2,
+    with the KIVI walk and rows): each quantised step issues the NEXT step's block-table reads and K / V words (codes,
     V scale and zero) before its own arithmetic, at a key group's last step those of the next sweep's group,
     the prologue loads the first step's (clamped to a token that exists when the partition has no key
     group), and the step closes by rotating them in: the two dependent latencies (block table -> words)
@@ -47,7 +47,7 @@ What it does:
   - the residual window [n_q, L) (n_q a multiple of 32): a second loop in the same workgroup over the f32
     rows of the partition's part of [n_q, L) (the f32 fast decode's step: U tokens a row group), with
     the same online-softmax state; usually only the last partition of a sequence has residual rows;
-  - the row groups merge through workgroup memory (fast_decode.merge_tree), row group 0 writes the
+  - the row groups merge through workgroup memory (the fast decode's tree), row group 0 writes the
     partition's [m, l, acc] to partials and the fast decode's reduce combines the partitions (an empty
     sequence gives 0).
 
@@ -69,6 +69,7 @@ import numpy as np
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.families.kivi import format as kl
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.templates import render_defines
 from kvviz.gpu.runtime import Dispatch
 from kvviz.attention import split_decode as fd
 LOG2E = fd.LOG2E
@@ -114,26 +115,6 @@ def unsupported(bits: int, head_size: int, group: int, block_size: int) -> str:
     return ""
 
 
-def _shifts(bits: int, i: int) -> str:
-    """The shifts of vec4 i's 4 codes within their word (a lane owning whole words)."""
-    epw = 32 // bits
-    base = bits * ((4 * i) % epw)
-    return "vec4<u32>(" + ", ".join(f"{base + bits * c}u" for c in range(4)) + ")"
-
-
-def _codes(bits: int, w: str, i: int, aligned: bool = True) -> str:
-    """vec4<f32> of the i-th 4 codes of a lane. aligned: its code words are named {w}_0, {w}_1, ...; else
-    vec4 i has its own word {w}_i and the per-lane shifts csh{i} (prologue)."""
-    if aligned:
-        word = (4 * i) // (32 // bits)
-        return f"vec4<f32>((vec4<u32>({w}_{word}) >> {_shifts(bits, i)}) & vec4<u32>({(1 << bits) - 1}u))"
-    return f"vec4<f32>((vec4<u32>({w}_{i}) >> csh{i}) & vec4<u32>({(1 << bits) - 1}u))"
-
-
-def _join(parts, sep=" + "):
-    return sep.join(parts) if parts else "0.0"
-
-
 def prefetch_words(bits: int, lay: fd.Layout) -> int:
     """u32 words a lane loads for one quantised step (U tokens: K and V code words, V's scale and zero): what
     the prefetch holds twice."""
@@ -154,174 +135,36 @@ def use_prefetch(bits: int, lay: fd.Layout, prefetch: bool | None = None) -> boo
 
 def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block_size: int = 0,
            prefetch: bool = False, scatter: bool = False) -> dict:
-    """The {{...}} values of kivi/decode_fast.wgsl. prefetch: software pipelining of the quantised loop
-    (fast_decode.step_loads, as fast_decode.render and fast_decode_ggml.render do): each step issues the NEXT
+    """The {{...}} values of kivi/decode_fast.wgsl: its code rendered from the template kivi/decode_fast.wgsl.j2.
+    prefetch: software pipelining of the quantised loop (the loads of fast_decode.render and
+    fast_decode_ggml.render): each step issues the NEXT
     step's block-table reads and K / V loads (the next key group's first step at a group's last) before its
     own arithmetic, the prologue loads the first step's, the step closes by rotating them in; same
     arithmetic, bit-identical outputs (tests/test_fast_decode_kivi.py). The key groups' (scale, zero) loads
     and the residual window's f32 rows are not pipelined (the module docstring says why). scatter: fast_decode's
-    reduce-scatter softmax (fast_decode.scatter_softmax, L >= 2) in both loops; the owners also keep the V
+    reduce-scatter softmax (L >= 2) in both loops; the owners also keep the V
     zeros' sums (zs)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
-    nv = dpl // 4
     epw = 32 // bits
     aligned = dpl % epw == 0  # the lane owns whole code words (else one word a vec4, layout() says when)
     wpl = dpl // epw if aligned else 0
     KW = kl.kw(D, bits)
-    stride = D + 2
     R = GROUP // tg
-    I, J, K = "  ", "    ", "      "
-    pro, grp, qstep, rstep, fold, write = [], [], [], [], [], []
-    # ---- prologue: the G query slices (pre-scaled by scale*log2 e), the group-scaled copies, the states
-    for g in range(G):
-        for i in range(nv):
-            pro.append(fd.query_line(g, i, D, "p.scale_log2", I))
-            pro.append(f"{I}var qk{g}_{i} = vec4<f32>(0.0);")
-        pro.append(f"{I}var bz{g} = 0.0;  // this lane's share of sum_c q_c z_c for the current key group")
-        if not scatter:
-            pro.append(f"{I}var m{g} = EMPTY;")
-            pro.append(f"{I}var l{g} = 0.0;")
-            pro.append(f"{I}var zs{g} = 0.0;  // sum p * (V zero), added to every channel after the loops")
-        for i in range(nv):
-            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
-    if not aligned:  # vec4 i of this lane: its code word and the shifts of its 4 codes in it
-        for i in range(nv):
-            pro.append(f"{I}let cwi{i} = (lane * DPL + {4 * i}u) / {epw}u;")
-            pro.append(f"{I}let csh{i} = vec4<u32>({bits}u * ((lane * DPL + {4 * i}u) % {epw}u)) + "
-                       f"vec4<u32>(0u, {bits}u, {2 * bits}u, {3 * bits}u);")
-    # ---- per key group: its (scale, zero) pairs for this lane's channels, folded into the query
-    grp.append(f"{J}let gj = gb + gslot;")
-    grp.append(f"{J}let gv = gj < g1;  // a row group past the last group masks its logits")
-    grp.append(f"{J}let gc = min(gj, g1 - 1u);")
-    grp.append(f"{J}let so = 2u * D * gc + 2u * lane * DPL;  // stream word of this lane's first (scale, zero) pair")
-    for i in range(nv):  # 4 channels = 8 stream words, in one block (D*bs % 128 == 0, so8 % 8 == 0)
-        grp.append(f"{J}let sw{i} = so + {8 * i}u;")
-        grp.append(f"{J}let sb{i} = (info[bt + sw{i} / p.ws] * p.num_kv_heads + kvh) * p.kstride + kside + sw{i} % p.ws;")
-        grp.append(f"{J}let ksc{i} = bitcast<vec4<f32>>(vec4<u32>(kc[sb{i}], kc[sb{i} + 2u], kc[sb{i} + 4u], kc[sb{i} + 6u]));")
-        grp.append(f"{J}let kzr{i} = bitcast<vec4<f32>>(vec4<u32>(kc[sb{i} + 1u], kc[sb{i} + 3u], kc[sb{i} + 5u], kc[sb{i} + 7u]));")
-    for g in range(G):
-        for i in range(nv):
-            grp.append(f"{J}qk{g}_{i} = q{g}_{i} * ksc{i};")
-        grp.append(f"{J}bz{g} = {_join([f'dot(q{g}_{i}, kzr{i})' for i in range(nv)])};")
-    grp.append(f"{J}let gt = gc * 32u + sub * TG;  // this row group's first token of the group")
-
-    sc_post = []
-
-    def softmax(out, J, mask, vvals, vscale, vzero):
-        """Online-softmax update of the G heads over U tokens whose logits s{g}_{u} are computed: all-lane (the
-        logits reduced and masked before), or scatter (lane partials; mask(u) the WGSL condition of token u)."""
-        if scatter:
-            def own(f, i):
-                return f and fd.own_select([f(u) for u in range(U)], f"uo{i}")
-
-            sc_pro, sc_step, post = fd.scatter_softmax(
-                G, U, L, lambda g, u: f"s{g}_{u}", "0.0",
-                lambda i, r: f"select(MASKED, {r}, {mask(f'uo{i}')})", lambda i: own(vscale, i), I, J,
-                extras=[("zs", (lambda i: own(vzero, i)) if vzero else None)])
-            if not sc_post:
-                pro.extend(sc_pro)
-                sc_post.extend(post)
-            out += sc_step
-            for g in range(G):
-                out += fd.pv_accumulate(g, nv, U, J, vvals)
-            return
-        for g in range(G):
-            out += fd.online_update(g, U, J)
-            if vzero:
-                out.append(f"{J}zs{g} = zs{g} * al{g} + {_join([f'p{g}_{u} * {vzero(u)}' for u in range(U)])};")
-            else:
-                out.append(f"{J}zs{g} = zs{g} * al{g};")
-            for u in range(U):
-                out.append(f"{J}let w{g}_{u} = {f'p{g}_{u} * {vscale(u)}' if vscale else f'p{g}_{u}'};")
-            out += fd.pv_accumulate(g, nv, U, J, vvals)
-
-    def reduce_lanes(out, J, s):
-        out += fd.lane_allreduce(s, L, J)
-
-    # ---- one step over quantised tokens: U consecutive tokens of the row group's TG
-    # block_size > 0: a constant (token -> block and offset by shift and mask for powers of two, as
-    # fast_decode.render does; measured faster there on the H200), else the immediate
-    bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-
-    def rows(u, stage, sfx):  # token u's K and V rows: its key group's step ("first": clamped, g1 may be 0)
-        tok = {"step": f"gt + st * U + {u}u", "first": f"min(gf + {u}u, tlast)", "next": f"gn + {u}u"}[stage]
-        tt, blk, o, kr, vr = (f"{n}{u}{sfx}" for n in ("tt", "blk", "o", "kr", "vr"))
-        return [(tt, tok), (blk, f"info[bt + {tt} / {bsx}] * p.num_kv_heads + kvh"), (o, f"{tt} % {bsx}"),
-                (kr, f"{blk} * p.kstride + {o} * KW"), (vr, f"({blk} * {bsx} + {o}) * VW")], (kr, vr)
-
-    def words(u, r):  # every load of the step before any arithmetic
-        kr, vr = r
-        out = []
-        for wname, buf, base in (("kw", "kc", kr), ("vw", "vc", vr)):
-            if aligned:
-                out += [(f"{wname}{u}_{w}", f"{buf}[{base} + lw + {w}u]") for w in range(wpl)]
-            else:
-                out += [(f"{wname}{u}_{i}", f"{buf}[{base} + cwi{i}]") for i in range(nv)]
-        return out + [(f"vs{u}", f"bitcast<f32>(vc[{vr} + KW])"), (f"vz{u}", f"bitcast<f32>(vc[{vr} + KW + 1u])")]
-
-    first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, K, rows)
-    if prefetch:
-        # the first step's tokens: row group rg's share of group g0 + gslot (a group below g1 when g1 > 0;
-        # with no quantised group, tokens clamped to tlast: in bounds, never used), and the next step's: the
-        # same group's next U tokens, or at its last step the next sweep's group (clamped like gc)
-        pro.append(f"{I}let gf = min(g0 + gslot, max(g1, 1u) - 1u) * 32u + sub * TG;  // the first step's tokens")
-        pro.extend(first)
-        qstep.append(f"{K}let gn = select(gt + (st + 1u) * U, min(gb + GPS + gslot, g1 - 1u) * 32u + sub * TG, "
-                     f"st + 1u == TG / U);  // the next step's tokens")
-    qstep += loaded
-    for u in range(U):
-        for i in range(nv):
-            qstep.append(f"{K}let kq{u}_{i} = {_codes(bits, f'kw{u}', i, aligned)};")
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            qstep.append(f"{K}var {s} = {_join([f'dot(qk{g}_{i}, kq{u}_{i})' for i in range(nv)])} + bz{g};")
-            if scatter:
-                continue
-            reduce_lanes(qstep, K, s)
-            qstep.append(f"{K}{s} = select(MASKED, {s}, gv);")
-    for u in range(U):
-        for i in range(nv):
-            qstep.append(f"{K}let vq{u}_{i} = {_codes(bits, f'vw{u}', i, aligned)};")
-    softmax(qstep, K, lambda u: "gv", lambda u, i: f"vq{u}_{i}", lambda u: f"vs{u}", lambda u: f"vz{u}")
-    qstep += rotate  # the prefetched words become the next step's
-    # ---- one step over residual f32 rows: U tokens a row group, RG row groups interleaved
-    for u in range(U):
-        rstep.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-        rstep.append(f"{J}let rr{u} = res_off + min(tt{u}, t1 - 1u) - nq;")
-        rstep.append(f"{J}let rk{u} = (rr{u} * 2u * p.num_kv_heads + kvh) * D + lane * DPL;")
-        rstep.append(f"{J}let rv{u} = rk{u} + p.num_kv_heads * D;")
-    for u in range(U):
-        for which, base in (("rkv", f"rk{u}"), ("rvv", f"rv{u}")):
-            for i in range(nv):
-                rstep.append(f"{J}let {which}{u}_{i} = vec4<f32>(res[{base} + {4 * i}u], res[{base} + {4 * i + 1}u], "
-                             f"res[{base} + {4 * i + 2}u], res[{base} + {4 * i + 3}u]);")
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            rstep.append(f"{J}var {s} = {_join([f'dot(q{g}_{i}, rkv{u}_{i})' for i in range(nv)])};")
-            if scatter:
-                continue
-            reduce_lanes(rstep, J, s)
-            rstep.append(f"{J}{s} = select(MASKED, {s}, tt{u} < t1);")
-    softmax(rstep, J, lambda u: f"tb + rg * U + {u} < t1", lambda u, i: f"rvv{u}_{i}", None, None)
-    # ---- after the loops: the V zeros' share, the same for every channel
-    fold += sc_post
-    for g in range(G):
-        for i in range(nv):
-            fold.append(f"{I}a{g}_{i} = a{g}_{i} + vec4<f32>(zs{g});")
-    merge = fd.merge_tree(G, nv, stride, RG, I)
-    write += fd.partial_writes(G, nv, J)
+    values = dict(
+        bits=bits, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=D + 2, epw=epw, aligned=aligned, wpl=wpl,
+        scatter=scatter, prefetch=prefetch,
+        # a constant block size: token -> block and offset by shift and mask for powers of two, as the fast decode's
+        # (measured faster there on the H200); else the immediate
+        bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+    )
     return {
         "BITS": str(bits), "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "KW": str(KW), "VW": str(KW + 2), "TG": str(tg), "R": str(R), "GPS": str(RG // R),
-        "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride), "SHARED": str(max(1, RG // 2) * G * stride),
-        **fd.subgroup_defines(L, scatter),
-        "PROLOGUE": "\n".join(pro), "GROUP": "\n".join(grp), "QSTEP": "\n".join(qstep), "RSTEP": "\n".join(rstep),
-        "FOLD": "\n".join(fold), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+        "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(D + 2), "SHARED": str(max(1, RG // 2) * G * (D + 2)),
+        **render_defines("kivi/decode_fast.wgsl.j2", **values),
     }
 
 

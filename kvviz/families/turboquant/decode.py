@@ -6,7 +6,7 @@ PAGED (plan_paged; the method's decode): per-token records in [num_blocks, num_k
 keys [polar D/16 | jl D/32 | pack2x16float(n, rn)], values [polar D/16 | pack2x16float(n, 0)] (paged_words), written
 by the general-settings compressor (tq_general_compress.wgsl) through the batch's slot mapping: at the seed
 configuration it writes the seed compressor's words bit for bit (tests/test_fast_decode_tq_paged.py). Shader
-turboquant/decode_fast_paged.wgsl reads the records through the block tables (fast_decode.step_loads, with its prefetch;
+turboquant/decode_fast_paged.wgsl reads the records through the block tables (the fast decodes' loads and prefetch;
 the block size a compile-time constant): ONE split dispatch for the batch, grid (partitions, num_kv_heads,
 num_seqs), into one partials buffer [S, H, P, D+2], and ONE reduce (turboquant/decode_fast_reduce.wgsl, grid (H, S, 1)).
 
@@ -53,6 +53,7 @@ from kvviz.attention import split_decode as fd
 from kvviz.errors import InvalidInput, UnsupportedShape, require_f32
 from kvviz.families.turboquant import format as tqf, kernels as tqk
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.templates import render_defines
 from kvviz.gpu.runtime import Dispatch
 
 LOG2E = fd.LOG2E
@@ -103,124 +104,22 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
            prefetch: bool = False, scatter: bool = False) -> dict:
     """The {{...}} values of turboquant/decode_fast.wgsl (per-sequence cache) or, with `paged`, of
     turboquant/decode_fast_paged.wgsl (per-token records [num_blocks, kv_heads, block_size, WK | WV] read through the
-    block tables; the loads are fast_decode.step_loads', with its prefetch; block_size > 0 renders the block
-    size as a constant, 0 reads it from the immediates). The arithmetic is the same in both. scatter: fast_decode's
-    reduce-scatter softmax (fast_decode.scatter_softmax, L >= 2; the owners apply the token's norms)."""
+    block tables; the loads are the fast decodes', with their prefetch; block_size > 0 renders the block
+    size as a constant, 0 reads it from the immediates). The arithmetic is the same in both; the code is rendered
+    from the template turboquant/decode_fast.wgsl.j2. scatter: fast_decode's reduce-scatter softmax (L >= 2; the
+    owners apply the token's norms)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
-    nv = dpl // 4
-    wpl = dpl // 16
-    stride = D + 2
-    pro, step, merge, write = [], [], [], []
-    I, J = "  ", "    "
-    for g in range(G):
-        for i in range(nv):
-            o = g * D + 4 * i
-            pro.append(f"{I}let qr{g}_{i} = vec4<f32>(qrot[qb + {o}u], qrot[qb + {o + 1}u], qrot[qb + {o + 2}u], "
-                       f"qrot[qb + {o + 3}u]) * p.scale_log2;")
-            pro.append(f"{I}let qj{g}_{i} = vec4<f32>(qrot[p.q_region + qb + {o}u], qrot[p.q_region + qb + {o + 1}u], "
-                       f"qrot[p.q_region + qb + {o + 2}u], qrot[p.q_region + qb + {o + 3}u]) * p.qjl_log2;")
-        if not scatter:
-            pro.append(f"{I}var m{g} = EMPTY;")
-            pro.append(f"{I}var l{g} = 0.0;")
-        for i in range(nv):
-            pro.append(f"{I}var a{g}_{i} = vec4<f32>(0.0);")
-    # ---- one step: U tokens per row group; every load before any arithmetic
-    if paged:
-        def words(u, r):  # token u's words in its records (row r = the record's index): K [polar | jl | norms], V [polar | norm]
-            out = [(f"kw{u}_{w}", f"kc[{r} * WK + lw + {w}u]") for w in range(wpl)]
-            if wpl == 1:  # this lane's 16 QJL bits: half of a word shared with the neighbouring lane
-                out.append((f"jb{u}_0", f"kc[{r} * WK + PW + lane / 2u] >> (16u * (lane & 1u))"))
-            else:
-                out += [(f"jw{u}_{j}", f"kc[{r} * WK + PW + lane * {wpl // 2}u + {j}u]") for j in range(wpl // 2)]
-            out.append((f"kn{u}", f"unpack2x16float(kc[{r} * WK + PW + JW])"))
-            out += [(f"vw{u}_{w}", f"vc[{r} * WV + lw + {w}u]") for w in range(wpl)]
-            out.append((f"vn{u}", f"unpack2x16float(vc[{r} * WV + PW]).x"))
-            return out
-
-        bsx = f"{block_size}u" if block_size > 0 else "p.block_size"
-        first, loaded, rotate = fd.step_loads(U, bsx, words, prefetch, I, J)
-        pro += first
-        for u in range(U):
-            step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-        step += loaded
-        if wpl > 1:
-            for u in range(U):
-                for w in range(wpl):
-                    step.append(f"{J}let jb{u}_{w} = jw{u}_{w // 2}" + (" >> 16u;" if w % 2 else ";"))
-    else:
-        rotate = []
-        for u in range(U):
-            step.append(f"{J}let tt{u} = tb + rg * U + {u}u;")
-            step.append(f"{J}let sl{u} = sbase + min(tt{u}, t1 - 1u);")
-        for u in range(U):
-            for w in range(wpl):
-                step.append(f"{J}let kw{u}_{w} = kc[sl{u} * PW + lw + {w}u];")
-            if wpl == 1:  # this lane's 16 QJL bits: half of a word shared with the neighbouring lane
-                step.append(f"{J}let jb{u}_0 = kc[jl_off + sl{u} * JW + lane / 2u] >> (16u * (lane & 1u));")
-            else:
-                for j in range(wpl // 2):
-                    step.append(f"{J}let jw{u}_{j} = kc[jl_off + sl{u} * JW + lane * {wpl // 2}u + {j}u];")
-                for w in range(wpl):
-                    step.append(f"{J}let jb{u}_{w} = jw{u}_{w // 2}" + (" >> 16u;" if w % 2 else ";"))
-            step.append(f"{J}let kn{u} = unpack2x16float(kc[kn_off + sl{u}]);")
-            for w in range(wpl):
-                step.append(f"{J}let vw{u}_{w} = vc[sl{u} * PW + lw + {w}u];")
-            step.append(f"{J}let vn{u} = unpack2x16float(vc[vn_off + sl{u}]).x;")
-
-    def shifts(i, per):  # the 4 elements of vec i within its 16-element word, `per` bits each
-        b = 4 * (i % 4)
-        return "vec4<u32>(" + ", ".join(f"{per * (b + c)}u" for c in range(4)) + ")"
-
-    for u in range(U):
-        for i in range(nv):
-            w = i // 4
-            step.append(f"{J}let kq{u}_{i} = cents((vec4<u32>(kw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
-            step.append(f"{J}let jm{u}_{i} = ((~(vec4<u32>(jb{u}_{w}) >> {shifts(i, 1)})) & vec4<u32>(1u)) << vec4<u32>(31u);")
-    for g in range(G):
-        for u in range(U):
-            s = f"s{g}_{u}"
-            polar = " + ".join(f"dot(qr{g}_{i}, kq{u}_{i})" for i in range(nv))
-            qjl = " + ".join(f"flip(qj{g}_{i}, jm{u}_{i})" for i in range(nv))
-            step.append(f"{J}var {s} = {polar} + kn{u}.y * dot({qjl}, ONE);")
-            if scatter:
-                continue
-            step += fd.lane_allreduce(s, L, J)
-            step.append(f"{J}{s} = select(MASKED, {s} * kn{u}.x, tt{u} < t1);")
-    post = []
-    if scatter:  # each (head, token) logit's softmax step on its owning lanes (the token's norms applied there)
-        def own(f, i):
-            return fd.own_select([f.format(u=u) for u in range(U)], f"uo{i}")
-
-        sc_pro, sc_step, post = fd.scatter_softmax(
-            G, U, L, lambda g, u: f"s{g}_{u}", "0.0",
-            lambda i, r: f"select(MASKED, {r} * {own('kn{u}.x', i)}, tb + rg * U + uo{i} < t1)",
-            lambda i: own("vn{u}", i), I, J)
-        pro += sc_pro
-        step += sc_step
-    for u in range(U):
-        for i in range(nv):
-            w = i // 4
-            step.append(f"{J}let vq{u}_{i} = cents((vec4<u32>(vw{u}_{w}) >> {shifts(i, 2)}) & vec4<u32>(3u), cv0, cv1, cv2, cv3);")
-    for g in range(G):
-        if not scatter:
-            step += fd.online_update(g, U, J)
-            for u in range(U):
-                step.append(f"{J}let w{g}_{u} = p{g}_{u} * vn{u};")
-        step += fd.pv_accumulate(g, nv, U, J, lambda u, i: f"vq{u}_{i}")
-    step += rotate  # (paged, prefetch) the next step's words become this one's
-    # ---- merge of the row groups (fast_decode.render's tree)
-    merge += post + fd.merge_tree(G, nv, stride, RG, I)
-    head0 = "seq * p.num_heads + " if paged else ""  # paged: one partials buffer [S, H, P, D+2] for the batch
-    write += fd.partial_writes(G, nv, J, head0)
+    values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, wpl=dpl // 16, stride=D + 2, paged=paged,
+                  scatter=scatter, prefetch=prefetch and paged,  # the per-sequence cache's loads are not pipelined
+                  bsx=f"{block_size}u" if block_size > 0 else "p.block_size")
     return {
         "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(stride),
-        "SHARED": str(max(1, RG // 2) * G * stride),
-        **fd.subgroup_defines(L, scatter),
-        "PROLOGUE": "\n".join(pro), "STEP": "\n".join(step), "MERGE": "\n".join(merge), "WRITE": "\n".join(write),
+        "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(dpl // 16), "STRIDE": str(D + 2),
+        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
+        **render_defines("turboquant/decode_fast.wgsl.j2", **values),
     } | ({"WK": str(tqf.key_bytes_per_vector(D) // 4), "WV": str(tqf.value_bytes_per_vector(D) // 4)} if paged else {})
 
 
