@@ -26,7 +26,7 @@ def test_wheel_ships_the_shaders_and_runs_the_bench(tmp_path):
     wheel = next(dist.glob("kvviz-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     shaders = [p.relative_to(ROOT / "shaders").as_posix() for p in (ROOT / "shaders").rglob("*")
-               if p.suffix in (".wgsl", ".comp")]
+               if p.name.endswith((".wgsl", ".comp", ".wgsl.j2"))]
     assert shaders and all(f"kvviz/shaders/{s}" in names for s in shaders), \
         [s for s in shaders if f"kvviz/shaders/{s}" not in names]
 

