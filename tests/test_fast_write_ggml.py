@@ -28,7 +28,6 @@ from kvviz.kernels import fast_write as fw
 from kvviz.kernels import fast_write_ggml as fwg
 from kvviz.kernels import quant as qk
 from kvviz.methods import get_method
-from kvviz.methods.context import GpuContext
 from kvviz.oracles import fp4 as of4
 from kvviz.oracles import ggml as og
 from kvviz.paging import PAD_SLOT, make_batch
@@ -43,13 +42,6 @@ SHAPES = [
     (256, 16, [19, 4], "fragmented", 3, 1),
 ]
 SIDS = [f"D{s[0]}-bs{s[1]}" for s in SHAPES]
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    from kvviz.gpu.runtime import GpuRuntime
-
-    return GpuContext(GpuRuntime())
 
 
 def special_rows(name: str, D: int) -> list[np.ndarray]:
@@ -159,8 +151,6 @@ def test_ggml_words_equal_the_oracle(ctx, name):
         check_ggml(ctx.rt, name, batch, k, v)
         base = fwg.min_blocks_per_lane(fg.TYPES[name])
         check_ggml(ctx.rt, name, batch, k, v, blocks_per_lane=2 * base)
-
-
 
 
 def test_q8_0_both_roundf_forms_write_the_same_words(ctx):
@@ -353,18 +343,6 @@ def test_two_dimensional_grid(ctx):
     finally:
         rt.limits.clear()
         rt.limits.update(saved)
-
-
-def test_refusals(ctx):
-    rt = ctx.rt
-    batch = make_batch([3], 16)
-    k = np.zeros((3, 1, 48), np.float32)
-    kb, vb = caches(rt, batch, 1, 20)
-    with pytest.raises(Exception, match="multiple of 32"):
-        fwg.ggml_dispatches(rt, "q8_0", k, k, batch.slot_mapping, kb, vb, 16)
-    with pytest.raises(Exception, match="multiples of 2"):
-        fwg.ggml_dispatches(rt, "q8_0", k[:, :, :32], k[:, :, :32], batch.slot_mapping, kb, vb, 16, blocks_per_lane=3)
-    assert [fwg.min_blocks_per_lane(fg.TYPES[n]) for n in TYPES] == [2, 2, 1, 2, 1, 2, 4]
 
 
 # ------------------------------------------------------------------------------ through the methods
