@@ -25,26 +25,14 @@ import numpy as np
 import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.gpu.runtime import GpuRuntime
 from kvviz.kernels import quant as qk
 from kvviz.methods import get_method, registry
-from kvviz.methods.context import GpuContext
 from kvviz.oracles import fp8 as of8
 from kvviz.oracles import int4 as o4
 from kvviz.oracles import int8 as o8
 from kvviz.oracles import kivi as okv
 from kvviz.oracles import paged as op
 from kvviz.paging import PAD_SLOT, make_batch
-
-
-@pytest.fixture(scope="module")
-def rt():
-    return GpuRuntime()
-
-
-@pytest.fixture(scope="module")
-def ctx(rt):
-    return GpuContext(rt)
 
 
 # Every registered method of the families these conformance tests have oracles for, with the option
