@@ -21,6 +21,7 @@ from kvviz.errors import UnsupportedShape
 from kvviz.kernels import families
 from kvviz.methods import get_method
 from kvviz.methods import reference as method_reference
+from kvviz.methods import registry
 from kvviz.paging import PAD_SLOT
 from kvviz.paging import make_batch
 
@@ -1145,3 +1146,154 @@ def nvfp4_method_check(ctx, batch, k, v, H, writer_impl="fast"):
     r2, tol2 = method_reference("nvfp4")(m, batch, k, v, q, scale)
     assert np.abs(out - r2).max() <= tol2
     return qkv
+
+
+# ---------------------------------------------------------------------- the per-token / per-group methods
+oi8 = oracle("int8")
+oi4 = oracle("int4")
+of8 = oracle("fp8")
+okv = oracle("kivi")
+
+
+def quant_kv(rng, T, kvh, D):
+    """Gaussian K/V with per-token magnitudes over 6 decades, a zero vector, a constant vector,
+    a vector with -0.0 and +0.0 and exact ties of the int8 grid."""
+    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
+    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
+    if T > 3:
+        k[1] = 0.0
+        v[1] = 0.0
+        k[2] = np.float32(0.75)
+        v[2, :, ::2] = -0.0
+        v[2, :, 1::2] = 0.0
+        k[3] = (np.arange(D) - D // 2).astype(np.float32) * np.float32(0.5)
+        # every group of >= 31 elements spans exactly 7.5 in 0.25 steps: scale 7.5/15 = 0.5 is exact and
+        # (x - min)/scale hits exact .5 ties, which must round half to even
+        k[4] = v[4] = (np.float32(0.25) * (np.arange(D) % 31) - np.float32(2.0)).astype(np.float32)
+    return k, v
+
+
+def quant_expected(m, batch, k, v):
+    """Oracle: full K / V cache words (from zeroed buffers), dequantised f32 caches and per-row fields."""
+    nb, bs = batch.num_blocks, batch.block_size
+    T, kvh, D = k.shape
+    sm = batch.slot_mapping.astype(np.int64)
+    real = sm != PAD_SLOT
+    if m.family == "kivi":
+        ref = okv.write_buffers(batch, k, v, m.bits, m.recent)
+        kc, vc = okv.dequantize_cache(batch, k, v, m.bits, m.recent, ref["per_seq"])
+        # |zero| of every element (codes 0, residual rows 0): bounds an fma's deviation, see fused_tol
+        zs = [dict(qs, k_codes=0 * qs["k_codes"], v_codes=0 * qs["v_codes"], k_res=0 * qs["k_res"], v_res=0 * qs["v_res"])
+              for qs in ref["per_seq"]]
+        kz, vz = okv.dequantize_cache(batch, k, v, m.bits, m.recent, zs)
+        return {"K": ref["k"], "V": ref["v"], "res": ref["res"], "fK": kc, "fV": vc, "zK": kz, "zV": vz, "oracle": ref}
+    out = {}
+    for which, x in (("K", k), ("V", v)):
+        if m.family == "int8":
+            codes, scales = oi8.quantize(x)
+            recs, deq = oi8.pack_records(codes, scales), oi8.dequantize(codes, scales)
+            out[which + "codes"], out[which + "scales"] = codes, scales
+        elif m.family == "int4":
+            G = m.group_for(D)  # group_size, or the group it picks at a head size it does not divide
+            codes, scales, zeros = oi4.quantize_groups(x, G)
+            recs = oi4.pack_records(codes, scales, zeros)
+            deq = oi4.dequantize_groups(codes, scales, zeros, G)
+            zmap = oi4.dequantize_groups(0 * codes, scales, zeros, G)  # = zero of each element
+            out[which + "codes"], out[which + "scales"], out[which + "zeros"] = codes, scales, zeros
+        else:
+            codes, scales = of8.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
+            recs = of8.pack_records(codes, None if m.per_tensor else scales)
+            deq = of8.dequantize(codes, scales, m.fmt)
+            out[which + "codes"], out[which + "scales"] = codes, scales
+        w = recs.shape[-1]
+        full = np.zeros((nb, kvh, bs, w), np.uint32)
+        full[sm[real] // bs, :, sm[real] % bs] = recs[real]
+        out[which] = full.reshape(nb, kvh, bs * w)
+        f = np.zeros((nb, kvh, bs, D), np.float32)
+        f[sm[real] // bs, :, sm[real] % bs] = deq[real]
+        out["f" + which] = f
+        if m.family == "int4":
+            z = np.zeros((nb, kvh, bs, D), np.float32)
+            z[sm[real] // bs, :, sm[real] % bs] = zmap[real]
+            out["z" + which] = z
+    return out
+
+
+def fused_tol(m, ref, which):
+    """Dequantised-cache tolerance. int8 / FP8: one float32 multiply, exact (0). int4 / KIVI compute
+    code*scale + zero, which Vulkan lets a driver contract into an fma (NVIDIA does; lavapipe does not):
+    fused and unfused differ by at most the product's rounding plus the sum's, i.e. within
+    2^-23 * (|code*scale| + |result|) <= 2^-23 * (2|result| + |zero|); allowed 2^-22 * (|result| + 2|zero|)."""
+    if m.family in ("int8", "fp8"):
+        return 0.0
+    return 2.0**-22 * (np.abs(ref["f" + which]).astype(np.float64) + 2.0 * np.abs(ref["z" + which]))
+
+
+def quant_method_check(ctx, m, batch, k, v, H, scale=None):
+    """A per-token / per-group method (int8, int4, FP8, KIVI) end to end against its numpy oracle: 1. the cache
+    words EQUAL the oracle's (codes, scales, zeros, FP8 bytes, KIVI side streams and residual rows: every
+    quantiser divides with a correctly rounded division and takes min / max on integer keys of the float bits), and
+    the per-row fields read back; 2. the dequantised f32 caches within fused_tol (0 for int8 / FP8); 3. attention
+    through the f32 decode within 2e-5 * max(1, max|V^|) of the float64 oracle over the oracle's dequantised caches,
+    weights within 2e-6. Returns (qkv, the oracle's dict)."""
+    rt = ctx.rt
+    D = k.shape[2]
+    rng = np.random.default_rng(7)
+    qkv = m.quantize(ctx, batch, k, v)
+    ref = quant_expected(m, batch, k, v)
+    real = batch.slot_mapping != PAD_SLOT
+    # 1. the cache words, exactly
+    if m.family == "kivi":
+        bufs = m.read_buffers(ctx, qkv)
+        for which, key in (("K", "k"), ("V", "v")):
+            np.testing.assert_array_equal(bufs[key], ref[which], err_msg=f"{m.id} {which} words")
+        np.testing.assert_array_equal(bufs["res"].view(np.uint32), ref["res"].view(np.uint32), err_msg="residual rows")
+        # per-row fields read back from the GPU agree with the per-sequence oracle
+        p = ref["oracle"]["plan"]
+        for s in range(batch.num_seqs):
+            rows = batch.token_rows(s)
+            nq = int(p.n_q[s])
+            qs = ref["oracle"]["per_seq"][s]
+            np.testing.assert_array_equal(qkv.k_codes[rows[:nq]], qs["k_codes"])
+            np.testing.assert_array_equal(qkv.v_codes[rows[:nq]], qs["v_codes"])
+            np.testing.assert_array_equal(qkv.v_scales[rows[:nq]], qs["v_scale"])
+            np.testing.assert_array_equal(qkv.extra["v_zeros"][rows[:nq]], qs["v_zero"])
+            g = np.arange(nq) // okv.GROUP
+            np.testing.assert_array_equal(qkv.k_scales[rows[:nq]], qs["k_scale"][g])
+            np.testing.assert_array_equal(qkv.extra["k_zeros"][rows[:nq]], qs["k_zero"][g])
+            assert qkv.extra["residual"][rows[nq:]].all() and not qkv.extra["residual"][rows[:nq]].any()
+    else:
+        for which in ("K", "V"):
+            got = quant.read_cache(rt, qkv.device["cache"], which)
+            np.testing.assert_array_equal(got, ref[which], err_msg=f"{m.id} {which} words")
+        for which, codes, scales in (("K", qkv.k_codes, qkv.k_scales), ("V", qkv.v_codes, qkv.v_scales)):
+            exp_codes = ref[which + "codes"][real]
+            if m.family == "fp8":
+                exp_codes = of8.decode(exp_codes, m.fmt)
+                np.testing.assert_array_equal(codes[real].view(np.uint32), exp_codes.view(np.uint32))
+            else:
+                np.testing.assert_array_equal(codes[real], exp_codes)
+            np.testing.assert_array_equal(scales[real].view(np.uint32), ref[which + "scales"][real].view(np.uint32))
+        if m.family == "int8":
+            assert qkv.k_codes[real].min(initial=0) >= -127 and qkv.v_codes[real].min(initial=0) >= -127
+    # 2. the dequantised f32 caches
+    for which in ("K", "V"):
+        got = m.read_f32(ctx, qkv, which)
+        err = np.abs(got.astype(np.float64) - ref["f" + which])
+        tol = fused_tol(m, ref, which)
+        assert (err <= tol).all(), f"{m.id} dequantised {which}: max err {err.max()}, max err/tol {(err / np.maximum(tol, 1e-300)).max()}"
+    # 3. attention through the f32 decode vs the float64 oracle over the oracle's dequantised caches
+    q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
+    fk, fv = ref["fK"].astype(np.float64), ref["fV"].astype(np.float64)
+    if scale is None:
+        # keys span 6 decades of magnitude: pick the softmax scale so the largest |logit| is 8,
+        # which keeps the f32 kernels' logit rounding inside the weight tolerance below
+        scale = float(np.float32(8.0 / max(1e-30, np.abs(np.einsum("shd,bkpd->shbkp", q.astype(np.float64), fk)).max())))
+    out = m.attend(ctx, qkv, batch, q, scale)
+    ref_out = O.decode(q, fk, fv, batch.block_tables, batch.context_lens, batch.block_size, scale)
+    tol = 2e-5 * max(1.0, float(np.abs(fv).max()))
+    assert np.abs(out - ref_out).max() <= tol, f"{m.id} decode err {np.abs(out - ref_out).max()} > {tol}"
+    w = m.weights(ctx, qkv, batch, q, scale)
+    ref_w = O.decode_weights(q, fk, batch.block_tables, batch.context_lens, batch.block_size, scale)
+    assert np.abs(w - ref_w).max() <= 2e-6, f"{m.id} weights err {np.abs(w - ref_w).max()}"
+    return qkv, ref

@@ -423,3 +423,84 @@ def test_method_long_context(ctx, method, lens, seed, data_seed):
     out = m.attend(ctx, qkv, batch, q, 1 / np.sqrt(D))
     ref, tol = harness.method_reference(method)(m, batch, k, v, q, 1 / np.sqrt(D), qkv)
     assert np.abs(out - ref).max() <= tol
+
+
+# ------------------------------------------------------------------------------ every method over shapes
+# (head_size, block_size, context lens, policy, pad_every, kv_heads, heads): ragged lengths with empty and
+# single-token sequences, padding slots, contiguous / scattered / fragmented blocks, MHA and GQA
+QUANT_SHAPES = [
+    (64, 8, [1, 37, 20], "contiguous", 0, 2, 4),
+    (128, 16, [70, 5, 0, 33], "scattered", 5, 2, 4),
+    (256, 32, [100, 31], "scattered", 3, 1, 2),
+    (128, 8, [64, 1, 45], "fragmented", 4, 1, 3),
+]
+GGML_SHAPES = [
+    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
+    (128, 16, [40, 5, 33], "scattered", 5, 1, 4),
+    (256, 32, [50, 1], "fragmented", 3, 1, 2),
+]
+NVFP4_SHAPES = [
+    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
+    (80, 16, [40, 5, 33], "scattered", 5, 1, 2),
+    (128, 16, [30, 1], "fragmented", 3, 2, 4),
+    (256, 32, [50, 7], "scattered", 4, 1, 2),
+]
+# method family -> (shapes, K/V maker, data seed of a shape, check(ctx, method, batch, k, v, heads))
+METHOD_FAMILIES = {
+    "int8": (QUANT_SHAPES, harness.quant_kv, lambda D, bs: D * 1000 + bs, harness.quant_method_check),
+    "int4": (QUANT_SHAPES, harness.quant_kv, lambda D, bs: D * 1000 + bs, harness.quant_method_check),
+    "fp8": (QUANT_SHAPES, harness.quant_kv, lambda D, bs: D * 1000 + bs, harness.quant_method_check),
+    "kivi": (QUANT_SHAPES, harness.quant_kv, lambda D, bs: D * 1000 + bs, harness.quant_method_check),
+    "ggml": (GGML_SHAPES, harness.ggml_kv, lambda D, bs: D * 1000 + bs, harness.ggml_method_check),
+    "fp4": (NVFP4_SHAPES, harness.nvfp4_kv, lambda D, bs: D + bs,
+            lambda ctx, m, batch, k, v, H: harness.nvfp4_method_check(ctx, batch, k, v, H)),
+}
+
+
+def _method_cases():
+    """Every registered method of the families above (int8_seed: tests/test_paged_conformance.py), with each option
+    set it declares worth testing (KVMethod.examples), over its family's shapes."""
+    out = []
+    for key, cls in sorted(harness.registry().items()):
+        if cls.family not in METHOD_FAMILIES or key == "int8_seed":
+            continue
+        for opts in cls.examples():
+            oid = "-".join(f"{a}={b}" for a, b in opts.items())
+            for s in METHOD_FAMILIES[cls.family][0]:
+                out.append(pytest.param(key, opts, s, id=f"{key}-{oid}-D{s[0]}-bs{s[1]}-{s[3]}-pad{s[4]}"))
+    return out
+
+
+@pytest.mark.parametrize("method,opts,shape", _method_cases())
+def test_method_conformance(ctx, method, opts, shape):
+    """The method's writer, dequantiser and attention against its numpy oracle (the family's check in
+    tests/harness.py says what is exact and what the tolerances are)."""
+    D, bs, lens, policy, pad, kvh, H = shape
+    m = harness.get_method(method, **opts)
+    _, make_kv, seed, check = METHOD_FAMILIES[m.family]
+    batch = harness.make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
+    k, v = make_kv(np.random.default_rng(seed(D, bs)), batch.num_tokens, kvh, D)
+    check(ctx, m, batch, k, v, H)
+
+
+@pytest.mark.parametrize("method,opts", [pytest.param(k, o, id=f"{k}-" + "-".join(f"{a}={b}" for a, b in o.items()))
+                                         for k, cls in sorted(harness.registry().items()) for o in cls.examples()])
+@pytest.mark.parametrize("bad", ["nan_k", "inf_v", "f64", "shape"])
+def test_every_method_refuses_bad_input(ctx, method, opts, bad):
+    """A NaN key, an infinite value, float64 input and K / V of different head sizes: refused (InvalidInput) by
+    every registered method, before anything is written."""
+    m = harness.get_method(method, **opts)
+    batch = harness.make_batch([5, 3], 8, pad_every=2)
+    T = batch.num_tokens
+    k = np.ones((T, 1, 64), np.float32)
+    v = np.ones((T, 1, 64), np.float32)
+    if bad == "nan_k":
+        k[2, 0, 5] = np.nan
+    elif bad == "inf_v":
+        v[0, 0, 0] = -np.inf
+    elif bad == "f64":
+        k = k.astype(np.float64)
+    else:
+        v = v[:, :, :32].copy()
+    with pytest.raises(harness.InvalidInput):
+        m.quantize(ctx, batch, k, v)

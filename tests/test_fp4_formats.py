@@ -69,23 +69,8 @@ def test_e2m1_ties_on_the_gpu(ctx):
     assert qkv.extra["k_fields"]["code_bits"][0, 0, 19] == 8  # -0.0 keeps its sign bit (E2M1 -0; it decodes to 0)
 
 
-# ------------------------------------------------------------------------------------ GPU grid
-SHAPES = [
-    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
-    (80, 16, [40, 5, 33], "scattered", 5, 1, 2),
-    (128, 16, [30, 1], "fragmented", 3, 2, 4),
-    (256, 32, [50, 7], "scattered", 4, 1, 2),
-]
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"D{s[0]}-bs{s[1]}-{s[3]}" for s in SHAPES])
-def test_conformance(ctx, shape):
-    D, bs, lens, policy, pad, kvh, H = shape
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
-    k, v = make_kv(np.random.default_rng(D + bs), batch.num_tokens, kvh, D)
-    check(ctx, batch, k, v, H)
-
-
+# ------------------------------------------------------------------------------------ GPU (the grid over shapes:
+# tests/test_conformance.py test_method_conformance)
 def test_tensor_scale_ignores_padding_and_zero_tensor(ctx):
     """The per-tensor amax covers the real rows only; an all-zero tensor stores s_t = 2^-126, zero scales and codes."""
     batch = make_batch([9, 6], 8, policy="scattered", pad_every=3)

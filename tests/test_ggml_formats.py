@@ -313,34 +313,7 @@ def test_gpu_iq4_nl_subnormal_sums(ctx):
     np.testing.assert_array_equal(raw, og.quantize_blocks(x, fg.TYPES["iq4_nl"]))
 
 
-# ------------------------------------------------------------------------- GPU: conformance grid
-# (head_size, block_size, context lens, policy, pad_every, kv_heads, heads)
-SHAPES = [
-    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
-    (128, 16, [40, 5, 33], "scattered", 5, 1, 4),
-    (256, 32, [50, 1], "fragmented", 3, 1, 2),
-]
-SIDS = [f"D{d}-bs{b}-{p}" for d, b, _, p, _, _, _ in SHAPES]
-
-
-def _shape_params():
-    out = []
-    for name in TYPES:
-        for s, sid in zip(SHAPES, SIDS):
-            out.append(pytest.param(name, s, id=f"{name}-{sid}"))
-    return out
-
-
-@pytest.mark.parametrize("name,shape", _shape_params())
-def test_conformance(ctx, name, shape):
-    D, bs, lens, policy, pad, kvh, H = shape
-    m = get_method(name)
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
-    rng = np.random.default_rng(D * 1000 + bs)
-    k, v = make_kv(rng, batch.num_tokens, kvh, D)
-    check_method(ctx, m, batch, k, v, H)
-
-
+# (the methods' grid over shapes: tests/test_conformance.py test_method_conformance)
 # -------------------------------------------------------------------------- limits and refusals
 def test_f16_scale_range(ctx):
     """A q8_0 block needing a scale above 65504 is refused before dispatch (never stored as inf); just below
