@@ -4,9 +4,21 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+# This checkout's kvviz and shaders, here and in every Python process a test starts (tests/checkout_site).
+_SITE = Path(__file__).resolve().parent / "checkout_site"
+os.environ["PYTHONPATH"] = os.pathsep.join([str(_SITE), str(_SITE.parents[1])] +
+                                           [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+_spec = importlib.util.spec_from_file_location("kvviz_checkout_site", _SITE / "sitecustomize.py")
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))  # binds kvviz.shaders to this checkout's shaders/
 
 # Tests never write the user's data directory (the run history): a throw-away folder for the whole
 # session, and a fresh one per test below.
