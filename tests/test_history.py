@@ -419,7 +419,7 @@ def test_history_tab_reads_a_history_written_before_the_window_opened(qtbot, tmp
     d = hv.compare(bench_id, second)
     assert [r["kernel"] for r in d["rows"]] == ["paged_attn_f32"] and len(d["only_in_a"]) == 1
     assert len(d["only_in_b"]) == len(w2.results.timings) - 1
-    assert [n.split(":")[0] for n in d["notes"]] == ["the shapes differ"]
+    assert [n.split(":")[0] for n in d["notes"]] == ["the shapes differ", "the adapters differ"]  # ADAPTER is made up
     # the timeline tab holds the last run's passes
     assert len(w2.timing.timeline.timed_bars.opts["x0"]) == sum(len(r.timing.samples_us) for r in w2.results.timings)
     # unpinned in the window: unpinned on disk
