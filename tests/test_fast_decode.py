@@ -1,126 +1,31 @@
-"""Conformance of the fast split-K decode (kvviz/attention/split_decode.py) for every cache format it reads.
-
-The caches are built here in numpy, record by record in each format's word layout, so the decode is
-checked on its own (the writers have their own tests): the oracle dequantises the same words
-(kvviz/attention/paged_oracle.decode, float64) and the kernel must agree within the f32 paged kernels'
-tolerance, 2e-5 x max(1, max |V|): f32 accumulation in another order, exp2 for exp, and the oracle's
-seed normaliser (sum + 1e-6) against the kernel's exact division.
-Shapes: head sizes 64..256 (80 and 96 need 4- and 8-lane splits), MHA to GQA 16, block sizes 8..32,
-ragged and scattered, empty and single-token sequences, ties, logits near the exp range, a long
-context split into many partitions, and the variant without subgroups.
+"""The fast split-K decode (kvviz/attention/split_decode.py): its reduces, prefetch, conversions and rendered
+variants, over caches built in numpy record by record (tests/harness.py make_records) and held to the float64
+oracle of the same words (kvviz/attention/paged_oracle.decode) within the f32 kernels' tolerance, 2e-5 x max(1, max |V|).
+The scenarios every fast decode shares (every format ragged with GQA, head sizes, one partition and many, the
+scatter and all-lane softmax, no subgroups, extreme values, ties, a long context, bad input) are in
+tests/test_conformance.py.
 """
 from __future__ import annotations
-
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.errors import InvalidInput
 from kvviz.attention import split_decode as fd
 from kvviz.attention import paged_oracle as O
-from kvviz.paging import PAD_SLOT, make_batch
+from kvviz.paging import PAD_SLOT
+from kvviz.paging import make_batch
+
+import harness
+from harness import FORMATS
 
 pytestmark = pytest.mark.gpu
 
-FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
-
-def _fp8_codes(rng, n, kind):
-    """Random finite FP8 codes (no NaN / inf encodings), every exponent including subnormals."""
-    c = rng.integers(0, 256, n, dtype=np.uint8)
-    if kind == "e4m3":
-        c = np.where((c & 0x7F) == 0x7F, c ^ 0x01, c)
-    else:
-        c = np.where(((c >> 2) & 0x1F) == 0x1F, c & 0xFB, c)
-    return c.astype(np.uint8)
-
-
-def make_records(fmt: fd.CacheFormat, rng, n: int, D: int, amp: float = 1.0):
-    """(words [n, wpt] u32, values [n, D] float64: what the words decode to) for n token records."""
-    if fmt.name == "f32":
-        x = (rng.standard_normal((n, D)) * amp).astype(np.float32)
-        return x.view(np.uint32), x.astype(np.float64)
-    if fmt.name == "f16":
-        x = (rng.standard_normal((n, D)) * amp).astype(np.float16)
-        return x.view(np.uint16).reshape(n, D // 2, 2).astype(np.uint32) @ np.array([1, 1 << 16], np.uint32), x.astype(np.float64)
-    if fmt.name == "int8":
-        codes = rng.integers(-128, 128, (n, D), dtype=np.int8)
-        scale = (rng.uniform(0.5, 2.0, n) * amp / 127).astype(np.float32)
-        words = np.concatenate([codes.view(np.uint32).reshape(n, D // 4), scale.view(np.uint32)[:, None]], 1)
-        return words, codes.astype(np.float64) * scale[:, None].astype(np.float64)
-    if fmt.fp8:
-        codes = _fp8_codes(rng, n * D, fmt.fp8).reshape(n, D)
-        val = codes.view(FP8[fmt.fp8]).astype(np.float64)
-        cw = codes.view(np.uint32).reshape(n, D // 4)
-        if fmt.scale == "token":
-            scale = (rng.uniform(0.5, 2.0, n) * amp / 448).astype(np.float32)
-            return np.concatenate([cw, scale.view(np.uint32)[:, None]], 1), val * scale[:, None].astype(np.float64)
-        return cw, val  # per-tensor scale: applied by the caller
-    if fmt.name == "int4":
-        gs = fmt.group_size
-        ng = D // gs
-        codes = rng.integers(0, 16, (n, D), dtype=np.uint32)
-        cw = (codes.reshape(n, D // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint64).astype(np.uint32)
-        s = (rng.uniform(0.1, 0.3, (n, ng)) * amp).astype(np.float32)
-        z = (rng.uniform(-2.0, -1.0, (n, ng)) * amp).astype(np.float32)
-        sz = np.stack([s, z], -1).reshape(n, 2 * ng)
-        f32 = lambda a: a.astype(np.float32)  # noqa: E731  (the kernel's fma(c, s, z) in f32)
-        val = f32(codes.astype(np.float32) * np.repeat(s, gs, 1) + np.repeat(z, gs, 1)).astype(np.float64)
-        return np.concatenate([cw, sz.view(np.uint32)], 1), val
-    raise ValueError(fmt)
-
-
-def build_caches(fmt, rng, batch, kvh, D, amp=1.0, tensor_scales=(1.0, 1.0)):
-    """Paged caches [num_blocks, kvh, bs, wpt] u32 with random records, and their float64 values."""
-    nb, bs, wpt = batch.num_blocks, batch.block_size, fmt.wpt(D)
-    out = []
-    for ts in tensor_scales:
-        words, vals = make_records(fmt, rng, nb * kvh * bs, D, amp)
-        out.append((np.ascontiguousarray(words.reshape(nb, kvh, bs, wpt)), vals.reshape(nb, kvh, bs, D) * ts))
-    return out
-
-
-def run_case(rt, fmt, lens, H, kvh, D, bs, *, seed=0, amp=1.0, q_amp=1.0, policy="scattered", tensor=(1.0, 1.0), **kw):
-    rng = np.random.default_rng(seed)
-    batch = make_batch(lens, bs, policy=policy, seed=seed)
-    (kw_, kf), (vw_, vf) = build_caches(fmt, rng, batch, kvh, D, amp, tensor if fmt.scale == "tensor" else (1.0, 1.0))
-    q = (rng.standard_normal((len(lens), H, D)) * q_amp).astype(np.float32)
-    scale = 1.0 / np.sqrt(D)
-    fast = fd.FastDecode(rt)
-    tb = None
-    if fmt.scale == "tensor":
-        tb = rt.upload(np.array([0.0, 0.0, *tensor], np.float32).view(np.uint32), "tensor")
-    out = fast.decode(fmt, rt.upload(kw_, "k"), rt.upload(vw_, "v"), kvh, q, batch, scale, tensor=tb, **kw)
-    ref = O.decode(q, kf, vf, batch.block_tables, batch.context_lens, bs, scale)
-    tol = 2e-5 * max(1.0, float(np.abs(vf).max()))
-    err = float(np.abs(out - ref).max(initial=0.0))
-    assert np.isfinite(out).all()
-    assert err <= tol, f"{fmt.name} D{D} H{H}/{kvh} bs{bs} lens {lens[:6]}: max error {err:.3g} > {tol:.3g}"
-    return out, ref, batch
-
-
-FORMATS = [fd.F32, fd.F16, fd.INT8, fd.fp8_format("e4m3", False), fd.fp8_format("e5m2", False),
-           fd.fp8_format("e4m3", True), fd.int4_format(32), fd.int4_format(64)]
-
-
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f.name}-{f.scale}-{f.group_size}")
-def test_every_format_ragged_gqa(rt, fmt):
-    """GQA 4, head 128, block 16, ragged + scattered with an empty and a single-token sequence."""
-    run_case(rt, fmt, [37, 100, 0, 300, 1, 129], 8, 2, 128, 16, tensor=(0.02, 0.5))
-
-
-@pytest.mark.parametrize("D,H,kvh,bs", [(64, 4, 4, 8), (80, 8, 1, 16), (96, 16, 1, 32), (256, 4, 2, 16)])
-@pytest.mark.parametrize("fmt", [fd.F32, fd.INT8], ids=lambda f: f.name)
-def test_head_sizes_and_groups(rt, fmt, D, H, kvh, bs):
-    run_case(rt, fmt, [1, 17, 64, 200], H, kvh, D, bs, seed=D)
-
-
-def test_partitions_single_and_many(rt):
-    """One partition and many short ones give the same output (the reduce is exact in base 2)."""
-    a, ref, _ = run_case(rt, fd.INT8, [700, 33, 2048], 8, 2, 128, 16, partition_tokens=4096)
-    b, _, _ = run_case(rt, fd.INT8, [700, 33, 2048], 8, 2, 128, 16, partition_tokens=16)
-    assert np.abs(a - b).max() <= 2e-5 * max(1.0, float(np.abs(ref).max()))
+def run_case(rt, *args, **kw):
+    """tests/harness.py run_case (asserts the oracle's tolerance) -> (out, ref, batch)."""
+    return harness.run_case(rt, *args, **kw)[:3]
 
 
 def test_reduce_partitions_few_and_many(rt):
@@ -163,60 +68,6 @@ def test_block_ids_a_step_ahead(rt, fmt, monkeypatch):
         monkeypatch.setattr(fd, "BT_AHEAD_FORMATS", ahead)
         outs.append(run_case(rt, fmt, lens, 8, 2, 64, 5, prefetch=True, partition_tokens=96)[0])
     np.testing.assert_array_equal(outs[0], outs[1])
-
-
-def test_no_subgroups_variant(rt):
-    """The variant for adapters without subgroups (one lane a token row, no shuffles). Small heads: the
-    one-lane kernel unrolls a whole head a lane for every query head of the group, and lavapipe's LLVM took
-    minutes to compile the head-128 GQA-4 one (a CI test must stay well inside pytest's 600 s timeout)."""
-    fast = fd.FastDecode(rt)
-    assert fast.layout(fd.INT8, 128, 4, subgroups=False).lanes == 1
-    run_case(rt, fd.INT8, [5, 300, 0], 4, 2, 32, 16, subgroups=False)
-    run_case(rt, fd.F16, [64, 1], 2, 1, 32, 8, subgroups=False)
-
-
-def test_large_logits_and_values(rt):
-    """Logits around +-400 in base e (q and K large) and V near 1e30: no overflow in exp2, finite output."""
-    run_case(rt, fd.F32, [50, 513], 8, 2, 128, 16, amp=4.0, q_amp=40.0)
-    run_case(rt, fd.F32, [9, 130], 4, 1, 64, 16, amp=1e30)
-
-
-def test_exact_ties_average(rt):
-    """Every key identical: the weights tie exactly and the output is the mean of V."""
-    rng = np.random.default_rng(3)
-    D, kvh, H, bs = 64, 1, 4, 8
-    batch = make_batch([77, 1000], bs, policy="scattered", seed=2)
-    nb = batch.num_blocks
-    key = np.broadcast_to(rng.standard_normal(D).astype(np.float32), (nb, kvh, bs, D)).copy()
-    val = rng.standard_normal((nb, kvh, bs, D)).astype(np.float32)
-    q = rng.standard_normal((2, H, D)).astype(np.float32)
-    out = fd.FastDecode(rt).decode(fd.F32, rt.upload(key, "k"), rt.upload(val, "v"), kvh, q, batch, 0.125, partition_tokens=64)
-    for s, n in enumerate(batch.context_lens):
-        rows = [batch.slot(s, t) for t in range(int(n))]
-        mean = val.reshape(-1, kvh, D)[rows, 0].astype(np.float64).mean(0)
-        assert np.abs(out[s] - mean).max() < 1e-5
-
-
-@pytest.mark.slow
-def test_long_context_many_partitions(rt):
-    """40000 tokens in one sequence: many partitions, within a software rasteriser's loop budget."""
-    out, ref, _ = run_case(rt, fd.INT8, [40000], 8, 2, 128, 16, policy="contiguous")
-    assert out.shape == (1, 8, 128)
-
-
-def test_bad_input_is_refused(rt):
-    fast = fd.FastDecode(rt)
-    batch = make_batch([10], 16)
-    k = rt.upload(np.zeros(16 * 2 * 33, np.uint32), "k")
-    with pytest.raises(InvalidInput, match="divide"):
-        fast.decode(fd.INT8, k, k, 3, np.zeros((1, 8, 128), np.float32), batch, 0.1)
-    with pytest.raises(InvalidInput, match="NaN|finite"):
-        fast.decode(fd.INT8, k, k, 2, np.full((1, 8, 128), np.nan, np.float32), batch, 0.1)
-    with pytest.raises(UnsupportedShape, match="head size"):
-        fast.decode(fd.int4_format(32), k, k, 2, np.zeros((1, 8, 100), np.float32), batch, 0.1)
-    with pytest.raises(InvalidInput, match="cache holds"):  # a cache smaller than the batch's blocks
-        fast.decode(fd.F32, k, k, 2, np.zeros((1, 8, 128), np.float32), batch, 0.1)
-    assert fd.unsupported(fd.INT8, 512, 4) and not fd.unsupported(fd.INT8, 128, 4)
 
 
 def test_traffic_counts_each_record_once():
@@ -325,19 +176,6 @@ def test_lazy_rescale(rt, fmt):
         run_case(rt, fmt, [1, 0, 333, 64], 8, 2, 128, 16, q_amp=20.0, lazy=True, partition_tokens=128, scatter=scatter)
         run_case(rt, fmt, [257, 5], 4, 4, 64, 8, lazy=True, prefetch=True, scatter=scatter)
         run_case(rt, fmt, [700, 3], 8, 2, 64, 16, q_amp=1.0, lazy=True, scatter=scatter)  # logits within LAZY_TAU
-
-
-@pytest.mark.parametrize("fmt", [fd.F32, fd.INT8, fd.fp8_format("e4m3", True), fd.int4_format(32)], ids=lambda f: f.name)
-@pytest.mark.parametrize("H,kvh,unroll,lanes", [(2, 2, 2, 8), (12, 4, 2, 8), (16, 1, 2, 8), (8, 2, 4, 4), (8, 2, 1, 2)])
-def test_scatter_and_all_lane_softmax(rt, fmt, H, kvh, unroll, lanes):
-    """The reduce-scatter softmax (the default where a row has 2+ lanes) and the all-lane one, each against the
-    oracle, over GQA 1, 3 (G x U padded to a power of two), 4 and 16 (more (head, token) slots than lanes: a
-    lane owns several), 1, 2 and 4 tokens a row per step and 2 to 8 lanes a row; ragged lengths with an empty
-    sequence, one token, a partial step and a partition past the end, large logits (the max jumps often)."""
-    lens = [37, 0, 1, 300, 129]
-    for scatter in (True, False):
-        run_case(rt, fmt, lens, H, kvh, 64, 16, tensor=(0.02, 0.5), unroll=unroll, lanes=lanes, scatter=scatter,
-                 partition_tokens=64, q_amp=4.0)
 
 
 def test_scatter_default_and_refusals(rt):

@@ -1,20 +1,15 @@
-"""Conformance of the PAGED fast TurboQuant decode (kvviz/families/turboquant/decode.py: plan_paged,
-shaders/turboquant/decode_fast_paged.wgsl + decode_tq_reduce.wgsl) and of its writer on the local adapter.
-
-The writer is the general-settings compressor (tq_general_compress.wgsl) at the seed configuration (bits 2,
-v_bits 2, no outliers, head 32/64/128): per-token records [num_blocks, kv_heads, block_size, WK | WV] written
-through the batch's slot mapping. `test_writer_is_the_seed_compressor` holds its words, bit for bit, to the
-seed compressor's (tq_compress.wgsl, per sequence) re-laid out as records (kvviz.families.turboquant.format.seed_records)
-and to the numpy oracle (kvviz.families.turboquant.oracle.compress_general).
-
-The decode's oracle: kvviz.families.turboquant.oracle.paged_attention_oracle, float64 over the SAME records gathered
-through each sequence's block table (the seed kernel's estimator, a plain softmax, the inverse RHT).
-Tolerance: |fast - oracle| <= 2e-5 * max(1, max |V^|), V^ = the dequantised values n_v * RHT^-1(c[vidx]) of the
-sequence's tokens (fast_decode_tq.tolerance, the f32 fast decodes' bound), and each case checks the bound would
-catch the other QJL scale. The paged decode also equals the per-sequence fast decode bit for bit (same
-arithmetic, same partitions), and prefetch / block size as a constant change no bit.
-Shapes: heads 32/64/128, GQA 1/4/8, block sizes 1/16/32, ragged lengths with 0 and 1, scattered blocks, one
-partition and many, zero vectors, large values, one 20000-token context, the no-subgroup fallback; bad input.
+"""The PAGED fast TurboQuant decode (kvviz/families/turboquant/decode.py: plan_paged, shaders/turboquant/decode_fast_paged.wgsl
++ decode_tq_reduce.wgsl) and its writer: the general-settings compressor (tq_general_compress.wgsl) at the seed
+configuration (bits 2, v_bits 2, no outliers, head 32/64/128), per-token records [num_blocks, kv_heads, block_size,
+WK | WV] written through the batch's slot mapping. `test_writer_is_the_seed_compressor` holds its words, bit for
+bit, to the seed compressor's (tq_compress.wgsl, per sequence) re-laid out as records
+(kvviz.families.turboquant.format.seed_records) and to the numpy oracle (kvviz.families.turboquant.oracle.compress_general).
+The paged decode equals the per-sequence fast decode bit for bit (same arithmetic, same partitions), and prefetch /
+block size as a constant change no bit; the method's cache, inspector and timed rows.
+The decode's oracle (kvviz.families.turboquant.oracle.paged_attention_oracle, tests/harness.py tq_paged_check) and the
+scenarios every fast decode shares (heads 32/64/128 x GQA 1/4/8 x block sizes 1/16/32; one partition and many; zero
+vectors and large values; a 20000-token context; the softmax variants; no subgroups; bad input) are in
+tests/test_conformance.py.
 """
 from __future__ import annotations
 
@@ -23,88 +18,29 @@ import math
 import numpy as np
 import pytest
 
-from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.errors import InvalidInput
 from kvviz.families.turboquant import format as tqf
 from kvviz.families.turboquant import decode as fq
 from kvviz.attention import records as qk
 from kvviz.families.turboquant import kernels as tqk
 from kvviz.families.turboquant import oracle as tqo
-from kvviz.paging import PAD_SLOT, make_batch
+from kvviz.paging import PAD_SLOT
+from kvviz.paging import make_batch
+
+import harness
+from harness import TQ_LAYER as LAYER
+from harness import tq_inputs as _inputs
+from harness import tq_paged_max_v as _max_v
+from harness import tq_write_paged as write_paged
 
 pytestmark = pytest.mark.gpu
-
-LAYER = 1
 
 
 @pytest.fixture(scope="module")
 def fast(rt):
-    return fq.TQFastDecode(rt)
+    return harness.decoder(rt, "fast_decode_tq", "TQFastDecode")
 
 
-def _inputs(rng, T, kvh, d, k_amp=1.0, v_amp=1.0, zeros=0.0):
-    K = rng.standard_normal((T, kvh, d)) * k_amp
-    V = rng.standard_normal((T, kvh, d)) * v_amp
-    if zeros:  # a share of the (token, head) vectors exactly zero (all their words 0)
-        K[rng.random((T, kvh)) < zeros] = 0.0
-        V[rng.random((T, kvh)) < zeros] = 0.0
-    return K.astype(np.float32), V.astype(np.float32)
-
-
-def write_paged(rt, batch, K, V, layer=LAYER):
-    """The paged writer: tq_general_compress at the seed configuration through the batch's slot mapping.
-    Returns (GeneralTQCache, K records [nb, kvh, bs, WK], V records [nb, kvh, bs, WV])."""
-    T, kvh, d = K.shape
-    st = tqf.TQSettings(d, layer=layer)
-    assert st.is_seed
-    ident = tqf.choose_channels(K, 0)
-    gc = tqk.general_allocate(rt, st, batch, kvh, ident, ident)
-    rt.run(tqk.general_compress_dispatches(rt, gc, K, V, batch.slot_mapping))
-    shp = (batch.num_blocks, kvh, batch.block_size, -1)
-    return gc, qk.read_cache(rt, gc.qc, "K").reshape(shp), qk.read_cache(rt, gc.qc, "V").reshape(shp)
-
-
-def _max_v(kc, vc, batch, s, d, p):
-    kw, vw = tqo.paged_sequence_words(kc, vc, batch, s, d)
-    L = int(batch.context_lens[s])
-    dec = tqo.decode_cache(kw, vw, kc.shape[1], L, d)
-    v = tqo.rht_inverse(p.centroids.astype(np.float64)[dec.v_idx], p.signs[0]) * dec.v_norm[..., None].astype(np.float64)
-    return float(np.abs(v).max(initial=0.0))
-
-
-def check(rt, fast, lens, kvh, G, d, bs, *, seed=0, qjl="reference", q_amp=1.0, policy="scattered",
-          k_amp=1.0, v_amp=1.0, zeros=0.0, **kw):
-    rng = np.random.default_rng(seed)
-    batch = make_batch(lens, bs, policy=policy, seed=seed)
-    K, V = _inputs(rng, batch.num_tokens, kvh, d, k_amp, v_amp, zeros)
-    gc, kc, vc = write_paged(rt, batch, K, V)
-    H = kvh * G
-    q = (rng.standard_normal((len(lens), H, d)) * q_amp).astype(np.float32)
-    scale = 1.0 / math.sqrt(d)
-    p = tqf.TQParams(d, layer=LAYER)
-    plan = fast.plan_paged(gc.qc.k, gc.qc.v, kvh, q, batch, scale, p, qjl, **kw)
-    assert len([x for x in plan.dispatches if x.kernel.kspec is fq.PAGED_SPLIT]) == 1, "one split dispatch a batch"
-    rt.run(plan.rotate + plan.dispatches)
-    out = fast.read(plan)
-    assert np.isfinite(out).all()
-    ref = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, qjl)
-    other = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, "unbiased" if qjl == "reference" else "reference")
-    worst, caught = 0.0, False
-    for s, L in enumerate(lens):
-        if L == 0:
-            assert not out[s].any(), "an empty sequence must give 0"
-            continue
-        tol = fq.tolerance(_max_v(kc, vc, batch, s, d, p))
-        err = float(np.abs(out[s] - ref[s]).max())
-        assert err <= tol, f"D{d} G{G} kvh{kvh} bs{bs} seq {s} (L={L}) {qjl}: error {err:.3g} > {tol:.3g} ({plan.describe()})"
-        worst = max(worst, err / tol)
-        if L > 1:
-            caught |= float(np.abs(other[s] - ref[s]).max()) > 10 * tol
-    print(f"\n[paged tq] D{d} G{G} kvh{kvh} bs{bs} lens {lens[:5]}{'...' if len(lens) > 5 else ''} {qjl}: "
-          f"worst error {worst:.2e} of the tolerance; {plan.describe()}")
-    return plan, caught, (batch, gc, q, scale, p, out)
-
-
-# ------------------------------------------------------------------------------------------------ the writer
 @pytest.mark.parametrize("d,bs,pad", [(32, 1, 0), (64, 16, 3), (128, 32, 0)])
 def test_writer_is_the_seed_compressor(rt, d, bs, pad):
     """The general compressor at the seed configuration writes, per token, exactly the seed compressor's words
@@ -152,49 +88,6 @@ def test_writer_is_the_seed_compressor(rt, d, bs, pad):
 
 
 # ------------------------------------------------------------------------------------------------ the decode
-@pytest.mark.parametrize("d,G,kvh,bs", [
-    (32, 1, 2, 1), (32, 8, 1, 16), (32, 4, 2, 32),
-    (64, 4, 2, 16), (64, 1, 3, 32), (64, 8, 1, 1),
-    (128, 4, 2, 16), (128, 1, 2, 1), (128, 8, 1, 32),
-])
-def test_heads_gqa_block_sizes(rt, fast, d, G, kvh, bs):
-    plan, caught, _ = check(rt, fast, [37, 0, 1, 300, 16], kvh, G, d, bs, seed=d + G + bs, partition_tokens=64)
-    assert caught, "the tolerance must be tight enough to see the other QJL scale"
-    assert plan.num_partitions == math.ceil(300 / plan.partition_tokens) > 1
-
-
-@pytest.mark.parametrize("qjl", ["reference", "unbiased"])
-def test_partitions_single_and_many(rt, fast, qjl):
-    lens = [700, 1, 0, 333]
-    plan, caught, _ = check(rt, fast, lens, 2, 4, 64, 16, seed=3, qjl=qjl, partition_tokens=64)
-    assert plan.num_partitions == math.ceil(700 / plan.partition_tokens) > 4 and caught
-    plan, _, _ = check(rt, fast, lens, 2, 4, 64, 16, seed=3, qjl=qjl, partition_tokens=4096)
-    assert plan.num_partitions == 1
-
-
-def test_zero_vectors_and_contiguous_blocks(rt, fast):
-    # a fifth of the key and value vectors exactly zero (their records all 0 words)
-    check(rt, fast, [90, 1, 0, 45], 2, 4, 64, 16, seed=21, zeros=0.2, policy="contiguous", partition_tokens=64)
-
-
-def test_large_values_and_logits(rt, fast):
-    # norms up to ~5e4 (the f16 range), logits in the hundreds: the online max and the merges must hold
-    check(rt, fast, [200, 1, 57], 2, 4, 64, 16, seed=11, k_amp=30.0, v_amp=3500.0, q_amp=8.0, partition_tokens=64)
-
-
-def test_long_context_one_sequence(rt, fast):
-    # 20000 tokens in 16-token blocks, scattered, the default split: many partitions, each within lavapipe's loop
-    # budget (kvviz/gpu/loop_budget.py); a peaked softmax over the whole context
-    plan, caught, _ = check(rt, fast, [20000], 1, 2, 64, 16, seed=5, q_amp=4.0)
-    assert plan.num_partitions > 8 and caught
-
-
-def test_no_subgroups_fallback(rt, fast):
-    lay = fast.layout(64, 1, subgroups=False, unroll=1)
-    assert lay.lanes == 1
-    check(rt, fast, [90, 0, 1], 2, 1, 64, 16, seed=8, subgroups=False, unroll=1, partition_tokens=32)
-
-
 def test_equals_the_per_sequence_decode_and_variants(rt, fast):
     """Bit for bit: the paged decode equals the per-sequence fast decode over the seed compressor's caches of
     the same tokens (same arithmetic, same partitions), with or without prefetch and with the block size a
@@ -218,49 +111,6 @@ def test_equals_the_per_sequence_decode_and_variants(rt, fast):
     for kw in ({}, {"prefetch": False}, {"prefetch": True}, {"const_block": False}):
         got = fast.decode_paged(gc.qc.k, gc.qc.v, kvh, q, batch, scale, p, partition_tokens=128, **kw)
         assert np.array_equal(got, one), f"paged decode {kw} differs from the per-sequence decode"
-
-
-def test_bad_input_is_refused(rt, fast):
-    rng = np.random.default_rng(1)
-    d, kvh, bs = 64, 2, 16
-    batch = make_batch([10, 5], bs, policy="scattered", seed=1)
-    K, V = _inputs(rng, batch.num_tokens, kvh, d)
-    gc, _, _ = write_paged(rt, batch, K, V)
-    p = tqf.TQParams(d, layer=LAYER)
-    q = rng.standard_normal((2, 4, d)).astype(np.float32)
-    k, v = gc.qc.k, gc.qc.v
-    fast.plan_paged(k, v, kvh, q, batch, 0.1, p)  # the good case plans
-    bad = make_batch([10, 5], bs, policy="scattered", seed=1)
-    bad.block_tables = bad.block_tables.copy()
-    bad.block_tables[1, 0] = bad.num_blocks  # out of the pool
-    with pytest.raises(InvalidInput, match="block"):
-        fast.plan_paged(k, v, kvh, q, bad, 0.1, p)
-    empty = make_batch([10, 0], bs, seed=1)
-    empty.block_tables = empty.block_tables.copy()
-    empty.block_tables[1, 0] = 99  # an empty sequence's entry 0 (read, never used, by the prefetching loads)
-    with pytest.raises(InvalidInput, match="entry 0"):
-        fast.plan_paged(k, v, kvh, q, empty, 0.1, p)
-    with pytest.raises(InvalidInput):
-        fast.plan_paged(k, v, kvh, q[:1], batch, 0.1, p)  # q for one sequence, the batch has two
-    with pytest.raises(InvalidInput):
-        fast.plan_paged(k, v, kvh, q.astype(np.float64), batch, 0.1, p)  # not f32
-    with pytest.raises(InvalidInput):
-        fast.plan_paged(k, v, kvh, q[0], batch, 0.1, p)  # 2-D
-    with pytest.raises(InvalidInput):
-        fast.plan_paged(k, v, kvh, rng.standard_normal((2, 3, d)).astype(np.float32), batch, 0.1, p)  # GQA 3/2
-    with pytest.raises(InvalidInput):
-        fast.plan_paged(k, v, kvh, q, batch, float("nan"), p)
-    with pytest.raises(InvalidInput, match="head size"):
-        fast.plan_paged(k, v, kvh, q, batch, 0.1, tqf.TQParams(32, layer=LAYER))  # parameters of another head size
-    with pytest.raises(InvalidInput, match="V cache"):
-        fast.plan_paged(k, rt.empty(64, "small"), kvh, q, batch, 0.1, p)  # a V buffer too small for the pool
-    with pytest.raises(InvalidInput, match="K cache"):
-        fast.plan_paged(k, v, 4, rng.standard_normal((2, 8, d)).astype(np.float32), batch, 0.1, p)  # 4 KV heads
-    with pytest.raises(UnsupportedShape):
-        fast.plan_paged(k, v, kvh, rng.standard_normal((2, 4, 96)).astype(np.float32), batch, 0.1,
-                        tqf.TQParams(96, layer=LAYER))  # not a seed head size
-    with pytest.raises(UnsupportedShape):
-        fast.plan_paged(k, v, 1, rng.standard_normal((2, 17, d)).astype(np.float32), batch, 0.1, p)  # GQA 17
 
 
 # ------------------------------------------------------------------------------------------------ the method
@@ -320,11 +170,3 @@ def test_method_paged_cache_attend_inspector_and_timed_rows(rt):
     rt.run(plan.rotate + plan.dispatches)
     np.testing.assert_array_equal(rt.read(plan.out, np.float32, plan.shape), out)
 
-
-@pytest.mark.parametrize("d,G,kvh,unroll", [(64, 3, 2, 2), (64, 16, 1, 2), (32, 4, 1, 4)])
-def test_scatter_and_all_lane_softmax(rt, fast, d, G, kvh, unroll):
-    """fast_decode's reduce-scatter softmax (the default) and the all-lane one, each against the oracle: GQA 3
-    (G x U padded to a power of two), 16 (a lane owns several (head, token) slots), 4 tokens a row per step."""
-    for scatter in (True, False):
-        check(rt, fast, [37, 0, 1, 300], kvh, G, d, 16, seed=d + G, q_amp=3.0, partition_tokens=64, unroll=unroll,
-              scatter=scatter)

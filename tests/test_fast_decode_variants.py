@@ -28,7 +28,8 @@ from kvviz.families.int8 import oracle as o8
 from kvviz.attention import paged_oracle as O
 from kvviz.paging import make_batch
 
-from test_fast_decode import FORMATS, build_caches  # noqa: E402 - the cache records of every format
+from harness import FORMATS  # the cache records of every format
+from harness import build_caches
 
 pytestmark = pytest.mark.gpu
 

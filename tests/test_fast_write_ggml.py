@@ -30,7 +30,6 @@ from kvviz.families.fp4 import writer as fw4
 from kvviz.families.ggml import writer as fwg
 from kvviz.attention import records as qk
 from kvviz.methods import get_method
-from kvviz.methods.context import GpuContext
 from kvviz.families.fp4 import oracle as of4
 from kvviz.families.ggml import oracle as og
 from kvviz.paging import PAD_SLOT, make_batch
@@ -45,13 +44,6 @@ SHAPES = [
     (256, 16, [19, 4], "fragmented", 3, 1),
 ]
 SIDS = [f"D{s[0]}-bs{s[1]}" for s in SHAPES]
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    from kvviz.gpu.runtime import GpuRuntime
-
-    return GpuContext(GpuRuntime())
 
 
 def special_rows(name: str, D: int) -> list[np.ndarray]:
@@ -161,8 +153,6 @@ def test_ggml_words_equal_the_oracle(ctx, name):
         check_ggml(ctx.rt, name, batch, k, v)
         base = fwg.min_blocks_per_lane(fg.TYPES[name])
         check_ggml(ctx.rt, name, batch, k, v, blocks_per_lane=2 * base)
-
-
 
 
 def test_q8_0_both_roundf_forms_write_the_same_words(ctx):
@@ -279,7 +269,7 @@ def test_nvfp4_words_equal_the_oracle(ctx, variant):
             assert f"-DNG={ng} " in d[-1].kernel.name and f"STAGE={int(ng >= 4)}" in d[-1].kernel.name
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4)
             check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=4 * -(-D // 64))
-            # s_t from its own one-invocation pass (fp4/nvfp4_scale_fast.wgsl) or from every thread: the same words and tensor
+            # s_t from its own one-invocation pass (write_nvfp4_scale.wgsl) or from every thread: the same words and tensor
             for g, sp in ((4, True), (None, False), (4, False)):
                 d = check_nvfp4(rt, batch, k, v, variant=var, groups_per_lane=g, scale_pass=sp)
                 assert ("nvfp4_scale_fast" in d[-2].kernel.name) == sp and f"SCALE_PASS={int(sp)}" in d[-1].kernel.name
@@ -355,18 +345,6 @@ def test_two_dimensional_grid(ctx):
     finally:
         rt.limits.clear()
         rt.limits.update(saved)
-
-
-def test_refusals(ctx):
-    rt = ctx.rt
-    batch = make_batch([3], 16)
-    k = np.zeros((3, 1, 48), np.float32)
-    kb, vb = caches(rt, batch, 1, 20)
-    with pytest.raises(Exception, match="multiple of 32"):
-        fwg.ggml_dispatches(rt, "q8_0", k, k, batch.slot_mapping, kb, vb, 16)
-    with pytest.raises(Exception, match="multiples of 2"):
-        fwg.ggml_dispatches(rt, "q8_0", k[:, :, :32], k[:, :, :32], batch.slot_mapping, kb, vb, 16, blocks_per_lane=3)
-    assert [fwg.min_blocks_per_lane(fg.TYPES[n]) for n in TYPES] == [2, 2, 1, 2, 1, 2, 4]
 
 
 # ------------------------------------------------------------------------------ through the methods

@@ -1,188 +1,36 @@
-"""Conformance of the fast writers (kvviz/attention/writers.py, shaders/fast/write_*.wgsl) on the GPU
-(lavapipe in CI) against the numpy oracles of the methods they write for (kvviz/families/writer_oracles.py).
-
-Exact, word for word: the fast writers take q = x * (1/scale) and fall back to the correctly rounded
-integer division wherever x / scale is within 16 ulp of a rounding boundary (ties included), so codes,
-scales, zeros, FP8 bytes, f16 halves, KIVI side streams and residual rows must EQUAL the oracle's (the seed
-layout is also held to the seed oracle's own rules, compare_int8_cache, which it passes with no tie used).
-Every writer runs in three variants: the adapter's default (subgroup shuffles on lavapipe), one lane a row,
-and the workgroup-memory reduction an adapter without subgroups gets. Timings are printed by
-`test_fast_and_first_wave_rows_side_by_side`, never asserted.
+"""The fast writers (kvviz/attention/writers.py, shaders/fast/write_*.wgsl) beyond their shared grid: the codes
+near every halfway point with an exact and an inexact divider, the margin that keeps them exact, the lane choice,
+2-D grids, KIVI's key-group writer, the methods' wiring (writer_impl, the timed rows) and the small-subgroup
+defaults. Every word is held to the numpy oracles of the methods they write for (kvviz/attention/writer_oracles.py).
+The grid of every writer over shapes and variants (covering pairs), the inexact divider over it, and bad input
+are in tests/test_conformance.py; timings are printed by `test_fast_and_first_wave_rows_side_by_side`, never
+asserted.
 """
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 import numpy as np
 import pytest
 
-from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.families.fp8 import format as fmt8
+from kvviz.errors import InvalidInput
+from kvviz.errors import UnsupportedShape
 from kvviz.attention import writers as fw
 from kvviz.families.kivi import kernels as kivi_kernels
 from kvviz.families.int8 import kernels as int8_kernels
-from kvviz.families.int4 import kernels as int4_kernels
-from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.f16 import kernels as f16_kernels
 from kvviz.attention import records as qk
 from kvviz.methods import get_method
 from kvviz.families import writer_oracles as ofw
-from kvviz.attention import paged_oracle as op
 from kvviz.paging import make_batch
 
-# (head_size, block_size, context lens, policy, pad_every, kv_heads): ragged, empty and single-token
-# sequences, padding slots, scattered and fragmented blocks.
-SHAPES = [
-    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2),
-    (128, 16, [70, 5, 0, 33], "scattered", 5, 2),
-    (256, 32, [100, 1], "scattered", 3, 1),
-    (80, 16, [45, 0, 1], "fragmented", 4, 1),
-    (96, 8, [33, 17], "scattered", 0, 3),
-]
-SIDS = [f"D{d}-bs{b}-{p}-pad{pe}-kvh{h}" for d, b, _, p, pe, h in SHAPES]
-VARIANTS = [("default", None, None), ("one-lane", None, 1), ("no-subgroups", False, None)]
-VIDS = [v[0] for v in VARIANTS]
-
-WRITERS = ["int8_token", "int8_seed", "fp8_e4m3-per_token", "fp8_e5m2-per_token", "fp8_e4m3-per_tensor",
-           "fp8_e5m2-per_tensor", "int4-32", "int4-64", "int4-128", "f16"]
-
-
-def make_rows(rng, T, kvh, D, writer):
-    """K/V rows with magnitudes over 6 decades, an all-zero row, -0/+0, subnormals next to normal values,
-    exact ties of the writer's rounding and values near its format's overflow."""
-    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
-    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
-    i = np.arange(D)
-    rows = []
-    rows.append(np.zeros(D, np.float32))                                          # all zero
-    rows.append(np.where(i % 2, 0.0, -0.0).astype(np.float32))                   # signed zeros
-    sub = np.where(i % 3 == 0, 1e-40, (i - D / 2) * 0.01).astype(np.float32)     # subnormals next to normals
-    rows.append(sub)
-    if writer.startswith("int8"):
-        # amax 127: int8_token's scale is exactly 1 and the seed's inverse 127/amax is 1: x = k + 0.5 ties
-        t = ((i % 40) - 20).astype(np.float32) + np.float32(0.5)
-        t[0] = 127.0
-        rows += [t, np.full(D, 3.0e38, np.float32) * np.where(i % 2, 1, -1).astype(np.float32)]
-    elif writer.startswith("fp8"):
-        fmt = fmt8.FORMATS[writer[4:8]]
-        vals = np.unique(np.abs(fmt8.decode(np.arange(256, dtype=np.uint8), fmt)[np.isfinite(fmt8.decode(np.arange(256, dtype=np.uint8), fmt))]))
-        mids = ((vals[1:] + vals[:-1]) / 2).astype(np.float32)                   # every midpoint: a tie
-        t = np.resize(mids, D) * np.where(i % 2, 1, -1).astype(np.float32)
-        t[0] = np.float32(fmt.max)                                                # amax = max: scale 1
-        rows += [t, np.full(D, 3.0e38, np.float32)]
-    elif writer.startswith("int4"):
-        rows += [(np.float32(0.25) * (i % 31) - np.float32(2.0)).astype(np.float32),  # (x - min)/0.5 ties
-                 np.full(D, np.float32(0.75)), (rng.standard_normal(D) * 1e37).astype(np.float32)]
-    else:  # f16: the largest finite value, values that round down to it, ties of the f16 grid, subnormal halves
-        t = np.resize(np.array([65504.0, 65519.99, -65519.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 2.0 ** -25,
-                                3 * 2.0 ** -26, 2.0 ** -24 * 1.5, -6e-8, 1e-9], np.float32), D)
-        rows += [t]
-    for j, r in enumerate(rows):
-        if j < T:
-            k[j, 0] = r
-            v[j, -1] = r[::-1]
-    return k, v
-
-
-def oracle_words(writer, batch, x, method=None):
-    if writer == "int8_token":
-        return ofw.int8_token(batch, x)
-    if writer == "int8_seed":
-        return ofw.int8_seed(batch, x)
-    if writer.startswith("fp8"):
-        return ofw.fp8(batch, x, writer[4:8], writer.split("-")[1])
-    if writer.startswith("int4"):
-        return ofw.int4(batch, x, method.group_for(x.shape[2]))
-    return ofw.f16(batch, x)
-
-
-def run_writer(rt, writer, batch, k, v, variant):
-    """(K words, V words, tensor words or None) written by the fast writer from zeroed caches."""
-    T, kvh, D = k.shape
-    sm = batch.slot_mapping
-    method = None
-    if writer in ("int8_token", "int8_seed"):
-        wpt = D // 4 + 1
-    elif writer.startswith("fp8"):
-        wpt = D // 4 + (0 if writer.endswith("per_tensor") else 1)
-    elif writer.startswith("int4"):
-        method = get_method("int4_group", group_size=int(writer.split("-")[1]))
-        wpt = method.wpt(D)
-    else:
-        wpt = D // 2
-    n = batch.num_blocks * kvh * batch.block_size * wpt
-    kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
-    tensor = None
-    if writer in ("int8_token", "int8_seed"):
-        d = int8_kernels.int8_dispatches(rt, k, v, sm, kb, vb, batch.block_size, seed=writer == "int8_seed", variant=variant)
-    elif writer.startswith("fp8"):
-        tensor = rt.upload(np.zeros(4, np.uint32), "tensor")
-        d = fp8_kernels.fp8_dispatches(rt, fmt8.FORMATS[writer[4:8]], writer.endswith("per_tensor"), k, v, sm, kb, vb, tensor,
-                              batch.block_size, variant=variant)
-    elif writer.startswith("int4"):
-        d = int4_kernels.int4_dispatches(rt, method.group_for(D), k, v, sm, kb, vb, batch.block_size, variant=variant)
-    else:
-        d = f16_kernels.f16_dispatches(rt, k, v, sm, kb, vb, batch.block_size)
-    rt.run(d)
-    shape = (batch.num_blocks, kvh, batch.block_size, wpt)
-    t = rt.read(tensor, np.uint32, nbytes=16) if tensor is not None else None
-    return rt.read(kb, np.uint32, shape), rt.read(vb, np.uint32, shape), t, method
-
-
-# every shape in the default and no-subgroup variants; one lane a row (slow on a CPU) on two of them
-CASES = [(s, v) for s in SHAPES for v in VARIANTS if v[0] != "one-lane" or s[0] in (64, 80)]
-CIDS = [f"{SIDS[SHAPES.index(s)]}-{v[0]}" for s, v in CASES]
-
-
-# the f16 writer has no reduction: one variant
-GRID = [pytest.param(w, s, v, id=f"{w}-{i}") for w in WRITERS for (s, v), i in zip(CASES, CIDS)
-        if w != "f16" or v[0] == "default"]
-
-
-@pytest.mark.parametrize("writer,shape,variant", GRID)
-def test_fast_writer_words_equal_the_oracle(rt, writer, shape, variant):
-    D, bs, lens, policy, pad_every, kvh = shape
-    _, sub, lanes = variant
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=D + bs)
-    rng = np.random.default_rng(D * 7 + bs)
-    k, v = make_rows(rng, batch.num_tokens, kvh, D, writer)
-    gk, gv, tensor, method = run_writer(rt, writer, batch, k, v, fw.Variant(rt, sub, lanes))
-    for which, x, got in (("K", k, gk), ("V", v, gv)):
-        ref = oracle_words(writer, batch, x, method)
-        bad = np.argwhere(got != ref)
-        assert not bad.size, f"{writer} {which}: {len(bad)} words differ, first at {tuple(bad[0])}: " \
-                             f"{got[tuple(bad[0])]:#010x} vs {ref[tuple(bad[0])]:#010x}"
-        if writer == "int8_seed":  # the seed oracle's own verdict (its tie and ULP allowances unused)
-            res = op.compare_int8_cache(got, x, batch.slot_mapping, bs)
-            assert res["ok"] and res["code_mismatch_at_ties"] == 0 and res["scale_mismatch"] == 0, res
-    if writer.endswith("per_tensor"):
-        sk = ofw.fp8_tensor_scale(batch, k, writer[4:8])
-        sv = ofw.fp8_tensor_scale(batch, v, writer[4:8])
-        np.testing.assert_array_equal(tensor[2:4].view(np.float32), [sk, sv])
-
-
-INEXACT = ["int8_token", "fp8_e4m3-per_token", "fp8_e5m2-per_token", "fp8_e4m3-per_tensor", "int4-32", "int4-128"]
-
-
-@pytest.mark.parametrize("ulps", [-3, 3])
-@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3]], ids=[SIDS[1], SIDS[3]])
-@pytest.mark.parametrize("writer", INEXACT)
-def test_exact_codes_with_an_inexact_divider(rt, writer, shape, ulps):
-    """lavapipe divides exactly; a GPU's 1/scale may be 2.5 ulp off (Vulkan). With 1/scale moved +-3 ulp the
-    codes must still equal the oracle's: the 16-ulp check sends every near-boundary value (the rows' exact
-    ties and FP8 midpoints included) to the exact division."""
-    D, bs, lens, policy, pad_every, kvh = shape
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=D + bs)
-    k, v = make_rows(np.random.default_rng(D + ulps), batch.num_tokens, kvh, D, writer)
-    gk, gv, _, method = run_writer(rt, writer, batch, k, v, fw.Variant(rt, inv_ulps=ulps))
-    np.testing.assert_array_equal(gk, oracle_words(writer, batch, k, method))
-    np.testing.assert_array_equal(gv, oracle_words(writer, batch, v, method))
+from harness import WRITER_SHAPES as SHAPES
+from harness import make_rows
+from harness import oracle_words
+from harness import run_writer
 
 
 def test_the_margin_is_what_keeps_the_codes_exact(rt):
-    """A divider 40 ulp off (beyond the 16-ulp margin) does change codes at exact ties: the check above can fail."""
+    """A divider 40 ulp off (beyond the 16-ulp margin) does change codes at exact ties: the inexact-divider check
+    (tests/test_conformance.py test_exact_codes_with_an_inexact_divider) can fail."""
     batch = make_batch([40], 16)
     k, v = make_rows(np.random.default_rng(1), 40, 1, 64, "int8_token")
     gk, _, _, _ = run_writer(rt, "int8_token", batch, k, v, fw.Variant(rt, inv_ulps=40))
@@ -358,31 +206,6 @@ def test_methods_write_through_the_fast_writer(ctx, mk, no_subgroups, monkeypatc
         bad.quantize(ctx, batch, k, v)
 
 
-@pytest.mark.parametrize("no_subgroups", [False, True], ids=["default", "no-subgroups"])
-@pytest.mark.parametrize("bits,recent", [(2, 0), (4, 16)])
-@pytest.mark.parametrize("shape", SHAPES, ids=SIDS)
-def test_kivi_fast_writer_words_equal_the_oracle(ctx, shape, bits, recent, no_subgroups, monkeypatch):
-    """KIVI's token and key-group writers over the shape grid (head 80 runs padded to 96): K (codes + side
-    streams), V records and residual rows equal kvviz/families/kivi/oracle.py write_buffers."""
-    from kvviz.families.kivi import oracle as okv
-    if no_subgroups:
-        monkeypatch.setattr(fw, "subgroups_available", lambda rt: False)
-    D, bs, lens, policy, pad_every, kvh = shape
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad_every, seed=D + bits)
-    rng = np.random.default_rng(D * bits + recent)
-    k, v = make_rows(rng, batch.num_tokens, kvh, D, "int4")
-    m = get_method("kivi", bits=bits, recent=recent)
-    qkv = m.quantize(ctx, batch, k, v)
-    assert qkv.device["cache"].extra["writer_impl"] == "fast"
-    kp, vp, _ = okv.pad_head(k, v)
-    ref = ofw.kivi(batch, kp, vp, bits, recent)
-    got = m.read_buffers(ctx, qkv)
-    np.testing.assert_array_equal(got["k"], ref["k"])
-    np.testing.assert_array_equal(got["v"], ref["v"])
-    n = ref["plan"].total_res
-    np.testing.assert_array_equal(got["res"][:n].view(np.uint32), ref["res"][:n].view(np.uint32))
-
-
 @pytest.mark.parametrize("row_sets", [1, 2, 8])
 def test_kivi_key_groups_at_other_row_sets(ctx, row_sets, monkeypatch):
     """write_kivi_kgroup.wgsl at 1, 2 and 8 row sets (32, 16, 4 rows a thread; the product takes 4): the oracle's
@@ -469,23 +292,6 @@ def test_fast_and_first_wave_rows_side_by_side(ctx):
         for t in rows:
             r = ctx.rt.time(t.dispatches, runs=3, warmup=1)
             print(f"{key:12s} {t.name:45s} {t.impl:10s} {r.median_us:8.0f} us ({r.method}), {t.bytes} bytes")
-
-
-def test_bad_input_is_refused(rt):
-    batch = make_batch([4], 16)
-    k = np.zeros((4, 1, 64), np.float32)
-    buf = rt.upload(np.zeros(16 * 17, np.uint32), "c")
-    with pytest.raises(InvalidInput, match="key and value"):
-        int8_kernels.int8_dispatches(rt, k, k[:, :, :32], batch.slot_mapping, buf, buf, 16)
-    with pytest.raises(InvalidInput, match="slots"):
-        int8_kernels.int8_dispatches(rt, k, k, batch.slot_mapping[:2], buf, buf, 16)
-    with pytest.raises(UnsupportedShape, match="multiple of 4"):
-        int8_kernels.int8_dispatches(rt, k[:, :, :62], k[:, :, :62], batch.slot_mapping, buf, buf, 16)
-    with pytest.raises(InvalidInput, match="power of two"):
-        fw.Variant(rt, False, 3)
-    if fw.subgroups_available(rt):
-        with pytest.raises(InvalidInput, match="smallest subgroup"):
-            fw.Variant(rt, True, 64)
 
 
 def test_seed_writer_default_on_a_small_guaranteed_subgroup(rt, monkeypatch):

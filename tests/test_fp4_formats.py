@@ -9,10 +9,6 @@ product e2m1*e4m3, then one float32 multiply by s_t). Attention through the f32 
 """
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 import gguf
 import ml_dtypes
 import numpy as np
@@ -20,72 +16,12 @@ import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.fp4 import format as f4
-from kvviz.gpu.runtime import GpuRuntime
-from kvviz.attention import records as qk
-from kvviz.methods import get_method, reference
-from kvviz.methods.context import GpuContext
+from kvviz.methods import get_method
 from kvviz.families.fp4 import oracle as o4
-from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
-
-@pytest.fixture(scope="module")
-def ctx():
-    return GpuContext(GpuRuntime())
-
-
-def make_kv(rng, T, kvh, D):
-    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
-    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-1, 1, (T, kvh, 1))).astype(np.float32)
-    k[:, :, 5::29] *= np.float32(30)  # outlier channels
-    if T > 3:
-        k[1] = v[1] = 0.0
-        v[2, :, ::2] = -0.0
-        k[3] = np.float32(0.75)
-    return k, v
-
-
-def expected(batch, k, v):
-    kr, vr, st = o4.quantize_batch(k, v, batch.slot_mapping)
-    return {"K": kr, "V": vr, "st": st}
-
-
-def check(ctx, batch, k, v, H, writer_impl="fast"):
-    m = get_method("nvfp4")
-    m.writer_impl = writer_impl
-    D = k.shape[2]
-    qkv = m.quantize(ctx, batch, k, v)
-    ref = expected(batch, k, v)
-    nb, bs, kvh = batch.num_blocks, batch.block_size, k.shape[1]
-    sm = batch.slot_mapping.astype(np.int64)
-    real = sm != PAD_SLOT
-    assert qkv.extra["tensor_scales"] == tuple(float(s) for s in ref["st"])
-    fl = {}
-    for i, which in enumerate(("K", "V")):
-        recs = ref[which]
-        w = recs.shape[-1]
-        full = np.zeros((nb, kvh, bs, w), np.uint32)
-        full[sm[real] // bs, :, sm[real] % bs] = recs[real]
-        np.testing.assert_array_equal(qk.read_cache(ctx.rt, qkv.device["cache"], which), full.reshape(nb, kvh, bs * w),
-                                      err_msg=f"nvfp4 {which} words")
-        deq = o4.dequantize(*o4.unpack_records(recs, D), ref["st"][i])
-        gf = m.read_f32(ctx, qkv, which)
-        np.testing.assert_array_equal(gf[sm[real] // bs, :, sm[real] % bs].view(np.uint32), deq[real].view(np.uint32))
-        f = np.zeros((nb, kvh, bs, D), np.float64)
-        f[sm[real] // bs, :, sm[real] % bs] = deq[real]
-        fl[which] = f
-    rng = np.random.default_rng(7)
-    q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
-    scale = float(np.float32(4.0 / max(1e-30, np.abs(np.einsum("shd,bkpd->shbkp", q.astype(np.float64), fl["K"])).max())))
-    out = m.attend(ctx, qkv, batch, q, scale)
-    r = op.decode(q, fl["K"], fl["V"], batch.block_tables, batch.context_lens, batch.block_size, scale)
-    tol = 2e-5 * max(1.0, float(np.abs(fl["V"]).max()))
-    assert np.abs(out - r).max() <= tol
-    w = m.weights(ctx, qkv, batch, q, scale)
-    assert np.abs(w - op.decode_weights(q, fl["K"], batch.block_tables, batch.context_lens, batch.block_size, scale)).max() <= 2e-6
-    r2, tol2 = reference("nvfp4")(m, batch, k, v, q, scale)
-    assert np.abs(out - r2).max() <= tol2
-    return qkv
+from harness import nvfp4_kv as make_kv
+from harness import nvfp4_method_check as check
 
 
 # ------------------------------------------------------------------------------------ CPU
@@ -133,29 +69,8 @@ def test_e2m1_ties_on_the_gpu(ctx):
     assert qkv.extra["k_fields"]["code_bits"][0, 0, 19] == 8  # -0.0 keeps its sign bit (E2M1 -0; it decodes to 0)
 
 
-# ------------------------------------------------------------------------------------ GPU grid
-SHAPES = [
-    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
-    (80, 16, [40, 5, 33], "scattered", 5, 1, 2),
-    (128, 16, [30, 1], "fragmented", 3, 2, 4),
-    (256, 32, [50, 7], "scattered", 4, 1, 2),
-]
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"D{s[0]}-bs{s[1]}-{s[3]}" for s in SHAPES])
-def test_conformance(ctx, shape):
-    D, bs, lens, policy, pad, kvh, H = shape
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
-    k, v = make_kv(np.random.default_rng(D + bs), batch.num_tokens, kvh, D)
-    check(ctx, batch, k, v, H)
-
-
-def test_long_context(ctx):
-    batch = make_batch([3000, 1], 16, policy="scattered", seed=5)
-    k, v = make_kv(np.random.default_rng(6), batch.num_tokens, 1, 64)
-    check(ctx, batch, k, v, 2)
-
-
+# ------------------------------------------------------------------------------------ GPU (the grid over shapes:
+# tests/test_conformance.py test_method_conformance)
 def test_tensor_scale_ignores_padding_and_zero_tensor(ctx):
     """The per-tensor amax covers the real rows only; an all-zero tensor stores s_t = 2^-126, zero scales and codes."""
     batch = make_batch([9, 6], 8, policy="scattered", pad_every=3)

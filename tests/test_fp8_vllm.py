@@ -19,11 +19,9 @@ import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.gpu.runtime import GpuRuntime
 from kvviz.attention import records as qk
 from kvviz.methods.live_cache import BlockTable, make_live_cache
 from kvviz.methods import get_method, reference
-from kvviz.methods.context import GpuContext
 from kvviz.families.fp8 import oracle as of8
 from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
@@ -31,11 +29,6 @@ from kvviz.paging import PAD_SLOT, make_batch
 pytestmark = pytest.mark.gpu
 
 IDS = ("vllm_fp8_e4m3", "vllm_fp8_e5m2")
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return GpuContext(GpuRuntime())
 
 
 def make_kv(rng, T, kvh, D):

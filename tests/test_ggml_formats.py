@@ -13,10 +13,6 @@ What is exact and why (kvviz/families/ggml/oracle.py, shaders/ggml/write.wgsl):
 """
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 import gguf
 import ml_dtypes
 import numpy as np
@@ -24,21 +20,16 @@ import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.ggml import format as fg
-from kvviz.gpu.runtime import GpuRuntime
-from kvviz.attention import records as qk
-from kvviz.methods import get_method, reference, registry
-from kvviz.methods.context import GpuContext
+from kvviz.methods import get_method
+from kvviz.methods import registry
 from kvviz.families.ggml import oracle as og
-from kvviz.attention import paged_oracle as op
-from kvviz.paging import PAD_SLOT, make_batch
+from kvviz.paging import make_batch
+
+from harness import ggml_kv as make_kv
+from harness import ggml_method_check as check_method
 
 TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
 GGUF_QUANTIZES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4")
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return GpuContext(GpuRuntime())
 
 
 def gguf_rows(x, name):
@@ -322,100 +313,7 @@ def test_gpu_iq4_nl_subnormal_sums(ctx):
     np.testing.assert_array_equal(raw, og.quantize_blocks(x, fg.TYPES["iq4_nl"]))
 
 
-# ------------------------------------------------------------------------- GPU: conformance grid
-# (head_size, block_size, context lens, policy, pad_every, kv_heads, heads)
-SHAPES = [
-    (64, 8, [1, 37, 0, 20], "contiguous", 0, 2, 4),
-    (128, 16, [40, 5, 33], "scattered", 5, 1, 4),
-    (256, 32, [50, 1], "fragmented", 3, 1, 2),
-]
-SIDS = [f"D{d}-bs{b}-{p}" for d, b, _, p, _, _, _ in SHAPES]
-
-
-def make_kv(rng, T, kvh, D):
-    """Per-token magnitudes over 6 decades, a zero vector, a constant vector, signed zeros, exact ties,
-    outlier channels."""
-    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
-    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
-    k[:, :, 3::37] *= np.float32(8)  # outlier channels; |x| stays below f16 max (q4_1 / q5_1 store the min as f16)
-    if T > 4:
-        k[1] = v[1] = 0.0
-        k[2] = np.float32(0.75)
-        v[2, :, ::2] = -0.0
-        v[2, :, 1::2] = 0.0
-        k[3] = (np.arange(D) % 32 - 16).astype(np.float32) * np.float32(0.5)
-        v[4] = (np.float32(0.25) * (np.arange(D) % 31) - np.float32(2.0)).astype(np.float32)
-    return k, v
-
-
-def check_method(ctx, m, batch, k, v, H):
-    D = k.shape[2]
-    qkv = m.quantize(ctx, batch, k, v)
-    t = m.fmt
-    nb, bs = batch.num_blocks, batch.block_size
-    sm = batch.slot_mapping.astype(np.int64)
-    real = sm != PAD_SLOT
-    fl = {}
-    for which, x in (("K", k), ("V", v)):
-        recs = og.quantize(x, t)
-        w = recs.shape[-1]
-        full = np.zeros((nb, k.shape[1], bs, w), np.uint32)
-        full[sm[real] // bs, :, sm[real] % bs] = recs[real]
-        got = qk.read_cache(ctx.rt, qkv.device["cache"], which)
-        np.testing.assert_array_equal(got, full.reshape(nb, k.shape[1], bs * w), err_msg=f"{m.id} {which} words")
-        deq = og.dequantize(recs, D, t)
-        f = np.zeros((nb, k.shape[1], bs, D), np.float32)
-        f[sm[real] // bs, :, sm[real] % bs] = deq[real]
-        gf = m.read_f32(ctx, qkv, which)
-        # the slots tokens were written to (a used block's empty slots hold gguf's value of zero bytes, e.g. -0)
-        np.testing.assert_array_equal(gf[sm[real] // bs, :, sm[real] % bs].view(np.uint32), deq[real].view(np.uint32),
-                                      err_msg=f"{m.id} dequantised {which}")
-        fl[which] = f.astype(np.float64)
-        fields = qkv.extra["k_fields" if which == "K" else "v_fields"]
-        exp = fg.unpack_rows(og.quantize_rows(x[real], t), D, t)
-        np.testing.assert_array_equal(fields["scale"][real].view(np.uint32), exp["scale"].view(np.uint32))
-    rng = np.random.default_rng(7)
-    q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
-    scale = float(np.float32(8.0 / max(1e-30, np.abs(np.einsum("shd,bkpd->shbkp", q.astype(np.float64), fl["K"])).max())))
-    out = m.attend(ctx, qkv, batch, q, scale)
-    ref = op.decode(q, fl["K"], fl["V"], batch.block_tables, batch.context_lens, batch.block_size, scale)
-    tol = 2e-5 * max(1.0, float(np.abs(fl["V"]).max()))
-    assert np.abs(out - ref).max() <= tol, f"{m.id} decode err {np.abs(out - ref).max()} > {tol}"
-    w = m.weights(ctx, qkv, batch, q, scale)
-    ref_w = op.decode_weights(q, fl["K"], batch.block_tables, batch.context_lens, batch.block_size, scale)
-    assert np.abs(w - ref_w).max() <= 2e-6
-    # the method's registered end-to-end reference agrees
-    r2, tol2 = reference(m.id)(m, batch, k, v, q, scale)
-    assert np.abs(out - r2).max() <= tol2
-    return qkv
-
-
-def _shape_params():
-    out = []
-    for name in TYPES:
-        for s, sid in zip(SHAPES, SIDS):
-            out.append(pytest.param(name, s, id=f"{name}-{sid}"))
-    return out
-
-
-@pytest.mark.parametrize("name,shape", _shape_params())
-def test_conformance(ctx, name, shape):
-    D, bs, lens, policy, pad, kvh, H = shape
-    m = get_method(name)
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
-    rng = np.random.default_rng(D * 1000 + bs)
-    k, v = make_kv(rng, batch.num_tokens, kvh, D)
-    check_method(ctx, m, batch, k, v, H)
-
-
-@pytest.mark.parametrize("name", ["q4_0", pytest.param("iq4_nl", marks=pytest.mark.slow)])
-def test_long_context(ctx, name):
-    """One sequence of 3000 tokens (and a short one) through the writer, the dequantiser and the split f32 decode."""
-    batch = make_batch([3000, 3], 16, policy="scattered", seed=4)
-    k, v = make_kv(np.random.default_rng(12), batch.num_tokens, 1, 64)
-    check_method(ctx, get_method(name), batch, k, v, 2)
-
-
+# (the methods' grid over shapes: tests/test_conformance.py test_method_conformance)
 # -------------------------------------------------------------------------- limits and refusals
 def test_f16_scale_range(ctx):
     """A q8_0 block needing a scale above 65504 is refused before dispatch (never stored as inf); just below

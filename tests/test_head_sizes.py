@@ -20,9 +20,7 @@ import numpy as np
 import pytest
 
 from kvviz.errors import UnsupportedShape
-from kvviz.gpu.runtime import GpuRuntime
 from kvviz.methods import get_method, reference
-from kvviz.methods.context import GpuContext
 from kvviz.families.int4 import oracle as o4
 from kvviz.families.kivi import oracle as okv
 from kvviz.paging import make_batch
@@ -33,11 +31,6 @@ from test_turboquant_settings import _check_caches  # noqa: E402 - the general T
 pytestmark = pytest.mark.gpu
 
 HEAD_SIZES = (80, 96, 112, 120, 192, 256)
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return GpuContext(GpuRuntime())
 
 
 @pytest.mark.parametrize("D", HEAD_SIZES)

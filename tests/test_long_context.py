@@ -109,25 +109,6 @@ def test_the_loop_limit_is_real_and_the_check_is_what_prevents_a_wrong_number(rt
     assert np.abs(out - 22499.5).max() > 10.0
 
 
-@pytest.mark.parametrize("method_key", ["int8_token", "fp8_e4m3", "int4_group", "kivi"])
-def test_dequantised_methods_at_45000_tokens(ctx, method_key):
-    """Writers are per token; attention goes through the split f32 decode: right at 45000 tokens."""
-    from kvviz.methods import get_method
-    from kvviz.methods.base import reference_attention
-
-    n, D = 45000, 128
-    batch = make_batch([n], 16)
-    rng = np.random.default_rng(1)
-    k = rng.standard_normal((n, 1, D)).astype(np.float32)
-    v = rng.standard_normal((n, 1, D)).astype(np.float32)
-    q = rng.standard_normal((1, 2, D)).astype(np.float32)
-    m = get_method(method_key)
-    qkv = m.quantize(ctx, batch, k, v)
-    out = m.attend(ctx, qkv, batch, q, 1 / np.sqrt(D))
-    ref, tol = reference_attention(m, batch, k, v, q, 1 / np.sqrt(D), qkv)
-    assert np.abs(out - ref).max() <= tol
-
-
 def test_turboquant_seed_refused_past_its_limit_and_scores_right_at_long_context(rt):
     from kvviz.families.turboquant.kernels import TurboQuantKernels
     from kvviz.families.turboquant import oracle as tqo

@@ -7,6 +7,7 @@ test needs no download beyond the build backend, and `kvviz bench --quick` runs 
 the repository: every kernel is compiled from the installed package's shaders.
 """
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -19,10 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.own_process  # a wheel build and a bench in subprocesses: beside the rest of the suite (tests/conftest.py)
 def test_wheel_ships_the_shaders_and_runs_the_bench(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(dist)],
-                   check=True, cwd=tmp_path)
+                   check=True, cwd=tmp_path, env=env)
     wheel = next(dist.glob("kvviz-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     shaders = [p.relative_to(ROOT / "shaders").as_posix() for p in (ROOT / "shaders").rglob("*")
@@ -31,23 +34,23 @@ def test_wheel_ships_the_shaders_and_runs_the_bench(tmp_path):
         [s for s in shaders if f"kvviz/shaders/{s}" not in names]
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=env)
     py = venv / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+                               check=True, capture_output=True, text=True, env=env).stdout.strip())
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, cwd=tmp_path)
+                   check=True, cwd=tmp_path, env=env)
     # dependencies from this environment (its .pth files, among them kvviz's editable finder, are not read)
     (site / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     where = subprocess.run(
         [str(py), "-c", "import kvviz, kvviz.gpu.shaders as s; print(kvviz.__file__); print(s.SHADER_DIR)"],
-        check=True, capture_output=True, text=True, cwd=tmp_path).stdout.split()
+        check=True, capture_output=True, text=True, cwd=tmp_path, env=env).stdout.split()
     assert all(w.startswith(str(venv)) for w in where), where  # kvviz and its shaders from the wheel
 
     out = tmp_path / "bench.json"
     r = subprocess.run([str(py), "-m", "kvviz", "bench", "--quick", "--frontends", "glslang", "--json", str(out)],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=500)
+                       capture_output=True, text=True, cwd=tmp_path, timeout=500, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     checked = [row for row in rows if row["tolerance"] is not None]

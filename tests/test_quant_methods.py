@@ -1,5 +1,7 @@
-"""Conformance of the quantisation methods (int8_token, int4_group, fp8_e4m3/e5m2, kivi) on the
-GPU (lavapipe in CI) against their numpy oracles (kvviz/oracles/{int8,int4,fp8,kivi}.py).
+"""The quantisation methods (int8_token, int4_group, fp8_e4m3/e5m2, kivi) on the GPU (lavapipe in CI) against
+their numpy oracles (kvviz/oracles/{int8,int4,fp8,kivi}.py): the shared helpers bit for bit, huge values,
+refusals, device limits, layouts, the inspector and the registry. The grid of every method x shape and the bad
+input every method refuses are in tests/test_conformance.py (the check: tests/harness.py quant_method_check).
 
 What is exact and why:
   * Every quantiser divides with a correctly rounded integer division (shaders/common/quant.wgsl,
@@ -17,189 +19,17 @@ What is exact and why:
 """
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-
 import numpy as np
 import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.gpu.runtime import GpuRuntime
 from kvviz.attention import records as qk
 from kvviz.methods import get_method, registry
-from kvviz.methods.context import GpuContext
 from kvviz.families.fp8 import oracle as of8
-from kvviz.families.int4 import oracle as o4
-from kvviz.families.int8 import oracle as o8
-from kvviz.families.kivi import oracle as okv
-from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch
 
-
-@pytest.fixture(scope="module")
-def rt():
-    return GpuRuntime()
-
-
-@pytest.fixture(scope="module")
-def ctx(rt):
-    return GpuContext(rt)
-
-
-# Every registered method of the families these conformance tests have oracles for, with the option
-# sets it declares worth testing (KVMethod.examples); int8_seed and turboquant have their own files.
-FAMILIES = ("int8", "int4", "fp8", "kivi")
-METHODS = [(k, o) for k, cls in sorted(registry().items())
-           if cls.family in FAMILIES and k != "int8_seed" for o in cls.examples()]
-MIDS = [f"{k}-" + "-".join(f"{a}={b}" for a, b in o.items()) for k, o in METHODS]
-
-# (head_size, block_size, context lens, policy, pad_every, kv_heads, heads)
-SHAPES = [
-    (64, 8, [1, 37, 20], "contiguous", 0, 2, 4),
-    (128, 16, [70, 5, 0, 33], "scattered", 5, 2, 4),
-    (256, 32, [100, 31], "scattered", 3, 1, 2),
-    (128, 8, [64, 1, 45], "fragmented", 4, 1, 3),
-]
-SIDS = [f"D{d}-bs{b}-{p}-pad{pe}" for d, b, _, p, pe, _, _ in SHAPES]
-
-
-def make_kv(rng, T, kvh, D):
-    """Gaussian K/V with per-token magnitudes over 6 decades, a zero vector, a constant vector,
-    a vector with -0.0 and +0.0 and exact ties of the int8 grid."""
-    k = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-3, 3, (T, kvh, 1))).astype(np.float32)
-    v = (rng.standard_normal((T, kvh, D)) * 10.0 ** rng.uniform(-2, 2, (T, kvh, 1))).astype(np.float32)
-    if T > 3:
-        k[1] = 0.0
-        v[1] = 0.0
-        k[2] = np.float32(0.75)
-        v[2, :, ::2] = -0.0
-        v[2, :, 1::2] = 0.0
-        k[3] = (np.arange(D) - D // 2).astype(np.float32) * np.float32(0.5)
-        # every group of >= 31 elements spans exactly 7.5 in 0.25 steps: scale 7.5/15 = 0.5 is exact and
-        # (x - min)/scale hits exact .5 ties, which must round half to even
-        k[4] = v[4] = (np.float32(0.25) * (np.arange(D) % 31) - np.float32(2.0)).astype(np.float32)
-    return k, v
-
-
-def expected(m, batch, k, v):
-    """Oracle: full K / V cache words (from zeroed buffers), dequantised f32 caches and per-row fields."""
-    nb, bs = batch.num_blocks, batch.block_size
-    T, kvh, D = k.shape
-    sm = batch.slot_mapping.astype(np.int64)
-    real = sm != PAD_SLOT
-    if m.family == "kivi":
-        ref = okv.write_buffers(batch, k, v, m.bits, m.recent)
-        kc, vc = okv.dequantize_cache(batch, k, v, m.bits, m.recent, ref["per_seq"])
-        # |zero| of every element (codes 0, residual rows 0): bounds an fma's deviation, see fused_tol
-        zs = [dict(qs, k_codes=0 * qs["k_codes"], v_codes=0 * qs["v_codes"], k_res=0 * qs["k_res"], v_res=0 * qs["v_res"])
-              for qs in ref["per_seq"]]
-        kz, vz = okv.dequantize_cache(batch, k, v, m.bits, m.recent, zs)
-        return {"K": ref["k"], "V": ref["v"], "res": ref["res"], "fK": kc, "fV": vc, "zK": kz, "zV": vz, "oracle": ref}
-    out = {}
-    for which, x in (("K", k), ("V", v)):
-        if m.family == "int8":
-            codes, scales = o8.quantize(x)
-            recs, deq = o8.pack_records(codes, scales), o8.dequantize(codes, scales)
-            out[which + "codes"], out[which + "scales"] = codes, scales
-        elif m.family == "int4":
-            G = m.group_for(D)  # group_size, or the group it picks at a head size it does not divide
-            codes, scales, zeros = o4.quantize_groups(x, G)
-            recs = o4.pack_records(codes, scales, zeros)
-            deq = o4.dequantize_groups(codes, scales, zeros, G)
-            zmap = o4.dequantize_groups(0 * codes, scales, zeros, G)  # = zero of each element
-            out[which + "codes"], out[which + "scales"], out[which + "zeros"] = codes, scales, zeros
-        else:
-            codes, scales = of8.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
-            recs = of8.pack_records(codes, None if m.per_tensor else scales)
-            deq = of8.dequantize(codes, scales, m.fmt)
-            out[which + "codes"], out[which + "scales"] = codes, scales
-        w = recs.shape[-1]
-        full = np.zeros((nb, kvh, bs, w), np.uint32)
-        full[sm[real] // bs, :, sm[real] % bs] = recs[real]
-        out[which] = full.reshape(nb, kvh, bs * w)
-        f = np.zeros((nb, kvh, bs, D), np.float32)
-        f[sm[real] // bs, :, sm[real] % bs] = deq[real]
-        out["f" + which] = f
-        if m.family == "int4":
-            z = np.zeros((nb, kvh, bs, D), np.float32)
-            z[sm[real] // bs, :, sm[real] % bs] = zmap[real]
-            out["z" + which] = z
-    return out
-
-
-def fused_tol(m, ref, which):
-    """Dequantised-cache tolerance. int8 / FP8: one float32 multiply, exact (0). int4 / KIVI compute
-    code*scale + zero, which Vulkan lets a driver contract into an fma (NVIDIA does; lavapipe does not):
-    fused and unfused differ by at most the product's rounding plus the sum's, i.e. within
-    2^-23 * (|code*scale| + |result|) <= 2^-23 * (2|result| + |zero|); allowed 2^-22 * (|result| + 2|zero|)."""
-    if m.family in ("int8", "fp8"):
-        return 0.0
-    return 2.0**-22 * (np.abs(ref["f" + which]).astype(np.float64) + 2.0 * np.abs(ref["z" + which]))
-
-
-def check_method(ctx, m, batch, k, v, H, scale=None):
-    rt = ctx.rt
-    D = k.shape[2]
-    rng = np.random.default_rng(7)
-    qkv = m.quantize(ctx, batch, k, v)
-    ref = expected(m, batch, k, v)
-    real = batch.slot_mapping != PAD_SLOT
-    # 1. the cache words, exactly
-    if m.family == "kivi":
-        bufs = m.read_buffers(ctx, qkv)
-        for which, key in (("K", "k"), ("V", "v")):
-            np.testing.assert_array_equal(bufs[key], ref[which], err_msg=f"{m.id} {which} words")
-        np.testing.assert_array_equal(bufs["res"].view(np.uint32), ref["res"].view(np.uint32), err_msg="residual rows")
-        # per-row fields read back from the GPU agree with the per-sequence oracle
-        p = ref["oracle"]["plan"]
-        for s in range(batch.num_seqs):
-            rows = batch.token_rows(s)
-            nq = int(p.n_q[s])
-            qs = ref["oracle"]["per_seq"][s]
-            np.testing.assert_array_equal(qkv.k_codes[rows[:nq]], qs["k_codes"])
-            np.testing.assert_array_equal(qkv.v_codes[rows[:nq]], qs["v_codes"])
-            np.testing.assert_array_equal(qkv.v_scales[rows[:nq]], qs["v_scale"])
-            np.testing.assert_array_equal(qkv.extra["v_zeros"][rows[:nq]], qs["v_zero"])
-            g = np.arange(nq) // okv.GROUP
-            np.testing.assert_array_equal(qkv.k_scales[rows[:nq]], qs["k_scale"][g])
-            np.testing.assert_array_equal(qkv.extra["k_zeros"][rows[:nq]], qs["k_zero"][g])
-            assert qkv.extra["residual"][rows[nq:]].all() and not qkv.extra["residual"][rows[:nq]].any()
-    else:
-        for which in ("K", "V"):
-            got = qk.read_cache(rt, qkv.device["cache"], which)
-            np.testing.assert_array_equal(got, ref[which], err_msg=f"{m.id} {which} words")
-        for which, codes, scales in (("K", qkv.k_codes, qkv.k_scales), ("V", qkv.v_codes, qkv.v_scales)):
-            exp_codes = ref[which + "codes"][real]
-            if m.family == "fp8":
-                exp_codes = of8.decode(exp_codes, m.fmt)
-                np.testing.assert_array_equal(codes[real].view(np.uint32), exp_codes.view(np.uint32))
-            else:
-                np.testing.assert_array_equal(codes[real], exp_codes)
-            np.testing.assert_array_equal(scales[real].view(np.uint32), ref[which + "scales"][real].view(np.uint32))
-        if m.family == "int8":
-            assert qkv.k_codes[real].min(initial=0) >= -127 and qkv.v_codes[real].min(initial=0) >= -127
-    # 2. the dequantised f32 caches
-    for which in ("K", "V"):
-        got = m.read_f32(ctx, qkv, which)
-        err = np.abs(got.astype(np.float64) - ref["f" + which])
-        tol = fused_tol(m, ref, which)
-        assert (err <= tol).all(), f"{m.id} dequantised {which}: max err {err.max()}, max err/tol {(err / np.maximum(tol, 1e-300)).max()}"
-    # 3. attention through the f32 decode vs the float64 oracle over the oracle's dequantised caches
-    q = rng.standard_normal((batch.num_seqs, H, D)).astype(np.float32)
-    fk, fv = ref["fK"].astype(np.float64), ref["fV"].astype(np.float64)
-    if scale is None:
-        # keys span 6 decades of magnitude: pick the softmax scale so the largest |logit| is 8,
-        # which keeps the f32 kernels' logit rounding inside the weight tolerance below
-        scale = float(np.float32(8.0 / max(1e-30, np.abs(np.einsum("shd,bkpd->shbkp", q.astype(np.float64), fk)).max())))
-    out = m.attend(ctx, qkv, batch, q, scale)
-    ref_out = op.decode(q, fk, fv, batch.block_tables, batch.context_lens, batch.block_size, scale)
-    tol = 2e-5 * max(1.0, float(np.abs(fv).max()))
-    assert np.abs(out - ref_out).max() <= tol, f"{m.id} decode err {np.abs(out - ref_out).max()} > {tol}"
-    w = m.weights(ctx, qkv, batch, q, scale)
-    ref_w = op.decode_weights(q, fk, batch.block_tables, batch.context_lens, batch.block_size, scale)
-    assert np.abs(w - ref_w).max() <= 2e-6, f"{m.id} weights err {np.abs(w - ref_w).max()}"
-    return qkv, ref
+from harness import quant_kv as make_kv
+from harness import quant_method_check as check_method
 
 
 # --------------------------------------------------------------------------- the helpers themselves
@@ -245,18 +75,6 @@ def test_fp8_encoder_bit_exact(rt, fmt):
 
 
 # ------------------------------------------------------------------------------------- conformance
-@pytest.mark.parametrize("shape", SHAPES, ids=SIDS)
-@pytest.mark.parametrize("mk", METHODS, ids=MIDS)
-def test_conformance(ctx, mk, shape):
-    key, opts = mk
-    D, bs, lens, policy, pad, kvh, H = shape
-    m = get_method(key, **opts)
-    batch = make_batch(lens, bs, policy=policy, pad_every=pad, seed=3)
-    rng = np.random.default_rng(D * 1000 + bs)
-    k, v = make_kv(rng, batch.num_tokens, kvh, D)
-    check_method(ctx, m, batch, k, v, H)
-
-
 @pytest.mark.parametrize("mk", [("int8_token", {}), ("int4_group", {"group_size": 32}), ("fp8_e4m3", {"scale_mode": "per_token"}),
                                 ("fp8_e4m3", {"scale_mode": "per_tensor"}), ("fp8_e5m2", {"scale_mode": "per_token"}),
                                 ("fp8_e5m2", {"scale_mode": "per_tensor"}), ("kivi", {"bits": 4, "recent": 0})],
@@ -285,26 +103,6 @@ def test_huge_values(ctx, mk):
         ordinary = real.copy()
         ordinary[[4, 5, 9]] = False
         assert (qkv.k_codes[ordinary] != 0).mean() > 0.9
-
-
-@pytest.mark.parametrize("key,opts", METHODS, ids=MIDS)
-@pytest.mark.parametrize("bad", ["nan_k", "inf_v", "f64", "shape"])
-def test_invalid_input_rejected(ctx, key, opts, bad):
-    m = get_method(key, **opts)
-    batch = make_batch([5, 3], 8, pad_every=2)
-    T = batch.num_tokens
-    k = np.ones((T, 1, 64), np.float32)
-    v = np.ones((T, 1, 64), np.float32)
-    if bad == "nan_k":
-        k[2, 0, 5] = np.nan
-    elif bad == "inf_v":
-        v[0, 0, 0] = -np.inf
-    elif bad == "f64":
-        k = k.astype(np.float64)
-    else:
-        v = v[:, :, :32].copy()
-    with pytest.raises(InvalidInput):
-        m.quantize(ctx, batch, k, v)
 
 
 def test_unsupported_shapes_and_options(ctx):

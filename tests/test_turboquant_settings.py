@@ -24,16 +24,9 @@ import pytest
 from kvviz.families.turboquant import bias as tq_bias
 from kvviz.errors import InvalidInput
 from kvviz.families.turboquant import format as tqf
-from kvviz.gpu.runtime import GpuRuntime
 from kvviz.methods import get_method, reference
-from kvviz.methods.context import GpuContext
 from kvviz.families.turboquant import oracle as tqo
 from kvviz.paging import PAD_SLOT, make_batch
-
-
-@pytest.fixture(scope="module")
-def ctx():
-    return GpuContext(GpuRuntime())
 
 
 SETTINGS = [dict(bits=b, v_bits=b) for b in (1, 3, 4)] + [
@@ -206,10 +199,9 @@ def test_dequantised_key_is_the_estimator(ctx, bits):
 
 
 @pytest.mark.gpu
-def test_distortion_and_bias_at_every_setting():
+def test_distortion_and_bias_at_every_setting(rt):
     """The values' MSE on unit vectors at 1-4 bits (paper: about 0.36, 0.117, 0.03, 0.009) and the QJL bias
     panel's data at every setting: the unbiased scale has slope 1 within 0.05, the reference one is below."""
-    rt = GpuRuntime()
     want = {1: 0.36, 2: 0.117, 3: 0.034, 4: 0.0093}
     for b, mse in want.items():
         got = tq_bias.mse_unit_vectors(128, 1500, b, rt=rt)

@@ -204,12 +204,16 @@ def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
     _, agree = lp.agree_curve.getData()
     want = np.cumsum([s.top1_agree for s in dec.steps]) / np.arange(1, 4)
     np.testing.assert_allclose(agree, want)
-    # texts side by side: the prompt and what each cache generated
+    # each pane is the prompt as the model read it (its token strings), then the tokens that cache generated
     texts = dec.texts()
+    prompt = "".join(dec.tokenizer.token_strings(dec.prompt_ids))
+    base_toks = "".join(s.base_str for s in dec.steps)
+    free_toks = "".join((s.free_str if s.free_str is not None else s.quant_str) for s in dec.steps)
     base, quant = lp.base_text.toPlainText(), lp.quant_text.toPlainText()
-    assert texts["baseline"].strip() and texts["baseline"].strip() in base.replace("\u21b5", "")
-    assert "France" in base and "France" in quant
-    assert texts["quant_free"].strip() in quant.replace("\u21b5", "").replace("\u25b8", "")
+    assert base.replace("\u21b5", "") == prompt + base_toks
+    assert quant.replace("\u21b5", "").replace("\u25b8", "") == prompt + free_toks
+    assert texts["baseline"].strip() and texts["baseline"].strip() in base_toks
+    assert texts["quant_free"].strip() in free_toks
     # block pools: blocks allocated as the sequence grew (block size 4: the pool has several)
     assert lp.pool_grid.image.image is not None and lp.pool_grid.image.image.size > 0
     assert lp.pool_grid.cells["quant"] == len(dec.steps[-1].blocks) > 1
