@@ -105,7 +105,7 @@ def bit_format(name: str):
 
 fd = kernels("fast_decode")
 O = oracle("fast_decode")  # kvviz.attention.paged_oracle: the float64 paged decode every fast decode is held to
-quant = kernels("int8")  # the quantising families' launcher (read_cache)
+quant = kernels("quant_selftest")  # the quantised caches' shared host side (read_cache)
 
 
 # ================================================================================== scenario plumbing
@@ -841,8 +841,8 @@ DECODES["tq-paged"] = Decode("tq-paged", "fast_decode_tq", tq_paged_check, _tq_l
 
 
 # ================================================================================== the fast writers
-fw = kernels("fast_write")
-ofw = oracle("fast_write")
+fw = kernels("fast_write_lanes")  # the fast writers' lanes, variants and row dispatches
+ofw = oracle("fast_write_lanes")  # the words every fast writer must leave
 fmt8 = bit_format("fp8")
 
 # (head_size, block_size, context lens, policy, pad_every, kv_heads): ragged, empty and single-token
@@ -934,15 +934,15 @@ def run_writer(rt, writer, batch, k, v, variant):
     kb, vb = rt.upload(np.zeros(n, np.uint32), "k"), rt.upload(np.zeros(n, np.uint32), "v")
     tensor = None
     if writer in ("int8_token", "int8_seed"):
-        d = fw.int8_dispatches(rt, k, v, sm, kb, vb, batch.block_size, seed=writer == "int8_seed", variant=variant)
+        d = kernels("int8").int8_dispatches(rt, k, v, sm, kb, vb, batch.block_size, seed=writer == "int8_seed", variant=variant)
     elif writer.startswith("fp8"):
         tensor = rt.upload(np.zeros(4, np.uint32), "tensor")
-        d = fw.fp8_dispatches(rt, fmt8.FORMATS[writer[4:8]], writer.endswith("per_tensor"), k, v, sm, kb, vb, tensor,
+        d = kernels("fp8").fp8_dispatches(rt, fmt8.FORMATS[writer[4:8]], writer.endswith("per_tensor"), k, v, sm, kb, vb, tensor,
                               batch.block_size, variant=variant)
     elif writer.startswith("int4"):
-        d = fw.int4_dispatches(rt, method.group_for(D), k, v, sm, kb, vb, batch.block_size, variant=variant)
+        d = kernels("int4").int4_dispatches(rt, method.group_for(D), k, v, sm, kb, vb, batch.block_size, variant=variant)
     else:
-        d = fw.f16_dispatches(rt, k, v, sm, kb, vb, batch.block_size)
+        d = kernels("f16").f16_dispatches(rt, k, v, sm, kb, vb, batch.block_size)
     rt.run(d)
     shape = (batch.num_blocks, kvh, batch.block_size, wpt)
     t = rt.read(tensor, np.uint32, nbytes=16) if tensor is not None else None
@@ -956,10 +956,10 @@ def _fast_write_refusals(ctx):
     buf = rt.upload(np.zeros(16 * 17, np.uint32), "c")
     sm = batch.slot_mapping
     out = [
-        Refusal("key and value of other shapes", lambda: fw.int8_dispatches(rt, k, k[:, :, :32], sm, buf, buf, 16),
+        Refusal("key and value of other shapes", lambda: kernels("int8").int8_dispatches(rt, k, k[:, :, :32], sm, buf, buf, 16),
                 InvalidInput, "key and value"),
-        Refusal("fewer slots than rows", lambda: fw.int8_dispatches(rt, k, k, sm[:2], buf, buf, 16), InvalidInput, "slots"),
-        Refusal("head 62", lambda: fw.int8_dispatches(rt, k[:, :, :62], k[:, :, :62], sm, buf, buf, 16), UnsupportedShape,
+        Refusal("fewer slots than rows", lambda: kernels("int8").int8_dispatches(rt, k, k, sm[:2], buf, buf, 16), InvalidInput, "slots"),
+        Refusal("head 62", lambda: kernels("int8").int8_dispatches(rt, k[:, :, :62], k[:, :, :62], sm, buf, buf, 16), UnsupportedShape,
                 "multiple of 4"),
         Refusal("3 lanes a row", lambda: fw.Variant(rt, False, 3), InvalidInput, "power of two"),
     ]

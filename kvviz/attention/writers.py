@@ -85,6 +85,9 @@ fn red_min2(v: vec2<u32>, lid: u32, span: u32) -> vec2<u32> {
 MAX_LANES = 32
 WG = 64
 
+# No kernel of its own: each family's fast writer (its KernelSpec and launcher) is in its kernels.py.
+KERNELS = ()
+
 
 # ------------------------------------------------------------------------------ lanes and grid
 def subgroups_available(rt: GpuRuntime) -> bool:
