@@ -60,7 +60,7 @@ def smollm2():
 # ------------------------------------------------------------------- a second process for long, self-contained tests
 # The tests marked `own_process` (the load tests: minutes of steps in one loop, each step waiting on lavapipe; the
 # wheel build) run in a second pytest process, started as soon as the suite is collected, so that they use the
-# machine's other core while this process runs everything else. Each keeps its place in this session as an item
+# machine's other core while this process runs everything else. Each keeps its place in this pytest run as an item
 # that waits for the second process and reports what the test did there (its traceback and output if it failed).
 # Run on their own (or with nothing else selected) they run here as usual.
 SIDE_REPORT = "KVVIZ_SIDE_REPORT"  # set in the second process: the file it appends each test's reports to
@@ -100,7 +100,7 @@ class SideRun:
 
 
 class SideItem(pytest.Item):
-    """Stands in this session for a test run by the second process."""
+    """Stands in this pytest run for a test run by the second process."""
 
     def __init__(self, *, side, **kw):
         super().__init__(**kw)

@@ -1,6 +1,6 @@
 """Render widgets to PNG (at 2x device pixel ratio) and SVG (through QSvgGenerator).
 
-pyqtgraph's SVGExporter fails with PySide6 >= 6.11 (pyqtgraph issue 3485), so SVG export paints the
+pyqtgraph's SVGExporter fails with PySide6 >= 6.11 (pyqtgraph#3485), so SVG export paints the
 widget (and with it every pyqtgraph scene inside it) into a QSvgGenerator instead.
 """
 from __future__ import annotations
