@@ -66,7 +66,6 @@ RSS_BOUND_MB = 30.0  # see test_200_computes_in_one_window
 
 
 @pytest.mark.slow  # ~90 s on lavapipe; CI runs it (no marker is deselected)
-@pytest.mark.own_process  # beside the rest of the suite, on the other core (tests/conftest.py)
 def test_200_computes_in_one_window(qtbot, settings):
     """200 computes in a row in one window, cycling through every method (so every kernel's
     per-compute allocations are exercised), on a tiny workload.
@@ -130,7 +129,6 @@ def long_tiny(tmp_path_factory):
 
 
 @pytest.mark.slow  # ~2.5 min on lavapipe (a step costs 30 ms at 100 tokens, 70 ms at 2000); CI runs it
-@pytest.mark.own_process  # beside the rest of the suite, on the other core (tests/conftest.py)
 def test_2000_token_live_decode(long_tiny, ctx):
     """2000 tokens decoded live (f32 and int8 paged caches on the GPU, the window's settings:
     distributions not kept, the cache view on), measured after 100 steps and at the end.

@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-@pytest.mark.own_process  # a wheel build and a bench in subprocesses: beside the rest of the suite (tests/conftest.py)
 def test_wheel_ships_the_shaders_and_runs_the_bench(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
     dist = tmp_path / "dist"
