@@ -21,7 +21,6 @@ from kvviz.errors import UnsupportedShape
 from kvviz.families import catalogue as families
 from kvviz.methods import get_method
 from kvviz.methods import reference as method_reference
-from kvviz.methods import registry
 from kvviz.paging import PAD_SLOT
 from kvviz.paging import make_batch
 
@@ -841,8 +840,8 @@ DECODES["tq-paged"] = Decode("tq-paged", "fast_decode_tq", tq_paged_check, _tq_l
 
 
 # ================================================================================== the fast writers
-fw = kernels("fast_write_lanes")  # the fast writers' lanes, variants and row dispatches
-ofw = oracle("fast_write_lanes")  # the words every fast writer must leave
+fw = importlib.import_module("kvviz.attention.writers")  # the fast writers' lanes, variants and row dispatches
+ofw = importlib.import_module("kvviz.families.writer_oracles")  # the words every fast writer must leave
 fmt8 = bit_format("fp8")
 
 # (head_size, block_size, context lens, policy, pad_every, kv_heads): ragged, empty and single-token

@@ -36,7 +36,7 @@ import logging
 import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
+from kvviz.gpu.kernel_spec import Struct, ro
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
 log = logging.getLogger("kvviz.attention.writers")
@@ -84,9 +84,6 @@ fn red_min2(v: vec2<u32>, lid: u32, span: u32) -> vec2<u32> {
 
 MAX_LANES = 32
 WG = 64
-
-# No kernel of its own: each family's fast writer (its KernelSpec and launcher) is in its kernels.py.
-KERNELS = ()
 
 
 # ------------------------------------------------------------------------------ lanes and grid

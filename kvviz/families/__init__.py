@@ -11,12 +11,14 @@ family's method modules, which register their methods: kvviz.methods.registry() 
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
 
+@functools.cache
 def load_all() -> None:
-    """Import every `method*.py` module of every family (each registers its methods)."""
+    """Import every `method*.py` module of every family (each registers its methods); once a process."""
     for fam in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if not fam.ispkg:
             continue

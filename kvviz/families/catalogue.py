@@ -40,8 +40,6 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
                  "kvviz.families.turboquant.format"),
     KernelFamily("ggml", "ggml", "kvviz.families.ggml.kernels", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format", key="ggml"),
     KernelFamily("fp4", "fp4", "kvviz.families.fp4.kernels", "kvviz.families.fp4.oracle", "kvviz.families.fp4.format", key="fp4"),
-    # the fast writers' shared lanes, variants and row dispatches (each family's fast writer is in its kernels.py)
-    KernelFamily("fast_write_lanes", "common", "kvviz.attention.writers", "kvviz.families.writer_oracles"),
     KernelFamily("f16", "f16", "kvviz.families.f16.kernels", "kvviz.families.f16.oracle", "kvviz.families.f16.format"),
     # the split-K decodes and the later fast writers: generated shaders (their launchers render the defines)
     KernelFamily("fast_decode", "attention", "kvviz.attention.split_decode", "kvviz.attention.paged_oracle"),

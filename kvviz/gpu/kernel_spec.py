@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvviz.errors import ShaderCompileError
-from kvviz.gpu.shaders import Declared, ShaderSpec, declarations
+from kvviz.gpu.shaders import Declared, ShaderSpec
 
 READ = "read"
 READ_WRITE = "read_write"

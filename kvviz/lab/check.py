@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.attention import arith, paged_oracle as op, records as qk, split_decode as fd, writers as fw
+from kvviz.attention import arith, paged_oracle as op, records as qk, split_decode as fd
 from kvviz.attention.int8_records import unpack_records
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompileError, UnsupportedShape
@@ -292,27 +292,21 @@ def _dequant_oracle(m, batch, x, key=None, value=None, which: int = 0):
     if fam == "f16":
         return o16.dequantize(o16.quantize(x))
     if fam == "fp8_vllm":
-        o = o8f
-        s = o.vllm_method_scales(m, batch, key, value)[which]
-        return o.vllm_dequantize(o.vllm_quantize(x, s, m.fmt)[0], s, m.fmt)
+        s = o8f.vllm_method_scales(m, batch, key, value)[which]
+        return o8f.vllm_dequantize(o8f.vllm_quantize(x, s, m.fmt)[0], s, m.fmt)
     if fam == "int8":
-        o = o8
-        return o.dequantize(*o.quantize(x))
+        return o8.dequantize(*o8.quantize(x))
     if fam == "int4":
-        o = o4
         G = m.group_for(D) if hasattr(m, "group_for") else m.group_size
-        return o.dequantize_groups(*o.quantize_groups(x, G), G)
+        return o4.dequantize_groups(*o4.quantize_groups(x, G), G)
     if fam == "fp8":
-        o = o8f
-        codes, scales = o.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
-        return o.dequantize(codes, scales, m.fmt)
+        codes, scales = o8f.quantize(x, m.fmt, m.scale_mode, batch.slot_mapping)
+        return o8f.dequantize(codes, scales, m.fmt)
     if fam == "ggml":
-        o = ogg
-        return o.dequantize(o.quantize(x, m.fmt), D, m.fmt)
+        return ogg.dequantize(ogg.quantize(x, m.fmt), D, m.fmt)
     if fam == "fp4":
-        o = ofp4
-        st = o.tensor_scale(x[np.asarray(batch.slot_mapping) != PAD_SLOT])
-        return o.dequantize(*o.quantize(x, st), st)
+        st = ofp4.tensor_scale(x[np.asarray(batch.slot_mapping) != PAD_SLOT])
+        return ofp4.dequantize(*ofp4.quantize(x, st), st)
     raise InvalidInput(f"no dequantised-rows oracle for method family {fam!r}")
 
 
@@ -330,11 +324,9 @@ def _record_values(m, records: np.ndarray, D: int) -> np.ndarray:
     if fam == "f16":
         return np.asarray(u["codes"], np.float64)
     if fam == "fp8" and not m.per_tensor:
-        o = o8f
-        return o.dequantize(u["code_bits"], u["scale"], m.fmt).astype(np.float64)
+        return o8f.dequantize(u["code_bits"], u["scale"], m.fmt).astype(np.float64)
     if fam == "int4":
-        o = o4
-        return o.dequantize_groups(u["codes"], u["scale"], u["zero"], m.group_for(D)).astype(np.float64)
+        return o4.dequantize_groups(u["codes"], u["scale"], u["zero"], m.group_for(D)).astype(np.float64)
     raise InvalidInput(f"no numpy record dequantiser for method {m.id} (family {fam!r})")
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvviz.attention import paged as pk, records as qk, split_decode as fd, writers as fw
+from kvviz.attention import paged as pk, split_decode as fd
 from kvviz.errors import InvalidInput
 from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.ggml import writer as fwg

@@ -6,7 +6,6 @@ import math
 import os
 
 from kvviz.bench.roofline import Ceilings, points_from_results
-from kvviz.errors import InvalidInput
 from kvviz.tables import Table
 
 

@@ -2,7 +2,6 @@
 fast writer) and their host launchers. Shaders in shaders/f16/."""
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 
@@ -11,7 +10,6 @@ from kvviz.attention.records import TOKENS
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
-log = logging.getLogger("kvviz.families.f16.kernels")
 
 
 WRITE_F16 = KernelSpec("f16/write_fast.wgsl", bindings=TOKENS + rw("k_cache", "v_cache"),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from kvviz.attention import records as qk
 from kvviz.families.fp4 import decode as ffd, format as f4, kernels as f4k, writer as fw4
 from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.ggml import kernels as gk
@@ -67,10 +66,10 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
         tb = qc.extra["tensor"]
         return gk.shared_token_dispatches(rt, [(amax, [tb]), (kern, [qc.k, qc.v, tb])], key, value, sm, imm)
 
-    def fast_writer_dispatches(self, ctx, qc, key, value, sm):
-        """The fast writer (kvviz/families/ggml/writer.py: the fast amax pass, then shaders/fast/
-        write_nvfp4.wgsl; the same words as fp4/nvfp4_write.wgsl), or None where it cannot take the shape."""
-        return fw4.method_dispatches(ctx.rt, self, qc, key, value, sm)
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
+        """The fast writer (kvviz/families/fp4/writer.py: the fast amax pass, then shaders/fp4/
+        nvfp4_write_fast.wgsl; the same words as fp4/nvfp4_write.wgsl)."""
+        return fw4.nvfp4_dispatches(rt, key, value, sm, qc.k, qc.v, qc.extra["tensor"], qc.block_size)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):

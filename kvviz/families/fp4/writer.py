@@ -110,12 +110,3 @@ def nvfp4_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, tensor, bl
 
 KERNELS = {"fast_write_fp4": (nvfp4_spec(), nvfp4_spec(1, 8), nvfp4_spec(1, 16, kv_split=True),
                               nvfp4_spec(1, 8, scale_pass=True), NVFP4_SCALE)}
-
-
-def method_dispatches(rt: GpuRuntime, method, qc, key, value, sm):
-    """The fast NVFP4 writer into the method's cache `qc`, or None where it has none for the shape (the
-    method then keeps its first-wave writer)."""
-    try:
-        return nvfp4_dispatches(rt, key, value, sm, qc.k, qc.v, qc.extra["tensor"], qc.block_size)
-    except UnsupportedShape:
-        return None

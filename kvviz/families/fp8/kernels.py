@@ -2,14 +2,12 @@
 fast writer) and their host launchers. Shaders in shaders/fp8/."""
 from __future__ import annotations
 
-import logging
 
 from kvviz.attention import writers as fw
 from kvviz.attention.records import DEQUANT_IMM, DEQUANT_OUT, TOKENS, WRITE_IMM
 from kvviz.gpu.kernel_spec import KernelSpec, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
-log = logging.getLogger("kvviz.families.fp8.kernels")
 
 
 # FP8 kernels take the format's defines (kvviz.families.fp8.format.Fp8Format.defines), PER_TENSOR and NAME.

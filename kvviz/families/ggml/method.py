@@ -98,10 +98,10 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
         imm = kern.pack(kvh, D, qc.block_size, self.wpt(D), 0)
         return qk.token_dispatches(ctx.rt, kern, key, value, sm, [qc.k, qc.v], lambda n: imm)
 
-    def fast_writer_dispatches(self, ctx, qc, key, value, sm):
+    def fast_writer(self, rt, qc, key, value, sm, variant=None):
         """The fast writer (kvviz/families/ggml/writer.py, shaders/ggml/write_fast.wgsl: a lane a few whole
-        blocks, words built in registers; the same bytes), or None where it cannot take the shape."""
-        return fwg.method_dispatches(ctx.rt, self, qc, key, value, sm)
+        blocks, words built in registers; the same bytes)."""
+        return fwg.ggml_dispatches(rt, self.type_name, key, value, sm, qc.k, qc.v, qc.block_size)
 
     # ------------------------------------------------------------------ attention
     def _fast_plan(self, ctx, qc, batch, q, scale):

@@ -43,7 +43,6 @@ the blocks a lane.
 """
 from __future__ import annotations
 
-import numpy as np
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.ggml.format import BLOCK, TYPES, GgmlType
@@ -148,13 +147,4 @@ def ggml_dispatches(rt: GpuRuntime, t: GgmlType | str, key, value, slots, k_buf,
                               lambda rows, gx: kern.pack(kvh, D, block_size, wpt, rows, gx, 0), WG // L)
 
 
-def method_dispatches(rt: GpuRuntime, method, qc, key, value, sm):
-    """The fast writer of a ggml block-type method into its cache `qc`, or None where it has none for the
-    shape (the method then keeps its first-wave writer)."""
-    try:
-        return ggml_dispatches(rt, method.type_name, key, value, sm, qc.k, qc.v, qc.block_size)
-    except UnsupportedShape:
-        return None
-
-
-__all__ = ["KERNELS", "ggml_dispatches", "method_dispatches", "min_blocks_per_lane"]
+__all__ = ["KERNELS", "ggml_dispatches", "min_blocks_per_lane"]

@@ -2,7 +2,6 @@
 fast writer) and their host launchers. Shaders in shaders/int4/."""
 from __future__ import annotations
 
-import logging
 
 from kvviz.attention import writers as fw
 from kvviz.attention.records import DEQUANT_IMM, DEQUANT_OUT, TOKENS, WRITE_IMM
@@ -10,7 +9,6 @@ from kvviz.errors import UnsupportedShape
 from kvviz.gpu.kernel_spec import KernelSpec, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
-log = logging.getLogger("kvviz.families.int4.kernels")
 
 
 INT4_WRITE = KernelSpec("int4/write.wgsl", bindings=TOKENS + rw("k_cache", "v_cache"), immediates=WRITE_IMM)  # GROUP

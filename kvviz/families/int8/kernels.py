@@ -2,14 +2,12 @@
 fast writer) and their host launchers. Shaders in shaders/int8/."""
 from __future__ import annotations
 
-import logging
 
 from kvviz.attention import writers as fw
 from kvviz.attention.records import DEQUANT_IMM, DEQUANT_OUT, TOKENS, WRITE_IMM
 from kvviz.gpu.kernel_spec import KernelSpec, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
-log = logging.getLogger("kvviz.families.int8.kernels")
 
 
 INT8_WRITE = KernelSpec("int8/write.wgsl", bindings=TOKENS + rw("k_cache", "v_cache"), immediates=WRITE_IMM)

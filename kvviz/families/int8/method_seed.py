@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import arith, writers as fw
+from kvviz.attention import arith
 from kvviz.attention.int8_records import unpack_records as unpack_int8_words
 from kvviz.attention.paged import check_head_size
 from kvviz.attention.split_decode import INT8, fast_decode_rows

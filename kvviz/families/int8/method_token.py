@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import int8_records as fmt8, records as qk
+from kvviz.attention import int8_records as fmt8
 from kvviz.attention.split_decode import INT8
 from kvviz.families.int8 import kernels as int8_kernels
 from kvviz.methods.base import CacheLayout, LayoutField, register

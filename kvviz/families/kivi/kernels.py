@@ -2,7 +2,6 @@
 fast writer) and their host launchers. Shaders in shaders/kivi/."""
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 
@@ -12,7 +11,6 @@ from kvviz.errors import UnsupportedShape
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
 from kvviz.gpu.runtime import Dispatch, GpuRuntime
 
-log = logging.getLogger("kvviz.families.kivi.kernels")
 
 
 # KIVI kernels take BITS.

@@ -23,7 +23,7 @@ import logging
 
 import numpy as np
 
-from kvviz.attention import arith, records as qk, writers as fw
+from kvviz.attention import arith, records as qk
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.int4.format import unpack_codes

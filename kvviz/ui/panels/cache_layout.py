@@ -6,7 +6,6 @@ coloured cell. Hovering names the block; clicking opens it in the block inspecto
 """
 from __future__ import annotations
 
-import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QBrush, QColor, QCursor, QPen
