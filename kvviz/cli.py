@@ -26,6 +26,7 @@ from kvviz.bench.roofline import bench_roofline
 from kvviz.bench.sweep import run_sweep, sweep_shapes
 from kvviz.checks import check_out_file, nonneg_int, positive_int
 from kvviz.errors import InvalidInput, KvvizError
+from kvviz.families.registry import registry
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import GLSL_FRONTENDS, find_glslang
 from kvviz.history.db import HistoryDB, HistoryError, record_bench_result, shape_label
@@ -33,7 +34,6 @@ from kvviz.history.diff import diff, format_diff, load_side
 from kvviz.lab.slots import render_text, slot
 from kvviz.live import measure as live_measure
 from kvviz.live.measure import add_arguments
-from kvviz.methods import registry
 from kvviz.report.roofline import roofline_svg, roofline_table
 from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
 from kvviz.sources.kv_files import save_capture

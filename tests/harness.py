@@ -1,8 +1,8 @@
 """Helpers shared by the conformance tests: a covering-array generator for the grids whose full product adds
 nothing, and one adapter per fast-decode family (tests/test_conformance.py runs every scenario through them).
 
-Methods are reached through the registry (kvviz.methods.get_method) and kernels through the family table
-(kvviz.families.catalogue), so the tests do not depend on where a family's modules live.
+Methods are reached through the registry (kvviz.families.registry.get_method) and kernels through the
+family table (kvviz.families.catalogue), so the tests do not depend on where a family's modules live.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from kvviz.errors import DeviceLimitError
 from kvviz.errors import InvalidInput
 from kvviz.errors import UnsupportedShape
 from kvviz.families import catalogue as families
-from kvviz.methods import get_method
-from kvviz.methods import reference as method_reference
-from kvviz.methods import registry  # noqa: F401 - test_conformance reaches the registry through the harness
+from kvviz.families.registry import get_method
+from kvviz.families.registry import reference as method_reference
+from kvviz.families.registry import registry  # noqa: F401 - test_conformance reaches the registry through the harness
 from kvviz.paging import PAD_SLOT
 from kvviz.paging import make_batch
 

@@ -17,7 +17,7 @@ import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.attention import records as qk
-from kvviz.methods import get_method, reference
+from kvviz.families.registry import get_method, reference
 from kvviz.families.f16 import oracle as of16
 from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvviz.families.ggml import decode as fgd
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.families.ggml import oracle as og
 from kvviz.paging import make_batch
 

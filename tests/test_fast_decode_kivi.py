@@ -14,7 +14,7 @@ import pytest
 from kvviz.families.kivi import format as kl
 from kvviz.attention import split_decode as fd
 from kvviz.families.kivi import decode as fk
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.families.kivi import oracle as okv
 from kvviz.paging import make_batch
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvviz.methods import get_method
-from kvviz.methods import reference
+from kvviz.families.registry import get_method, reference
 from kvviz.methods.records import DequantisedAttention
 from kvviz.paging import PAD_SLOT
 from kvviz.paging import make_batch

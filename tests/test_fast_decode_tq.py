@@ -46,7 +46,7 @@ def test_loop_budget_counts_the_reduce_butterflies(ctx, tq, monkeypatch):
 
 
 def test_method_attend_and_timed_rows(rt):
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
     from kvviz.methods.context import GpuContext
     from kvviz.paging import make_batch
 

@@ -118,9 +118,9 @@ def test_method_paged_cache_attend_inspector_and_timed_rows(rt):
     """Method "turboquant" (seed configuration): its cache is the paged records (the inspector shows the physical
     blocks the batch's block tables name), `attend` is the paged fast decode (held to the oracle over those
     records), the bench rows carry the paged fast decode beside the seed kernels' rows."""
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
     from kvviz.methods.context import GpuContext
-    from kvviz.methods.base import reference_attention
+    from kvviz.families.registry import reference_attention
 
     m = get_method("turboquant", qjl_scale="unbiased")
     rng = np.random.default_rng(4)

@@ -29,7 +29,7 @@ from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.fp4 import writer as fw4
 from kvviz.families.ggml import writer as fwg
 from kvviz.attention import records as qk
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.families.fp4 import oracle as of4
 from kvviz.families.ggml import oracle as og
 from kvviz.paging import PAD_SLOT, make_batch

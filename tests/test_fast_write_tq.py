@@ -164,7 +164,7 @@ def test_two_dimensional_grid_and_a_long_batch(rt, monkeypatch):
 
 
 def test_method_uses_it_and_its_bench_row(rt):
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
     from kvviz.methods.context import GpuContext
 
     m = get_method("turboquant")
@@ -194,7 +194,7 @@ def test_method_uses_it_and_its_bench_row(rt):
 def test_fallback_without_subgroups(rt, monkeypatch):
     """An adapter without subgroups (the measured subgroup size 1): no fast writer (None), the method writes with
     tq_general_compress, the same words."""
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
     from kvviz.methods.context import GpuContext
 
     d, kvh = 32, 1

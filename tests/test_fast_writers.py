@@ -18,7 +18,7 @@ from kvviz.families.kivi import kernels as kivi_kernels
 from kvviz.families.int8 import kernels as int8_kernels
 from kvviz.families.f16 import kernels as f16_kernels
 from kvviz.attention import records as qk
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.families import writer_oracles as ofw
 from kvviz.paging import make_batch
 

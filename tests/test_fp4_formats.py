@@ -16,7 +16,7 @@ import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.fp4 import format as f4
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.families.fp4 import oracle as o4
 from kvviz.paging import PAD_SLOT, make_batch
 

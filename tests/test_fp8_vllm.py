@@ -21,7 +21,7 @@ import pytest
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.attention import records as qk
 from kvviz.methods.live_cache import BlockTable, make_live_cache
-from kvviz.methods import get_method, reference
+from kvviz.families.registry import get_method, reference
 from kvviz.families.fp8 import oracle as of8
 from kvviz.attention import paged_oracle as op
 from kvviz.paging import PAD_SLOT, make_batch

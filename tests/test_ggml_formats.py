@@ -20,8 +20,7 @@ import pytest
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.ggml import format as fg
-from kvviz.methods import get_method
-from kvviz.methods import registry
+from kvviz.families.registry import get_method, registry
 from kvviz.families.ggml import oracle as og
 from kvviz.paging import make_batch
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from kvviz.errors import UnsupportedShape
-from kvviz.methods import get_method, reference
+from kvviz.families.registry import get_method, reference
 from kvviz.families.int4 import oracle as o4
 from kvviz.families.kivi import oracle as okv
 from kvviz.paging import make_batch

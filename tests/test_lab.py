@@ -32,7 +32,7 @@ def inputs():
 
 # ------------------------------------------------------------------------------ contracts
 def test_every_slot_has_a_contract():
-    from kvviz.methods import registry
+    from kvviz.families.registry import registry
     from kvviz.methods.records import PerTokenRecordMethod
 
     s = slots()

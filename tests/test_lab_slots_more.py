@@ -51,7 +51,7 @@ def test_fast_decode_slots_cover_every_format():
     """One slot per cache format the fast decode reads, each over its method's cache, the template slot's
     contract with the method's CacheLayout for kc / vc and the conformance tests' tolerance."""
     from kvviz.attention import split_decode as fd
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
 
     s = slots()
     assert {k for k, v in s.items() if v.spec.path == fd.SPLIT.path} == set(DECODES)

@@ -13,7 +13,7 @@ import pytest
 
 from kvviz.errors import InvalidInput
 from kvviz.live import measure as M
-from kvviz.methods.base import parse_options, registry
+from kvviz.families.registry import parse_options, registry
 from kvviz.sources.gguf_llama import load_gguf_llama
 
 from tiny_llama import write_tiny_gguf  # noqa: E402

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvviz.families.registry import get_method
 from kvviz.methods.live_cache import BlockTable, RequantCache, make_live_cache
 from kvviz.methods.live_records import RecordLiveCache
-from kvviz.methods import get_method
 
 pytestmark = pytest.mark.gpu
 

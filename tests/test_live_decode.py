@@ -9,7 +9,7 @@ import pytest
 from kvviz.live.metrics import kl_logits, log_softmax, summarize_live
 from kvviz.errors import InvalidInput
 from kvviz.live import BlockTable, Cancelled, LiveDecoder, RequantCache, make_live_cache, run_live
-from kvviz.methods.base import registry
+from kvviz.families.registry import registry
 from kvviz.families.int8.method_seed import Int8PerTokenSeed
 from kvviz.attention.paged_oracle import unpack_int8_words
 from kvviz.sources.gguf_llama import load_gguf_llama
@@ -341,12 +341,16 @@ def test_live_cache_through_method_hooks(ctx):
     """int8_seed's own incremental cache comes from its `live_cache` hook; a subclass that changes
     quantize re-quantises; TurboQuant quantises layer l with layer l's rotation."""
     from kvviz.methods.live_cache import MethodPagedCache, cache_kind
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
 
     args = (ctx, BlockTable(16, 4), N_LAYERS, N_HEADS, N_KV, HEAD_DIM, HEAD_DIM ** -0.5)
-    assert isinstance(make_live_cache("int8_seed", *args), MethodPagedCache) and cache_kind("int8_seed") == "native"
+    seed = get_method("int8_seed")
+    assert isinstance(make_live_cache(seed, *args), MethodPagedCache) and cache_kind(seed) == "native"
     assert isinstance(make_live_cache(ZeroKeys(), *args), RequantCache) and cache_kind(ZeroKeys()) == "requant"
-    assert cache_kind("f32") == "native" and cache_kind("kivi") == "native" and cache_kind("turboquant") == "requant"
+    assert cache_kind("f32") == "native" and cache_kind(get_method("kivi")) == "native"
+    assert cache_kind(get_method("turboquant")) == "requant"
+    with pytest.raises(TypeError, match="KVMethod"):
+        cache_kind("kivi")  # a key is resolved by the registry first
     tq = make_live_cache(get_method("turboquant", seed=5), *args)
     assert [m.layer for m in tq.methods] == list(range(N_LAYERS)) and {m.seed for m in tq.methods} == {5}
 

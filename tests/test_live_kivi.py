@@ -15,7 +15,7 @@ from kvviz.errors import InvalidInput
 from kvviz.families.kivi.format import n_quantised
 from kvviz.methods.live_cache import BlockTable, RequantCache, make_live_cache
 from kvviz.families.kivi.live_cache import KiviLiveCache
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.families.kivi.method import Kivi
 
 pytestmark = pytest.mark.gpu

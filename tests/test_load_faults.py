@@ -19,7 +19,7 @@ import pytest
 from kvviz.analysis.session import Results, Session, SessionConfig
 from kvviz.errors import Cancelled, DeviceLostError, ShaderCompileError
 from kvviz.gpu.memory import snapshot
-from kvviz.methods import registry
+from kvviz.families.registry import registry
 import ui_windows  # noqa: E402
 from ui_windows import WAIT, settings  # noqa: F401  (fixture: a throw-away settings file)
 

@@ -1,12 +1,13 @@
-"""The method registry and its typed option schema (kvviz/methods/base.py), without a GPU: every option
-type parsed from JSON values and from typed text, choices and ranges enforced with errors naming the
-option, every registered method's schema, examples and numpy reference found by name."""
+"""The method registry (kvviz/families/registry.py) and the typed option schema (kvviz/methods/base.py),
+without a GPU: every option type parsed from JSON values and from typed text, choices and ranges enforced
+with errors naming the option, every registered method's schema, examples and numpy reference found by
+name."""
 import numpy as np
 import pytest
 
 from kvviz.errors import InvalidInput
-from kvviz.methods import (KVMethod, OptionSpec, get_method, option_defaults, option_schema, parse_options, reference,
-                           register, registry)
+from kvviz.families.registry import get_method, option_defaults, option_schema, parse_options, reference, registry
+from kvviz.methods import KVMethod, OptionSpec, register
 from kvviz.paging import make_batch
 
 INT = OptionSpec("n", int, 3, "a count", minimum=0, maximum=10)
@@ -121,7 +122,7 @@ def test_registration_needs_a_label_and_a_reference():
         register(NoReference)
 
     class NoLabel(KVMethod):
-        id, family, REFERENCE = "test_no_label", "test", "kvviz.methods.base:reference_attention"
+        id, family, REFERENCE = "test_no_label", "test", "kvviz.families.registry:reference_attention"
 
     with pytest.raises(ValueError, match="label"):
         register(NoLabel)

@@ -24,7 +24,7 @@ import pytest
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.attention import records as qk
-from kvviz.methods import get_method, registry
+from kvviz.families.registry import get_method, registry
 from kvviz.families.fp8 import oracle as of8
 from kvviz.paging import PAD_SLOT, make_batch
 

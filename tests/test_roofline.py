@@ -98,7 +98,7 @@ def test_every_method_kernel_states_its_arithmetic(ctx):
     runs and QK^T + PV plus the softmax (the fast decode's
     kvviz.attention.split_decode.decode_traffic counts only the FMAs)."""
     from kvviz.gpu.timed import checked
-    from kvviz.methods import registry
+    from kvviz.families.registry import registry
 
     shape = BenchShape("tiny", (20, 9), 4, 2, 64, 16, "scattered")
     batch, key, value, q = make_inputs(shape)

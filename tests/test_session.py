@@ -5,7 +5,7 @@ import pytest
 from kvviz.metrics import outlier_ratio
 from kvviz.analysis.session import Session, SessionConfig
 from kvviz.errors import InvalidInput
-from kvviz.methods import registry
+from kvviz.families.registry import registry
 
 pytestmark = pytest.mark.gpu
 
@@ -118,7 +118,7 @@ def test_kv_uploaded_once_per_compute(session, method, monkeypatch):
     """K and V reach the GPU once per compute: the f32 baseline, the method's writer and the timing all
     read that copy (before: four uploads each, two quantisations). One sequence, no padding rows, so
     every kernel takes the whole K and V."""
-    from kvviz.methods import get_method
+    from kvviz.families.registry import get_method
 
     counter = _CountKV(session.rt, monkeypatch)
     build = session.build_inputs

@@ -5,7 +5,7 @@ import pytest
 
 from kvviz.analysis.compare import batch_layouts, compare_methods
 from kvviz.metrics import code_stats, format_values, histogram
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.paging import PAD_SLOT, make_batch
 
 pytestmark = pytest.mark.gpu

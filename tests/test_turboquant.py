@@ -353,7 +353,7 @@ def test_constraint_errors(tq):
 # ----------------------------------------------------------------------------- method
 @pytest.mark.gpu
 def test_method_on_paged_batch(rt):
-    from kvviz.methods import get_method, registry
+    from kvviz.families.registry import get_method, registry
     from kvviz.methods.context import GpuContext
     from kvviz.paging import make_batch
 

@@ -24,7 +24,7 @@ import pytest
 from kvviz.families.turboquant import bias as tq_bias
 from kvviz.errors import InvalidInput
 from kvviz.families.turboquant import format as tqf
-from kvviz.methods import get_method, reference
+from kvviz.families.registry import get_method, reference
 from kvviz.families.turboquant import oracle as tqo
 from kvviz.paging import PAD_SLOT, make_batch
 

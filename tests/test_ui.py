@@ -97,7 +97,7 @@ def test_opens_with_every_panel_holding_data(window):
 
 
 def test_methods_listed_from_registry(window):
-    from kvviz.methods import registry
+    from kvviz.families.registry import registry
 
     keys = [window.workload.method.itemData(i) for i in range(window.workload.method.count())]
     assert set(registry()) <= set(keys)
@@ -475,7 +475,7 @@ def test_shortcuts(qtbot, window):
 
 
 def test_method_options_are_editable(qtbot, window):
-    from kvviz.methods import option_schema
+    from kvviz.families.registry import option_schema
 
     def int_options(key):
         return [s for s in option_schema(key) if s.type is int]

@@ -3,7 +3,8 @@ import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QSpinBox
 
 from kvviz.errors import InvalidInput
-from kvviz.methods import OptionSpec, option_schema
+from kvviz.methods import OptionSpec
+from kvviz.families.registry import option_schema
 
 SCHEMA = (
     OptionSpec("bits", int, 4, "bits per code", choices=(2, 4, 8)),
@@ -63,7 +64,7 @@ def test_editors_follow_the_schema(qtbot, schema, monkeypatch, layout):
 
 
 def test_every_registered_method_gets_its_editors(qtbot):
-    from kvviz.methods import registry
+    from kvviz.families.registry import registry
     from kvviz.ui.widgets.options_editor import OptionsEditor
 
     ed = OptionsEditor()

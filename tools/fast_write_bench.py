@@ -16,7 +16,7 @@ from kvviz.families.int8 import kernels as int8_kernels
 from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.gpu.copy import measure_copy
 from kvviz.attention.traffic import writer_bytes
-from kvviz.methods import get_method
+from kvviz.families.registry import get_method
 from kvviz.methods.context import GpuContext
 from kvviz.families import writer_oracles as ofw
 from kvviz.paging import make_batch

@@ -12,7 +12,7 @@ from kvviz.bench import SHAPES, make_inputs
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.copy import time_copy_shader
 from kvviz.gpu.timed import checked
-from kvviz.methods import get_method, method_class
+from kvviz.families.registry import get_method, method_class
 from kvviz.methods.context import GpuContext
 
 

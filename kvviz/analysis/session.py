@@ -27,14 +27,13 @@ from kvviz.errors import (  # noqa: F401  (Cancelled re-exported)
     UnsupportedShape,
     validated_once,
 )
+from kvviz.families.registry import get_method, parse_options
 from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import measure_timing_floor
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timed import checked
 from kvviz.gpu.timing import TimingResult
-from kvviz.methods import get_method
-from kvviz.methods.base import parse_options
 from kvviz.methods.context import GpuContext
 from kvviz.metrics import AttentionMetrics, CodeStats, attention_metrics, channel_amax
 from kvviz.paging import PAD_SLOT, POLICIES, PagedBatch, make_batch

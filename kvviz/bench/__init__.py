@@ -18,6 +18,7 @@ from kvviz.attention.paged import PagedKernels, check_head_size
 from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
 from kvviz.bench.roofline import Ceilings, bound
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
+from kvviz.families.registry import get_method, reference, registry
 from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
 from kvviz.gpu.runtime import GpuRuntime
@@ -26,7 +27,6 @@ from kvviz.gpu.timed import checked
 from kvviz.gpu.timing import TimingResult
 from kvviz.lab.check import lab_run
 from kvviz.lab.slots import slot as get_slot
-from kvviz.methods import get_method, reference, registry
 from kvviz.methods.context import GpuContext
 from kvviz.paging import make_batch
 from kvviz.tables import clean

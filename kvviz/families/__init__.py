@@ -7,7 +7,8 @@ it needs one, its live cache (`live_cache.py`); its shaders are in shaders/<fami
 the shared layers below them (kvviz.methods, kvviz.attention, kvviz.gpu, kvviz.paging).
 
 This file imports nothing, so a family module can be imported on its own. `load_all()` imports every
-family's method modules, which register their methods: kvviz.methods.registry() calls it.
+family's method modules, which register their methods: the lookups of kvviz/families/registry.py
+(`registry()`, `get_method`, ...) call it first.
 """
 from __future__ import annotations
 

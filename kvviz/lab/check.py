@@ -35,6 +35,7 @@ from kvviz.families.int4 import oracle as o4
 from kvviz.families.ggml import oracle as ogg
 from kvviz.families.fp4 import oracle as ofp4
 from kvviz.families.kivi import format as layout, oracle as okv
+from kvviz.families.registry import get_method
 from kvviz.gpu.kernel_spec import READ_WRITE
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
 from kvviz.gpu.shaders import (
@@ -57,7 +58,6 @@ from kvviz.lab.source import (
     workgroup_bytes,
     workgroup_size,
 )
-from kvviz.methods import get_method
 from kvviz.paging import PAD_SLOT
 
 log = logging.getLogger("kvviz.lab")

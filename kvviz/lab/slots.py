@@ -30,9 +30,9 @@ from kvviz.families.int4 import kernels as int4_kernels
 from kvviz.families.int8 import kernels as int8_kernels
 from kvviz.families.int8.method_seed import Int8PerTokenSeed
 from kvviz.families.kivi import kernels as kivi_kernels
+from kvviz.families.registry import get_method, registry
 from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
-from kvviz.methods import get_method, registry
 from kvviz.methods.records import PerTokenRecordMethod
 
 REF_HEAD_SIZE = 128  # the head size and block size the contracts' layouts are written at

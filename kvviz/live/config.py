@@ -11,7 +11,7 @@ import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from kvviz.errors import InvalidInput
-from kvviz.methods.base import parse_options, registry
+from kvviz.families.registry import parse_options, registry
 from kvviz.paging import POLICIES
 
 F32 = "f32"  # the f32 paged cache itself: the sanity run, its KL must be 0

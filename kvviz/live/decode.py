@@ -43,10 +43,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvviz.errors import InvalidInput
+from kvviz.families.registry import get_method
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.live.config import BASELINES, DEFAULT_PROMPT, LiveConfig
 from kvviz.live.metrics import log_softmax, summarize_live
-from kvviz.methods.base import KVMethod, get_method
+from kvviz.methods.base import KVMethod
 from kvviz.methods.context import GpuContext
 from kvviz.methods.live_cache import BlockTable, LiveCache, make_live_cache
 from kvviz.paging import POLICIES

@@ -32,11 +32,11 @@ import numpy as np
 
 from kvviz.checks import check_out_file, positive_int
 from kvviz.errors import InvalidInput
+from kvviz.families.registry import get_method, parse_options, registry
 from kvviz.gpu import runtime as gpu_runtime
 from kvviz.gpu.timed import checked, decode_time
 from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
 from kvviz.live import decode as live_decode
-from kvviz.methods.base import get_method, parse_options, registry
 from kvviz.methods import context as method_context
 from kvviz.paging import POLICIES, make_batch
 from kvviz.sources import gguf_llama

@@ -4,18 +4,18 @@ A method knows: which shapes it can take, its cache layout (fields, bits, bytes 
 quantise a batch into its cache on the GPU (its writer kernel), how attention runs over that cache
 (a native kernel, or its dequantise kernel + the f32 paged decode), and its numpy oracle.
 
-Adding a method = one new module under kvviz/methods/ that subclasses `KVMethod` and decorates the
-class with `@register`; kvviz/methods/__init__.py imports it. The window, the CLI and the report
-list `registry()` and need no change.
+This module is the framework only: `KVMethod`, its typed options (`OptionSpec`) and `@register`. The
+methods themselves live in the families above, which register their classes here when they are
+imported; the lookups by name (the registry, a method's options, its reference) belong to that layer,
+which loads every family first. The window, the CLI and the report list the registry and need no
+change when a method is added.
 """
 from __future__ import annotations
 
-import importlib
 import numbers
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -202,7 +202,8 @@ class KVMethod(ABC):
 
     # The method's typed options (what its constructor takes); each becomes an attribute of the instance.
     OPTIONS: tuple[OptionSpec, ...] = ()
-    # Its end-to-end numpy reference, "module:function" (see `reference`); never imported by the product.
+    # Its end-to-end numpy reference, "module:function", imported by name by the registry's `reference`
+    # (`kvviz bench` and the tests); never imported by the product.
     REFERENCE: str = ""
     # Option sets the conformance tests run (empty: every choice of each option with choices; see examples()).
     EXAMPLES: tuple[dict, ...] = ()
@@ -218,7 +219,13 @@ class KVMethod(ABC):
 
     @classmethod
     def parse_options(cls, values, *, text: bool = False, where: str = "method_options", defaults: bool = True) -> dict:
-        """See kvviz.methods.base.parse_options."""
+        """The method's options from `values` (a mapping of option name to value), each parsed by its
+        OptionSpec: {name: typed value} for every declared option (defaults=False: only those in `values`).
+
+        text=False: values are JSON values (a config file, `--set method_options=...`, code) and must have
+        the option's type already ("4" is not an integer). text=True: values may be text a user typed
+        (`kvviz live --methods kivi:bits=4`). InvalidInput names the option and lists the known ones.
+        """
         known = {o.name: o for o in cls.OPTIONS}
         listing = ", ".join(o.describe() for o in cls.OPTIONS)
         listing = f"Options of {cls.id}: {listing}." if listing else f"{cls.id} takes no options."
@@ -395,56 +402,7 @@ def register(cls):
     return cls
 
 
-def registry() -> dict[str, type]:
-    # The families sit above this framework; they are loaded by name, as plugins are, so the
-    # framework never imports them (kvviz/families/__init__.py: load_all).
-    importlib.import_module("kvviz.families").load_all()
+def registered() -> dict[str, type]:
+    """{key: class} of the methods registered so far. The families above register theirs when they are
+    imported; the complete registry is the families' lookup, which imports them all first."""
     return dict(_REGISTRY)
-
-
-def method_class(method_id: str) -> type:
-    reg = registry()
-    if method_id not in reg:
-        raise InvalidInput(f"Unknown method {method_id!r}; available: {', '.join(sorted(reg))}",
-                           "Pick one of the registered methods (`kvviz info` lists them).")
-    return reg[method_id]
-
-
-def option_schema(method_id: str) -> tuple[OptionSpec, ...]:
-    """The method's declared options (what the window's editors, the CLI and config files take)."""
-    return tuple(method_class(method_id).OPTIONS)
-
-
-def option_defaults(method_id: str) -> dict:
-    """{option name: declared default} of a method."""
-    return {o.name: o.default for o in option_schema(method_id)}
-
-
-def parse_options(method_id: str, values, *, text: bool = False, where: str = "method_options",
-                  defaults: bool = True) -> dict:
-    """The method's options from `values` (a mapping of option name to value), each parsed by its
-    OptionSpec: {name: typed value} for every declared option (defaults=False: only those in `values`).
-
-    text=False: values are JSON values (a config file, `--set method_options=...`, code) and must have
-    the option's type already ("4" is not an integer). text=True: values may be text a user typed
-    (`kvviz live --methods kivi:bits=4`). InvalidInput names the option and lists the known ones.
-    """
-    return method_class(method_id).parse_options(values, text=text, where=where, defaults=defaults)
-
-
-def get_method(method_id: str, **options) -> KVMethod:
-    """A method instance with its options checked against its schema (InvalidInput otherwise)."""
-    return method_class(method_id)(**options)
-
-
-def reference(method_id: str) -> Callable:
-    """The method's end-to-end numpy reference, imported by name: f(method, batch, key, value, q, scale,
-    qkv=None) -> (output [S, H, D], tolerance). Only `kvviz bench` and the tests call it."""
-    cls = method_class(method_id)
-    mod, _, fn = cls.REFERENCE.partition(":")
-    return getattr(importlib.import_module(mod), fn)
-
-
-def reference_attention(method, batch, key, value, q, scale, qkv=None):
-    """(output [S, H, D], tolerance) of any registered method: the function its REFERENCE names."""
-    return reference(method.id)(method, batch, key, value, q, scale, qkv)

@@ -29,7 +29,7 @@ import numpy as np
 
 from kvviz.errors import InvalidInput
 from kvviz.attention.paged import check_head_size
-from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord, get_method
+from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
 
 _F32 = np.float32
@@ -395,16 +395,26 @@ def _block_positions(table: BlockTable, block: int, length: int) -> np.ndarray:
     return pos
 
 
+def _live_method(method: str | KVMethod) -> KVMethod | None:
+    """None for 'f32' (the f32 paged baseline), else the method instance; a method is passed built (its
+    key resolved and its options parsed by the registry above), never by key."""
+    if isinstance(method, str) and method == "f32":
+        return None
+    if not isinstance(method, KVMethod):
+        raise TypeError(f"a live cache takes 'f32' or a KVMethod instance, got {method!r}: build the method "
+                        "through the registry (get_method)")
+    return method
+
+
 def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int,
-                    head_size: int, scale: float, method_options: dict | None = None,
-                    incremental: bool = True) -> LiveCache:
-    """The live cache of 'f32' (the f32 paged baseline) or a method id or instance: the method's own
+                    head_size: int, scale: float, incremental: bool = True) -> LiveCache:
+    """The live cache of 'f32' (the f32 paged baseline) or a method instance: the method's own
     `live_cache` when it returns one, else re-quantisation of the whole sequence every step.
     incremental=False forces the re-quantising path for every method except 'f32' (a cross-check)."""
     args = (ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
-    if isinstance(method, str) and method == "f32":
+    m = _live_method(method)
+    if m is None:
         return F32PagedCache(*args)
-    m = get_method(method, **(method_options or {})) if isinstance(method, str) else method
     if incremental:
         own = m.live_cache(*args)
         if own is not None:
@@ -416,8 +426,6 @@ def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: in
 
 def cache_kind(method: str | KVMethod) -> str:
     """'native' (the f32 baseline or the method's own incremental cache) or 'requant': the path
-    `make_live_cache` takes."""
-    if isinstance(method, str) and method == "f32":
-        return "native"
-    m = get_method(method) if isinstance(method, str) else method
-    return "native" if m.has_live_cache else "requant"
+    `make_live_cache` takes for 'f32' or a method instance."""
+    m = _live_method(method)
+    return "native" if m is None or m.has_live_cache else "requant"

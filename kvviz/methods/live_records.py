@@ -9,8 +9,8 @@ the attention itself. This is how an engine runs a quantised cache; `RequantCach
 
 Used for the per-token-record methods (kvviz/methods/records.py) whose records depend on their
 own token only; a method with scales over the whole batch (a per-tensor scale) keeps re-quantising.
-The ggml block types attend through their own fast decode (the method's `_fast_plan`,
-kvviz/families/ggml/decode.py). Shapes no fast decode can take fall back to the method's first-wave
+The ggml block types attend through their own fast decode (the method's `_fast_plan`, which
+their family provides). Shapes no fast decode can take fall back to the method's first-wave
 decode (dequantise + f32 paged decode, O(T) a step), said in the cache's label.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ class RecordLiveCache(LiveCache):
                 qc.extra["tensor"] = tb
         fmt = method.fast_cache_format(head_size)
         self.fmt = None if fmt is None or unsupported(fmt, head_size, n_heads // n_kv_heads) else fmt
-        # a method with a fast decode of its own (the ggml block types: kvviz/families/ggml/decode.py) plans
+        # a method with a fast decode of its own (the ggml block types, whose family provides it) plans
         # it through `_fast_plan`, which returns None for a shape it cannot take
         self.fast_plan = getattr(method, "_fast_plan", None) if self.fmt is None else None
         how = ("fast split-K decode" if self.fmt else

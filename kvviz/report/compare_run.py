@@ -5,7 +5,7 @@ import importlib
 import inspect
 
 from kvviz.errors import KvvizError
-from kvviz.methods import registry
+from kvviz.families.registry import registry
 
 
 class CompareUnavailable(KvvizError):

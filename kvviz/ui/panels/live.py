@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from kvviz.families.registry import get_method
 from kvviz.live.config import DEFAULT_PROMPT, LiveConfig
 from kvviz.live.run import CacheViewState, LiveRun, describe_model
 from kvviz.methods.live_cache import cache_kind
@@ -306,7 +307,7 @@ class LivePanel(Panel):
         key = self.method.currentData()
         self.options.build(key)
         try:
-            kind = cache_kind(key)
+            kind = cache_kind(get_method(key))
         except Exception:  # noqa: BLE001
             kind = "requant"
         note = {"native": "incremental paged cache (writer + paged decode on the GPU)",

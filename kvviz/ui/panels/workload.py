@@ -31,9 +31,9 @@ from PySide6.QtWidgets import (
 from kvviz.analysis import synthetic
 from kvviz.analysis.session import SOURCES, SessionConfig
 from kvviz.errors import InvalidInput
+from kvviz.families.registry import registry
 from kvviz.gpu.shaders import GLSL_FRONTENDS
 from kvviz.live.run import describe_model
-from kvviz.methods import registry
 from kvviz.paging import POLICIES
 from kvviz.ui.panels.base import fit_current_text
 from kvviz.ui.state import model_label

@@ -1,4 +1,5 @@
-"""The editors of a method's options, built from its typed option schema (kvviz.methods.option_schema).
+"""The editors of a method's options, built from its typed option schema
+(kvviz.families.registry.option_schema).
 
 One editor per `OptionSpec`: a combo box for a closed set of choices, a spin box bounded by the
 option's range for an integer or a float, a check box for a bool, a line edit for free text; the
@@ -21,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from kvviz.methods import option_schema
+from kvviz.families.registry import option_schema
 
 INT_RANGE = (-2**31, 2**31 - 1)  # QSpinBox holds a C int
 FLOAT_RANGE = (-1e12, 1e12)
