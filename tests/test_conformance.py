@@ -58,7 +58,7 @@ RAGGED_CASES = (
     + [case(t, f"D{D}-bs{bs}-kvh{kvh}-G{G}", D=D, bs=bs, kvh=kvh, G=G, lens=lens, seed=D + bs + G)
        for t in GGML for D, bs, kvh, G, lens in ((128, 16, 2, 1, RAGGED), (64, 8, 1, 4, [1, 31, 0, 33, 77]),
                                                  (256, 32, 2, 1, [70, 33, 0, 1]), (32, 16, 2, 1, RAGGED))]
-    # GQA 8 (head 128: lavapipe takes ~25 s to compile GQA 8 at 256), several partitions
+    # GQA 8 (head 128: lavapipe compiles GQA 8 at head 256 slowly), several partitions
     + [case(t, "D128-G8", D=128, bs=32, kvh=1, G=8, lens=[300, 33, 0, 1], seed=9, partition_tokens=64, expect_partitions=5)
        for t in ("q8_0", "q5_1")]
     # KIVI: bits 2 / 4, recent 0 / 16 / 128, heads 64, 128, the padded 120, and 80 / 112 (lanes not owning whole

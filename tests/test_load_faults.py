@@ -29,7 +29,7 @@ MB = 2**20
 
 
 def tiny_config(method: str = "int8_seed", **kw) -> SessionConfig:
-    """The smallest workload every method takes: each compute is ~0.1 s of GPU work on lavapipe."""
+    """The smallest workload every method takes: a compute is little GPU work, so the test measures the window."""
     base = dict(context_lens=(9, 5), num_heads=2, num_kv_heads=1, head_size=32, timing_runs=3, method=method)
     base.update(kw)
     return SessionConfig(**base)
@@ -54,7 +54,7 @@ def live_results() -> int:
 
 
 # ------------------------------------------------------------------------------------ load
-N_COMPUTES = 200
+N_COMPUTES = 110
 
 
 def warmup_for(n_methods: int) -> int:
@@ -62,23 +62,23 @@ def warmup_for(n_methods: int) -> int:
     the warm-up and the last compute run the same method and the buffers the current results hold are
     the same at both snapshots."""
     return n_methods + N_COMPUTES % n_methods
-RSS_BOUND_MB = 30.0  # see test_200_computes_in_one_window
+RSS_BOUND_MB = 30.0  # see test_many_computes_in_one_window
 
 
-@pytest.mark.slow  # ~90 s on lavapipe; CI runs it (no marker is deselected)
-def test_200_computes_in_one_window(qtbot, settings):
-    """200 computes in a row in one window, cycling through every method (so every kernel's
+@pytest.mark.slow  # CI runs it (no marker is deselected)
+def test_many_computes_in_one_window(qtbot, settings):
+    """N_COMPUTES computes in a row in one window, cycling through every method (so every kernel's
     per-compute allocations are exercised), on a tiny workload.
 
     Bounds, from the snapshot after a warm-up of warmup_for(methods) computes (every kernel compiled, every panel
-    drawn once) to the snapshot after the 200th:
+    drawn once) to the snapshot after the last:
       * GPU buffers: no growth (+2 allowed). Every compute allocates ~20 buffers (caches, inputs,
         16 MiB copy buffers for the bandwidth line); they must all be freed with the results.
       * wgpu-native's buffers and bind groups: the same.
       * Results objects alive: at most 2 (the one on screen, one on its way), never one per compute.
-      * RSS: under 30 MB of growth over 189 computes (160 KB a compute). What legitimately grows is
-        the timing history (one entry per run, drawn in the History tab) and Qt/pyqtgraph caches;
-        measured 3-6 MB on lavapipe. A leaked bandwidth buffer (16 MiB host staging per compute)
+      * RSS: under 30 MB of growth over the computes after the warm-up. What legitimately grows is
+        the timing history and the run history's table (one entry per run) and Qt/pyqtgraph caches,
+        a few tens of KB a compute. A leaked bandwidth buffer (16 MiB host staging per compute)
         or leaked panel images would blow through it within a few computes.
     """
     methods = list(registry())
@@ -97,7 +97,7 @@ def test_200_computes_in_one_window(qtbot, settings):
     end = snapshot()
     elapsed = time.perf_counter() - t0
     n_results = live_results()
-    print(f"\n200 window computes: warm-up ({WARMUP}): {warm.line()}\n"
+    print(f"\n{N_COMPUTES} window computes: warm-up ({WARMUP}): {warm.line()}\n"
           f"                     end ({N_COMPUTES}): {end.line()}\n"
           f"                     RSS growth {end.rss_mb - warm.rss_mb:+.1f} MB, GPU buffers "
           f"{end.buffers - warm.buffers:+d}, Results alive {n_results}; {elapsed:.1f} s "
@@ -128,7 +128,7 @@ def long_tiny(tmp_path_factory):
     return load_gguf_llama(path)
 
 
-@pytest.mark.slow  # ~2.5 min on lavapipe (a step costs 30 ms at 100 tokens, 70 ms at 2000); CI runs it
+@pytest.mark.slow  # CI runs it
 def test_2000_token_live_decode(long_tiny, ctx):
     """2000 tokens decoded live (f32 and int8 paged caches on the GPU, the window's settings:
     distributions not kept, the cache view on), measured after 100 steps and at the end.

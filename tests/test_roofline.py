@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+import kvviz.bench.roofline as roofline
 from kvviz.bench import BenchShape, format_table, make_inputs, run_bench, save_json
 from kvviz.attention import arith
 from kvviz.bench.roofline import Ceilings, Point, bound
@@ -156,3 +157,18 @@ def test_bench_methods_subset_and_roofline_cli(rt, tmp_path, capsys):
     assert main(["roofline", str(p), "--shape", "nope"]) == 2
     assert main(["bench", "--quick", "--methods", "q8_0,nope"]) == 2
     assert main(["bench", "--quick", "--methods", "q8_0", "--no-methods"]) == 2
+
+
+def test_the_fma_ceiling_is_measured_once_a_device_unless_asked_again(rt, monkeypatch):
+    calls = []
+
+    def fake_measure(r):
+        calls.append(r)
+        return {"f32": 100.0 + len(calls)}
+
+    monkeypatch.setattr(roofline, "measure_fma_gflops", fake_measure)
+    monkeypatch.setattr(roofline, "_FMA_OF_DEVICE", roofline.weakref.WeakKeyDictionary())
+    assert roofline.device_fma_gflops(rt) == {"f32": 101.0}
+    assert roofline.device_fma_gflops(rt) == {"f32": 101.0} and len(calls) == 1  # the window's recomputes
+    assert roofline.device_fma_gflops(rt, refresh=True) == {"f32": 102.0}  # "Measure ceilings"
+    assert roofline.device_fma_gflops(rt) == {"f32": 102.0} and calls == [rt, rt]

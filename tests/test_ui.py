@@ -119,6 +119,9 @@ def test_changing_a_control_recomputes_in_the_worker(qtbot, window):
     hv = w.timing.history_view
     assert [r.id for r in hv.run_list] == [w.timing.run_id, w.timing.run_id - 1]
     assert hv.runs_table.rowCount() == 2 and hv.selected_run() == w.timing.run_id
+    # the plot of a hidden History tab is drawn when the tab is shown, with the newest run's kernels
+    w.timing.tabs.setCurrentWidget(hv)
+    qtbot.waitUntil(lambda: len(hv.curves) == len(res.timings), timeout=WAIT)
     assert hv.plot.getPlotItem().listDataItems()
 
 

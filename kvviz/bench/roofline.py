@@ -8,6 +8,7 @@ compute-bound right of it. A kernel that states 0 FLOPs (a copy) has intensity 0
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 from kvviz.attention import arith
@@ -53,6 +54,19 @@ def measure_ceilings(rt, copy_bytes: int = 32 << 20, runs: int = 10, warmup: int
 def measure_fma_gflops(rt, runs: int = 10, warmup: int = 3) -> dict:
     """{"f32": GFLOP/s, "f16": GFLOP/s where the adapter has shader-f16} of the FMA-throughput shader."""
     return {dt: measure_fma(rt, dt, runs, warmup).gflops for dt in dtypes(rt)}
+
+
+_FMA_OF_DEVICE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def device_fma_gflops(rt, refresh: bool = False) -> dict:
+    """measure_fma_gflops of `rt`'s device, measured once a runtime (refresh=True measures again): a
+    device's FMA ceiling does not change between computes, and on a software adapter the probe costs
+    more than a small compute, so a window that opens or recomputes does not pay for it again."""
+    got = None if refresh else _FMA_OF_DEVICE.get(rt)
+    if got is None:
+        got = _FMA_OF_DEVICE[rt] = measure_fma_gflops(rt)
+    return dict(got)
 
 
 @dataclass(frozen=True)

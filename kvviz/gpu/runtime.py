@@ -48,6 +48,8 @@ PROBES = (LOOP_PROBE,)
 
 # Staging buffers are reused and never larger than this; bigger transfers go in chunks.
 STAGING_CHUNK = 64 << 20
+# Uploads up to this size go through the queue's own staging (queue.write_buffer).
+SMALL_WRITE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -401,6 +403,12 @@ class GpuRuntime:
             return
         pad = (-n) % 4
         with self._lock, self._guard("an upload"):
+            if n <= SMALL_WRITE:
+                # The queue's own staging: no map round trip, so a step's small inputs do not wait
+                # for the GPU to finish the work queued before them.
+                mem = raw if not pad else np.concatenate([raw, np.zeros(pad, np.uint8)])
+                self.queue.write_buffer(buf, offset, mem)
+                return
             for start in range(0, n, STAGING_CHUNK):
                 chunk = raw[start : start + STAGING_CHUNK]
                 size = chunk.nbytes + (pad if start + STAGING_CHUNK >= n else 0)
@@ -432,6 +440,50 @@ class GpuRuntime:
         self.check_alive()
         arr = out.view(dtype)
         return arr.reshape(shape) if shape is not None else arr
+
+    def read_spans(self, buf, spans, dtype=np.uint8) -> np.ndarray:
+        """The byte spans [(offset, nbytes), ...] of `buf`, concatenated in order: each group of spans
+        that fits the staging buffer is gathered by copies in one submit and read by one map, so a
+        sequence scattered over many blocks costs one round trip, not one a block."""
+        spans = [(int(o), int(n)) for o, n in spans if int(n) > 0]
+        for o, n in spans:
+            if o % 4 or n % 4:
+                raise ValueError(f"read_spans: span ({o}, {n}) is not 4-byte aligned")
+        out = np.empty(sum(n for _, n in spans), np.uint8)
+        with self._lock, self._guard("a read-back"):
+            i, pos = 0, 0
+            while i < len(spans):
+                if spans[i][1] > STAGING_CHUNK:  # a span larger than the staging buffer: read it alone
+                    o, n = spans[i]
+                    for start in range(0, n, STAGING_CHUNK):
+                        size = min(STAGING_CHUNK, n - start)
+                        self._gather_into(buf, [(o + start, size)], out[pos + start : pos + start + size])
+                    pos += n
+                    i += 1
+                    continue
+                j, total = i, 0
+                while j < len(spans) and total + spans[j][1] <= STAGING_CHUNK:
+                    total += spans[j][1]
+                    j += 1
+                self._gather_into(buf, spans[i:j], out[pos : pos + total])
+                pos += total
+                i = j
+        self.check_alive()
+        return out.view(dtype)
+
+    def _gather_into(self, buf, spans, out: np.ndarray) -> None:
+        """Copy `spans` of `buf` back to back into the read staging buffer (one submit), map it once."""
+        total = out.nbytes
+        stage = self._staging.get("read", total)
+        enc = self.device.create_command_encoder()
+        at = 0
+        for o, n in spans:
+            enc.copy_buffer_to_buffer(buf, o, stage, at, n)
+            at += n
+        self.queue.submit([enc.finish()])
+        stage.map_sync(wgpu.MapMode.READ, 0, total)
+        out[:] = np.frombuffer(stage.read_mapped(0, total), np.uint8)
+        stage.unmap()
 
     # ------------------------------------------------------------- pipelines
     def compile(self, kspec: KernelSpec, frontend: str = "", **defines) -> Kernel:

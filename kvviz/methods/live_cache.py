@@ -229,15 +229,14 @@ class PagedLiveCache(LiveCache):
         buf = cache.k if which == "K" else cache.v
         bs = self.table.block_size
         blocks = self.table.blocks[: -(-stop // bs)]
-        out = np.empty((len(blocks),) + cache.shape[1:], cache.dtype)  # [n, n_kv, bs, words]
-        i = 0
-        while i < len(blocks):
+        spans, i = [], 0
+        while i < len(blocks):  # one span a run of consecutive block ids, all read in one round trip
             j = i + 1
             while j < len(blocks) and blocks[j] == blocks[j - 1] + 1:
                 j += 1
-            out[i:j] = self.ctx.paged.rt.read(buf, cache.dtype, (j - i,) + cache.shape[1:],
-                                              offset=blocks[i] * cache.block_bytes, nbytes=(j - i) * cache.block_bytes)
+            spans.append((blocks[i] * cache.block_bytes, (j - i) * cache.block_bytes))
             i = j
+        out = self.ctx.paged.rt.read_spans(buf, spans, cache.dtype).reshape((len(blocks),) + cache.shape[1:])
         return out.transpose(0, 2, 1, 3).reshape(len(blocks) * bs, cache.num_kv_heads, cache.wpt)[:stop]
 
     def read_tokens(self, layer: int, which: str = "K") -> np.ndarray:

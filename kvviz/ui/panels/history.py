@@ -75,6 +75,7 @@ class HistoryView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.db: HistoryDB | None = None
+        self._series_stale = False
         self.run_list: list = []
         self.comparison: dict | None = None
         self.runs_tab: Table | None = None
@@ -258,7 +259,22 @@ class HistoryView(QWidget):
             self.b_box.setCurrentIndex(ids.index(b_def))
 
     def _draw_series(self) -> None:
+        """Draw the series now when the view is on screen; otherwise when it is next shown (a compute
+        records a run each time, and redrawing a hidden plot of every earlier run would cost each
+        compute more than the last)."""
+        if not self.isVisible():
+            self._series_stale = True
+            return
+        self._draw_series_now()
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        if self._series_stale:
+            self._draw_series_now()
+
+    def _draw_series_now(self) -> None:
         """The selected run's kernels over every run of the same shape: median with p10-p90 bars."""
+        self._series_stale = False
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()

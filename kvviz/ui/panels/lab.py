@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.bench import BenchShape, make_inputs
-from kvviz.bench.roofline import ceilings_from_results, measure_fma_gflops, points_from_results
+from kvviz.bench.roofline import ceilings_from_results, device_fma_gflops, points_from_results
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
 from kvviz.lab.check import lab_run, source_info
 from kvviz.lab.slots import render_text, slots
@@ -472,11 +472,11 @@ def install(win) -> LabPanel:
     win.timing.tabs.addTab(win.roofline, "Roofline")
     win._roofline_fma = None
 
-    def measure() -> None:
+    def measure(refresh: bool = False) -> None:
         session = win.session
-        win.runner.submit("roofline", lambda p, c: measure_fma_gflops(session.rt), "measure the FMA ceiling")
+        win.runner.submit("roofline", lambda p, c: device_fma_gflops(session.rt, refresh), "measure the FMA ceiling")
 
-    win.roofline.measure_requested.connect(measure)
+    win.roofline.measure_requested.connect(lambda: measure(refresh=True))  # the button measures again
 
     def on_results(res) -> None:
         _update_roofline(win)

@@ -26,7 +26,9 @@ class RooflineWidget(QWidget):
         self.points: list = []
         self.ceilings = None
         self.table_data = None
+        self.drawn: list = []  # the points on the chart (positive FLOPs, bytes and rate: log axes)
         self.numbers: dict = {}  # id(point) -> its number on the chart and in the table
+        self._stale = False
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()
@@ -59,15 +61,28 @@ class RooflineWidget(QWidget):
         self.points = list(points)
         self.ceilings = ceilings
         self.table_data = roofline_table(self.points, ceilings)
-        self._draw()
+        # Points are numbered (the table's # column) rather than listed in the legend: a bench holds ~40
+        # kernels, a legend of that many covers the chart and repeats its colours.
+        self.drawn = [p for p in self.points if p.flops > 0 and p.bytes > 0 and p.gflops > 0 and math.isfinite(p.gflops)]
+        self.numbers = {id(p): i + 1 for i, p in enumerate(self.drawn)}
         self._fill()
+        if self.isVisible():
+            self._draw()
+        else:  # drawn when next shown: every compute updates it, most of them with the lab's tab hidden
+            self._stale = True
+
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        if self._stale:
+            self._draw()
 
     def _draw(self) -> None:
+        self._stale = False
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()
         c = self.ceilings
-        pts = [p for p in self.points if p.flops > 0 and p.bytes > 0 and p.gflops > 0 and math.isfinite(p.gflops)]
+        pts = self.drawn
         xs = [p.intensity for p in pts] + ([c.ridge] if c else [])
         if c:
             lo = min(xs) / 4 if xs else 1e-3  # the roof from a little left of the leftmost kernel
@@ -79,12 +94,8 @@ class RooflineWidget(QWidget):
                 xr = [lo, min(max(ridge, lo), hi), hi]
                 yr = [min(peak, c.mem_gbps * x) for x in xr]
                 pi.plot(xr, yr, pen=pg.mkPen(color, width=2), name=f"{name} {peak:.3g} GFLOP/s / copy {c.mem_gbps:.3g} GB/s")
-        # Points are numbered (the table's # column) rather than listed in the legend: a bench holds ~40
-        # kernels, a legend of that many covers the chart and repeats its colours.
-        self.numbers = {}
         for i, p in enumerate(pts):
             col = kernel_color(i + 1)
-            self.numbers[id(p)] = i + 1
             pi.plot([p.intensity], [p.gflops], pen=None, symbol="o", symbolSize=9, symbolBrush=col)
             label = pg.TextItem(str(i + 1), color=col, anchor=(-0.15, 0.5))
             label.setPos(math.log10(p.intensity), math.log10(p.gflops))  # log-mode view coordinates
@@ -100,7 +111,7 @@ class RooflineWidget(QWidget):
         t.setColumnCount(len(headers))
         t.setHorizontalHeaderLabels(headers)
         t.setRowCount(len(tab.rows))
-        numbers = getattr(self, "numbers", {})
+        numbers = self.numbers
         for i, (kernel, variant, nbytes, flops, inten, med, gfl, bnd) in enumerate(tab.rows):
             num = numbers.get(id(self.points[i]))  # blank: not drawn (0 FLOPs on log axes)
             cells = [str(num or ""), kernel, f"{inten:.3g}", f"{gfl:.3g}", bnd, f"{flops:,.0f}", f"{nbytes:,}",

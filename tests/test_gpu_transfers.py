@@ -1,0 +1,43 @@
+"""Uploads and read-backs of the GPU runtime: both upload paths (the queue's staging for small arrays, the
+reused MAP_WRITE staging for large ones) and the gathered read of scattered spans, byte for byte."""
+import numpy as np
+import pytest
+
+import kvviz.gpu.runtime as gpu_runtime
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("nbytes", [1, 3, 4, 4099, gpu_runtime.SMALL_WRITE, gpu_runtime.SMALL_WRITE + 8])
+def test_write_then_read_is_the_same_bytes(rt, nbytes):
+    rng = np.random.default_rng(nbytes)
+    data = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    buf = rt.empty(nbytes + 64, "transfer-test")
+    rt.write(buf, np.full(nbytes + 64, 0xAB, np.uint8))
+    rt.write(buf, data, offset=32)
+    back = rt.read(buf, np.uint8)
+    assert np.array_equal(back[32 : 32 + nbytes], data)
+    assert (back[:32] == 0xAB).all()
+    # an unaligned size is padded with zeros up to the next word, never past it
+    end = 32 + nbytes + (-nbytes) % 4
+    assert (back[32 + nbytes : end] == 0).all() and (back[end : nbytes + 64] == 0xAB).all()
+
+
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_read_spans_gathers_in_order(rt, monkeypatch, chunk):
+    if chunk is not None:  # a staging buffer smaller than the spans: groups and a span read in parts
+        monkeypatch.setattr(gpu_runtime, "STAGING_CHUNK", chunk)
+    words = (np.arange(4096, dtype=np.uint64) * 2654435761 % (2**32)).astype(np.uint32)
+    buf = rt.upload(words, "spans-test")
+    spans = [(400, 40), (0, 8), (4000, 200), (1024, 0), (12000, 4), (16, 16)]
+    got = rt.read_spans(buf, spans, np.uint32)
+    raw = words.view(np.uint8)
+    want = np.concatenate([raw[o : o + n] for o, n in spans]).view(np.uint32)
+    assert np.array_equal(got, want)
+    assert rt.read_spans(buf, [], np.uint32).size == 0
+
+
+def test_read_spans_refuses_unaligned_spans(rt):
+    buf = rt.empty(64, "spans-test")
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        rt.read_spans(buf, [(2, 8)])
