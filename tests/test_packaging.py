@@ -3,7 +3,7 @@
 Built with `pip wheel` (setuptools in an isolated build environment, as `make` installs kvviz), then
 unpacked into a fresh virtual environment. The environment takes kvviz from the wheel and the other
 dependencies (wgpu, numpy, ...) from this test environment's site-packages through a .pth file, so the
-test needs no download beyond the build backend, and `kvviz bench --quick` runs from a folder outside
+test needs no download beyond the build backend, and `kvviz bench --quick` (one timed run a kernel) runs from a folder outside
 the repository: every kernel is compiled from the installed package's shaders.
 """
 import json
@@ -48,7 +48,8 @@ def test_wheel_ships_the_shaders_and_runs_the_bench(tmp_path):
     assert all(w.startswith(str(venv)) for w in where), where  # kvviz and its shaders from the wheel
 
     out = tmp_path / "bench.json"
-    r = subprocess.run([str(py), "-m", "kvviz", "bench", "--quick", "--frontends", "glslang", "--json", str(out)],
+    r = subprocess.run([str(py), "-m", "kvviz", "bench", "--quick", "--runs", "1", "--warmup", "0", "--frontends", "glslang",
+         "--json", str(out)],
                        capture_output=True, text=True, cwd=tmp_path, timeout=500, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
