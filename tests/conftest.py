@@ -3,6 +3,10 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Several workers share the cores: each worker's software adapter (lavapipe) runs its dispatches on one
+    # thread instead of one a core, so the workers do not wake and switch between each other's threads.
+    os.environ.setdefault("LP_NUM_THREADS", "1")
 
 import importlib.util  # noqa: E402
 import tempfile  # noqa: E402

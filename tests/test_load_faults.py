@@ -54,7 +54,7 @@ def live_results() -> int:
 
 
 # ------------------------------------------------------------------------------------ load
-N_COMPUTES = 110
+N_COMPUTES = 60
 
 
 def warmup_for(n_methods: int) -> int:
@@ -113,7 +113,7 @@ def test_many_computes_in_one_window(qtbot, settings):
     win.close()
 
 
-LIVE_TOKENS = 2000
+LIVE_TOKENS = 1000
 LIVE_WARMUP = 100
 
 
@@ -129,15 +129,15 @@ def long_tiny(tmp_path_factory):
 
 
 @pytest.mark.slow  # CI runs it
-def test_2000_token_live_decode(long_tiny, ctx):
-    """2000 tokens decoded live (f32 and int8 paged caches on the GPU, the window's settings:
+def test_long_live_decode(long_tiny, ctx):
+    """LIVE_TOKENS tokens decoded live (f32 and int8 paged caches on the GPU, the window's settings:
     distributions not kept, the cache view on), measured after 100 steps and at the end.
 
     Bounds: GPU buffers do not grow (+2 allowed): the pools are sized at start() for every token
-    and each step's small inputs are freed with it. RSS grows by less than 40 MB over 1900 steps:
+    and each step's small inputs are freed with it. RSS grows by less than 15 MB over the 900 steps after the warm-up:
     what legitimately grows is O(tokens) (the runners' K/V history, 2 paths x 2 layers
     x 2 x 2 KV heads x 32 x 4 B = 2 KB a token; each LiveStep with its block tables, <= 2 KB a
-    step at block size 16) - about 8 MB at 2000 tokens; keeping one [vocab] distribution or one
+    step at block size 16) - about 4 MB at 1000 tokens; keeping one [vocab] distribution or one
     cache view per step instead of the newest would add >= 20 KB a step and fail.
     """
     from kvviz.live import LiveDecoder
@@ -168,7 +168,7 @@ def test_2000_token_live_decode(long_tiny, ctx):
     assert end.buffers - warm.buffers <= 2, (warm.line(), end.line())
     assert end.native_buffers - warm.native_buffers <= 2, (warm.line(), end.line())
     assert end.bind_groups - warm.bind_groups <= 2, (warm.line(), end.line())
-    assert end.rss_mb - warm.rss_mb < 40.0, (warm.line(), end.line())
+    assert end.rss_mb - warm.rss_mb < 15.0, (warm.line(), end.line())
 
 
 # ------------------------------------------------------------------------------------ faults

@@ -39,7 +39,7 @@ def _cfg(path, method="int8_seed", **kw):
                          head_size=D, timing_runs=3, **kw)
 
 
-# ------------------------------------------------------------------ item 2: overflow
+# ------------------------------------------------------------------ overflow
 def test_overflowing_logits_are_refused_before_dispatch(session, tmp_path):
     from kvviz.errors import InvalidInput
 
@@ -139,7 +139,7 @@ def test_bench_row_with_non_finite_output_fails():
     assert _max_err(np.zeros(3), np.zeros(3), "x") == (0.0, "")
 
 
-# ------------------------------------------------------------------ item 5: silent degradation
+# ------------------------------------------------------------------ silent degradation
 def test_int8_token_scale_floor_warns_in_results_report_and_cli(tmp_path, capsys):
     from kvviz.cli import main
 

@@ -29,7 +29,7 @@ def _strict_json(path):
         return json.loads(fh.read(), parse_constant=bad)
 
 
-# ------------------------------------------------------------------------------ item 2: histograms
+# ------------------------------------------------------------------------------ histograms
 def _bar_x(bars):
     return np.asarray(bars.opts["x"], np.float64), float(np.asarray(bars.opts["width"]).max()), \
         float(np.asarray(bars.opts["width"]).min())
@@ -68,7 +68,7 @@ def test_fp8_histogram_on_a_code_index_axis_with_value_ticks(qtbot, settings, se
         w.close()
 
 
-# ------------------------------------------------------------------------------ item 1: statistics
+# ------------------------------------------------------------------------------ statistics
 def test_codes_table_names_and_defines_the_statistics(window):
     w = window
     res = w.results
@@ -83,7 +83,7 @@ def test_codes_table_names_and_defines_the_statistics(window):
     assert "dequantised value is exactly 0" in t.item(0, zj).toolTip()
 
 
-# ------------------------------------------------------------------------------ item 4: exports
+# ------------------------------------------------------------------------------ exports
 def test_panel_exports_hold_only_the_plots(qtbot, window, tmp_path):
     w = window
     svg = tmp_path / "codes.svg"
@@ -146,7 +146,7 @@ def test_kvviz_report_writes_strict_json_empty_csv_cells_and_no_qt_warnings(tmp_
     assert os.path.exists(out / "qjl_bias.png")
 
 
-# ------------------------------------------------------------------------------ item 5: bad input
+# ------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("text, field, words", [
     ('{"num_heads": NaN}', "num_heads", "num_heads"),
     ('{"head_size": "abc"}', "head_size", "head_size"),
@@ -226,22 +226,24 @@ def test_sweep_cancel_stops_within_one_kernel(session):
         session.sweep(cfg, "context", [0, -5])
 
 
-# ------------------------------------------------------------------------------ item 6: CLI hygiene
-def test_kvviz_live_exits_nonzero_when_a_method_fails(monkeypatch, capsys):
+# ------------------------------------------------------------------------------ CLI hygiene
+def test_kvviz_live_exits_nonzero_when_a_method_fails(monkeypatch, capsys, smollm2):
     import kvviz.live.decode as decode
+    import kvviz.sources.gguf_llama as gguf_llama
     from kvviz.live import measure
 
     def broken(*a, **k):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(decode, "run_live", broken)
+    monkeypatch.setattr(gguf_llama, "load_gguf_llama", lambda path: smollm2)  # the model read once a run
     rc = measure.main(["--methods", "int8_seed,kivi", "--n-new", "1", "--prompt", "Hello"])
     out, err = capsys.readouterr()
     assert rc == 1  # none ran
     assert "2 of 2 method(s) failed" in err and "| int8_seed | failed: RuntimeError: boom |" in out
 
 
-# ------------------------------------------------------------------------------ item 3: layouts
+# ------------------------------------------------------------------------------ layouts
 def test_window_fits_1280x800_with_whole_cards(qtbot, window):
     w = window
     m = w.minimumSizeHint()
