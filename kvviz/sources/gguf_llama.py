@@ -349,11 +349,28 @@ def _dequant(t, path: Path) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).reshape(shape)
 
 
+# The model read last, by (resolved path, size, modification time): opening the same file again (the window
+# switching sources back, a second session, the CLI after the window) returns it instead of reading and
+# dequantising every tensor again. Its weights are read-only, so sharing it cannot change it.
+_LAST_READ: dict = {}
+
+
 def load_gguf_llama(path: str | Path, progress: ProgressFn | None = None) -> LlamaModel:
-    """Read a llama GGUF: config, tokenizer and all weights dequantised to float32."""
+    """Read a llama GGUF: config, tokenizer and all weights dequantised to float32 (read-only arrays)."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInput(f"GGUF file not found: {path}", "Pass the path of a .gguf model file.")
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    model = _LAST_READ.get(key)
+    if model is None:
+        model = _read_gguf_llama(path, progress)
+        _LAST_READ.clear()
+        _LAST_READ[key] = model
+    return model
+
+
+def _read_gguf_llama(path: Path, progress: ProgressFn | None) -> LlamaModel:
     try:
         reader = GGUFReader(path)
     except Exception as e:  # the reader raises bare ValueError/struct errors on non-GGUF input
@@ -386,6 +403,7 @@ def load_gguf_llama(path: str | Path, progress: ProgressFn | None = None) -> Lla
         done += 1
         if progress is not None:
             progress(done, total)
+        a.setflags(write=False)
         return a
 
     H, D, F = cfg.hidden, cfg.head_size, cfg.ffn
@@ -411,6 +429,7 @@ def load_gguf_llama(path: str | Path, progress: ProgressFn | None = None) -> Lla
     freq = None
     if "rope_freqs.weight" in tensors:
         freq = _dequant(tensors["rope_freqs.weight"], path).reshape(-1)
+        freq.setflags(write=False)
         if freq.shape != (D // 2,):
             raise InvalidInput(f"{path.name}: rope_freqs.weight has {freq.size} values, expected {D // 2}",
                                "The GGUF's RoPE frequency factors do not match the head size.")

@@ -250,7 +250,8 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
 
 def _make(type_name: str, label: str):
     cls = type(f"Ggml_{type_name}", (GgmlBlockMethod,), {"id": type_name, "type_name": type_name, "label": label,
-                                                         "__doc__": f"llama.cpp {type_name} KV cache."})
+                                                         "__doc__": f"llama.cpp {type_name} KV cache.",
+                                                         "__module__": __name__})
     return register(cls)
 
 
