@@ -54,7 +54,9 @@ def test_appends_match_requantising(ctx, bits, recent, kvh):
     m = get_method("kivi", bits=bits, recent=recent)
     n_layers = 2
     a, b = _pair(ctx, m, n_layers, kvh)
-    P, steps = 70, 100  # L up to 170: recent 128 quantises its first group at L = 160
+    # appends until two key groups were quantised on the way (recent 128 quantises its first at L = 160)
+    P = 70
+    steps = next(s for s in range(1, 101) if n_quantised(P + s, recent) >= n_quantised(P, recent) + 64 or s == 100)
     prompt = _kv(rng, n_layers, kvh, P)
     for c in (a, b):
         for li, (k, v) in enumerate(prompt):
@@ -141,7 +143,7 @@ def test_writer_work_per_step_is_constant(ctx, recent):
     c.extend(0, k, v, 0)
     assert c.last_write["token_rows"] == 40 and c.last_write["group_rows"] == 32 * (n_quantised(40, recent) // 32)
     group_steps = 0
-    for pos in range(40, 600):
+    for pos in range(40, 360):
         (sk, sv), = _kv(rng, 1, 2, 1)
         c.append_attend(0, rng.standard_normal((4, D)).astype(np.float32), sk[:, 0], sv[:, 0], pos)
         w = c.last_write
@@ -155,7 +157,7 @@ def test_writer_work_per_step_is_constant(ctx, recent):
             assert w["token_rows"] == 32 + w["residual_rows"] and w["residual_rows"] <= recent + 31
         else:
             assert w["group_rows"] == 0 and w["token_rows"] == 1 and len(w["dispatches"]) == 1
-    assert group_steps == (n_quantised(600, recent) - n_quantised(40, recent)) // 32
+    assert group_steps == (n_quantised(360, recent) - n_quantised(40, recent)) // 32
     assert len(c.layers[0].hk) <= recent + 64  # host rows kept: the window and the last group only
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvviz.analysis.session import Results, Session, SessionConfig
-from kvviz.errors import Cancelled, DeviceLostError, ShaderCompileError
+from kvviz.errors import DeviceLostError, ShaderCompileError
 from kvviz.gpu.memory import snapshot
 from kvviz.families.registry import registry
 import ui_windows  # noqa: E402

@@ -135,7 +135,8 @@ def test_write_report_qt_free(res, tmp_path):
 
 
 def test_kvviz_report_cli(tmp_path):
-    """`kvviz report --out DIR` headless: PNGs of every panel, report.json, report.md, no display."""
+    """`kvviz report --out DIR` headless: PNGs of every panel, report.json, report.md, no display; no Qt
+    warning on stderr; every JSON file strict (no NaN/Infinity), no CSV cell "nan", "inf" or "none"."""
     out = tmp_path / "rep"
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     env.setdefault("XDG_RUNTIME_DIR", "/tmp")
@@ -161,6 +162,21 @@ def test_kvviz_report_cli(tmp_path):
     assert (out / "trace.json").exists()
     timed = [e for e in json.load(open(out / "trace.json"))["traceEvents"] if e["ph"] == "X" and e["cat"] == "timed"]
     assert len(timed) == 3 * len(rep["timings"])  # one event per sample, timing_runs=3 each
+    assert "propagateSizeHints" not in r.stderr and "QFont" not in r.stderr and "Qt" not in r.stderr
+    files = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    jsons = [f for f in files if f.endswith(".json")]
+    assert {"report.json", "trace.json"} <= {os.path.basename(f) for f in jsons}
+    for f in jsons:
+        with open(f) as fh:
+            json.loads(fh.read(), parse_constant=refuse)  # as strict as JSON.parse elsewhere
+    for f in (f for f in files if f.endswith(".csv")):
+        for cell in open(f).read().replace("\n", ",").split(","):
+            assert cell.strip().lower() not in ("nan", "inf", "-inf", "none"), (f, cell)
+    assert os.path.exists(out / "qjl_bias.png")
 
 
 def test_kvviz_report_bad_setting(tmp_path):

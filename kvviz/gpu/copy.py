@@ -76,6 +76,6 @@ def measure_copy(rt: GpuRuntime, nbytes: int, runs: int = 20, warmup: int = 3):
     ct, cb = time_copy_buffer(rt, nbytes, runs, warmup)
     st, sb = time_copy_shader(rt, nbytes, runs, warmup)
     rows = [("copy_buffer", "copy_buffer_to_buffer", ct, cb), ("copy_shader", "wgsl vec4", st, sb)]
-    # The faster copy is the reference: on an H200 copy_buffer_to_buffer (the copy engine) reached
-    # ~0.85 TB/s while the shader copy reached ~4.2 TB/s.
+    # The faster copy is the reference: the copy engine behind copy_buffer_to_buffer can be far slower
+    # than a shader copy (on the H200 it is; docs/benchmarks.md, "How kvviz times a kernel").
     return max(ct.gbps(cb), st.gbps(sb)), rows
