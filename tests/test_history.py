@@ -369,10 +369,10 @@ def test_kvviz_bench_is_recorded(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ the window's History tab
 @pytest.fixture(scope="module")
-def session():
+def session(rt):
     from kvviz.analysis.session import Session
 
-    return Session()
+    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 @pytest.mark.gpu

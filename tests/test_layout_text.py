@@ -16,8 +16,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def session():
-    return Session()
+def session(rt):
+    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 def _at(qtbot, w, width, height):

@@ -54,7 +54,7 @@ def live_results() -> int:
 
 
 # ------------------------------------------------------------------------------------ load
-N_COMPUTES = 60
+N_COMPUTES = 54
 
 
 def warmup_for(n_methods: int) -> int:

