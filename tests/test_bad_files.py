@@ -5,6 +5,7 @@ bad input, never a Python traceback or a numpy RuntimeWarning, and nothing is lo
                   multiple of the head count (kvviz/sources/gguf_llama.py)
   run history     SQLite pages damaged past the header, stored JSON that does not parse, a history in a
                   read-only folder or file (kvviz/history/db.py)
+  K/V dumps       float64 values beyond float32's range (kvviz/sources/kv_files.py)
 
 The read-only cases run the CLI in a child process; when the tests run as root (CI does), that process drops
 the capabilities that let root pass every permission check (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
@@ -26,6 +27,7 @@ from kvviz.cli import main
 from kvviz.errors import InvalidInput
 from kvviz.history.db import HistoryDB, HistoryError, KernelRecord, default_path
 from kvviz.sources.gguf_llama import load_gguf_llama
+from kvviz.sources.kv_files import load_kv
 from tiny_llama import N_HEADS, N_KV, write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,3 +254,28 @@ def test_a_read_only_history_is_read_and_writes_to_it_say_read_only(what, tmp_pa
     assert path.read_bytes() == before
     if what == "read-only folder":
         assert sorted(p.name for p in data.iterdir()) == ["runs.sqlite3"]
+
+
+# ------------------------------------------------------------------------------------------ K/V dumps
+def kv(dtype=np.float32, scale=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((2, 1, 6, 16)) * scale).astype(dtype)
+
+
+def test_float64_beyond_float32_range_is_refused_naming_the_tensor(tmp_path, capsys):
+    path = tmp_path / "huge.npz"
+    v = kv(np.float64)
+    v[1, 0, 3, 5] = 3e300
+    np.savez(path, k=kv(np.float64), v=v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "overflow encountered in cast"
+        with pytest.raises(InvalidInput) as exc:
+            load_kv(path)
+    line = exc.value.one_line()
+    assert "huge.npz" in line and "'v'" in line and "float32's range" in line and "3e+300" in line, line
+    rc, _, err, rw = run_cli(["report", "--out", str(tmp_path / "rep"), "--set", "source=kvfile",
+                              "--set", f"kv_file={path}", "--set", "timing_runs=1"], capsys)
+    refused(rc, err, rw, "huge.npz", "'v'", "float32's range")
+    # finite float64 within range still loads, rounded to float32
+    np.savez(path, k=kv(np.float64), v=kv(np.float64, seed=1))
+    assert load_kv(path).source_dtype == "float64"
