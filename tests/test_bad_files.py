@@ -5,7 +5,7 @@ bad input, never a Python traceback or a numpy RuntimeWarning, and nothing is lo
                   multiple of the head count (kvviz/sources/gguf_llama.py)
   run history     SQLite pages damaged past the header, stored JSON that does not parse, a history in a
                   read-only folder or file (kvviz/history/db.py)
-  K/V dumps       float64 values beyond float32's range (kvviz/sources/kv_files.py)
+  K/V dumps       float64 values beyond float32's range, big-endian float32 .npz (kvviz/sources/kv_files.py)
 
 The read-only cases run the CLI in a child process; when the tests run as root (CI does), that process drops
 the capabilities that let root pass every permission check (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
@@ -279,3 +279,17 @@ def test_float64_beyond_float32_range_is_refused_naming_the_tensor(tmp_path, cap
     # finite float64 within range still loads, rounded to float32
     np.savez(path, k=kv(np.float64), v=kv(np.float64, seed=1))
     assert load_kv(path).source_dtype == "float64"
+
+
+def test_big_endian_float32_npz_is_read(tmp_path):
+    path = tmp_path / "be.npz"
+    k, v = kv(), kv(seed=1)
+    np.savez(path, k=k.astype(">f4"), v=v.astype(">f4"), q=np.concatenate([k, k], 1).astype(">f2"))
+    dump = load_kv(path)
+    assert dump.k.dtype == np.float32 and dump.k.dtype.isnative
+    np.testing.assert_array_equal(dump.k, k)
+    np.testing.assert_array_equal(dump.v, v)
+    assert dump.source_dtype == "float16/float32"
+    np.savez(path, k=k.astype(np.longdouble), v=v)  # a float kvviz does not read: said as such
+    with pytest.raises(InvalidInput, match="'k' has dtype float128, a floating-point type kvviz does not read"):
+        load_kv(path)
