@@ -5,7 +5,8 @@ bad input, never a Python traceback or a numpy RuntimeWarning, and nothing is lo
                   multiple of the head count (kvviz/sources/gguf_llama.py)
   run history     SQLite pages damaged past the header, stored JSON that does not parse, a history in a
                   read-only folder or file (kvviz/history/db.py)
-  K/V dumps       float64 values beyond float32's range, big-endian float32 .npz (kvviz/sources/kv_files.py)
+  K/V dumps       float64 values beyond float32's range, big-endian float32 .npz (kvviz/sources/kv_files.py),
+                  all-zero keys in the QJL bias estimate (kvviz/families/turboquant/bias.py)
 
 The read-only cases run the CLI in a child process; when the tests run as root (CI does), that process drops
 the capabilities that let root pass every permission check (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
@@ -25,9 +26,10 @@ import pytest
 
 from kvviz.cli import main
 from kvviz.errors import InvalidInput
+from kvviz.families.turboquant.bias import inner_product_bias
 from kvviz.history.db import HistoryDB, HistoryError, KernelRecord, default_path
 from kvviz.sources.gguf_llama import load_gguf_llama
-from kvviz.sources.kv_files import load_kv
+from kvviz.sources.kv_files import load_kv, save_kv
 from tiny_llama import N_HEADS, N_KV, write_tiny_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,3 +295,18 @@ def test_big_endian_float32_npz_is_read(tmp_path):
     np.savez(path, k=k.astype(np.longdouble), v=v)  # a float kvviz does not read: said as such
     with pytest.raises(InvalidInput, match="'k' has dtype float128, a floating-point type kvviz does not read"):
         load_kv(path)
+
+
+def test_qjl_bias_of_all_zero_keys_is_refused_without_warnings(tmp_path, rt):
+    path = tmp_path / "zero.npz"
+    save_kv(path, np.zeros((1, 1, 20, 64), np.float32), np.zeros((1, 1, 20, 64), np.float32))
+    K = load_kv(path).k[0, 0]
+    q = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value encountered in scalar divide"
+        with pytest.raises(InvalidInput, match="the keys are all zero .*every true q.k is 0.*slope"):
+            inner_product_bias(q, K, rt=rt)
+        with pytest.raises(InvalidInput, match="the keys are all zero"):  # the general compressor's setting too
+            inner_product_bias(q, K, rt=rt, bits=3)
+    res = inner_product_bias(q, K + np.float32(0.5), rt=rt)  # keys that are not all zero: a slope
+    assert all(np.isfinite(v) for v in res.slopes.values())
