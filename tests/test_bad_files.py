@@ -7,6 +7,7 @@ bad input, never a Python traceback or a numpy RuntimeWarning, and nothing is lo
                   read-only folder or file (kvviz/history/db.py)
   K/V dumps       float64 values beyond float32's range, big-endian float32 .npz (kvviz/sources/kv_files.py),
                   all-zero keys in the QJL bias estimate (kvviz/families/turboquant/bias.py)
+  capture         a model whose weights hold NaN (kvviz/sources/llama_numpy.py)
 
 The read-only cases run the CLI in a child process; when the tests run as root (CI does), that process drops
 the capabilities that let root pass every permission check (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH,
@@ -310,3 +311,13 @@ def test_qjl_bias_of_all_zero_keys_is_refused_without_warnings(tmp_path, rt):
             inner_product_bias(q, K, rt=rt, bits=3)
     res = inner_product_bias(q, K + np.float32(0.5), rt=rt)  # keys that are not all zero: a slope
     assert all(np.isfinite(v) for v in res.slopes.values())
+
+
+# ------------------------------------------------------------------------------------------ capture
+def test_capture_from_a_model_with_nan_weights_names_the_model(tmp_path, capsys):
+    model = tmp_path / "nan-weights.gguf"
+    write_tiny_gguf(model, nan=("blk.0.attn_k.weight",))
+    out = tmp_path / "capture.npz"
+    rc, _, err, rw = run_cli(["capture", "--model", str(model), "--prompt", "the cat", "--out", str(out)], capsys)
+    line = refused(rc, err, rw, "nan-weights.gguf", "blk.0.attn_k.weight", "NaN")
+    assert "capture.npz" not in line and not out.exists()

@@ -347,6 +347,24 @@ class LlamaModel:
     extra: dict = field(default_factory=dict)
 
 
+_LAYER_TENSORS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+                  "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+
+
+def nonfinite_weight(model: LlamaModel) -> str | None:
+    """The GGUF name of the first weight tensor holding NaN or Inf, or None when every weight is finite."""
+    w = model.weights
+    named = [("token_embd.weight", w.tok_embd)]
+    for i, lw in enumerate(w.layers):
+        named += [(f"blk.{i}.{gguf_name}.weight", getattr(lw, attr)) for attr, gguf_name in _LAYER_TENSORS.items()]
+    named.append(("output_norm.weight", w.out_norm))
+    if not w.tied:
+        named.append(("output.weight", w.output))
+    if w.rope_freq_factors is not None:
+        named.append(("rope_freqs.weight", w.rope_freq_factors))
+    return next((name for name, a in named if not np.isfinite(a).all()), None)
+
+
 def permute_llamacpp(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's converter permutation (HF rotate-half rows -> interleaved pairs), per head."""
     d = w.shape[0] // n_heads
