@@ -268,11 +268,17 @@ def _write_json(data, path: str | None) -> None:
 def _cmd_runs(args) -> int:
     if getattr(args, "json", None) not in (None, "-"):
         check_out_file(args.json, "--json")
-    with HistoryDB() as db:
+    # list and show only read: the file is opened read-only (SQLite mode=ro), so they work on a history that
+    # cannot be written and never write to one
+    with HistoryDB(readonly=args.runs_cmd in ("list", "show")) as db:
         if args.runs_cmd == "list":
             runs = db.runs(limit=args.limit)
+            if db.damaged:
+                print(f"kvviz: warning: {len(db.damaged)} damaged run(s) in {db.path} skipped: "
+                      + "; ".join(f"run {i} ({why})" for i, why in db.damaged.items()), file=sys.stderr)
             if args.json:
-                _write_json({"db": str(db.path), "runs": [r.to_json(samples=False) for r in runs]}, args.json)
+                _write_json({"db": str(db.path), "runs": [r.to_json(samples=False) for r in runs],
+                             "damaged": [{"id": i, "why": why} for i, why in db.damaged.items()]}, args.json)
                 return 0
             if not runs:
                 print(f"no runs yet in {db.path} (kvviz bench and the window record every run)")

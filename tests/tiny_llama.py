@@ -54,9 +54,11 @@ def hf_weights(seed: int, n_vocab: int, head_size: int) -> dict[str, np.ndarray]
 
 
 def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256,
-                    int8=()):
+                    int8=(), head_count=N_HEADS, head_count_kv=N_KV, embedding_length=None, nan=()):
     """Write the model; returns its weights in the rotate-half layout. Tensors named in `int8` are stored as
-    GGML I8 (a type gguf's numpy dequantiser does not take)."""
+    GGML I8 (a type gguf's numpy dequantiser does not take), those named in `nan` with a NaN in them.
+    head_count, head_count_kv and embedding_length set the metadata only (the tensors keep their shapes), for
+    files whose metadata is wrong."""
     import gguf
 
     voc = vocab()
@@ -64,10 +66,10 @@ def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), me
     wr = gguf.GGUFWriter(str(path), arch)
     wr.add_block_count(N_LAYERS)
     wr.add_context_length(context_length)
-    wr.add_embedding_length(N_HEADS * head_size)
+    wr.add_embedding_length(N_HEADS * head_size if embedding_length is None else embedding_length)
     wr.add_feed_forward_length(FFN)
-    wr.add_head_count(N_HEADS)
-    wr.add_head_count_kv(N_KV)
+    wr.add_head_count(head_count)
+    wr.add_head_count_kv(head_count_kv)
     wr.add_rope_freq_base(THETA)
     wr.add_layer_norm_rms_eps(EPS)
     wr.add_tokenizer_model("gpt2")
@@ -85,6 +87,9 @@ def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), me
             a = permute_llamacpp(a, N_HEADS)
         elif name.endswith("attn_k.weight"):
             a = permute_llamacpp(a, N_KV)
+        if name in nan:
+            a = a.copy()
+            a.flat[a.size // 2] = np.nan
         wr.add_tensor(name, a.astype(np.int8) if name in int8 else a)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()

@@ -12,9 +12,17 @@ A run is written in one transaction (BEGIN IMMEDIATE ... COMMIT) with synchronou
 a crash part-way loses that run only, never one already committed. A database written by a newer
 kvviz (a higher schema version) is refused with a message, never altered; older versions are
 migrated in place, in a transaction, by the steps in `MIGRATIONS`.
+
+Damage is refused, never written over: a file SQLite finds malformed is a HistoryError naming it and
+what to do, and a connection's first write is preceded by `PRAGMA quick_check`. A run whose stored
+JSON (samples, shape, adapter, config) does not parse is skipped by `runs()` (named in `damaged`)
+and refused by `run()`. `HistoryDB(readonly=True)` (what `kvviz runs list|show` and `kvviz diff`
+use) opens the file with SQLite's mode=ro and writes nothing, not even a missing file; a history
+whose file or folder cannot be written is opened read-only too, and a write to it says so.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,9 +42,23 @@ ENV_DIR = "KVVIZ_DATA_DIR"
 
 
 class HistoryError(InvalidInput):
-    """The run history cannot be opened or read (a newer schema, not a database, no such run)."""
+    """The run history cannot be opened, read or written (a newer schema, not a database, damaged, read-only,
+    no such run)."""
 
     hint = f"Point {ENV_DIR} at another folder to keep a separate history."
+
+
+def _error_kind(exc: sqlite3.Error) -> str:
+    """'damaged', 'not a database', 'read-only' or '' for an SQLite error (by its code where Python gives it)."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    text = str(exc).lower()
+    if name.startswith("SQLITE_CORRUPT") or "malformed" in text:
+        return "damaged"
+    if name.startswith("SQLITE_NOTADB") or "not a database" in text:
+        return "not a database"
+    if name.startswith("SQLITE_READONLY") or "readonly" in text:
+        return "read-only"
+    return ""
 
 
 def data_dir() -> Path:
@@ -99,6 +121,22 @@ def _v1(conn: sqlite3.Connection) -> None:
 
 # version reached -> step from the version below; a new schema appends a step, never edits one
 MIGRATIONS = {1: _v1}
+
+
+def _create(conn: sqlite3.Connection, have: int) -> None:
+    """Bring the tables from schema version `have` (0: none) to SCHEMA_VERSION (inside the caller's transaction)."""
+    if have == 0:
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for v in range(have + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[v](conn)
+    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+
+def _empty_history() -> sqlite3.Connection:
+    """An empty history in memory: what a read-only open of a missing or empty file reads."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    _create(conn, 0)
+    return conn
 
 
 def shape_key(shape: dict) -> str:
@@ -210,6 +248,28 @@ class Run:
         return d
 
 
+class _Damaged(ValueError):
+    """A stored value of a run that does not parse (what is damaged, and why)."""
+
+
+def _stored(text, what: str, kind: type):
+    """The JSON value of a stored column (`what` names it), of type `kind`, or _Damaged saying what is wrong."""
+    try:
+        v = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise _Damaged(f"{what} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
+    if not isinstance(v, kind):
+        raise _Damaged(f"{what} is not a JSON {'array' if kind is list else 'object'}")
+    return v
+
+
+def _stored_samples(text) -> tuple:
+    v = _stored(text, "a kernel's samples_json", list)
+    if not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v):
+        raise _Damaged("a kernel's samples_json is not an array of finite numbers")
+    return tuple(float(x) for x in v)
+
+
 def _finite_samples(samples) -> tuple:
     out = tuple(float(x) for x in samples)
     if not out or not all(math.isfinite(x) for x in out):
@@ -218,10 +278,23 @@ def _finite_samples(samples) -> tuple:
 
 
 class HistoryDB:
-    """The run history in one SQLite file. Use from one thread (each thread opens its own)."""
+    """The run history in one SQLite file. Use from one thread (each thread opens its own).
 
-    def __init__(self, path=None):
+    readonly=True opens it for reading only (SQLite mode=ro): nothing is created or written, a missing
+    file reads as an empty history. Opened for writing, a history whose file or folder cannot be written
+    is opened read-only as well (`readonly` is then True and `readonly_why` says why); its writes raise
+    HistoryError saying so."""
+
+    def __init__(self, path=None, *, readonly: bool = False):
         self.path = Path(path) if path is not None else default_path()
+        self.readonly = bool(readonly)
+        self.readonly_why = "opened for reading only" if readonly else ""
+        self.damaged: dict[int, str] = {}  # run id -> what is damaged, of the runs the last runs() skipped
+        self._intact = False  # passed PRAGMA quick_check on this connection (done before its first write)
+        self._conn = None
+        if readonly:
+            self._open_readonly()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -232,15 +305,81 @@ class HistoryDB:
             raise HistoryError(f"cannot open the run history {self.path}: {exc}") from None
         try:
             self._conn.execute("PRAGMA foreign_keys = ON")
-            self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute("PRAGMA synchronous = FULL")
             self._migrate()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
-            raise HistoryError(f"{self.path} is not a kvviz run history ({exc})") from None
+            if _error_kind(exc) != "read-only":
+                raise self._error(exc) from None
+            # the file or its folder cannot be written (a WAL file needs its folder for the -shm file): read it,
+            # and say so when a write is asked
+            self.readonly, self.readonly_why = True, str(exc)
+            self._open_readonly()
         except HistoryError:
             self._conn.close()
             raise
+
+    def _open_readonly(self) -> None:
+        """Open the file with SQLite's mode=ro; where the folder cannot be written (a WAL file's readers need
+        its -shm file), as immutable (no locks, no -shm), unless a write-ahead log waits there to be read."""
+        if not self.path.exists():
+            self._conn = _empty_history()
+            return
+        uri = self.path.absolute().as_uri()
+        for mode in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                self._conn = sqlite3.connect(uri + mode, uri=True, timeout=10.0, isolation_level=None)
+            except sqlite3.Error as exc:
+                raise HistoryError(f"cannot open the run history {self.path}: {exc}") from None
+            try:
+                self._conn.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+                return
+            except sqlite3.DatabaseError as exc:
+                self._conn.close()
+                wal = Path(str(self.path) + "-wal")
+                if _error_kind(exc) != "read-only" or "immutable" in mode:
+                    raise self._error(exc) from None
+                if wal.exists() and wal.stat().st_size:
+                    raise HistoryError(
+                        f"cannot read the run history {self.path}: its folder cannot be written ({exc}), and its "
+                        f"write-ahead log {wal.name} holds runs that SQLite reads only with the folder writable",
+                        f"Make {self.path.parent} writable for a moment, or point {ENV_DIR} at another folder.",
+                    ) from None
+            except HistoryError:
+                self._conn.close()
+                raise
+
+    def _error(self, exc: sqlite3.Error, doing: str = "read") -> HistoryError:
+        """An SQLite error as a HistoryError that says what is wrong with the file and what to do."""
+        kind = _error_kind(exc)
+        p = self.path
+        if kind == "damaged":
+            return self._damaged_error(str(exc))
+        if kind == "not a database":
+            return HistoryError(f"{p} is not a kvviz run history ({exc})")
+        if kind == "read-only" and doing != "read":
+            return self._readonly_error(doing, str(exc))
+        return HistoryError(f"cannot {'read' if doing == 'read' else 'write'} the run history {p}: {exc}")
+
+    def _damaged_error(self, why: str) -> HistoryError:
+        p = self.path
+        return HistoryError(f"the run history {p} is damaged ({why}); kvviz did not write to it",
+                            f"Move it aside with its -wal and -shm files (mv {p} {p}.damaged): kvviz then starts a new "
+                            f"history there; `sqlite3 {p} .recover` may save the runs it still holds.")
+
+    def _readonly_error(self, doing: str, why: str) -> HistoryError:
+        return HistoryError(f"cannot {doing}: the run history {self.path} is read-only ({why}); nothing was written",
+                            f"Make {self.path.name} and its folder {self.path.parent} writable, or point {ENV_DIR} "
+                            "at a writable folder.")
+
+    @contextlib.contextmanager
+    def _reading(self):
+        """Reads: an SQLite error (a damaged file, a lock held too long) comes out as HistoryError."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise self._error(exc) from None
 
     # ------------------------------------------------------------------ schema
     def schema_version(self) -> int:
@@ -266,24 +405,25 @@ class HistoryDB:
                 f"Use the newer kvviz with it, or point {ENV_DIR} at another folder.")
         if have == SCHEMA_VERSION:
             return
-        with self._write():
+        if self.readonly:
+            if have == 0:  # an empty SQLite file: an empty history, read from memory
+                self._conn.close()
+                self._conn = _empty_history()
+                return
+            raise self._readonly_error(f"migrate it from schema version {have} to {SCHEMA_VERSION}", self.readonly_why)
+        with self._write("create the history's tables"):
             have = self.schema_version()  # another process may have migrated meanwhile
-            if have == 0:
-                self._conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            for v in range(have + 1, SCHEMA_VERSION + 1):
-                MIGRATIONS[v](self._conn)
-            self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
-                               (str(SCHEMA_VERSION),))
+            _create(self._conn, have)
 
     class _Tx:
-        def __init__(self, conn, path):
-            self.conn, self.path = conn, path
+        def __init__(self, db, doing):
+            self.db, self.conn, self.doing = db, db._conn, doing
 
         def __enter__(self):
             try:
                 self.conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:  # locked by another writer past the timeout, read-only
-                raise HistoryError(f"cannot write the run history {self.path}: {exc}") from None
+                raise self.db._error(exc, self.doing) from None
             return self.conn
 
         def __exit__(self, et, ev, tb):
@@ -296,13 +436,29 @@ class HistoryDB:
             if self.conn.in_transaction:  # SQLite may have rolled back already (interrupt, disk full)
                 self.conn.execute("ROLLBACK")
             if issubclass(et, sqlite3.Error):
-                raise HistoryError(f"writing the run history {self.path} failed, nothing of it was kept: {ev}") from None
+                if _error_kind(ev):
+                    raise self.db._error(ev, self.doing) from None
+                raise HistoryError(
+                    f"writing the run history {self.db.path} failed, nothing of it was kept: {ev}") from None
             return False
 
-    def _write(self):
+    def _write(self, doing: str):
         """A write transaction: committed as a whole when the block ends, rolled back on an error (an
-        SQLite error comes out as HistoryError)."""
-        return HistoryDB._Tx(self._conn, self.path)
+        SQLite error comes out as HistoryError). Refused on a read-only history, and on a damaged one: the
+        file is checked (PRAGMA quick_check) before the connection's first write, and WAL mode is set."""
+        if self.readonly:
+            raise self._readonly_error(doing, self.readonly_why)
+        if not self._intact:
+            try:
+                problems = [r[0] for r in self._conn.execute("PRAGMA quick_check").fetchall()]
+                if problems != ["ok"]:
+                    raise self._damaged_error(problems[0])
+                if self._conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    self._conn.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.DatabaseError as exc:
+                raise self._error(exc, doing) from None
+            self._intact = True
+        return HistoryDB._Tx(self, doing)
 
     def close(self) -> None:
         self._conn.close()
@@ -322,7 +478,7 @@ class HistoryDB:
             raise InvalidInput(f"a run's source is 'bench' or 'window', got {source!r}")
         kernels = [k for k in kernels]
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with self._write() as c:
+        with self._write("record the run") as c:
             cur = c.execute(
                 "INSERT INTO runs(created, source, label, adapter, driver, is_software, adapter_json, method, "
                 "config_json, timestamp_period_ns) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -369,20 +525,23 @@ class HistoryDB:
                            label=label)
 
     def pin(self, run_id: int) -> None:
-        """Make `run_id` the baseline (the previous one is unpinned in the same transaction)."""
-        with self._write() as c:
+        """Make `run_id` the baseline (the previous one is unpinned in the same transaction); a damaged run
+        (its stored JSON unreadable) is refused."""
+        self.run(run_id)  # HistoryError when there is no such run or it is damaged
+        with self._write(f"pin run {run_id}") as c:
             if not c.execute("SELECT 1 FROM runs WHERE id=?", (int(run_id),)).fetchone():
                 raise HistoryError(f"no run {run_id} in {self.path}", "See `kvviz runs list`.")
             c.execute("UPDATE runs SET baseline=0 WHERE baseline=1")
             c.execute("UPDATE runs SET baseline=1 WHERE id=?", (int(run_id),))
 
     def unpin(self) -> None:
-        with self._write() as c:
+        with self._write("unpin the baseline") as c:
             c.execute("UPDATE runs SET baseline=0 WHERE baseline=1")
 
     # ------------------------------------------------------------------ reading
     def runs(self, limit: int | None = None, source: str | None = None) -> list[Run]:
-        """The runs, newest first, without their samples."""
+        """The runs, newest first, without their samples. A run whose stored JSON does not parse (its
+        adapter, config, a kernel's shape or samples) is skipped and named in `self.damaged`."""
         q = ("SELECT r.id, r.created, r.source, r.label, r.adapter_json, r.method, r.config_json, r.baseline, "
              "(SELECT COUNT(*) FROM kernels k WHERE k.run_id = r.id) FROM runs r")
         args: list = []
@@ -393,45 +552,91 @@ class HistoryDB:
         if limit is not None:
             q += " LIMIT ?"
             args.append(int(limit))
-        rows = self._conn.execute(q, args).fetchall()
+        damaged: dict[int, str] = {}
         shapes: dict = {}
-        if rows:
-            lo, hi = min(r[0] for r in rows), max(r[0] for r in rows)
-            for rid, sj in self._conn.execute(
-                    "SELECT run_id, shape_json FROM kernels WHERE run_id BETWEEN ? AND ? GROUP BY run_id, shape_key "
-                    "ORDER BY run_id, MIN(position)", (lo, hi)):
-                shapes.setdefault(rid, []).append(shape_label(json.loads(sj)))
-        return [Run(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], json.loads(row[6]) if row[6] else None,
-                    bool(row[7]), (), int(row[8]), tuple(shapes.get(row[0], ()))) for row in rows]
+        with self._reading():
+            rows = self._conn.execute(q, args).fetchall()
+            if rows:
+                lo, hi = min(r[0] for r in rows), max(r[0] for r in rows)
+                for rid, sj in self._conn.execute(
+                        "SELECT run_id, shape_json FROM kernels WHERE run_id BETWEEN ? AND ? GROUP BY run_id, "
+                        "shape_key ORDER BY run_id, MIN(position)", (lo, hi)):
+                    try:
+                        shapes.setdefault(rid, []).append(shape_label(_stored(sj, "a kernel's shape_json", dict)))
+                    except _Damaged as exc:
+                        damaged.setdefault(rid, str(exc))
+                damaged = {**self._damaged_kernels(lo, hi), **damaged}
+        out = []
+        for row in rows:
+            try:
+                adapter = _stored(row[4], "its adapter_json", dict)
+                config = _stored(row[6], "its config_json", dict) if row[6] else None
+            except _Damaged as exc:
+                damaged.setdefault(row[0], str(exc))
+                continue
+            if row[0] not in damaged:
+                out.append(Run(row[0], row[1], row[2], row[3], adapter, row[5], config, bool(row[7]), (), int(row[8]),
+                               tuple(shapes.get(row[0], ()))))
+        self.damaged = dict(sorted(damaged.items(), reverse=True))
+        return out
+
+    def _damaged_kernels(self, lo: int, hi: int) -> dict[int, str]:
+        """{run id: why} of the runs lo..hi with a kernel whose samples are not a JSON array or whose shape is not
+        a JSON object (checked by SQLite's JSON functions, the samples are not parsed in Python to list the runs;
+        an SQLite without them checks nothing here, and `run()` still refuses a damaged run)."""
+        try:
+            bad = self._conn.execute(
+                "SELECT run_id, MAX(CASE WHEN json_valid(samples_json) THEN json_type(samples_json) != 'array' "
+                "ELSE 1 END) AS s, MAX(CASE WHEN json_valid(shape_json) THEN json_type(shape_json) != 'object' "
+                "ELSE 1 END) AS h FROM kernels WHERE run_id BETWEEN ? AND ? GROUP BY run_id HAVING s OR h",
+                (lo, hi)).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such function" in str(exc):
+                return {}
+            raise
+        why = ("a kernel's shape_json is not a valid JSON object", "a kernel's samples_json is not a valid JSON array")
+        return {int(rid): why[bool(s)] for rid, s, _h in bad}
 
     def run(self, run_id: int) -> Run:
-        """One run with every kernel and its samples; HistoryError when there is no such run."""
-        row = self._conn.execute(
-            "SELECT id, created, source, label, adapter_json, method, config_json, baseline FROM runs WHERE id=?",
-            (int(run_id),)).fetchone()
-        if row is None:
-            ids = self._conn.execute("SELECT MIN(id), MAX(id), COUNT(*) FROM runs").fetchone()
-            have = f"runs {ids[0]}..{ids[1]}" if ids[2] else "no runs yet"
-            raise HistoryError(f"no run {run_id} in {self.path} ({have})", "See `kvviz runs list`.")
-        kernels = []
-        for k in self._conn.execute(
+        """One run with every kernel and its samples; HistoryError when there is no such run, or when its stored
+        JSON does not parse (the run is damaged)."""
+        with self._reading():
+            row = self._conn.execute(
+                "SELECT id, created, source, label, adapter_json, method, config_json, baseline FROM runs WHERE id=?",
+                (int(run_id),)).fetchone()
+            if row is None:
+                ids = self._conn.execute("SELECT MIN(id), MAX(id), COUNT(*) FROM runs").fetchone()
+                have = f"runs {ids[0]}..{ids[1]}" if ids[2] else "no runs yet"
+                raise HistoryError(f"no run {run_id} in {self.path} ({have})", "See `kvviz runs list`.")
+            stored = self._conn.execute(
                 "SELECT name, variant, samples_json, timing_method, shape_json, method, role, impl, source_hash, "
-                "bytes, warmup_runs FROM kernels WHERE run_id=? ORDER BY position", (row[0],)):
-            kernels.append(KernelRecord(k[0], k[1], tuple(json.loads(k[2])), k[3], json.loads(k[4]), k[5], k[6], k[7],
-                                        k[8], int(k[9]), int(k[10])))
+                "bytes, warmup_runs FROM kernels WHERE run_id=? ORDER BY position", (row[0],)).fetchall()
+        try:
+            adapter = _stored(row[4], "its adapter_json", dict)
+            config = _stored(row[6], "its config_json", dict) if row[6] else None
+            kernels = []
+            for k in stored:
+                shape = _stored(k[4], "a kernel's shape_json", dict)
+                kernels.append(KernelRecord(k[0], k[1], _stored_samples(k[2]), k[3], shape, k[5], k[6], k[7], k[8],
+                                            int(k[9]), int(k[10])))
+        except _Damaged as exc:
+            raise HistoryError(f"run {run_id} in {self.path} is damaged: {exc}; it cannot be shown, compared or pinned",
+                               "The other runs are intact: `kvviz runs list` lists them.") from None
         shapes = tuple(dict.fromkeys(shape_label(k.shape) for k in kernels))
-        return Run(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], json.loads(row[6]) if row[6] else None,
-                   bool(row[7]), tuple(kernels), len(kernels), shapes)
+        return Run(row[0], row[1], row[2], row[3], adapter, row[5], config, bool(row[7]), tuple(kernels), len(kernels),
+                   shapes)
 
     def baseline(self) -> Run | None:
-        row = self._conn.execute("SELECT id FROM runs WHERE baseline=1").fetchone()
+        with self._reading():
+            row = self._conn.execute("SELECT id FROM runs WHERE baseline=1").fetchone()
         return self.run(row[0]) if row else None
 
     def kernel_series(self, name: str, variant: str, key: str, limit: int = 200) -> list[tuple[int, float, float, float]]:
         """(run id, p10, median, p90) of one kernel on one shape over the runs, oldest first."""
-        rows = self._conn.execute(
-            "SELECT run_id, p10_us, median_us, p90_us FROM kernels WHERE name=? AND variant=? AND shape_key=? "
-            "ORDER BY run_id DESC LIMIT ?", (name, variant, key, int(limit))).fetchall()
+        with self._reading():
+            rows = self._conn.execute(
+                "SELECT run_id, p10_us, median_us, p90_us FROM kernels WHERE name=? AND variant=? AND shape_key=? "
+                "ORDER BY run_id DESC LIMIT ?", (name, variant, key, int(limit))).fetchall()
         return [(int(a), float(b), float(c), float(d)) for a, b, c, d in reversed(rows)]
 
 

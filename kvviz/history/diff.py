@@ -134,7 +134,7 @@ def load_side(spec: str, db_path=None) -> Side:
     """A run id (digits) of the history, or a bench JSON file."""
     s = str(spec).strip()
     if s.isdigit() and not os.path.exists(s):
-        with HistoryDB(db_path) as db:
+        with HistoryDB(db_path, readonly=True) as db:
             run = db.run(int(s))
         return side_of_run(run)
     if not os.path.exists(s):

@@ -132,16 +132,31 @@ class LlamaConfig:
                 "The numpy runner implements the Llama decoder only (Llama, Mistral, SmolLM2...).",
             )
         p = "llama."
-        hidden = int(meta.require(p + "embedding_length"))
-        n_heads = _scalar_per_layer(meta.require(p + "attention.head_count"), meta.path, "head_count")
-        n_kv = _scalar_per_layer(meta.get(p + "attention.head_count_kv", n_heads), meta.path, "head_count_kv")
-        head_size = int(meta.get(p + "attention.key_length", hidden // n_heads))
+        hidden = _positive(meta, p + "embedding_length", int(meta.require(p + "embedding_length")))
+        heads_key, kv_key = p + "attention.head_count", p + "attention.head_count_kv"
+        n_heads = _positive(meta, heads_key, _scalar_per_layer(meta.require(heads_key), meta.path, "head_count"))
+        n_kv = _positive(meta, kv_key, _scalar_per_layer(meta.get(kv_key, n_heads), meta.path, "head_count_kv"))
+        if n_heads % n_kv:
+            raise InvalidInput(
+                f"{meta.path.name}: GGUF metadata '{heads_key}' = {n_heads} is not a multiple of '{kv_key}' = {n_kv}",
+                "Each KV head serves a whole group of query heads; the file's metadata is inconsistent.",
+            )
+        if meta.has(p + "attention.key_length"):
+            head_size = _positive(meta, p + "attention.key_length", int(meta.get(p + "attention.key_length")))
+        elif hidden % n_heads:
+            raise InvalidInput(
+                f"{meta.path.name}: GGUF metadata '{p}embedding_length' = {hidden} is not a multiple of "
+                f"'{heads_key}' = {n_heads}, and there is no '{p}attention.key_length' to give the head size",
+                "The file's metadata is inconsistent; re-convert the model with convert_hf_to_gguf.py.",
+            )
+        else:
+            head_size = hidden // n_heads
         v_dim = int(meta.get(p + "attention.value_length", head_size))
-        if v_dim != head_size or n_heads % n_kv != 0:
+        if v_dim != head_size:
             raise InvalidInput(
                 f"{meta.path.name}: unsupported attention layout (heads {n_heads}, kv heads {n_kv}, "
                 f"key length {head_size}, value length {v_dim})",
-                "The runner needs equal K/V head sizes and a query head count that is a multiple of the KV heads.",
+                "The runner needs equal K and V head sizes.",
             )
         rope_dim = int(meta.get(p + "rope.dimension_count", head_size))
         if rope_dim != head_size or head_size % 2:
@@ -163,7 +178,7 @@ class LlamaConfig:
         bos = meta.get("tokenizer.ggml.bos_token_id")
         eos = meta.get("tokenizer.ggml.eos_token_id")
         return cls(
-            n_layers=int(meta.require(p + "block_count")),
+            n_layers=_positive(meta, p + "block_count", int(meta.require(p + "block_count"))),
             n_heads=n_heads,
             n_kv_heads=n_kv,
             head_size=head_size,
@@ -181,6 +196,14 @@ class LlamaConfig:
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
             name=str(meta.get("general.name", meta.path.stem)),
         )
+
+
+def _positive(meta: _Meta, key: str, value: int) -> int:
+    """`value` of GGUF metadata `key`, refused unless positive (a head count of 0 would divide by zero)."""
+    if value <= 0:
+        raise InvalidInput(f"{meta.path.name}: GGUF metadata '{key}' = {value}, expected a positive number",
+                           "The file's metadata is corrupt or was not written by llama.cpp's converter.")
+    return value
 
 
 def _scalar_per_layer(v, path: Path, key: str) -> int:
@@ -322,6 +345,24 @@ class LlamaModel:
     tokenizer: GGUFTokenizer
     path: Path | None = None
     extra: dict = field(default_factory=dict)
+
+
+_LAYER_TENSORS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+                  "ffn_norm": "ffn_norm", "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
+
+
+def nonfinite_weight(model: LlamaModel) -> str | None:
+    """The GGUF name of the first weight tensor holding NaN or Inf, or None when every weight is finite."""
+    w = model.weights
+    named = [("token_embd.weight", w.tok_embd)]
+    for i, lw in enumerate(w.layers):
+        named += [(f"blk.{i}.{gguf_name}.weight", getattr(lw, attr)) for attr, gguf_name in _LAYER_TENSORS.items()]
+    named.append(("output_norm.weight", w.out_norm))
+    if not w.tied:
+        named.append(("output.weight", w.output))
+    if w.rope_freq_factors is not None:
+        named.append(("rope_freqs.weight", w.rope_freq_factors))
+    return next((name for name, a in named if not np.isfinite(a).all()), None)
 
 
 def permute_llamacpp(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -74,15 +74,32 @@ def _bad(source: str, what: str) -> InvalidInput:
     return InvalidInput(f"{source}: {what}", CONVENTION)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _to_f32(source: str, name: str, a: np.ndarray) -> tuple[np.ndarray, str]:
     a = np.asarray(a)
     if a.dtype == ml_dtypes.bfloat16:
         return a.astype(np.float32), "bfloat16"
-    if a.dtype in (np.float32, np.float16, np.float64):
+    if a.dtype.kind == "f" and not a.dtype.isnative:  # big-endian floats (an .npz written on such a machine)
+        a = a.astype(a.dtype.newbyteorder("="))
+    if a.dtype == np.float64:
+        # float64 is rounded to float32: a finite value beyond float32's range would become Inf in the cast
+        check_finite(f"{source}: '{name}'", a)
+        peak = float(np.max(np.abs(a))) if a.size else 0.0
+        if peak > _F32_MAX:
+            raise InvalidInput(f"{source}: '{name}' is float64 with values up to {peak:.3g}, beyond float32's range "
+                               f"(+-{_F32_MAX:.3g}), and kvviz computes in float32",
+                               "Scale the tensor down before saving it (check the dump's units), or store it as "
+                               "float32.")
+        return a.astype(np.float32), "float64"
+    if a.dtype in (np.float32, np.float16):
         return a.astype(np.float32), a.dtype.name
     if a.dtype.kind == "V" and a.dtype.itemsize == 2:
         raise _bad(source, f"'{name}' holds raw 2-byte records (bfloat16 saved to .npz?); "
                            "store bfloat16 in .safetensors or convert to float16/float32")
+    if a.dtype.kind == "f":
+        raise _bad(source, f"'{name}' has dtype {a.dtype}, a floating-point type kvviz does not read")
     raise _bad(source, f"'{name}' has dtype {a.dtype}, not a floating-point type")
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled: cancel() returned True)
-from kvviz.sources.gguf_llama import LlamaConfig, LlamaModel
+from kvviz.sources.gguf_llama import LlamaConfig, LlamaModel, nonfinite_weight
 
 AttendFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 KvSinkFn = Callable[[int, np.ndarray, np.ndarray, int], None]
@@ -358,7 +358,29 @@ class LlamaRunner:
 
 def capture_tokens(model: LlamaModel, token_ids: Sequence[int], *, progress: ProgressFn | None = None,
                    cancel: CancelFn | None = None) -> tuple[Capture, np.ndarray]:
-    """Batched prefill of `token_ids` on a fresh runner; returns (Capture, last-token logits [vocab])."""
+    """Batched prefill of `token_ids` on a fresh runner; returns (Capture, last-token logits [vocab]).
+    A capture holding NaN or Inf is refused, naming the model and the cause: a weight tensor that holds
+    NaN/Inf, else the first layer where float32 overflowed."""
     runner = LlamaRunner(model, record=True)
     logits = runner.prefill(token_ids, progress=progress, cancel=cancel)
-    return runner.capture(), logits
+    cap = runner.capture()
+    _check_capture_finite(model, cap)
+    return cap, logits
+
+
+def _check_capture_finite(model: LlamaModel, cap: Capture) -> None:
+    bad = [n for n in ("q", "k_pre_rope", "k", "v") if not np.isfinite(getattr(cap, n)).all()]
+    if not bad:
+        return
+    name = model.path.name if model.path is not None else (model.config.name or "the model")
+    weight = nonfinite_weight(model)
+    if weight is not None:
+        raise InvalidInput(f"{name}: its weight tensor {weight} holds NaN or Inf, so the captured "
+                           f"{'/'.join(bad)} are not finite; nothing was captured",
+                           "The model file is damaged (or was converted from a diverged checkpoint); use another "
+                           "GGUF.")
+    arr = getattr(cap, bad[0])
+    layer = int(np.argmax(~np.isfinite(arr).reshape(arr.shape[0], -1).all(axis=1)))
+    raise InvalidInput(f"{name}: its forward pass left float32's range at layer {layer} (the captured {bad[0]} "
+                       "holds NaN or Inf) although every weight is finite; nothing was captured",
+                       "Try a shorter prompt, or another model file.")

@@ -127,10 +127,17 @@ def inner_product_bias(q, K, seed: int = tqf.DEFAULT_SEED, layer: int = 0, rt=No
     if not (np.isfinite(q).all() and np.isfinite(K).all()):
         raise InvalidInput("q and K must be finite")
     d = K.shape[1]
+    true = (q.astype(np.float64) @ K.astype(np.float64).T).ravel()
+    if not true.any():
+        what = ("the keys are all zero" if not K.any() else "the queries are all zero" if not q.any()
+                else "every query is orthogonal to every key")
+        n, m = K.shape[0], q.shape[0]
+        raise InvalidInput(f"{what} ({n} key{'s' * (n != 1)}, {m} quer{'ies' if m != 1 else 'y'}), so every true "
+                           "q.k is 0 and an estimator's slope against it is undefined; nothing was estimated",
+                           "Pick another sequence, head or layer, or K/V whose keys are not all zero.")
     st = tqf.TQSettings(d, int(bits), 2, float(outlier_share), seed, layer)
     if not st.is_seed:
         check_general_head_size(d)
-        true = (q.astype(np.float64) @ K.astype(np.float64).T).ravel()
         scales = {name: tqf.qjl_scale_value(name, ins.P) for name in ("reference", "unbiased")
                   for ins in st.instances("K")[-1:]}
         res = BiasResult(d, true, _general_estimates(q, K, st, rt), qjl_scales=scales)
@@ -145,7 +152,6 @@ def inner_product_bias(q, K, seed: int = tqf.DEFAULT_SEED, layer: int = 0, rt=No
     dec = tqf.decode_cache(kw, vw, 1, K.shape[0], d)
     q_rot, q_jl, sums = tqf.rotate_q_parts(q[:, None, :], p)
     scales = {name: tqf.qjl_scale_value(name, d) for name in ("reference", "unbiased")}
-    true = (q.astype(np.float64) @ K.astype(np.float64).T).ravel()
     est = {name: [] for name in ESTIMATORS}
     for i in range(q.shape[0]):
         args = (q_rot[i, 0], q_jl[i, 0], sums[i, 0], dec.k_idx[0], dec.k_bits[0], dec.k_norm[0], dec.k_rnorm[0], p)

@@ -75,6 +75,7 @@ class HistoryView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.db: HistoryDB | None = None
+        self._damaged_said: dict = {}  # the damaged runs last said in the log
         self._series_stale = False
         self.run_list: list = []
         self.comparison: dict | None = None
@@ -229,8 +230,15 @@ class HistoryView(QWidget):
             return
         self.run_list = runs
         base = next((r for r in runs if r.baseline), None)
-        self.status.setText(f"{len(runs)} run(s) in {self.db.path}"
-                            + (f"; baseline: run {base.id}" if base else "; no baseline pinned"))
+        damaged = self.db.damaged
+        self.status.setText(f"{len(runs)} run(s) in {self.db.path}" + (" (read-only)" if self.db.readonly else "")
+                            + (f"; baseline: run {base.id}" if base else "; no baseline pinned")
+                            + (f"; {len(damaged)} damaged run(s) skipped: " + ", ".join(map(str, damaged))
+                               if damaged else ""))
+        if damaged and damaged != self._damaged_said:  # said once, not on every reload
+            self._damaged_said = dict(damaged)
+            log.warning("run history %s: damaged run(s) skipped: %s", self.db.path,
+                        "; ".join(f"run {i} ({why})" for i, why in damaged.items()))
         rows = [[r.id, r.created, r.source, r.adapter_name, r.method or "", "; ".join(r.shapes), r.kernel_count,
                  "pinned" if r.baseline else ""] for r in runs]
         self.runs_tab = Table("history_runs", list(self.RUN_COLUMNS), rows, "Run history (newest first)")
