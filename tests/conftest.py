@@ -60,5 +60,6 @@ def smollm2():
 
 def pytest_collection_modifyitems(config, items):
     """The long tests (marked slow) first: when the suite runs on several workers (pytest-xdist, as
-    `make test` does), they start at once instead of keeping one worker busy after the others are done."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    `make test` does), they start at once instead of keeping one worker busy after the others are done.
+    The memory load tests lead, so they measure a fresh process rather than one that ran half the suite."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.module.__name__ != "test_load_faults"))
