@@ -38,7 +38,7 @@ class _LayerQKV:
 
 
 class VllmFp8LiveCache(LiveCache):
-    path = "appended token by token, scales frozen (GPU)"  # kvviz live's cache path
+    path = "appended, scales frozen (GPU)"  # kvviz live's cache path
 
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
