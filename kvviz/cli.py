@@ -21,7 +21,8 @@ import sys
 import tempfile
 
 from kvviz import bench
-from kvviz.bench import FULL, QUICK, SHAPES, BenchShape, check_shape, failed_rows, format_table, save_json
+from kvviz.bench import (FULL, QUICK, SHAPES, BenchShape, check_shape, closing_line, failed_rows, format_table,
+                         save_json)
 from kvviz.bench.roofline import bench_roofline
 from kvviz.bench.sweep import run_sweep, sweep_shapes
 from kvviz.checks import check_out_file, nonneg_int, positive_int
@@ -38,10 +39,15 @@ from kvviz.report.roofline import roofline_svg, roofline_table
 from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
 from kvviz.sources.kv_files import save_capture
 from kvviz.sources.llama_numpy import capture_tokens
-from kvviz.tables import clean
+from kvviz.tables import WIDE_HELP, TextColumn, clean, grouped_table, paragraph, text_table, text_width
 
 EXIT_BAD_INPUT = 2  # a bad argument, setting, file or shape: one line `kvviz: ...` on stderr, nothing run
 EXIT_FAILED = 1  # the run failed (device, compiler) or a result is wrong (bench: a row FAILED or out of tolerance)
+
+
+def output_width(args) -> int | None:
+    """The width the command's tables are printed in (kvviz.tables.text_width): None with --wide."""
+    return text_width(getattr(args, "wide", False))
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -107,13 +113,13 @@ def _bench_sweep(args) -> int:
     if args.json:
         save_json(result, args.json)
         print(f"\nwrote {args.json}")
-    bad = [r for p in result["points"] for r in p["rows"] if str(r["note"]).startswith("FAILED")
-           or r["within_tolerance"] is False]
+    rows = [r for p in result["points"] for r in p["rows"]]
+    bad = [r for r in rows if str(r["note"]).startswith("FAILED") or r["within_tolerance"] is False]
     if bad:
         print(f"\n{len(bad)} sweep row(s) failed: " + ", ".join(f"{r['kernel']} @ {r['shape']['name']}" for r in bad),
-              file=sys.stderr)
-        return EXIT_FAILED
-    return 0
+              file=sys.stderr, flush=True)
+    print(f"\n{closing_line(rows)}")
+    return EXIT_FAILED if bad else 0
 
 
 def _cmd_bench(args) -> int:
@@ -156,17 +162,18 @@ def _cmd_bench(args) -> int:
     runs = args.runs or (10 if args.quick else 30)
     result = bench.run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
                        methods=methods, kernels=kernels)
-    print(format_table(result))
+    print(format_table(result, output_width(args)))
     _record_bench(result)
     if args.json:
         save_json(result, args.json)
         print(f"\nwrote {args.json}")
     bad_rows = failed_rows(result)
     if bad_rows:
+        sys.stdout.flush()  # the closing line below comes after this on a terminal
         print(f"\n{len(bad_rows)} kernel run(s) failed or outside tolerance vs the oracle: "
-              + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr)
-        return EXIT_FAILED
-    return 0
+              + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr, flush=True)
+    print(f"\n{closing_line(result['rows'])}")
+    return EXIT_FAILED if bad_rows else 0
 
 
 def _bench_methods_arg(args):
@@ -201,15 +208,26 @@ def _cmd_roofline(args) -> int:
         raise InvalidInput(f"{args.file}: not JSON: {exc}") from None
     pts, c = bench_roofline(result, args.shape)
     tab = roofline_table(pts, c)
-    print(tab.title)
-    print(f"{'kernel':<44} {'FLOP/B':>8} {'GFLOP/s':>10} {'median us':>10}  bound")
-    for kernel, _variant, _nb, _fl, inten, med, gfl, bnd in tab.rows:
-        print(f"{kernel:<44} {inten:8.3g} {gfl:10.4g} {med:10.1f}  {bnd}")
+    width = output_width(args)
+    print("\n".join(paragraph(tab.title, width)))
+    rows = [[kernel, format(inten, ".3g"), format(gfl, ".4g"), format(med, ".1f"), bnd]
+            for kernel, _variant, _nb, _fl, inten, med, gfl, bnd in tab.rows]
+    print("\n".join(text_table(ROOFLINE_COLUMNS, rows, width)))
     if args.svg:
         with open(args.svg, "w") as fh:
             fh.write(roofline_svg(pts, c, 960, 600))
         print(f"wrote {args.svg}")
     return 0
+
+
+ROOFLINE_COLUMNS = (TextColumn("kernel", min_width=24), TextColumn("FLOP/B", True), TextColumn("GFLOP/s", True),
+                    TextColumn("median us", True), TextColumn("bound"))
+RUNS_COLUMNS = (TextColumn("id", True), TextColumn("created (UTC)"), TextColumn("source"), TextColumn("kernels", True),
+                TextColumn("adapter / method / shapes", min_width=24))
+RUN_COLUMNS = (TextColumn("kernel", min_width=16), TextColumn("median", True), TextColumn("p10", True),
+               TextColumn("p90", True), TextColumn("n", True), TextColumn("source hash", min_width=8),
+               TextColumn("timing", min_width=6))
+WIDE_RUN_COLUMNS = RUN_COLUMNS[:1] + (TextColumn("variant"),) + RUN_COLUMNS[1:]
 
 
 def _user_kernels(specs) -> list:
@@ -283,12 +301,11 @@ def _cmd_runs(args) -> int:
             if not runs:
                 print(f"no runs yet in {db.path} (kvviz bench and the window record every run)")
                 return 0
-            print(f"{len(runs)} run(s) in {db.path}, newest first (* = pinned baseline)")
-            print(f"{'id':>5}  {'created (UTC)':<20} {'source':<6} {'kernels':>7}  adapter / method / shapes")
-            for r in runs:
-                what = (r.method + "; " if r.method else "") + "; ".join(r.shapes)
-                print(f"{r.id:>4}{'*' if r.baseline else ' '}  {r.created:<20} {r.source:<6} {r.kernel_count:>7}  "
-                      f"{r.adapter_name} / {what}")
+            width = output_width(args)
+            print(f"{len(runs)} run(s) in {db.path}, newest first (* = pinned baseline)")  # one line: the path whole
+            rows = [[f"{r.id:>4}{'*' if r.baseline else ' '}", r.created, r.source, r.kernel_count,
+                     f"{r.adapter_name} / " + (r.method + "; " if r.method else "") + "; ".join(r.shapes)] for r in runs]
+            print("\n".join(text_table(RUNS_COLUMNS, rows, width)))
             return 0
         if args.runs_cmd == "pin":
             db.pin(args.id)
@@ -302,20 +319,23 @@ def _cmd_runs(args) -> int:
     if args.json:
         _write_json(run.to_json(samples=True), args.json)
         return 0
-    print(run.describe() + (" [pinned baseline]" if run.baseline else ""))
-    print(f"adapter: {run.adapter.get('name', '')} ({run.adapter.get('backend', '')}), driver {run.adapter.get('driver', '')}")
-    if run.config:
-        print(f"config: {run.config}")
-    kw = max([len("kernel")] + [len(k.name) for k in run.kernels])
-    vw = max([len("variant")] + [len(k.variant) for k in run.kernels])
-    shape = None
+    width = output_width(args)
+    head = [run.describe() + (" [pinned baseline]" if run.baseline else ""),
+            f"adapter: {run.adapter.get('name', '')} ({run.adapter.get('backend', '')}), driver "
+            f"{run.adapter.get('driver', '')}"] + ([f"config: {run.config}"] if run.config else [])
+    for line in head:
+        print("\n".join(paragraph(line, width)))
+    shapes = {}  # shape label -> (rows, variants), in the kernels' order
     for k in run.kernels:
-        if shape_label(k.shape) != shape:
-            shape = shape_label(k.shape)
-            print(f"\n== {shape}")
-            print(f"{'kernel':<{kw}} {'variant':<{vw}} {'median':>10} {'p10':>10} {'p90':>10} {'n':>4}  {'source hash':<16} timing")
-        print(f"{k.name:<{kw}} {k.variant:<{vw}} {k.median_us:>10.1f} {k.p10_us:>10.1f} {k.p90_us:>10.1f} "
-              f"{len(k.samples_us):>4}  {k.source_hash or '-':<16} {k.timing_method}")
+        rows, variants = shapes.setdefault(shape_label(k.shape), ([], []))
+        rows.append([k.name] + ([k.variant] if width is None else []) + [
+            f"{k.median_us:.1f}", f"{k.p10_us:.1f}", f"{k.p90_us:.1f}", len(k.samples_us), k.source_hash or "-",
+            k.timing_method])
+        variants.append(k.variant)
+    for shape, (rows, variants) in shapes.items():
+        print(f"\n== {shape}")  # a variant on a line above its kernels, or (--wide) in a column
+        print("\n".join(text_table(WIDE_RUN_COLUMNS, rows, None) if width is None else
+                        grouped_table(RUN_COLUMNS, rows, variants, width)))
     return 0
 
 
@@ -327,7 +347,7 @@ def _cmd_diff(args) -> int:
         _write_json(d, args.json)
         if args.json == "-":
             return 0
-    print(format_diff(d))
+    print(format_diff(d, output_width(args)))
     return 0
 
 
@@ -415,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time only these methods' kernels (registry names, kvviz info lists them; default: every "
                         "method)")
     b.add_argument("--json", help="write results as JSON to this path")
+    b.add_argument("--wide", action="store_true", help=WIDE_HELP)
     b.add_argument("--sweep", choices=("context", "batch"), default=None,
                    help="time the seed and fast decodes over context lengths (one sequence, 512..131072) or batch "
                         "sizes (1..64 sequences of 4096) at 32/8 heads, d128, block 16, instead of the named shapes")
@@ -449,9 +470,11 @@ def build_parser() -> argparse.ArgumentParser:
     rl = rsub.add_parser("list", help="the runs, newest first")
     rl.add_argument("--limit", type=positive_int, default=50, help="show at most this many runs")
     rl.add_argument("--json", help="write the list as JSON to this path ('-': stdout)")
+    rl.add_argument("--wide", action="store_true", help=WIDE_HELP)
     rs = rsub.add_parser("show", help="one run: every kernel's median, p10, p90, samples, source hash")
     rs.add_argument("id", type=positive_int, help="run id (kvviz runs list)")
     rs.add_argument("--json", help="write the run with its samples as JSON to this path ('-': stdout)")
+    rs.add_argument("--wide", action="store_true", help=WIDE_HELP)
     rp = rsub.add_parser("pin", help="make a run the baseline (the window's pin)")
     rp.add_argument("id", type=positive_int, help="run id")
     rsub.add_parser("unpin", help="pin no baseline")
@@ -463,10 +486,12 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("a", help="the reference: a run id or a bench JSON file")
     df.add_argument("b", help="the run compared with it: a run id or a bench JSON file")
     df.add_argument("--json", help="write the comparison as JSON to this path ('-': stdout)")
+    df.add_argument("--wide", action="store_true", help=WIDE_HELP)
     rf = command("roofline", "the roofline of a kvviz bench --json file: every kernel against the run's ceilings")
     rf.add_argument("file", help="a file written by kvviz bench --json")
     rf.add_argument("--shape", default=None, help="the bench shape to draw (default: the file's first)")
     rf.add_argument("--svg", default=None, help="also write the chart as SVG to this path")
+    rf.add_argument("--wide", action="store_true", help=WIDE_HELP)
     g = command("gui", "open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
+import sys
+import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -288,3 +291,121 @@ def default_panel_tables(res, compare_rows=None, sweep_points=None, history=None
     if compare_rows:
         out["compare"] = [compare_table(compare_rows)]
     return out
+
+
+# ------------------------------------------------------------------------------- text tables
+WIDTH = 100  # columns of the CLI's text tables unless --wide (also when stdout is not a terminal: deterministic)
+ELLIPSIS = "..."
+WIDE_HELP = f"print every table cell whole (default: lines of at most {WIDTH} characters, long text shortened)"
+
+
+def text_width(wide: bool = False) -> int | None:
+    """The width the CLI prints its tables in: None (every cell whole) when `wide`, else WIDTH, or a narrower
+    terminal's width; never more than WIDTH, so output piped to a file is the same on every terminal."""
+    if wide:
+        return None
+    if sys.stdout.isatty():
+        return max(40, min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns))
+    return WIDTH
+
+
+def shorten(text, width: int) -> str:
+    """`text` in at most `width` characters: the start and the end kept, the middle cut with '...'."""
+    text = str(text)
+    if len(text) <= width:
+        return text
+    if width <= len(ELLIPSIS):
+        return text[:max(0, width)]
+    keep = width - len(ELLIPSIS)
+    head = (keep + 1) // 2
+    return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
+
+
+def wrap(text, width: int, indent: str = "") -> list[str]:
+    """`text` wrapped into lines of at most `width` characters, each after `indent` (a word longer than a line
+    is broken)."""
+    return textwrap.wrap(str(text), width, initial_indent=indent, subsequent_indent=indent,
+                         break_long_words=True, break_on_hyphens=False) or [indent.rstrip()]
+
+
+@dataclass(frozen=True)
+class TextColumn:
+    """A column of a text table: numbers are right-aligned; a text column with `min_width` may be
+    shortened (middle ellipsis) down to that width when the table is too wide."""
+
+    name: str
+    numeric: bool = False
+    min_width: int = 0
+
+
+def fit_widths(columns, natural, width: int | None) -> list:
+    """Column widths: the `natural` ones (the longest cell), the widest shortenable text column cut one
+    character at a time until the row (single spaces between columns) fits `width` (None: no limit)."""
+    w = list(natural)
+    if width is None:
+        return w
+    total = sum(w) + len(w) - 1
+    while total > width:
+        cands = [i for i, c in enumerate(columns) if c.min_width and w[i] > c.min_width]
+        if not cands:
+            break
+        i = max(cands, key=lambda j: (w[j] - columns[j].min_width, j))
+        w[i] -= 1
+        total -= 1
+    return w
+
+
+def text_row(cells, columns, widths) -> str:
+    """One line of a text table: every cell in its column's width (a longer text cell shortened)."""
+    out = []
+    for cell, col, w in zip(cells, columns, widths):
+        s = str(cell)
+        if len(s) > w:
+            s = shorten(s, w)
+        out.append(f"{s:>{w}}" if col.numeric else f"{s:<{w}}")
+    return " ".join(out).rstrip()
+
+
+def text_table(columns, rows, width: int | None = WIDTH, notes=None, whole_note=None) -> list:
+    """A text table as lines: header and rows, numbers right-aligned, columns aligned; with a `width` the long
+    text cells are shortened in the middle so each line fits it (width None: every cell whole, as --wide).
+
+    `notes` (one per row, or None): a line of text under its row, shortened to the width, or wrapped over
+    several lines where `whole_note(note)` is true; with width None it follows the row on the same line."""
+    cells = [[str(c) for c in r] for r in rows]
+    natural = [max([len(c.name)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    widths = fit_widths(columns, natural, width)
+    lines = [text_row([c.name for c in columns], columns, widths)]
+    for n, r in enumerate(cells):
+        line = text_row(r, columns, widths)
+        note = notes[n] if notes else ""
+        if note and width is None:
+            lines.append(f"{line}  {note}")
+            continue
+        lines.append(line)
+        if note:
+            lines += wrap(note, width, "    ") if whole_note and whole_note(note) else ["    " + shorten(note, width - 4)]
+    return lines
+
+
+def grouped_table(columns, rows, groups, width: int | None = WIDTH, notes=None, whole_note=None) -> list:
+    """text_table with a line naming each row's group (`groups`, one per row: a kernel's variant) above the first
+    row of a run of rows of that group, so that no column is spent on it; wrapped to `width`."""
+    table = text_table(columns, rows, width, notes, whole_note)
+    lines, body, group = [table[0]], iter(table[1:]), object()
+    line = next(body, None)
+    for g in groups:
+        if g != group:
+            group = g
+            lines += ["  " + ln.lstrip() if i else "- " + ln for i, ln in enumerate(paragraph(str(g), width and width - 2))]
+        lines.append(line)
+        line = next(body, None)
+        while line is not None and line.startswith("    "):  # the row's note
+            lines.append(line)
+            line = next(body, None)
+    return lines
+
+
+def paragraph(text, width: int | None = WIDTH) -> list:
+    """A line of prose wrapped to `width` (None: one line)."""
+    return [text] if width is None else wrap(text, width)

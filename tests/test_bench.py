@@ -83,7 +83,7 @@ def test_a_method_that_breaks_is_failed_not_skipped(rt, monkeypatch):
     assert [r["kernel"] for r in failed_rows(res)] == ["int8_token"]
 
 
-def test_bench_table_never_cuts_a_kernel_name():
+def test_bench_table_cuts_a_kernel_name_only_to_fit():
     from kvviz.bench import format_table
 
     shape = {"name": "s", "num_seqs": 1, "num_tokens": 1, "num_heads": 1, "num_kv_heads": 1, "head_size": 4,
@@ -93,4 +93,8 @@ def test_bench_table_never_cuts_a_kernel_name():
            "gpu_us_median": 1.0, "gpu_us_min": 1.0, "gpu_us_p90": 1.0, "gbps": 1.0, "pct_of_copy": 1.0,
            "max_abs_err_vs_oracle": None, "tolerance": None, "within_tolerance": None, "note": ""}
     text = format_table({"rows": [row]})
-    assert long in text and row["variant"] in text
+    assert row["variant"] in text and all(len(ln) <= 100 for ln in text.splitlines())
+    assert long in format_table({"rows": [row]}, None)  # --wide
+    line = next(ln for ln in text.splitlines() if ln.startswith("paged_attn_f32"))
+    assert "..." in line and "cache)" in line  # shortened in the middle, both ends kept
+    assert long[:30] in format_table({"rows": [dict(row, kernel=long[:30])]})  # a name that fits is whole

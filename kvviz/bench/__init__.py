@@ -29,7 +29,7 @@ from kvviz.lab.check import lab_run
 from kvviz.lab.slots import slot as get_slot
 from kvviz.methods.context import GpuContext
 from kvviz.paging import make_batch
-from kvviz.tables import clean
+from kvviz.tables import WIDTH, TextColumn, clean, grouped_table, paragraph, text_table
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,8 @@ def run_bench(
     and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
-    log(f"adapter: {rt.summary.line()}")
+    for line in paragraph(f"adapter: {rt.summary.line()}"):
+        log(line)
     rows = []
     fma = {}
     floor_us = None
@@ -445,40 +446,64 @@ def _torch_row(shape, runs, warmup, copy_gbps, adapter):
                 flops=float(S * T * shape.num_heads * (4 * shape.head_size + arith.SOFTMAX_PER_LOGIT)))
 
 
-def format_table(result: dict) -> str:
-    """The bench rows as a text table; the kernel and variant columns are as wide as their longest
-    entry, so no name is cut."""
-    rows = result["rows"]
-    kw = max([len("kernel")] + [len(r["kernel"]) for r in rows])
-    vw = max([len("variant")] + [len(r["variant"]) for r in rows])
+NARROW_COLUMNS = (TextColumn("kernel", min_width=16), TextColumn("median us", True), TextColumn("min", True),
+                  TextColumn("p90", True), TextColumn("GB/s", True), TextColumn("%copy", True),
+                  TextColumn("GFLOP/s", True), TextColumn("FLOP/B", True), TextColumn("bound", True),
+                  TextColumn("max err", True), TextColumn("ok", True))
+WIDE_COLUMNS = NARROW_COLUMNS[:1] + (TextColumn("variant"),) + NARROW_COLUMNS[1:]
+
+
+def _num(x, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and x == x else "-"
+
+
+def _short(x) -> str:
+    """A number in few characters: whole from 1000, else 1-4 significant digits (an exponent from 1e6 or below 1e-4)."""
+    if not isinstance(x, (int, float)) or x != x:
+        return "-"
+    a = abs(x)
+    if a == 0:
+        return "0"
+    if a >= 1e6:
+        return f"{x:.2g}"
+    return f"{x:.0f}" if a >= 1000 else f"{x:.1f}" if a >= 10 else f"{x:.2f}" if a >= 0.01 else f"{x:.1g}"
+
+
+def format_table(result: dict, width: int | None = WIDTH) -> str:
+    """The bench rows as a text table, one block per shape, each line at most `width` characters: the
+    variant is a line above the rows it applies to (so no column is spent on it), numbers are short,
+    a long kernel name is shortened in the middle, a row's note is a line under it (a FAILED one
+    wrapped whole). width None (--wide): a variant column, every cell whole, the note after its row."""
+    wide = width is None
     lines = []
-    hdr = (f"{'kernel':<{kw}} {'variant':<{vw}} {'median us':>10} {'min':>9} {'p90':>9} {'GB/s':>8} {'%copy':>6} "
-           f"{'GFLOP/s':>9} {'FLOP/B':>7} {'bound':>7} {'max err':>9} {'ok':>3}")
-    shape_name = None
-
-    def f(x, fmt):
-        return format(x, fmt) if isinstance(x, (int, float)) and x == x else "-"
-
-    for r in rows:
-        if r["shape"]["name"] != shape_name:
-            shape_name = r["shape"]["name"]
-            s = r["shape"]
-            lines.append("")
-            lines.append(f"== {shape_name}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}")
-            lines.append(hdr)
+    shapes = []  # (shape dict, [(variant, cells, note)]) in the rows' order
+    for r in result["rows"]:
+        if not shapes or r["shape"]["name"] != shapes[-1][0]["name"]:
+            shapes.append((r["shape"], []))
         ok = "-" if r["tolerance"] is None else ("yes" if r["within_tolerance"] else "NO")
-        lines.append(
-            f"{r['kernel']:<{kw}} {r['variant']:<{vw}} {f(r['gpu_us_median'], '10.1f'):>10} {f(r['gpu_us_min'], '9.1f'):>9} "
-            f"{f(r['gpu_us_p90'], '9.1f'):>9} {f(r['gbps'], '8.1f'):>8} {f(r['pct_of_copy'], '6.1f'):>6} "
-            f"{f(r.get('gflops'), '9.3g'):>9} {f(r.get('intensity'), '7.3g'):>7} {r.get('bound') or '-':>7} "
-            f"{f(r['max_abs_err_vs_oracle'], '9.2e'):>9} {ok:>3}" + (f"  {r['note']}" if r["note"] else "")
-        )
+        f = _num if wide else (lambda x, fmt: _short(x) if fmt.endswith("f") or fmt.endswith("g") else _num(x, fmt))
+        cells = [f(r["gpu_us_median"], ".1f"), f(r["gpu_us_min"], ".1f"), f(r["gpu_us_p90"], ".1f"),
+                 f(r["gbps"], ".1f"), f(r["pct_of_copy"], ".1f"), f(r.get("gflops"), ".3g"),
+                 f(r.get("intensity"), ".3g"), r.get("bound") or "-",
+                 _num(r["max_abs_err_vs_oracle"], ".2e" if wide else ".1e"), ok]
+        shapes[-1][1].append((r["variant"], [r["kernel"]] + ([r["variant"]] if wide else []) + cells, r["note"] or ""))
+    for s, rows in shapes:
+        lines.append("")
+        lines += paragraph(f"== {s['name']}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/"
+                           f"{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}", width)
+        cells, notes = [c for _, c, _ in rows], [n for _, _, n in rows]
+        failed = lambda n: str(n).startswith("FAILED")  # noqa: E731
+        lines += (text_table(WIDE_COLUMNS, cells, width, notes, failed) if wide else
+                  grouped_table(NARROW_COLUMNS, cells, [v for v, _, _ in rows], width, notes, failed))
     rl = result.get("roofline")
     if rl:
         f16 = f", f16 FMA {rl['f16_gflops']:.4g} GFLOP/s" if rl.get("f16_gflops") else ""
-        lines += ["", f"roofline ceilings (same run): shader copy {rl['mem_gbps']:.4g} GB/s, f32 FMA {rl['f32_gflops']:.4g} GFLOP/s"
-                  f"{f16}; ridge {rl['ridge_flop_per_byte']:.3g} FLOP/B. GFLOP/s = stated FLOPs (kvviz/attention/arith.py) / "
-                  "median; FLOP/B = FLOPs / unique bytes; bound = memory left of the ridge, compute right of it."]
+        lines.append("")
+        lines += paragraph(
+            f"roofline ceilings (same run): shader copy {rl['mem_gbps']:.4g} GB/s, f32 FMA {rl['f32_gflops']:.4g} "
+            f"GFLOP/s{f16}; ridge {rl['ridge_flop_per_byte']:.3g} FLOP/B. GFLOP/s = stated FLOPs "
+            "(kvviz/attention/arith.py) / median; FLOP/B = FLOPs / unique bytes; bound = memory left of the ridge, "
+            "compute right of it.", width)
     return "\n".join(lines)
 
 
@@ -505,6 +530,14 @@ def check_shape(shape: BenchShape) -> None:
             check_head_size(fmt, shape.head_size)
         except InvalidInput as exc:
             raise UnsupportedShape(f"--head-size: {exc}", exc.hint) from None
+
+
+def closing_line(rows) -> str:
+    """The line `kvviz bench` ends with: how many rows, how many checked within tolerance, how many failed."""
+    rows = list(rows)
+    ok = sum(1 for r in rows if r.get("tolerance") is not None and r.get("within_tolerance")
+             and not str(r.get("note", "")).startswith("FAILED"))
+    return f"{len(rows)} rows, {ok} checked within tolerance, {len(failed_rows({'rows': rows}))} failed"
 
 
 def failed_rows(result: dict) -> list:

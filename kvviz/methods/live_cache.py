@@ -98,6 +98,7 @@ class LiveCache(ABC):
 
     method_id: str = ""
     label: str = ""
+    path: str = ""  # how the cache is kept, in a few words ("re-quantised every step"): `kvviz live`'s cache path
 
     def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int,
                  scale: float):
@@ -250,6 +251,7 @@ class PagedLiveCache(LiveCache):
 class F32PagedCache(PagedLiveCache):
     method_id = "f32"
     label = "f32 paged baseline (GPU)"
+    path = "f32 paged cache (GPU)"
     fmt = "f32"
 
     def inspect_block(self, layer, block, kv_head, which="K"):
@@ -270,6 +272,8 @@ class MethodPagedCache(PagedLiveCache):
     """A method whose cache is one format of the shared paged kernels (`fmt`, e.g. "q8"): their writer
     and decode run token by token; blocks and per-token scales are read through the method's
     `paged_qkv` / `record_scales` hooks (kvviz/methods/base.py)."""
+
+    path = "appended token by token (GPU)"
 
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method: KVMethod, fmt: str,
                  label: str, scales_note: str = ""):
@@ -297,6 +301,8 @@ class RequantCache(LiveCache):
     for every method whose quantisation of a token does not depend on later tokens (KIVI's key groups
     of 32 and its recent window are defined by position, so re-quantising reproduces its streaming
     cache). Each layer quantises with `method.for_layer(layer)` (TurboQuant seeds its rotation per layer)."""
+
+    path = "re-quantised every step"
 
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method: KVMethod):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
@@ -421,6 +427,17 @@ def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: in
         log.info("live cache of %s: the method has no incremental cache; its whole sequence is quantised "
                  "again every step", m.id)
     return RequantCache(*args, method=m)
+
+
+def cache_path_name(kind: str) -> str:
+    """The `path` of the LiveCache class named `kind` (a run's `quant_cache_kind`), or `kind` itself."""
+    todo = [LiveCache]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == kind and cls.path:
+            return cls.path
+        todo += cls.__subclasses__()
+    return str(kind)
 
 
 def cache_kind(method: str | KVMethod) -> str:

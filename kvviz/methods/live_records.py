@@ -27,6 +27,8 @@ _F32 = np.float32
 
 
 class RecordLiveCache(LiveCache):
+    path = "appended token by token (GPU)"  # kvviz live's cache path
+
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
         method.check(n_heads, n_kv_heads, head_size, table.block_size)

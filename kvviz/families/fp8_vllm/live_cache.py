@@ -38,6 +38,8 @@ class _LayerQKV:
 
 
 class VllmFp8LiveCache(LiveCache):
+    path = "appended, scales frozen (GPU)"  # kvviz live's cache path
+
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
         method.check(n_heads, n_kv_heads, head_size, table.block_size)

@@ -80,6 +80,8 @@ class _Layer:
 
 
 class KiviLiveCache(LiveCache):
+    path = "appended, key groups as they fill (GPU)"  # kvviz live's cache path
+
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
         method.check(n_heads, n_kv_heads, head_size, table.block_size)
