@@ -270,7 +270,8 @@ def _record_bench(result: dict) -> None:
         print(f"kvviz bench: not recorded in the run history: {exc.one_line()}", file=sys.stderr)
         return
     result["history_run_id"] = run_id
-    print(f"\nrecorded as run {run_id} in {path} (kvviz runs show {run_id})")
+    # the path on a line of its own: whole (to copy) however long, the other line within the table width
+    print(f"\nrecorded as run {run_id} (kvviz runs show {run_id}) in the run history\n  {path}")
 
 
 def _write_json(data, path: str | None) -> None:

@@ -113,7 +113,7 @@ def test_many_computes_in_one_window(qtbot, settings):
     win.close()
 
 
-LIVE_TOKENS = 1000
+LIVE_TOKENS = 600
 LIVE_WARMUP = 100
 
 
@@ -134,11 +134,12 @@ def test_long_live_decode(long_tiny, ctx):
     distributions not kept, the cache view on), measured after 100 steps and at the end.
 
     Bounds: GPU buffers do not grow (+2 allowed): the pools are sized at start() for every token
-    and each step's small inputs are freed with it. RSS grows by less than 15 MB over the 900 steps after the warm-up:
+    and each step's small inputs are freed with it. RSS grows by less than 10 MB over the 500 steps after the warm-up:
     what legitimately grows is O(tokens) (the runners' K/V history, 2 paths x 2 layers
     x 2 x 2 KV heads x 32 x 4 B = 2 KB a token; each LiveStep with its block tables, <= 2 KB a
-    step at block size 16) - about 4 MB at 1000 tokens; keeping one [vocab] distribution or one
-    cache view per step instead of the newest would add >= 20 KB a step and fail.
+    step at block size 16) - about 2.5 MB at 600 tokens. The steps keep no distributions and only the
+    newest keeps its cache view: both are checked on the steps themselves (the tiny model's vocabulary
+    is too small for a kept distribution to show in RSS).
     """
     from kvviz.live import LiveDecoder
 
@@ -165,10 +166,11 @@ def test_long_live_decode(long_tiny, ctx):
     assert dec.steps[-1].context_len == 12 + LIVE_TOKENS
     assert all(np.isfinite(s.kl) for s in dec.steps)
     assert sum(s.view is not None for s in dec.steps) <= 1
+    assert all(s.logp_base is None and s.logp_quant is None for s in dec.steps)
     assert end.buffers - warm.buffers <= 2, (warm.line(), end.line())
     assert end.native_buffers - warm.native_buffers <= 2, (warm.line(), end.line())
     assert end.bind_groups - warm.bind_groups <= 2, (warm.line(), end.line())
-    assert end.rss_mb - warm.rss_mb < 15.0, (warm.line(), end.line())
+    assert end.rss_mb - warm.rss_mb < 10.0, (warm.line(), end.line())
 
 
 # ------------------------------------------------------------------------------------ faults
