@@ -379,7 +379,9 @@ def unpermute_llamacpp(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _dequant(t, path: Path) -> np.ndarray:
     try:
-        a = dequantize(t.data, t.tensor_type)
+        # a plain array view of the mapped bytes: gguf's numpy code slices its input block by block, and
+        # on a np.memmap every slice builds a memmap object (most of the dequantising time)
+        a = dequantize(np.asarray(t.data), t.tensor_type)
     # gguf raises NotImplementedError for the types its numpy code lacks (gguf 0.19: I8, I16, I32, I64, F64, Q1_0,
     # Q8_1, Q8_K), ValueError for a row whose bytes are not whole blocks: both say the file is not one this loader
     # can read (tests/test_live_model.py checks both). Nothing else is caught: an error of ours stays one.
