@@ -377,11 +377,23 @@ def unpermute_llamacpp(w: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
 
 
+class _ArrayReader(GGUFReader):
+    """GGUFReader over a plain array view of the mapped file. Its parser reads the file value by value and
+    gguf's dequantiser slices block by block; on a np.memmap every slice builds a memmap object, which
+    was most of a model's loading time. The view keeps the mapping alive and reads the same bytes."""
+
+    @property
+    def data(self):
+        return self._array
+
+    @data.setter
+    def data(self, value) -> None:
+        self._array = np.asarray(value)
+
+
 def _dequant(t, path: Path) -> np.ndarray:
     try:
-        # a plain array view of the mapped bytes: gguf's numpy code slices its input block by block, and
-        # on a np.memmap every slice builds a memmap object (most of the dequantising time)
-        a = dequantize(np.asarray(t.data), t.tensor_type)
+        a = dequantize(np.asarray(t.data), t.tensor_type)  # a plain array, as _ArrayReader's
     # gguf raises NotImplementedError for the types its numpy code lacks (gguf 0.19: I8, I16, I32, I64, F64, Q1_0,
     # Q8_1, Q8_K), ValueError for a row whose bytes are not whole blocks: both say the file is not one this loader
     # can read (tests/test_live_model.py checks both). Nothing else is caught: an error of ours stays one.
@@ -415,7 +427,7 @@ def load_gguf_llama(path: str | Path, progress: ProgressFn | None = None) -> Lla
 
 def _read_gguf_llama(path: Path, progress: ProgressFn | None) -> LlamaModel:
     try:
-        reader = GGUFReader(path)
+        reader = _ArrayReader(path)
     except Exception as e:  # the reader raises bare ValueError/struct errors on non-GGUF input
         raise InvalidInput(f"{path.name} is not a readable GGUF file: {e}",
                            "Pass a llama.cpp GGUF model file.") from e
