@@ -12,22 +12,30 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import sys
 from dataclasses import dataclass
 
 
-def _trim_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim), so RSS counts what is held
-    rather than what freed allocations left scattered over the heap; nothing where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
-        return
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None where there is none (musl,
+    not Linux)."""
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
     try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - a C library without malloc_trim (musl)
-        pass
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # pragma: no cover - a C library without malloc_trim
+        return None
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free pages back to the system, so RSS counts what is held rather than what freed
+    allocations left scattered over the heap."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def rss_bytes() -> int:

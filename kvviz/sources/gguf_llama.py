@@ -393,7 +393,7 @@ class _ArrayReader(GGUFReader):
 
 def _dequant(t, path: Path) -> np.ndarray:
     try:
-        a = dequantize(np.asarray(t.data), t.tensor_type)  # a plain array, as _ArrayReader's
+        a = dequantize(t.data, t.tensor_type)  # a plain array: _ArrayReader's tensors are views of one
     # gguf raises NotImplementedError for the types its numpy code lacks (gguf 0.19: I8, I16, I32, I64, F64, Q1_0,
     # Q8_1, Q8_K), ValueError for a row whose bytes are not whole blocks: both say the file is not one this loader
     # can read (tests/test_live_model.py checks both). Nothing else is caught: an error of ours stays one.

@@ -34,6 +34,7 @@ from kvviz.history.db import HistoryDB, HistoryError, shape_label
 from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, diff, side_of_run
 from kvviz.tables import Table
 from kvviz.ui.style import kernel_color
+from kvviz.ui.widgets.drawn_when_shown import DrawnWhenShown
 from kvviz.ui.widgets.ticks import log_ticks
 
 log = logging.getLogger("kvviz.ui.history")
@@ -65,7 +66,7 @@ def _fill(t: QTableWidget, headers, rows, colors=None, color_col: int = -1) -> N
     t.resizeColumnsToContents()
 
 
-class HistoryView(QWidget):
+class HistoryView(DrawnWhenShown, QWidget):
     baseline_changed = Signal(object)  # the pinned kvviz.history.db.Run, or None
 
     RUN_COLUMNS = ["run", "created (UTC)", "source", "adapter", "method", "shapes", "kernels", "baseline"]
@@ -76,7 +77,6 @@ class HistoryView(QWidget):
         super().__init__(parent)
         self.db: HistoryDB | None = None
         self._damaged_said: dict = {}  # the damaged runs last said in the log
-        self._series_stale = False
         self.run_list: list = []
         self.comparison: dict | None = None
         self.runs_tab: Table | None = None
@@ -103,7 +103,7 @@ class HistoryView(QWidget):
         self.runs_table = _table()
         self.runs_table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.runs_table.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.runs_table.itemSelectionChanged.connect(self._draw_series)
+        self.runs_table.itemSelectionChanged.connect(self.redraw)
         split.addWidget(self.runs_table)
         self.plot = pg.PlotWidget()
         pi = self.plot.getPlotItem()
@@ -249,7 +249,7 @@ class HistoryView(QWidget):
         ids = [r.id for r in runs]
         if ids:
             self.runs_table.selectRow(ids.index(keep) if keep in ids else 0)
-        self._draw_series()
+        self.redraw()  # every compute records a run: a hidden plot is drawn when its tab is shown
         a_keep = self.a_box.currentData() if a is None else a
         b_keep = self.b_box.currentData() if b is None else b
         for box in (self.a_box, self.b_box):
@@ -266,23 +266,8 @@ class HistoryView(QWidget):
         if b_def is not None:
             self.b_box.setCurrentIndex(ids.index(b_def))
 
-    def _draw_series(self) -> None:
-        """Draw the series now when the view is on screen; otherwise when it is next shown (a compute
-        records a run each time, and redrawing a hidden plot of every earlier run would cost each
-        compute more than the last)."""
-        if not self.isVisible():
-            self._series_stale = True
-            return
-        self._draw_series_now()
-
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        super().showEvent(event)
-        if self._series_stale:
-            self._draw_series_now()
-
-    def _draw_series_now(self) -> None:
+    def _draw(self) -> None:
         """The selected run's kernels over every run of the same shape: median with p10-p90 bars."""
-        self._series_stale = False
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()

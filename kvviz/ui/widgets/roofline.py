@@ -16,9 +16,10 @@ from PySide6.QtWidgets import (
 
 from kvviz.report.roofline import roofline_table
 from kvviz.ui.style import kernel_color, qcolor
+from kvviz.ui.widgets.drawn_when_shown import DrawnWhenShown
 
 
-class RooflineWidget(QWidget):
+class RooflineWidget(DrawnWhenShown, QWidget):
     measure_requested = Signal()  # measure the compute ceiling (FMA) on this device
 
     def __init__(self, parent=None):
@@ -28,7 +29,6 @@ class RooflineWidget(QWidget):
         self.table_data = None
         self.drawn: list = []  # the points on the chart (positive FLOPs, bytes and rate: log axes)
         self.numbers: dict = {}  # id(point) -> its number on the chart and in the table
-        self._stale = False
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()
@@ -66,18 +66,9 @@ class RooflineWidget(QWidget):
         self.drawn = [p for p in self.points if p.flops > 0 and p.bytes > 0 and p.gflops > 0 and math.isfinite(p.gflops)]
         self.numbers = {id(p): i + 1 for i, p in enumerate(self.drawn)}
         self._fill()
-        if self.isVisible():
-            self._draw()
-        else:  # drawn when next shown: every compute updates it, most of them with the lab's tab hidden
-            self._stale = True
-
-    def showEvent(self, event) -> None:  # noqa: N802 (Qt's name)
-        super().showEvent(event)
-        if self._stale:
-            self._draw()
+        self.redraw()  # every compute updates it, most of them with the lab's tab hidden
 
     def _draw(self) -> None:
-        self._stale = False
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()
