@@ -66,3 +66,9 @@ def reference(method_id: str) -> Callable:
 def reference_attention(method, batch, key, value, q, scale, qkv=None):
     """(output [S, H, D], tolerance) of any registered method: the function its REFERENCE names."""
     return reference(method.id)(method, batch, key, value, q, scale, qkv)
+
+
+def family_of(method_id: str) -> str:
+    """The family a registered method belongs to: its package under kvviz.families."""
+    parts = method_class(method_id).__module__.split(".")
+    return parts[2] if parts[:2] == ["kvviz", "families"] and len(parts) > 2 else parts[-1]

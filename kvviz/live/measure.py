@@ -33,7 +33,7 @@ import numpy as np
 
 from kvviz.checks import check_out_file, positive_int
 from kvviz.errors import InvalidInput
-from kvviz.families.registry import get_method, parse_options, registry
+from kvviz.families.registry import family_of, get_method, parse_options, registry
 from kvviz.gpu import runtime as gpu_runtime
 from kvviz.gpu.timed import checked, decode_time
 from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
@@ -132,12 +132,6 @@ def check_args(a) -> list:
 
 # a family's method in the default set: the first of these in the family, else its first by name
 PREFERRED = ("int8_seed", "fp8_e4m3", "int4_group", "kivi", "q4_0", "nvfp4", "turboquant", "f16", "vllm_fp8_e4m3")
-
-
-def family_of(method_id: str) -> str:
-    """The family a registered method belongs to: its package under kvviz.families."""
-    parts = registry()[method_id].__module__.split(".")
-    return parts[2] if parts[:2] == ["kvviz", "families"] and len(parts) > 2 else parts[-1]
 
 
 def default_specs() -> list[str]:
