@@ -99,6 +99,42 @@ def test_ragged_scattered(ctx, family, args):
         assert r.caught, "the tolerance must be tight enough to see the other QJL scale"
 
 
+# ------------------------------------------------------------------------------ the vLLM tests' head sizes
+# Every head size vLLM's attention tests use, for every decode family that takes it (the fast_decode formats and
+# the ggml types rotating over the sizes, so each size and each format meets at least once). Where no power of two
+# divides the head into lanes of the record's slices (80, 96, 112, 120, 192 at the adapter's lanes) the lanes walk it
+# with padding; the adapter's default kernel runs (the looped one on a software rasteriser), and the unrolled one
+# that hardware runs is held at the padded sizes too (slow to build on lavapipe: marked slow).
+VLLM_HEADS = (64, 80, 96, 112, 120, 128, 192, 256)
+VLLM_FD = dict(zip(VLLM_HEADS, ("int4-none-64", "f32-none-0", "int4-none-32", "fp8_e5m2-token-0", "int8-token-0",
+                                "fp8_e4m3-tensor-0", "f16-none-0", "fp8_e4m3-token-0")))
+VLLM_GGML = {64: "q4_1", 96: "q5_0", 128: "iq4_nl", 192: "mxfp4", 256: "q5_1"}
+VLLM_KIVI = dict(zip(VLLM_HEADS, ("kivi-b2-r0", "kivi-b4-r16", "kivi-b2-r128", "kivi-b4-r0", "kivi-b2-r16",
+                                  "kivi-b4-r128", "kivi-b2-r0", "kivi-b4-r16")))
+VLLM_CASES = (
+    [case(f, f"D{D}-G{G}", D=D, bs=16, kvh=2, G=G, lens=[37, 100, 0, 1], tensor=(0.02, 0.5), seed=D)
+     for (D, f), G in zip(VLLM_FD.items(), (1, 4, 8, 4, 1, 4, 8, 4))]
+    + [case(t, f"D{D}", D=D, bs=16, kvh=2, G=4, lens=[37, 0, 1, 100], seed=D) for D, t in VLLM_GGML.items()]
+    + [case(k, f"D{D}", D=D, bs=16, kvh=2, G=4, lens=[65, 0, 1, 97], seed=D) for D, k in VLLM_KIVI.items()]
+    + [case("nvfp4", f"D{D}", D=D, bs=16, kvh=2, G=4, lens=[37, 0, 1, 100], seed=D) for D in VLLM_HEADS if D % 16 == 0]
+    + [case("tq-paged", f"D{D}", D=D, bs=16, kvh=2, G=4, lens=[37, 0, 1, 100], seed=D, caught=True) for D in (64, 128)]
+    + [pytest.param(f, dict(D=D, bs=16, kvh=2, G=4, lens=[37, 0, 1, 100], seed=D, looped=False), id=f"{f}-D{D}-unrolled",
+                    marks=pytest.mark.slow)
+       for f, D in (("int8-token-0", 120), ("nvfp4", 80), ("q4_0", 96), ("kivi-b2-r16", 112))]
+)
+
+
+@pytest.mark.parametrize("family,args", VLLM_CASES)
+def test_vllm_head_sizes(ctx, family, args):
+    r = run(ctx, family, args)
+    lay = r.plan.layout
+    assert lay.span >= args["D"] and r.out.shape[2] == args["D"]
+    looped = args.get("looped") is not False and harness.fd.use_looped(ctx.rt)
+    assert r.plan.looped == looped, r.plan.describe()
+    if args.get("caught"):
+        assert r.caught, "the tolerance must be tight enough to see the other QJL scale"
+
+
 # ------------------------------------------------------------------------------ long contexts
 LONG_CASES = [
     pytest.param("int8-token-0", dict(D=128, bs=16, kvh=2, G=4, lens=[40000], policy="contiguous"), 4,
@@ -301,7 +337,11 @@ WRITERS = ["int8_token", "int8_seed", "fp8_e4m3-per_token", "fp8_e5m2-per_token"
 
 def _writer_runs(writer, shape, variant) -> bool:
     """f16 has no reduction (one variant); KIVI's writers are reached through the method (default and without
-    subgroups); one lane a row is slow on a CPU: heads 64 and 80 only."""
+    subgroups); one lane a row is slow on a CPU: heads 64 and 80 only. int4 keeps its full grid over the heads
+    whose groups nest with power-of-two lanes (at 112 and 120 its groups of 56 and 24 elements do not, and the fast
+    int4 writer leaves them to the first-wave writer: tests/test_head_sizes.py)."""
+    if writer.startswith("int4") and shape[0] in (112, 120):
+        return False
     if writer == "f16":
         return variant[0] == "default"
     if variant[0] == "one-lane":
@@ -367,7 +407,7 @@ def test_the_writer_grid_covers_every_pair():
     factors = (WRITERS, WRITER_SHAPES, WRITER_VARIANTS)
     assert harness.covers_every_pair(WRITER_GRID, factors, _writer_runs)
     assert all(_writer_runs(*r) for r in WRITER_GRID)
-    assert all(r in WRITER_GRID for r in INT4_FULL) and len(INT4_FULL) == 3 * (2 * 5 + 2)
+    assert all(r in WRITER_GRID for r in INT4_FULL) and len(INT4_FULL) == 3 * (2 * 6 + 2)
     # and the check can fail: the greedy's last row was the only one holding some pair
     assert not harness.covers_every_pair(WRITER_GRID[:-1], factors, _writer_runs)
 

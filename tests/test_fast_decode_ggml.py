@@ -53,15 +53,18 @@ def test_method_attend_and_timed_rows(ctx, tname):
 
 
 def test_method_keeps_first_wave_where_it_cannot(ctx):
-    """Head size 96 (no lane split inside blocks): the method's attend keeps the dequantise + f32 decode, and
-    its timed rows have no fast decode."""
+    """A GQA group of 32 query heads per KV head (the fast decodes take 1..16): the method's attend keeps the
+    dequantise + f32 decode, and its timed rows have no fast decode. Head size 96, which no power-of-two lane split
+    divides inside 32-element blocks, takes the fast decode (its lanes walk the head with padding)."""
     rng = np.random.default_rng(3)
     m = get_method("q4_0")
     D, lens = 96, [40, 0, 9]
     batch = make_batch(lens, 16, policy="scattered", seed=1)
     k = rng.standard_normal((sum(lens), 1, D)).astype(np.float32)
-    q = rng.standard_normal((len(lens), 2, D)).astype(np.float32)
     qkv = m.quantize(ctx, batch, k, k)
+    q = rng.standard_normal((len(lens), 2, D)).astype(np.float32)
+    assert m._fast_plan(ctx, qkv.device["cache"], batch, q, D ** -0.5) is not None
+    q = rng.standard_normal((len(lens), 32, D)).astype(np.float32)
     assert m._fast_plan(ctx, qkv.device["cache"], batch, q, D ** -0.5) is None
     ref, tol = og.reference_attention(m, batch, k, k, q, D ** -0.5)
     assert float(np.abs(m.attend(ctx, qkv, batch, q, D ** -0.5) - ref).max()) <= tol

@@ -94,11 +94,14 @@ def test_prefetch_bit_identical(ctx, fast, bits, recent, D, bs, kvh, G, lens, kw
     np.testing.assert_array_equal(out_a, out_b)
     gps = a.layout.row_groups // (kl.GROUP // a.tokens_per_group_row)  # key groups a sweep
     assert -(-a.partition_tokens // kl.GROUP // gps) == sweeps
-    # the default takes the prefetching kernel at these layouts (a few words a lane a step)
+    # the unrolled kernel's default takes the prefetching kernel at these layouts (a few words a lane a step); the
+    # adapter's default is the looped kernel on a software rasteriser (fast_decode.use_looped)
     assert fk.prefetch_words(bits, a.layout) <= fd.PREFETCH_MAX_WORDS
-    c = fast.plan(bits, *a.dispatches[0].buffers[1:4], kvh, np.zeros((len(lens), kvh * G, a.shape[2]), np.float32),
-                  make_batch(lens, bs, policy="scattered", seed=bs + G), 0.1, recent, **kw)
+    args = (bits, *a.dispatches[0].buffers[1:4], kvh, np.zeros((len(lens), kvh * G, a.shape[2]), np.float32),
+            make_batch(lens, bs, policy="scattered", seed=bs + G), 0.1, recent)
+    c = fast.plan(*args, looped=False, **kw)
     assert c.prefetch == fd.PREFETCH and c.dispatches[0].kernel is (a if fd.PREFETCH else b).dispatches[0].kernel
+    assert fast.plan(*args, **kw).looped == fd.use_looped(ctx.rt) and not a.looped
 
 
 def test_prefetch_default(fast, monkeypatch):

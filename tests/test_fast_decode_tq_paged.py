@@ -89,9 +89,10 @@ def test_writer_is_the_seed_compressor(rt, d, bs, pad):
 
 # ------------------------------------------------------------------------------------------------ the decode
 def test_equals_the_per_sequence_decode_and_variants(rt, fast):
-    """Bit for bit: the paged decode equals the per-sequence fast decode over the seed compressor's caches of
-    the same tokens (same arithmetic, same partitions), with or without prefetch and with the block size a
-    constant or read from the immediates."""
+    """Bit for bit: the paged decode (unrolled) equals the per-sequence fast decode over the seed compressor's
+    caches of the same tokens (same arithmetic, same partitions), with or without prefetch and with the block size a
+    constant or read from the immediates; the looped paged decode (one token's softmax step at a time) within the
+    tolerance."""
     rng = np.random.default_rng(7)
     lens, kvh, G, d, bs = [300, 0, 1, 777, 64], 2, 4, 64, 16
     batch = make_batch(lens, bs, policy="scattered", seed=7)
@@ -108,9 +109,12 @@ def test_equals_the_per_sequence_decode_and_variants(rt, fast):
     scale = 1.0 / math.sqrt(d)
     p = tqf.TQParams(d, layer=LAYER)
     one = fast.decode(caches, q, lens, scale, partition_tokens=128)
-    for kw in ({}, {"prefetch": False}, {"prefetch": True}, {"const_block": False}):
+    for kw in ({"looped": False}, {"prefetch": False}, {"prefetch": True}, {"const_block": False, "looped": False}):
         got = fast.decode_paged(gc.qc.k, gc.qc.v, kvh, q, batch, scale, p, partition_tokens=128, **kw)
         assert np.array_equal(got, one), f"paged decode {kw} differs from the per-sequence decode"
+    got = fast.decode_paged(gc.qc.k, gc.qc.v, kvh, q, batch, scale, p, partition_tokens=128, looped=True)
+    for s in range(len(lens)):
+        assert np.abs(got[s] - one[s]).max() <= fq.tolerance(_max_v(kc, vc, batch, s, d, p) if lens[s] else 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ the method

@@ -57,10 +57,11 @@ def run_variant(rt, fmt, lens, H, kvh, D, bs, *, qk="f32", pv="f32", seed=0, amp
     ref = O.decode(q_ref, kf, vf, *args)
     M = float(np.abs(vf).max())
     tol = np.full(out.shape, fd.f32_tolerance(M))
-    if pv == "f16":
+    if pv in ("f16", "h2"):
         wmax = O.decode_weights(q_ref, kf, *args).max(-1, initial=0.0)
         l_sum = np.where(wmax > 0, 1.0 / np.maximum(wmax, 1e-300) - 1e-6, 1.0)  # the softmax sum: its max term is 1
-        tol = tol + fd.pv_tolerance(M, max(lens), unroll, pv_flush, np.maximum(l_sum, 1.0))[..., None]
+        tol = tol + fd.pv_tolerance(M, max(lens), unroll, pv_flush, np.maximum(l_sum, 1.0),
+                                    4 if pv == "h2" and fmt.group_size else 2)[..., None]
     err = np.abs(out - ref)
     assert np.isfinite(out).all()
     worst = np.unravel_index(np.argmax(err - tol), err.shape) if err.size else ()
@@ -73,7 +74,9 @@ VARIANTS = [("i8", "f32"), ("f32", "f16"), ("i8", "f16")]
 
 
 # ---------------------------------------------------------------------------------- qk = "i8"
-@pytest.mark.parametrize("D,H,kvh,bs", [(64, 4, 4, 8), (80, 8, 1, 16), (96, 16, 1, 32), (128, 8, 2, 16), (256, 4, 2, 16)])
+# 120: lanes that walk the head with padding (a zero int8 query word past it)
+@pytest.mark.parametrize("D,H,kvh,bs", [(64, 4, 4, 8), (80, 8, 1, 16), (96, 16, 1, 32), (120, 8, 2, 16), (128, 8, 2, 16),
+                                        (256, 4, 2, 16)])
 def test_i8_head_sizes_and_groups(rt, D, H, kvh, bs):
     run_variant(rt, fd.INT8, [1, 17, 0, 64, 200], H, kvh, D, bs, qk="i8", seed=D)
 
@@ -123,6 +126,7 @@ def test_f16_pv_every_format_ragged_gqa(rt, fmt):
     run_variant(rt, fmt, [37, 100, 0, 300, 1, 129], 8, 2, 128, 16, pv="f16", tensor=(0.02, 0.5))
 
 
+# the padded lanes of head 120 under a variant are the int8 query's case above (the unrolled kernels at 120 are the slowest to build)
 @pytest.mark.parametrize("D,H,kvh,bs", [(64, 4, 4, 8), (80, 8, 1, 16), (96, 16, 1, 32), (256, 4, 2, 16)])
 @pytest.mark.parametrize("fmt", [fd.F16, fd.INT8], ids=lambda f: f.name)
 def test_f16_pv_head_sizes_and_groups(rt, fmt, D, H, kvh, bs):
@@ -149,6 +153,59 @@ def test_f16_pv_partitions_single_and_many(rt):
     assert a.shape == b.shape
 
 
+# ---------------------------------------------------------------------------------- the packed variants
+# qk="i8" over int4 groups (even / odd nibbles against the query in that order, s * dot + z * sum q a group), pv="h2"
+# (f16 pairs from the integer codes' bits, V values made once in f16): attention/split_packed.wgsl.j2. Tolerances as
+# above: the i8 query's is the f32 kernel's against the dequantised query's oracle; h2's is pv_tolerance (with the
+# int4 value's 4 roundings a term) on top.
+INT4 = [fd.int4_format(32), fd.int4_format(64)]
+
+
+@pytest.mark.parametrize("gs,D,H,kvh,bs", [(32, 64, 4, 4, 8), (64, 128, 8, 2, 16), (32, 256, 4, 2, 32)])
+def test_i8_int4_groups_head_sizes(rt, gs, D, H, kvh, bs):
+    run_variant(rt, fd.int4_format(gs), [1, 17, 0, 64, 200], H, kvh, D, bs, qk="i8", seed=D + gs)
+
+
+def test_i8_int4_query_records_follow_the_nibble_order():
+    """Each 8 dims of an int4 head's query codes go as dims 0, 2, 4, 6, 1, 3, 5, 7 (a code word's even nibbles, then
+    its odd ones); the scale word is the same."""
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    codes, scales = o8.quantize(q)
+    rec = fd.query_records_i8(q, fd.int4_format(32))
+    got = rec[..., :16].copy().view(np.int8).reshape(2, 3, 8, 8)
+    assert np.array_equal(got, codes.reshape(2, 3, 8, 8)[..., [0, 2, 4, 6, 1, 3, 5, 7]])
+    assert np.array_equal(rec[..., 16], fd.query_records_i8(q)[..., 16])
+
+
+@pytest.mark.parametrize("fmt,qk", [(fd.INT8, "f32"), (fd.INT8, "i8"), (INT4[0], "i8"), (INT4[1], "f32")],
+                         ids=lambda x: getattr(x, "name", x) + (f"-g{x.group_size}" if getattr(x, "group_size", 0) else ""))
+def test_h2_pv_ragged_gqa(rt, fmt, qk):
+    run_variant(rt, fmt, [37, 100, 0, 300, 1, 129], 8, 2, 128, 16, qk=qk, pv="h2", partition_tokens=64)
+
+
+@pytest.mark.parametrize("fmt,unroll,flush,scatter", [(fd.INT8, 1, 1, None), (INT4[0], 4, 4, None),
+                                                     (INT4[0], 2, 16, False), (fd.INT8, 4, 2, False)],
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_h2_pv_flush_periods_unrolls_and_softmaxes(rt, fmt, unroll, flush, scatter):
+    run_variant(rt, fmt, [700, 33, 1, 0], 4, 2, 64, 16, qk="i8", pv="h2", unroll=unroll, pv_flush=flush,
+                scatter=scatter)
+
+
+def test_h2_pv_values_near_the_f16_range(rt):
+    """V up to ~3e4: int8 codes +-127 x scales up to ~250; int4 c * s + z with |c s| <= 2 max|V| (kept below f16's
+    65504) and large logits."""
+    run_variant(rt, fd.INT8, [300, 1, 77], 4, 1, 64, 8, pv="h2", amp=25000.0)
+    run_variant(rt, fd.int4_format(32), [300, 1, 77], 4, 1, 64, 8, qk="i8", pv="h2", amp=8000.0)
+    run_variant(rt, fd.int4_format(32), [50, 513], 8, 2, 128, 16, qk="i8", pv="h2", amp=4.0, q_amp=40.0)
+
+
+def test_packed_variants_without_subgroups(rt):
+    """One lane a token row (head 32: lavapipe compiles the fully unrolled one-lane kernel slowly): a lane holds whole
+    groups (int4 groups of 16: two a lane)."""
+    run_variant(rt, fd.int4_format(16), [5, 300, 0, 1], 2, 1, 32, 16, qk="i8", pv="h2", subgroups=False, rows=16)
+
+
 # ---------------------------------------------------------------------------------- both, and the rest
 @pytest.mark.parametrize("qk,pv", VARIANTS)
 def test_variants_without_subgroups(rt, qk, pv):
@@ -173,8 +230,12 @@ def test_variant_refusals(rt):
     batch = make_batch([10], 16)
     q = np.zeros((1, 8, 128), np.float32)
     k = rt.upload(np.zeros(16 * 2 * 64, np.uint32), "k")
-    with pytest.raises(UnsupportedShape, match="int8 words"):
+    with pytest.raises(UnsupportedShape, match="integer K codes"):
         fast.decode(fd.F16, k, k, 2, q, batch, 0.1, qk="i8")
+    with pytest.raises(UnsupportedShape, match="integer K codes"):
+        fast.decode(fd.fp8_format("e4m3", False), k, k, 2, q, batch, 0.1, qk="i8")
+    with pytest.raises(UnsupportedShape, match="int8 and int4"):
+        fast.decode(fd.F16, k, k, 2, q, batch, 0.1, pv="h2")
     with pytest.raises(InvalidInput, match="variant"):
         fast.decode(fd.INT8, k, k, 2, q, batch, 0.1, pv="bf16")
     with pytest.raises(InvalidInput, match="pv_flush"):
@@ -183,6 +244,8 @@ def test_variant_refusals(rt):
     with pytest.raises(UnsupportedShape, match="shader-f16"):
         no_f16.check_variant(fd.INT8, "f32", "f16", fd.PV_FLUSH)
     no_f16.check_variant(fd.INT8, "i8", "f32", fd.PV_FLUSH)  # the int8 query needs no f16
+    with pytest.raises(UnsupportedShape, match="shader-f16"):
+        no_f16.check_variant(fd.int4_format(32), "i8", "h2", fd.PV_FLUSH)
 
 
 def test_default_render_has_no_variant_code():

@@ -80,6 +80,31 @@ def test_int4_group_rule(D, G, want):
             m.check(4, 2, D, 16)
 
 
+def test_int4_group_says_which_group_it_uses(ctx):
+    """At a head size group_size does not divide (a head-24 dump at the default 32), the label, the options and
+    a warning of the quantised cache say the group used (24); at one it divides, the label and options are the
+    asked ones and there is no warning. The session's results and their JSON carry them."""
+    from kvviz.analysis.session import Session, SessionConfig
+
+    m = get_method("int4_group")
+    m.check(2, 2, 24, 16)
+    assert m.label == "int4 per group G=24 (32 does not divide head 24)" and m.options() == {"group_size": 24}
+    batch = make_batch([11, 3], 8, policy="scattered", seed=4)
+    rng = np.random.default_rng(24)
+    k, v = make_kv(rng, batch.num_tokens, 2, 24)
+    qkv = m.quantize(ctx, batch, k, v)
+    assert qkv.warnings[0] == ("int4_group: group_size 32 does not divide head size 24: groups of 24 elements are "
+                               "used (1 a token)")
+    m.check(2, 2, 64, 16)
+    assert m.label == "int4 per group G=32" and m.options() == {"group_size": 32}
+    assert not m.quantize(ctx, batch, *make_kv(rng, batch.num_tokens, 2, 64)).warnings
+    res = Session(ctx.rt).compute(SessionConfig(method="int4_group", head_size=24, num_heads=2, num_kv_heads=2,
+                                                context_lens=(9, 4), timing_runs=3))
+    assert res.method.label.startswith("int4 per group G=24 ") and any("groups of 24" in w for w in res.warnings)
+    js = res.summary_json()
+    assert js["method"]["options"] == {"group_size": 24} and js["config"]["method_options"] in ({}, {"group_size": 32})
+
+
 @pytest.mark.parametrize("D", [80, 112, 120])
 @pytest.mark.parametrize("G", [32, 64])
 def test_int4_group_at_odd_head_sizes(ctx, D, G):

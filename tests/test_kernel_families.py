@@ -45,7 +45,17 @@ def _generated_defines() -> dict:
         "turboquant/decode_fast_paged.wgsl": fqd.render(64, 2, lay(fqd.TQ_FORMAT, 4), True, 16, True, True),
         "fp4/decode_fast.wgsl": f4d.render(64, 2, lay(f4d._FMT), 16, True, True),
         "turboquant/write_fast.wgsl": fwt.render_defines(64, 8, tqf.TQSettings(64)),
+        **prefill_defines(),
     }
+
+
+def prefill_defines() -> dict:
+    """The prefill shells' defines (kvviz/attention/prefill.py), each at head 64, GQA 2, its split (partials) kernel."""
+    from kvviz.attention import prefill as pf
+
+    lay = pf.choose_layout(64, 2, 16384)
+    return {path: {**{k: str(v) for k, v in pf.sizes(lay, 16, True).items()}, **defines}
+            for path, defines in pf.representative_defines(64).items()}
 
 
 DEFINES.update(_generated_defines())

@@ -270,3 +270,58 @@ def test_user_wgsl_loops_unrolled_and_errors_still_map(rt, tmp_path):
     with pytest.raises(check.KernelCompileError) as ei:
         check.compile_user(rt, s, "\n".join(lines), "w.wgsl")
     assert any(d.line == bad + 1 for d in ei.value.diagnostics), [(d.line, d.message[:60]) for d in ei.value.diagnostics]
+
+
+# ------------------------------------------------------------------------------ the loop limit
+# Kernels whose output is right but which never end where a loop is not bounded: each appends a loop to a slot's own
+# starting kernel after its last write (kvviz/lab/loop_check.py; lavapipe ends every loop of an invocation after
+# 65535 iterations, and removes a loop that does nothing unless it is kept).
+_WGSL_END = "    if (which == 0u) { k_out[out_base + i] = v; } else { v_out[out_base + i] = v; }\n  }\n}"
+_GLSL_END = "    value_cache[dst_base + d] = value[v_src + d];\n  }\n}"
+ENDLESS = {
+    "wgsl loop {}": ("int8_token.dequantise", ".wgsl", _WGSL_END, "  loop { }\n}"),
+    # a loop on data that never meets its condition (no code word is all ones: int8 codes of finite values)
+    "wgsl data loop": ("int8_token.dequantise", ".wgsl", _WGSL_END,
+                       "  var w = load_w(which, 0u);\n"
+                       "  while (w != 0xFFFFFFFFu && lid.x == 0u) { w = w & load_w(which, lid.x); }\n}"),
+    "glsl while": ("f32.writer", ".comp", _GLSL_END,
+                   "  while (slot_mapping[token_idx] != PAD_SLOT && tid == 0u && head_idx == 0u) { }\n}"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENDLESS))
+def test_endless_loop_is_flagged(ctx, rt, inputs, tmp_path, case):
+    if rt.loop_limit is None:
+        pytest.skip("an adapter without a loop limit would run these kernels forever")
+    sid, suffix, end, loop = ENDLESS[case]
+    s = slot(sid)
+    src = s.starting_source()
+    assert src.count(end) == 1
+    path = tmp_path / f"endless{suffix}"
+    path.write_text(src.replace(end, end[:-1] + loop))
+    c = check.lab_run(ctx, sid, inputs, path=str(path), runs=0, info=False).check
+    print(c.summary())
+    assert c.within_tolerance and c.bad == 0  # the output is right...
+    assert c.loop_limited and c.loop_limit == rt.loop_limit and not c.ok  # ...but its invocations hit the limit
+    assert "loop limit" in c.summary() and c.summary().endswith("FAILED")
+    assert c.verdict == "FAILED the loop limit" and c.to_json()["loop_limited"] == c.loop_limited
+    # the same kernel without the loop: checked, not flagged
+    path.write_text(src)
+    c = check.lab_run(ctx, sid, inputs, path=str(path), runs=1, warmup=0, info=False).check
+    assert c.ok and c.loop_limited == 0
+
+
+def test_loop_checked_build_times_the_kernel_as_written(ctx, rt, inputs, tmp_path):
+    """The check runs the loop-checked build; the timings are of the kernel as written (no check buffer bound)."""
+    s = slot("int8_token.dequantise")
+    path = tmp_path / "k.wgsl"
+    path.write_text(s.starting_source())
+    uk = check.compile_user(rt, s, path.read_text(), str(path))
+    lc = uk.kernel.loop_check
+    assert (lc is not None) == (rt.loop_limit is not None)
+    if lc is not None:
+        assert len(lc.kernel.bindings) == len(uk.kernel.bindings) + 1 and lc.binding == len(s.spec.bindings)
+    run = check.lab_run(ctx, s.id, inputs, path=str(path), runs=1, warmup=0, info=False)
+    assert run.check.ok
+    user = [t for t in run.timings if t.impl == "user"]
+    assert len(user) == 1 and user[0].timing.median_us > 0

@@ -8,7 +8,8 @@ the cases it touches: 87 shapes and variants spanning the five renderers (every 
 KIVI bit widths with and without whole code words a lane, TurboQuant's per-sequence and paged layouts, NVFP4's lane
 splits; scatter and all-lane softmax, prefetch and bt_ahead, constant and immediate block sizes, lazy rescale, the
 2^23 and f16-pair code conversions, the int8 query, f16 P.V with several flush periods, one to 32 lanes a row,
-odd head sizes and GQA groups). The hashes were recorded from the f-string generators the templates replaced.
+odd head sizes and GQA groups), recorded from the f-string generators the templates replaced; then the lanes that
+walk a head with padding (unrolled) and the looped code (TurboQuant's paged records included, a GQA group in chunks).
 
 The compared text is the shader as the front end sees it (includes resolved, defines applied, loops unrolled),
 normalised: whitespace collapsed, blank lines and comment-only lines dropped, so comments and layout may change
@@ -53,20 +54,23 @@ def cache_format(name: str) -> fd.CacheFormat:
 
 def rendered(p: dict) -> str:
     """The shader of case `p` as the front end sees it. p["r"]: which render(); p["lay"]: (lanes, row groups,
-    unroll, dims a lane)."""
+    unroll, dims a lane, and chunks of the GQA group for the looped code); p["looped"]: the looped code."""
     lay = fd.Layout(*p["lay"])
+    looped = p.get("looped", False)
     if p["r"] == "split":
         spec, defines = fd.SPLIT, fd.render(cache_format(p["fmt"]), p["D"], p["G"], lay, p["qk"], p["pv"], p["flush"],
-                                            p["bs"], p["prefetch"], p["lazy"], p["magic"], p["scatter"])
+                                            p["bs"], p["prefetch"], p["lazy"], p["magic"], p["scatter"], looped)
     elif p["r"] == "ggml":
-        spec, defines = fgd.SPLIT, fgd.render(fg.TYPES[p["type"]], p["D"], p["G"], lay, p["bs"], p["prefetch"], p["scatter"])
+        spec, defines = fgd.SPLIT, fgd.render(fg.TYPES[p["type"]], p["D"], p["G"], lay, p["bs"], p["prefetch"], p["scatter"],
+                                              looped)
     elif p["r"] == "kivi":
-        spec, defines = fkd.SPLIT, fkd.render(p["bits"], p["D"], p["G"], lay, p["tg"], p["bs"], p["prefetch"], p["scatter"])
+        spec, defines = fkd.SPLIT, fkd.render(p["bits"], p["D"], p["G"], lay, p["tg"], p["bs"], p["prefetch"], p["scatter"],
+                                              looped)
     elif p["r"] == "tq":
         spec = fqd.PAGED_SPLIT if p["paged"] else fqd.SPLIT
-        defines = fqd.render(p["D"], p["G"], lay, p["paged"], p["bs"], p["prefetch"], p["scatter"])
+        defines = fqd.render(p["D"], p["G"], lay, p["paged"], p["bs"], p["prefetch"], p["scatter"], looped)
     elif p["r"] == "fp4":
-        spec, defines = f4d.SPLIT, f4d.render(p["D"], p["G"], lay, p["bs"], p["prefetch"], p["scatter"])
+        spec, defines = f4d.SPLIT, f4d.render(p["D"], p["G"], lay, p["bs"], p["prefetch"], p["scatter"], looped)
     else:
         raise ValueError(p["r"])
     return spec.shader(**defines).rendered()
@@ -84,7 +88,7 @@ CASES = json.loads(FIXTURE.read_text())["cases"]
 def _id(p: dict) -> str:
     what = {"split": p.get("fmt"), "ggml": p.get("type"), "kivi": f"{p.get('bits')}bit",
             "tq": "paged" if p.get("paged") else "per-seq", "fp4": "nvfp4"}[p["r"]]
-    return f"{p['r']}-{what}-D{p['D']}-G{p['G']}-L{p['lay'][0]}-U{p['lay'][2]}"
+    return f"{p['r']}-{what}-D{p['D']}-G{p['G']}-L{p['lay'][0]}-U{p['lay'][2]}" + ("-looped" if p.get("looped") else "")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{i}-{_id(c['params'])}" for i, c in enumerate(CASES)])

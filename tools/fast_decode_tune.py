@@ -5,8 +5,9 @@ f32 caches; prints GPU medians and GB/s against the copy shader. Run on the devi
 
 Variant mode (any --qk / --pv / --flush / --checks flag, or --variants for all of them): the default layout
 of each format in `formats` (default int8,f16) for every combination of the kernel variants
-(kvviz/attention/split_decode.py: qk f32 | i8 = int8 query + dot4I8Packed, pv f32 | f16 = f16 P.V flushed every
-`flush` steps, naga's runtime checks on | off; --lanes / --unroll: layouts, default 16 / 2; --prefetch=on,off: the
+(kvviz/attention/split_decode.py: qk f32 | i8 = int8 query + dot4I8Packed (int8, int4), pv f32 | f16 = f16 P.V
+flushed every `flush` steps | h2 = f16-pair P.V from the integer codes (int8, int4), naga's runtime checks on | off;
+--fold=off,on: the separate reduce or the reduce folded into the split kernel (default: fast_decode.FOLD); --lanes / --unroll: layouts, default 16 / 2; --prefetch=on,off: the
 software-pipelined loads (default: fast_decode.PREFETCH); --lazy=on,off: rescale only when the max grows
 (default: on for fast_decode.LAZY_FORMATS); --scatter=on,off: the reduce-scatter softmax (default: fast_decode.SCATTER); --magic=on,off: int8/int4 codes to f32 by the 2^23 trick (default:
 fast_decode.MAGIC_CVT); --split: also time the split kernel without the reduce; --pt=N,...: tokens a partition
@@ -15,6 +16,7 @@ new plan after S seconds), each output checked against its own oracle and tolera
 (int8 / f16 / f32 caches), then a table of median GPU us (pass timestamps). E.g. on the H200:
     python3 tools/fast_decode_tune.py 15 4096 scattered int8,f16 --variants
     python3 tools/fast_decode_tune.py --qk=f32,i8 --pv=f32,f16 --flush=2,4,8 --checks=on,off --lanes=8,16
+    python3 tools/fast_decode_tune.py 15 4096 scattered int8,int4 --qk=f32,i8 --pv=f32,h2 --fold=off,on
 """
 import sys
 import time
@@ -33,7 +35,7 @@ FLAGS = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in sys.argv[
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 S, T = (int(ARGS[0]), int(ARGS[1])) if len(ARGS) > 1 else (15, 4096)
 POLICY = ARGS[2] if len(ARGS) > 2 else "scattered"  # how blocks are handed out: contiguous / scattered
-VARIANT_MODE = bool({"variants", "qk", "pv", "flush", "checks", "lanes", "unroll", "prefetch", "lazy", "magic", "scatter", "split", "pt", "rows"} & set(FLAGS))
+VARIANT_MODE = bool({"variants", "qk", "pv", "flush", "checks", "lanes", "unroll", "prefetch", "lazy", "magic", "scatter", "split", "pt", "rows", "fold"} & set(FLAGS))
 ONLY = ARGS[3].split(",") if len(ARGS) > 3 else (["int8", "f16"] if VARIANT_MODE else None)  # formats to time
 BUDGET_S = float(FLAGS.get("budget") or 0)  # variant mode: start no new plan after this many seconds (0: no limit)
 STARTED = time.monotonic()
@@ -66,6 +68,11 @@ def values(fmt, words):
         return w.copy().view(np.float16).astype(np.float64)
     if fmt.name == "f32":
         return w.view(np.float32).astype(np.float64)
+    if fmt.name == "int4":  # nibble l of word j is element 8j + l; value = code * s + z a group
+        codes = (w[..., :D // 8, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15
+        sz = w[..., D // 8:].view(np.float32).astype(np.float64).reshape(*w.shape[:-1], D // fmt.group_size, 2)
+        codes = codes.reshape(*w.shape[:-1], D // fmt.group_size, fmt.group_size).astype(np.float64)
+        return (codes * sz[..., :1] + sz[..., 1:]).reshape(*w.shape[:-1], D)
     return None
 
 
@@ -77,7 +84,8 @@ def variant_table(fmt, k, v, kw, vw):
     pvs = FLAGS.get("pv") or ("f32,f16" if every else "f32")
     flushes = [int(x) for x in (FLAGS.get("flush") or ("2,4,8" if every else str(fd.PV_FLUSH))).split(",")]
     checks_list = [c == "on" for c in (FLAGS.get("checks") or ("on,off" if every else "on")).split(",")]
-    layouts = [(int(ln), int(u), pf == "on", None if lz == "default" else lz == "on", None if mg == "default" else mg == "on", int(pt), int(rw), None if sc == "default" else sc == "on")
+    layouts = [(int(ln), int(u), pf == "on", None if lz == "default" else lz == "on", None if mg == "default" else mg == "on", int(pt), int(rw), None if sc == "default" else sc == "on", None if fo == "default" else fo == "on")
+               for fo in (FLAGS.get("fold") or "default").split(",")
                for ln in (FLAGS.get("lanes") or "16").split(",")
                for u in (FLAGS.get("unroll") or "2").split(",") for pf in (FLAGS.get("prefetch") or ("on" if fd.PREFETCH else "off")).split(",")
                for lz in (FLAGS.get("lazy") or "default").split(",")
@@ -88,22 +96,23 @@ def variant_table(fmt, k, v, kw, vw):
     M = float(np.abs(vf).max()) if vf is not None else 0.0
     refs, rows = {}, []
     for qk in qks.split(","):
-        if qk == "i8" and fmt.name != "int8":
+        if qk == "i8" and fmt.name not in fd.QK_I8_FORMATS:
             continue
         for pv in pvs.split(","):
-            for (lanes, unroll, prefetch, lazy, magic, pt, rw, sc), flush, checks in [(lay, f, c) for lay in layouts for f in (flushes if pv == "f16" else [fd.PV_FLUSH])
+            for (lanes, unroll, prefetch, lazy, magic, pt, rw, sc, fo), flush, checks in [(lay, f, c) for lay in layouts for f in (flushes if pv in ("f16", "h2") else [fd.PV_FLUSH])
                                                    for c in checks_list]:
                 name = (fd.variant_name(qk, pv, flush) + ("" if (lanes, unroll) == (16, 2) else f" [L<={lanes}, U={unroll}]")
                         + (", prefetch" if prefetch else "") + ("" if lazy is None else ", lazy rescale" if lazy else ", eager rescale") + ("" if magic is None else ", magic cvt" if magic else ", no magic cvt")
                         + (f", {pt} tokens a partition" if pt else "") + (f", {rw} rows" if rw else "")
-                        + ("" if sc is None else ", scatter softmax" if sc else ", all-lane softmax"))
+                        + ("" if sc is None else ", scatter softmax" if sc else ", all-lane softmax")
+                        + ("" if fo is None else ", reduce folded in" if fo else ", separate reduce"))
                 if BUDGET_S and time.monotonic() - STARTED > BUDGET_S:
                     print(f"{fmt.name} {name} checks={checks}: skipped, past the --budget of {BUDGET_S:.0f} s")
                     continue
                 try:
                     plan = fast.plan(fmt, k, v, KVH, q, batch, SCALE, checks=checks, qk=qk, pv=pv, pv_flush=flush,
                                      lanes=lanes, unroll=unroll, prefetch=prefetch, lazy=lazy, magic=magic,
-                                     partition_tokens=pt or None, rows=rw, scatter=sc)
+                                     partition_tokens=pt or None, rows=rw, scatter=sc, fold=fo)
                 except Exception as exc:  # noqa: BLE001 (a tuning table: say what failed and go on)
                     print(f"{fmt.name} {name} checks={checks}: {exc}")
                     continue
@@ -117,7 +126,8 @@ def variant_table(fmt, k, v, kw, vw):
                         refs[qk] = O.decode(qr, kf, vf, batch.block_tables, batch.context_lens, BS, SCALE)
                     rt.run(plan.dispatches)
                     err = float(np.abs(fast.read(plan) - refs[qk]).max())
-                    tol = fd.f32_tolerance(M) + (float(fd.pv_tolerance(M, T, unroll, flush)) if pv == "f16" else 0.0)
+                    tol = fd.f32_tolerance(M) + (float(fd.pv_tolerance(M, T, unroll, flush, 1.0, 4 if fmt.group_size else 2))
+                                                 if pv in ("f16", "h2") else 0.0)
                     verdict = f"{err:.2e} {'ok' if err <= tol else 'OVER'} (tol {tol:.1e})"
                 t = rt.time(plan.dispatches, 30, 5)
                 split = rt.time(plan.dispatches[:1], 30, 5).median_us if "split" in FLAGS else None

@@ -66,12 +66,15 @@ def check_head_size(fmt: str, head_size: int) -> None:
     if head_size <= 0 or head_size > MAX_HEAD_SIZE:
         raise UnsupportedShape(
             f"head_size {head_size} is not supported: the paged kernels hold the query in a "
-            f"{MAX_HEAD_SIZE}-float shared array.",
+            f"{MAX_HEAD_SIZE}-float shared array; the nearest head size that works is "
+            f"{MAX_HEAD_SIZE if head_size > 0 else 4}.",
             f"Use a head size between 4 and {MAX_HEAD_SIZE}.",
         )
     if fmt == "q8" and head_size % 4:
+        below, above = head_size // 4 * 4, head_size // 4 * 4 + 4
         raise UnsupportedShape(
-            f"head_size {head_size} is not a multiple of 4: the int8 cache packs 4 codes per word.",
+            f"head_size {head_size} is not a multiple of 4: the int8 cache packs 4 codes per word; the nearest head "
+            f"sizes that work are {f'{below} and {above}' if below else above}.",
             "Use a head size that is a multiple of 4.",
         )
 

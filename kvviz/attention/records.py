@@ -49,7 +49,22 @@ KERNELS = {"selftest": (SELFTEST_DIV, SELFTEST_FP8)}
 
 
 # ----------------------------------------------------------------------------------- validation
-def check_common_shape(num_heads: int, num_kv_heads: int, head_size: int, block_size: int, multiple: int, what: str):
+def nearest_head_sizes(head_size: int, works, most: int = MAX_HEAD_SIZE) -> str:
+    """"the nearest head sizes that work are 96 and 128" (or "... head size that works is 256"): the head sizes nearest
+    `head_size`, one below and one above, in 1..`most` for which `works(size)` holds: what a refusal offers instead."""
+    below = next((d for d in range(min(head_size, most + 1) - 1, 0, -1) if works(d)), None)
+    above = next((d for d in range(max(head_size, 0) + 1, most + 1) if works(d)), None)
+    found = [str(d) for d in (below, above) if d is not None]
+    if len(found) == 2:
+        return f"the nearest head sizes that work are {found[0]} and {found[1]}"
+    return f"the nearest head size that works is {found[0]}" if found else f"no head size up to {most} works"
+
+
+def check_common_shape(num_heads: int, num_kv_heads: int, head_size: int, block_size: int, multiple: int, what: str,
+                       elsewhere: str = ""):
+    """The shape checks every per-token-record method shares; a head size that is not a multiple of `multiple` (why:
+    `what`) is refused naming the nearest sizes that work, and `elsewhere` (what another engine does with such a
+    model) in the hint."""
     if num_kv_heads <= 0 or num_heads <= 0 or block_size <= 0:
         raise InvalidInput("num_heads, num_kv_heads and block_size must be positive")
     if num_heads % num_kv_heads:
@@ -60,13 +75,15 @@ def check_common_shape(num_heads: int, num_kv_heads: int, head_size: int, block_
     if head_size <= 0 or head_size > MAX_HEAD_SIZE:
         raise UnsupportedShape(
             f"head_size {head_size} is not supported: attention runs through the f32 paged decode, "
-            f"which holds the query in a {MAX_HEAD_SIZE}-float shared array.",
+            f"which holds the query in a {MAX_HEAD_SIZE}-float shared array; "
+            f"{nearest_head_sizes(head_size, lambda d: d % multiple == 0)}.",
             f"Use a head size up to {MAX_HEAD_SIZE}.",
         )
     if head_size % multiple:
         raise UnsupportedShape(
-            f"head_size {head_size} is not a multiple of {multiple}: {what}.",
-            f"Use a head size that is a multiple of {multiple}.",
+            f"head_size {head_size} is not a multiple of {multiple}: {what}; "
+            f"{nearest_head_sizes(head_size, lambda d: d % multiple == 0)}.",
+            f"Use a head size that is a multiple of {multiple}." + (f" {elsewhere}" if elsewhere else ""),
         )
 
 

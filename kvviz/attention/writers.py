@@ -45,7 +45,7 @@ ROW_IMM = Struct("P", "kvh hd bs wpt rows gx")
 TOKENS = ro("key_in", "val_in", "slots")
 # Every spec carries representative defines (one lane, the workgroup-memory reduction, ...) so it renders
 # and checks on its own (tests/test_kernel_families.py); the launchers below always pass their own.
-LANE_DEFAULTS = dict(LANES=1, REDUCE_KIND="workgroup memory", NV=1, NJ=1, INV_ULPS=0)
+LANE_DEFAULTS = dict(LANES=1, REDUCE_KIND="workgroup memory", NV=1, NJ=1, INV_ULPS=0, PAD="false")
 
 # The reductions over a lane group, pasted into write_common.wgsl ({{REDUCE}}).
 REDUCE_SUBGROUP = """// red_min / red_min2: min over the `span` aligned lanes of lid's group (span a power of two <= L), by
@@ -124,6 +124,24 @@ def choose_lanes(units: int, group_units: int = 0, most: int = MAX_LANES) -> int
     return 1
 
 
+# The most vec4s a lane of an exact lane split (choose_lanes) loads before a padded split is taken instead: the writers
+# unroll their loops over a lane's vec4s, and a row that no power of two up to the lanes divides (25 or 15 vec4s: head
+# 100, 120) would leave one or two lanes the whole row, a shader whose build time grows with the head size.
+WRITER_NV_MAX = 8
+
+
+def padded_split(units: int, lanes: int, most: int, unit_vec4s: int = 1) -> tuple[int, int, bool]:
+    """(lanes, units a lane, padded) of a row of `units` units (vec4s, or code words of `unit_vec4s` vec4s) whose
+    exact split takes `lanes`: that split while its lanes load at most WRITER_NV_MAX vec4s, else the most lanes (a
+    power of two <= `most`) walking the row with padding (the last lanes' units past the row neither loaded nor
+    written: the shader's PAD)."""
+    if units // lanes * unit_vec4s <= WRITER_NV_MAX:
+        return lanes, units // lanes, False
+    L = 1 << (max(1, most).bit_length() - 1)
+    nv = -(-units // L)
+    return (L, nv, True) if L * nv != units else (L, nv, False)
+
+
 def grid_2d(rt: GpuRuntime, workgroups: int) -> tuple[int, int, int]:
     """(gx, gy, 1) with gx * gy >= workgroups and both within the adapter's grid limit."""
     n = max(1, int(workgroups))
@@ -174,6 +192,11 @@ class Variant:
 
     def lanes(self, units: int, group_units: int = 0) -> int:
         return choose_lanes(units, group_units, self.most)
+
+    def split(self, units: int, unit_vec4s: int = 1) -> tuple[int, int, bool]:
+        """(lanes, units a lane, padded) of a row of `units` units (of `unit_vec4s` vec4s) with no group to nest
+        (padded_split)."""
+        return padded_split(units, self.lanes(units), self.most, unit_vec4s)
 
     def defines(self, lanes: int, span: int | None = None) -> dict:
         """span: the widest lane span the kernel reduces over, where it is narrower than the lane group (int4's

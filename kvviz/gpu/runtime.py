@@ -20,6 +20,15 @@ import wgpu
 
 from kvviz.errors import DeviceLimitError, DeviceLostError, GpuUnavailable, ShaderCompileError
 from kvviz.gpu.kernel_spec import READ_WRITE, KernelSpec, Struct, ro, rw
+from kvviz.gpu.pipeline_cache import (
+    ANNOUNCE_AFTER_S,
+    BuildWatch,
+    KernelIndex,
+    Listener,
+    adapter_identity,
+    configure_driver_cache,
+    kernel_digest,
+)
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec, compile_shader, declarations
 from kvviz.gpu.timing import MAX_WARMUP_SPANS, TimingResult, kernel_sources
 
@@ -128,6 +137,7 @@ class Kernel:
     immediate_size: int
     spec: ShaderSpec
     kspec: KernelSpec | None = None
+    digest: str = ""  # kvviz.gpu.pipeline_cache.kernel_digest: what the kernel index knows it by
 
     def pack(self, *values, **named) -> bytes:
         """The immediates of one dispatch, packed by the kernel spec's struct."""
@@ -191,6 +201,7 @@ class GpuRuntime:
     """
 
     def __init__(self, power_preference: str = "high-performance"):
+        self.driver_cache = configure_driver_cache()  # before the driver starts: it reads where its cache is then
         try:
             adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
         except Exception as exc:  # wgpu raises RuntimeError when no driver is present
@@ -233,6 +244,15 @@ class GpuRuntime:
         self._kernels: dict[tuple, Kernel] = {}
         self._shared: dict | None = None  # shared_inputs(): (address, nbytes, binding) -> buffer
         self._shared_ranges: list[tuple[int, int]] = []
+        # Kernels built before on this adapter (the driver's cache has their machine code), and what was built here.
+        ident = adapter_identity(info)
+        if self.driver_cache.off and "mesa" in self.summary.driver.lower():
+            self.kernel_index = KernelIndex(None, ident)  # nothing survives a run: every kernel is a first build
+        else:
+            self.kernel_index = KernelIndex.for_adapter(ident)
+        self.kernel_builds = {"new": 0, "known": 0}  # pipelines built by this runtime: first builds, and built before
+        self._first_runs: dict[str, str] = {}  # digest -> name: first builds not yet dispatched
+        self._watch: BuildWatch | None = None
         self.timestamp_period_ns = self._timestamp_period()
         self.loop_limit = self._probe_loop_limit()
         self.summary = dataclasses.replace(self.summary, loop_limit=self.loop_limit)
@@ -441,6 +461,15 @@ class GpuRuntime:
         arr = out.view(dtype)
         return arr.reshape(shape) if shape is not None else arr
 
+    def copy(self, src, dst, nbytes: int, src_offset: int = 0, dst_offset: int = 0) -> None:
+        """Copy `nbytes` (a multiple of 4) of `src` into `dst` on the device, queued after the work before it."""
+        if nbytes <= 0:
+            return
+        with self._lock, self._guard("a device copy"):
+            enc = self.device.create_command_encoder()
+            enc.copy_buffer_to_buffer(src, int(src_offset), dst, int(dst_offset), int(nbytes))
+            self.queue.submit([enc.finish()])
+
     def read_spans(self, buf, spans, dtype=np.uint8) -> np.ndarray:
         """The byte spans [(offset, nbytes), ...] of `buf`, concatenated in order: each group of spans
         that fits the staging buffer is gathered by copies in one submit and read by one map, so a
@@ -515,7 +544,8 @@ class GpuRuntime:
         front end infers access itself and the layout must agree with it. Kernel families declare
         their kernels as KernelSpecs and go through `compile`.
         """
-        key = (spec.key(), tuple(bindings), immediate_size)
+        # a source given with the spec is part of what the kernel is (the spec alone names a file's)
+        key = (spec.key(), tuple(bindings), immediate_size, _source)
         with self._lock, self._guard(f"compiling {spec.name}"):
             if key in self._kernels:
                 return self._kernels[key]
@@ -528,28 +558,80 @@ class GpuRuntime:
                     f"{spec.name} needs {immediate_size} bytes of immediates; the adapter allows "
                     f"{self.limits.get('max-immediate-size')}."
                 )
-            module = compile_shader(self.device, spec, _source)
-            entries = [
-                {
-                    "binding": i,
-                    "visibility": wgpu.ShaderStage.COMPUTE,
-                    "buffer": {"type": access},
-                }
-                for i, access in enumerate(bindings)
-            ]
-            try:
-                bgl = self.device.create_bind_group_layout(entries=entries, label=spec.name)
-                layout = self.device.create_pipeline_layout(
-                    bind_group_layouts=[bgl], immediate_size=immediate_size, label=spec.name
-                )
-                pipe = self.device.create_compute_pipeline(
-                    layout=layout, compute={"module": module, "entry_point": spec.entry}, label=spec.name
-                )
-            except Exception as exc:
-                raise ShaderCompileError(f"Pipeline for {spec.name} failed to validate:\n{exc}") from exc
-            k = Kernel(spec.name, pipe, bgl, tuple(bindings), immediate_size, spec)
+            src = spec.rendered() if _source is None else _source
+            digest = kernel_digest(spec.resolved_frontend, spec.entry, src, spec.defines, bindings, immediate_size)
+            first = not self.kernel_index.known(digest)
+            with self._first_build({digest: spec.name} if first else {}, counted=False):
+                k = self._build(spec, src, bindings, immediate_size, digest)
+            self.kernel_builds["new" if first else "known"] += 1
+            if first:
+                self._first_runs[digest] = spec.name
+            log.info("pipeline %s: %s", spec.name, "a first build on this adapter" if first else
+                     "built in an earlier run on this adapter")
             self._kernels[key] = k
             return k
+
+    def _build(self, spec: ShaderSpec, src: str, bindings: Sequence[str], immediate_size: int, digest: str) -> Kernel:
+        module = compile_shader(self.device, spec, src)
+        entries = [
+            {
+                "binding": i,
+                "visibility": wgpu.ShaderStage.COMPUTE,
+                "buffer": {"type": access},
+            }
+            for i, access in enumerate(bindings)
+        ]
+        try:
+            bgl = self.device.create_bind_group_layout(entries=entries, label=spec.name)
+            layout = self.device.create_pipeline_layout(
+                bind_group_layouts=[bgl], immediate_size=immediate_size, label=spec.name
+            )
+            pipe = self.device.create_compute_pipeline(
+                layout=layout, compute={"module": module, "entry_point": spec.entry}, label=spec.name
+            )
+        except Exception as exc:
+            raise ShaderCompileError(f"Pipeline for {spec.name} failed to validate:\n{exc}") from exc
+        return Kernel(spec.name, pipe, bgl, tuple(bindings), immediate_size, spec, digest=digest)
+
+    # ------------------------------------------------------------ first builds
+    @contextlib.contextmanager
+    def announce_first_builds(self, listener: Listener, after_s: float | None = None):
+        """While inside, a first build (a kernel new to this adapter: its pipeline, and its first dispatch, where
+        a driver such as lavapipe compiles it) that lasts longer than `after_s` (ANNOUNCE_AFTER_S) calls
+        `listener(kernels built so far, kernel now building, its seconds)` from a timer thread, about every
+        second until it ends. The window's compute says "building kernels for head size D (first use)" so."""
+        prev, self._watch = self._watch, BuildWatch(listener, after_s)
+        try:
+            yield self._watch
+        finally:
+            self._watch = prev
+
+    @contextlib.contextmanager
+    def _first_build(self, kernels: dict, counted: bool = True):
+        """Around building `kernels` (digest -> name; nothing to do when empty): announce it while it lasts
+        (announce_first_builds) and, when `counted` (the first dispatch, the end of a build), record them in
+        the kernel index once it succeeded."""
+        if not kernels:
+            yield
+            return
+        names = ", ".join(sorted({n.split(":", 1)[0] for n in kernels.values()}))
+        watch = self._watch
+        t0 = time.perf_counter()
+        with watch.building(names, counted) if watch is not None else contextlib.nullcontext():
+            yield
+        dt = time.perf_counter() - t0
+        if counted:
+            for digest, name in kernels.items():
+                self._first_runs.pop(digest, None)
+                self.kernel_index.record(digest, name, dt)
+        if dt > ANNOUNCE_AFTER_S:
+            log.info("first build of %s on this adapter: %.1f s (%s)", names, dt, self.driver_cache.line())
+
+    def _first_dispatches(self, dispatches: Sequence[Dispatch]) -> dict:
+        """The kernels of `dispatches` built here for the first time and not dispatched yet (digest -> name)."""
+        if not self._first_runs:
+            return {}
+        return {d.kernel.digest: d.kernel.name for d in dispatches if d.kernel.digest in self._first_runs}
 
     def _bind_group(self, d: Dispatch):
         entries = []
@@ -580,7 +662,7 @@ class GpuRuntime:
     # ------------------------------------------------------------- dispatch
     def run(self, dispatches: Sequence[Dispatch]) -> None:
         """Record the dispatches in one compute pass, submit, and wait for completion."""
-        with self._lock, self._guard("a dispatch"):
+        with self._lock, self._guard("a dispatch"), self._first_build(self._first_dispatches(dispatches)):
             for d in dispatches:
                 self._check_grid(d)
             try:
@@ -625,6 +707,8 @@ class GpuRuntime:
         the result names the kernels timed with their source hashes (`kernels`).
         """
         dispatches = list(dispatches or [])
+        if self._first_dispatches(dispatches):
+            self.run(dispatches)  # a first run builds the new kernels (lavapipe compiles them now), outside the timing
         with self._lock, self._guard("a timed run"):
             for d in dispatches:
                 self._check_grid(d)
@@ -749,3 +833,40 @@ def _timing_result(samples_us, starts, warm, period_ns: float, warmup_runs: int,
 def _names(dispatches) -> str:
     names = list(dict.fromkeys(d.kernel.name for d in dispatches))
     return " + ".join(names) if names else "a recorded pass"
+
+
+# ------------------------------------------------------------------ opening the GPU ahead of its first use
+_EARLY: dict = {}
+
+
+def open_early() -> None:
+    """Start opening the default GpuRuntime on a thread of its own; `take_early` hands it over.
+
+    The window's launcher calls it before it imports the window's modules: the adapter, the device and the
+    loop probe are then ready (or nearly) by the first compute. Most of opening a device is the driver's own
+    work (lavapipe sets up LLVM and compiles the probe), which runs beside the imports. Idempotent."""
+    if "thread" in _EARLY:
+        return
+
+    def run() -> None:
+        try:
+            _EARLY["rt"] = GpuRuntime()
+        except BaseException as exc:  # noqa: BLE001 - raised again by take_early, in the thread that uses the GPU
+            _EARLY["exc"] = exc
+
+    t = threading.Thread(target=run, name="kvviz-gpu-open", daemon=True)
+    _EARLY["thread"] = t
+    t.start()
+
+
+def take_early() -> GpuRuntime | None:
+    """The runtime `open_early` opened (waiting for it to be open), once; None when none was started. Raises
+    what opening it raised (GpuUnavailable without a driver); a later call then finds none."""
+    t = _EARLY.pop("thread", None)
+    if t is None:
+        return None
+    t.join()
+    exc, rt = _EARLY.pop("exc", None), _EARLY.pop("rt", None)
+    if exc is not None:
+        raise exc
+    return rt

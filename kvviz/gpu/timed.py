@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ROLES = ("writer", "decode", "dequantise", "weights", "rotate", "reduce", "other")
+ROLES = ("writer", "decode", "prefill", "dequantise", "weights", "rotate", "reduce", "other")
 IMPLS = ("seed", "first-wave", "fast", "baseline")
 
 

@@ -18,6 +18,12 @@ import numpy as np
 MAX_WARMUP_SPANS = 256
 
 
+# Times in microseconds are kept to the picosecond: far below any timestamp clock's period, and above the
+# last-bit noise of the arithmetic that makes them (ticks x period / 1000, the mean of two middle samples),
+# so a median reads 26288.726, not 26288.726000000002, in a table, a CSV or a JSON file.
+TIME_DECIMALS = 6
+
+
 @dataclass(frozen=True)
 class TimingResult:
     method: str  # "gpu-timestamps" or "wall-clock (...)": always shown next to the number
@@ -37,17 +43,18 @@ class TimingResult:
     @classmethod
     def from_samples(cls, samples, method: str, *, starts_us=None, warmup_spans_us=(), warmup_runs: int = 0,
                      origin_ns: float | None = None, kernels=()) -> "TimingResult":
-        s = np.asarray(samples, dtype=np.float64)
+        s = np.round(np.asarray(samples, dtype=np.float64), TIME_DECIMALS)
         if starts_us is not None and len(starts_us) != len(s):
             raise ValueError(f"{len(starts_us)} start times for {len(s)} samples")
+        ps = lambda x: round(float(x), TIME_DECIMALS)  # noqa: E731
         return cls(
             method=method,
             samples_us=tuple(float(x) for x in s),
-            min_us=float(s.min()),
-            median_us=float(np.median(s)),
-            p90_us=float(np.percentile(s, 90)),
-            starts_us=tuple(float(x) for x in starts_us) if starts_us is not None else (),
-            warmup_spans_us=tuple((float(a), float(b)) for a, b in warmup_spans_us),
+            min_us=ps(s.min()),
+            median_us=ps(np.median(s)),
+            p90_us=ps(np.percentile(s, 90)),
+            starts_us=tuple(ps(x) for x in starts_us) if starts_us is not None else (),
+            warmup_spans_us=tuple((ps(a), ps(b)) for a, b in warmup_spans_us),
             warmup_runs=int(warmup_runs),
             origin_ns=None if origin_ns is None else float(origin_ns),
             kernels=tuple((str(n), h) for n, h in kernels),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvviz.attention import arith, paged_oracle as op, records as qk, split_decode as fd
+from kvviz.attention import arith, paged_oracle as op, prefill as pf, prefill_oracle as po, records as qk, split_decode as fd
 from kvviz.attention.int8_records import unpack_records
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import DeviceLostError, InvalidInput, KvvizError, ShaderCompileError, UnsupportedShape
@@ -35,6 +35,7 @@ from kvviz.families.int4 import oracle as o4
 from kvviz.families.ggml import oracle as ogg
 from kvviz.families.fp4 import oracle as ofp4
 from kvviz.families.kivi import format as layout, oracle as okv
+from kvviz.families import prefill_oracles as pfo
 from kvviz.families.registry import get_method
 from kvviz.gpu.kernel_spec import READ_WRITE
 from kvviz.gpu.runtime import STORAGE_RO, STORAGE_RW
@@ -46,7 +47,8 @@ from kvviz.gpu.shaders import (
     render_wgsl_defines,
     unroll_loops,
 )
-from kvviz.lab.slots import EXACT_FAMILIES, Slot, siblings, slot as get_slot
+from kvviz.lab.slots import EXACT_FAMILIES, PREFILL_CHUNK, Slot, siblings, slot as get_slot
+from kvviz.lab.loop_check import LoopCheck, NotWrappable, wrap_glsl, wrap_wgsl
 from kvviz.lab.source import (
     Diagnostic,
     KernelCompileError,
@@ -152,7 +154,28 @@ def compile_user(rt, slot: Slot, text: str, name: str, frontend: str = "", defin
         raise
     k = dataclasses.replace(k, kspec=slot.spec)
     k.source = rendered  # kvviz.gpu.timing.source_hash hashes the user's text
+    k.loop_check = _loop_check(rt, slot, spec, access, rendered, lang, name)
     return UserKernel(slot, name, text, rendered, where, k, fe)
+
+
+def _loop_check(rt, slot: Slot, spec: ShaderSpec, access: list, rendered: str, lang: str, name: str):
+    """The loop-limit check of the user's kernel (kvviz/lab/loop_check.py: a second build, which the check runs)
+    on an adapter that bounds loop iterations; None elsewhere, and where that build fails (said in the log: the
+    kernel as written compiled, so the check's own code is at fault, and the kernel is checked without it)."""
+    if getattr(rt, "loop_limit", None) is None:
+        return None
+    binding = len(slot.spec.bindings)
+    try:
+        wrapped = wrap_wgsl(rendered, slot.spec.entry, binding) if lang == "wgsl" else wrap_glsl(rendered, binding)
+        wspec = dataclasses.replace(spec, path=spec.path.replace("user/", "user-loop-check/", 1))
+        kern = rt.kernel(wspec, access + [STORAGE_RW], slot.spec.immediate_size, _source=wrapped)
+        return LoopCheck.create(rt, dataclasses.replace(kern, kspec=slot.spec), binding)
+    except DeviceLostError:
+        raise
+    except (NotWrappable, KvvizError) as exc:
+        log.warning("kernel lab: %s is checked without the loop-limit check (%s)", name,
+                    str(exc).strip().splitlines()[0])
+        return None
 
 
 def load_user(rt, slot_id: str, path: str, frontend: str = "") -> UserKernel:
@@ -175,10 +198,27 @@ class CheckResult:
     untouched: int | None  # words changed in cache slots no token maps to (None: not checked)
     tolerance: str
     grids: list = field(default_factory=list)
+    # invocations that ran out of the adapter's loop iterations (kvviz/lab/loop_check.py); None: not checked (an
+    # adapter without a loop limit, a built-in kernel)
+    loop_limited: int | None = None
+    loop_limit: int | None = None
+
+    @property
+    def within_tolerance(self) -> bool:
+        return self.max_err is not None and self.bad == 0 and not self.untouched
 
     @property
     def ok(self) -> bool:
-        return self.max_err is not None and self.bad == 0 and not self.untouched
+        return self.within_tolerance and not self.loop_limited
+
+    @property
+    def verdict(self) -> str:
+        """OK, or what failed: the oracle check, the loop limit, or both."""
+        if self.ok:
+            return "OK"
+        why = [w for w, bad in (("the oracle check", not self.within_tolerance), ("the loop limit", self.loop_limited))
+               if bad]
+        return "FAILED " + " and ".join(why)
 
     def summary(self) -> str:
         if self.max_err is None:
@@ -187,12 +227,17 @@ class CheckResult:
              + (f" (first at {self.rows} x {self.cols} {self.where[:3]})" if self.bad else ""))
         if self.untouched:
             s += f"; {self.untouched} words changed in cache slots no token maps to (writes out of bounds of its slots)"
+        if self.loop_limited:
+            s += (f"; {self.loop_limited} invocations ran into this adapter's loop limit ({self.loop_limit} iterations "
+                  "an invocation, after which every loop ends early): a loop that does not end, or one longer than "
+                  "this adapter runs, so this output proves nothing")
         return s + (" - OK" if self.ok else " - FAILED")
 
     def to_json(self) -> dict:
         return {"slot": self.slot, "kernel": self.kernel, "ok": self.ok, "max_err": self.max_err, "bad": self.bad,
                 "total": self.total, "where": [list(map(int, w)) for w in self.where], "rows": self.rows,
                 "cols": self.cols, "untouched": self.untouched, "tolerance": self.tolerance,
+                "loop_limited": self.loop_limited, "loop_limit": self.loop_limit,
                 "heat": self.heat.astype(int).tolist()}
 
 
@@ -249,12 +294,20 @@ def _resolve(kernel, dispatches, slot: Slot):
 
 
 def _swap(dispatches, slot: Slot, kernel):
+    """The dispatches with the user's kernel in the slot's place (and its loop-limit check buffer bound after
+    the slot's buffers, reset for the run that follows)."""
     if kernel is None:
         return list(dispatches)
+    lc = getattr(kernel, "loop_check", None)
+    if lc is not None:
+        lc.reset()
     out, n = [], 0
     for d in dispatches:
         if d.kernel.spec.path == slot.spec.path and d.kernel.spec.entry == slot.spec.entry:
-            d = dataclasses.replace(d, kernel=kernel)
+            if lc is not None:
+                d = dataclasses.replace(d, kernel=lc.kernel, buffers=list(d.buffers) + [lc.buffer])
+            else:
+                d = dataclasses.replace(d, kernel=kernel)
             n += 1
         out.append(d)
     if not n:
@@ -264,7 +317,18 @@ def _swap(dispatches, slot: Slot, kernel):
 
 def _is_slot(d, slot: Slot, kernel) -> bool:
     k = kernel
-    return (d.kernel is k) if k is not None else (d.kernel.spec.path == slot.spec.path and d.kernel.spec.entry == slot.spec.entry)
+    if k is None:
+        return d.kernel.spec.path == slot.spec.path and d.kernel.spec.entry == slot.spec.entry
+    lc = getattr(k, "loop_check", None)
+    return d.kernel is k or (lc is not None and d.kernel is lc.kernel)
+
+
+def _as_written(d, kernel):
+    """A dispatch of the user's loop-checked kernel as the user's kernel as written (what is timed)."""
+    lc = getattr(kernel, "loop_check", None)
+    if lc is None or d.kernel is not lc.kernel:
+        return d
+    return dataclasses.replace(d, kernel=kernel, buffers=list(d.buffers)[:-1])
 
 
 def _fill_unused(rt, buf, shape_bshw, real_slots, block_size):
@@ -435,6 +499,49 @@ def _kivi_case(ctx, slot: Slot, kernel_name: str, batch, key, value, kernel):
     return res, (timed, kernel), wd + dd, nbytes, flops
 
 
+def prefill_queries(batch, q) -> tuple[np.ndarray, np.ndarray]:
+    """(queries [NQ, H, D], chunk lengths) of the lab's prefill over `batch`: the last min(context, PREFILL_CHUNK)
+    positions of every sequence, random normal queries (seed 0) of q's heads and head size."""
+    lens = np.minimum(np.asarray(batch.context_lens, np.int64), PREFILL_CHUNK)
+    H, D = np.shape(q)[1:]
+    return np.random.default_rng(0).standard_normal((int(lens.sum()), H, D)).astype(np.float32), lens
+
+
+def _prefill_case(ctx, slot: Slot, kernel_name: str, batch, key, value, q, kernel):
+    """The prefill of the slot's shell over its method's cache (written by the method's writer; the f32 baseline
+    writer's without a method) with `kernel` in the slot, against kvviz.attention.prefill_oracle.causal over the
+    family's numpy dequantised cache. Returns (CheckResult, timed dispatches, base dispatches, bytes, flops, kernel)."""
+    rt = ctx.rt
+    T, kvh, D = key.shape
+    qp, lens = prefill_queries(batch, q)
+    H = qp.shape[1]
+    scale = float(1.0 / np.sqrt(D))
+    m, qkv = None, None
+    if slot.method is None:
+        cache = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
+        rt.run(ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping))
+        plan = pf.plan_records(ctx.prefill, pf.F32, cache.k, cache.v, kvh, qp, batch, lens, scale)
+        kv_bytes = 2 * D * 4
+    else:
+        m = get_method(slot.method, **dict(slot.options))
+        qkv = m.quantize(ctx, batch, key, value)
+        plan = m.prefill_plan(ctx, qkv, batch, qp, lens, scale)
+        if plan is None:
+            raise UnsupportedShape(f"slot {slot.id}: {slot.method} has no prefill at head size {D}, {H} heads over {kvh}")
+        kl, vl = m.layouts(D, batch.block_size)
+        kv_bytes = kl.bytes_per_token_per_head + vl.bytes_per_token_per_head
+    kernel = _resolve(kernel, plan.dispatches, slot)
+    run = _swap(plan.dispatches, slot, kernel)
+    rt.run(run)
+    out = ctx.prefill.read(plan)
+    fk, fv = pfo.method_caches(m, batch, key, value, qkv)
+    ref = po.causal(qp, fk, fv, batch.block_tables, batch.context_lens, lens, batch.block_size, scale)
+    res = compare(slot, kernel_name, out.reshape(-1, D), ref.reshape(-1, D), po.tolerance(float(np.abs(fv).max(initial=0))),
+                  "(query, head)", "dim")
+    nbytes, flops = pf.prefill_traffic(batch, lens, H, kvh, D, kv_bytes, plan)
+    return res, [d for d in run if _is_slot(d, slot, kernel)], plan.dispatches, nbytes, flops, kernel
+
+
 def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int = 0, warmup: int = 2,
              builtin_timing: bool = True):
     """Run the slot's pipeline with `kernel` (None: the built-in) in the slot; returns (CheckResult,
@@ -562,12 +669,18 @@ def run_case(ctx, slot: Slot, kernel, inputs, kernel_name: str, time_runs: int =
         else:
             nbytes, _ = fd.decode_traffic(fmt, batch, H, kvh, D, P)
             flops = arith.decode_flops(batch, H, D)
+    elif slot.case == "prefill":
+        res, timed, base, nbytes, flops, kernel = _prefill_case(ctx, slot, kernel_name, batch, key, value, q, kernel)
     elif slot.case in ("kivi-writer", "kivi-dequant"):
         res, timed, base, nbytes, flops = _kivi_case(ctx, slot, kernel_name, batch, key, value, kernel)
         kernel = timed[1]
         timed = timed[0]
     else:
         raise KvvizError(f"slot {slot.id}: unknown case {slot.case!r}")
+    lc = getattr(kernel, "loop_check", None)
+    if lc is not None:  # read after the checked run; the kernel as written is timed
+        res.loop_limited, res.loop_limit = lc.invocations(), lc.limit
+        timed = [_as_written(d, kernel) for d in timed]
     res.grids = [tuple(d.grid) for d in timed]
     timings = []
     if time_runs:

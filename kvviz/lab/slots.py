@@ -2,8 +2,9 @@
 
 A slot is one kernel a user may swap for their own: the f32 baseline writer / decode / reduce, the seed
 int8 writer / decode, each per-token-record method's writer and dequantiser (f16 and vLLM FP8 included),
-KIVI's two writer kernels and its dequantiser, the fast writers, and the fast split-K decode over every cache
-format it reads (f32, f16, the int8 seed layout, FP8 E4M3 / E5M2 per-token, int4 per group) with its reduce.
+KIVI's two writer kernels and its dequantiser, the fast writers, the fast split-K decode over every cache
+format it reads (f32, f16, the int8 seed layout, FP8 E4M3 / E5M2 per-token, int4 per group) with its reduce,
+and the causal prefill in the shell of each cache layout.
 Its contract says:
   - bindings: index, name, access, element type, shape, and how each buffer is laid out (a cache's
     layout is the method's CacheLayout, the block inspector's data, at the reference head size);
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvviz.attention import paged as pk, split_decode as fd
+from kvviz.attention import paged as pk, prefill as pf, split_decode as fd
 from kvviz.errors import InvalidInput
 from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.ggml import writer as fwg
@@ -102,7 +103,8 @@ class Slot:
                   f"{head} Its contract: docs/slots.md, `kvviz kernel list`. Check and time it with\n"
                   f"{head}   kvviz bench --quick --no-methods --kernel {self.id}=<this file>\n")
         if self.template:
-            chooser = "kvviz/attention/split_decode.py" if "decode" in self.spec.path else "the family's kernels.py"
+            chooser = ("kvviz/attention/split_decode.py" if "decode" in self.spec.path else
+                       "kvviz/attention/prefill.py" if "prefill" in self.spec.path else "the family's kernels.py")
             banner += (f"{head} Its double-brace placeholders are filled with the built-in's values at the shape being run\n"
                        f"{head} ({chooser} chooses them).\n")
         if self.language == "glsl":
@@ -157,6 +159,7 @@ _IMM = {
     "items": "work items of this dispatch (the grid covers them, 64 a workgroup)",
     "max_blocks": "columns of block_tables", "partition_tokens": "context positions per partition",
     "scale_log2": "softmax scale * log2(e) (the query is pre-scaled; exp2 in place of exp)",
+    "cap_log2": "attention soft-cap * log2(e) (scores -> cap_log2 * tanh(score / cap_log2); 0: none)",
     "mbits": "FP8 mantissa bits", "bias": "FP8 exponent bias", "max_bits": "f32 bits of the FP8 format's largest value",
     "max_code": "FP8 code of the largest magnitude", "sat_bits": "f32 bits past which |x / scale| saturates",
     "per_head": "1: one scale per KV head, 0: one per tensor",
@@ -365,7 +368,8 @@ def _fast_slots() -> None:
     part = ("f32", "[num_seqs, num_heads, num_partitions, head_size + 2]",
             "per partition: max logit m (base 2), sum of 2^(l - m), then sum of 2^(l - m) v over head_size")
     grid = ("(num_partitions, num_kv_heads, num_seqs): one workgroup per (partition, KV head, sequence) for the KV "
-            "head's whole GQA group")
+            "head's whole GQA group (the looped code a software rasteriser runs: y = KV heads x chunks of the group, "
+            "G / chunks query heads a workgroup, where the group's state does not fit the workgroup memory at once)")
     checked = ("; the checked output is the attention output [num_seqs, num_heads, head_size] after the split kernel "
                "and the built-in reduce")
     oracle = "kvviz.attention.paged_oracle.decode in float64 over the f32 cache the baseline writer wrote" + checked
@@ -418,6 +422,81 @@ def _fast_slots() -> None:
             sid, f"fast decode reduce ({what})", "reduce", "fast", spec, None, "fast-decode", "f32",
             _buffers(spec, bufs), _imm(spec),
             "(num_heads, num_seqs, 1): one workgroup per (query head, sequence) combines its partitions", oracle, tol,
+        ))
+
+
+# The causal prefill's slots (kvviz/attention/prefill.py): each shell over the cache of one method, as the method's
+# writer leaves it: (slot id, method or None for the f32 baseline cache, its options, the cache in words). The record
+# formats' shell (attention/prefill.wgsl) runs over the f32 and the int8 caches here; its f16, FP8 and int4 loaders are
+# the same template's (tests/test_prefill.py holds every one to the oracle).
+PREFILL_SLOTS = (
+    ("prefill.f32", None, (), "the f32 baseline cache (reshape_and_cache_f32)"),
+    ("prefill.int8", "int8_seed", (), "the seed int8 cache (reshape_and_cache_q8)"),
+    ("prefill.q8_0", "q8_0", (), "q8_0's cache (llama.cpp's block rows)"),
+    ("prefill.nvfp4", "nvfp4", (), "NVFP4's cache and its tensor scales"),
+    ("prefill.kivi", "kivi", (("bits", 2), ("recent", 16)), "KIVI 2-bit's cache (key groups, value records, the window)"),
+    ("prefill.turboquant", "turboquant", (), "TurboQuant's paged records (the seed configuration)"),
+)
+PREFILL_CHUNK = 24  # the lab's prefill: the last min(context, 24) positions of every sequence
+
+
+def _prefill_cache_source(mid) -> str:
+    """Where the prefill oracle's cache comes from for a slot's method (kvviz/families/prefill_oracles.py)."""
+    if mid is None:
+        return "the K / V values themselves"
+    if mid in ("int8_seed", "turboquant"):
+        return "the records its writer wrote, read back; its rounding may differ from the numpy quantiser's"
+    return "the family's numpy quantiser and dequantiser"
+
+
+def _prefill_slots() -> None:
+    """The prefill kernel over each cache layout, in the shell of that layout (kvviz/attention/prefill.py)."""
+    specs = {None: pf.PREFILL, "int8_seed": pf.PREFILL, "q8_0": pf.GGML, "nvfp4": pf.NVFP4, "kivi": pf.KIVI,
+             "turboquant": pf.TURBOQUANT}
+    extra = {
+        "tiles": ("vec4<u32>", "[query tiles]", "(sequence, first query row of q, its position, queries) of every tile of "
+                  "BQ consecutive queries of one sequence"),
+        "q": ("f32", "[num_queries, num_heads, head_size]", "the chunks' queries, sequence after sequence"),
+        "out": ("f32", "[num_queries, num_heads, head_size], or [num_queries, num_heads, num_partitions, head_size + 2] "
+                "(SPLIT)", "the attention output; with SPLIT, per partition of the keys: max logit m (base 2), "
+                "sum of 2^(l - m), then sum of 2^(l - m) v, combined by the fast decode's reduce"),
+        "tensor": ("u32", "[4] or [2 * num_kv_heads]", "scale words (f32 bits): per tensor [amax K, amax V, scale K, "
+                   "scale V]; per KV head [K heads | V heads]; formats without them get a word they do not read"),
+        "res": ("f32", "[residual rows, 2 (K, V), kv_heads, head_size]", "KIVI's float32 rows of positions >= n_q"),
+        "info": ("u32", "[4 * num_seqs + block tables]", "per sequence (context_len, n_q, res_off, 0), then the block "
+                 "tables from word bt_off (bound as block_tables too)"),
+        "chans": ("u32", "[2 (K, V), kv_heads, head_size]", "the channel of each rotated coordinate of each instance"),
+        "signs": ("f32", "[every instance's polar and QJL signs]", "the random signs of each instance's rotation"),
+        "codebook": ("f32", "[every instance's centroids and boundaries]", "each instance's Lloyd-Max codebook"),
+    }
+    for sid, mid, opts, what in PREFILL_SLOTS:
+        if mid is not None and mid not in registry():
+            continue
+        spec = specs[mid]
+        if mid is None:
+            cache = ("f32", "[num_blocks, num_kv_heads, block_size, head_size]", _F32_CACHE)
+            name = "prefill over the f32 cache"
+        else:
+            m = get_method(mid, **dict(opts))
+            lay = m.layouts(REF_HEAD_SIZE, REF_BLOCK_SIZE)
+            cache = ("u32", "the method's cache (see its layout)", _layout_text(lay[0]) + " V: " + _layout_text(lay[1]))
+            name = f"prefill over {m.label}"
+        register(Slot(
+            sid, f"causal prefill, {name} ({spec.path})", "prefill", "fast", spec, mid, "prefill", "",
+            _buffers(spec, {**extra, "kc": cache, "vc": cache}), _imm(spec),
+            "(query tiles, num_kv_heads, partitions): one workgroup per (tile of BQ queries, KV head, partition of "
+            "partition_tokens keys) for the KV head's whole GQA group; a reduce combines the partitions when there "
+            "are several",
+            f"kvviz.attention.prefill_oracle.causal in float64 over {what} dequantised in numpy "
+            f"(kvviz/families/prefill_oracles.py: {_prefill_cache_source(mid)}), for the last min(context, {PREFILL_CHUNK}) positions of every "
+            "sequence as queries (random normal, seed 0); the checked output is the attention output [num_queries, "
+            "num_heads, head_size] after the kernel (and the reduce)",
+            "|out - ref| <= 2e-5 * max(1, max|V|), V the dequantised V cache (f32 accumulation vs float64; "
+            "kvviz/attention/prefill_oracle.tolerance, tests/test_prefill.py)",
+            ("the kernel attention/prefill_kernel.wgsl is one for every cache layout: the shell's load functions give "
+             "it the dequantised values; `kvviz kernel new` writes the shell with its placeholders, filled with "
+             "kvviz/attention/prefill.py's values at the shape being run",),
+            timed_name=f"prefill_{sid.split('.', 1)[1]}", template=True, options=opts,
         ))
 
 
@@ -511,6 +590,7 @@ def _load() -> None:
         _method_slots()
         _kivi_slots()
         _fast_slots()
+        _prefill_slots()
 
 
 def slots() -> dict[str, Slot]:

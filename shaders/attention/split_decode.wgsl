@@ -1,7 +1,9 @@
 // Split-K paged decode ("flash-decoding") reading a packed KV cache in place: kvviz's fast decode.
 // kvviz/attention/split_decode.py renders it for one cache format and shape; the {{...}} code blocks come from
 // the template attention/split_decode.wgsl.j2, unrolled per query head and per token, because naga clamps every
-// dynamic index of a private array and the arrays then leave registers (2x slower on an H200, docs/fast-kernels.md s.8).
+// dynamic index of a private array and the arrays then leave registers (2x slower on an H200, docs/fast-kernels.md s.8);
+// or, on a software rasteriser, from attention/split_looped.wgsl.j2: loops over a lane's dims, the state in workgroup
+// memory, so the code does not grow with the head size (its grid's y is then KV heads x chunks of the GQA group).
 //
 // Grid (num_partitions, num_kv_heads, num_seqs). One workgroup = one partition of one sequence for
 // one KV head and all G query heads of its GQA group, so every K/V word is loaded once for G heads.
@@ -11,7 +13,8 @@
 // scales multiply the logit and the probability (codes never become an f32 copy of the cache), and
 // an online softmax in base 2 (the query is pre-scaled by scale*log2(e)) keeps (m, l, acc).
 // The RG row groups merge through workgroup memory; row group 0 writes the partition's unnormalised
-// [m, l, acc[0..D)] to `partials`, and attention/split_reduce.wgsl combines the partitions.
+// [m, l, acc[0..D)] to `partials`, and attention/split_reduce.wgsl combines the partitions (or, folded, the last
+// workgroup of each (sequence, KV head) does: attention/split_fold.wgsl).
 // Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}; variant: {{VARIANT}}.
 // Variants (default off): q as int8 records (codes + f32 scale, like the int8 cache) dotted with dot4I8Packed;
 // P.V accumulated in f16 and flushed to the f32 accumulator every few steps (fast_decode.py says how).
@@ -31,6 +34,7 @@ const WPT: u32 = {{WPT}}u;   // u32 words of one token's record
 const WPL: u32 = {{WPL}}u;   // code words per lane
 
 {{HELPERS}}
+{{FOLD_DECLS}}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
@@ -38,4 +42,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lw = lane * WPL;
   let kstride = p.num_kv_heads * p.block_size;
 // #include "attention/split_loop.wgsl"
+{{FOLD}}
 }

@@ -2,11 +2,11 @@
 // (int8/write_fast.wgsl, fp8/write_fast.wgsl). Their main loop writes every word from the branch-free
 // fast_codes(x, inv) -> (word, 1 when sure); a lane with an unsure word then calls redo_unsure, which redoes
 // those words through the writer's exact codes(x, scale, inv), K then V, the vec4s reloaded (a loop, not
-// unrolled: one copy of the exact path in the shader).
-fn redo_unsure(src: u32, dst: u32, sk: f32, ik: f32, sv: f32, iv: f32) {
-  for (var j = 0u; j < 2u * NV; j = j + 1u) {
-    let isv = j >= NV;
-    let o = (j % NV) * L;
+// unrolled: one copy of the exact path in the shader). n: the lane's vec4s (NV, fewer for a padded lane split).
+fn redo_unsure(src: u32, dst: u32, n: u32, sk: f32, ik: f32, sv: f32, iv: f32) {
+  for (var j = 0u; j < 2u * n; j = j + 1u) {
+    let isv = j >= n;
+    let o = (j % n) * L;
     var x: vec4<f32>;
     var s = sk;
     var inv = ik;

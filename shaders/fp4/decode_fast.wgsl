@@ -13,7 +13,8 @@
 // its slice of the queries (pre-scaled by scale*log2(e)*s_t K); the L partial logits are summed (or
 // reduce-scattered) by subgroup shuffles; online softmax in base 2; P.V accumulates (p*s_t V) * values.
 // The row groups merge through workgroup memory; row group 0 writes the partition's [m, l, acc[0..D)] to
-// `partials`, and attention/split_reduce.wgsl combines the partitions.
+// `partials`, and attention/split_reduce.wgsl combines the partitions (or, folded, the last workgroup of each
+// (sequence, KV head) does: attention/split_fold.wgsl).
 // Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
@@ -30,9 +31,11 @@ const WPT: u32 = {{WPT}}u;   // u32 words of one token's record
 const SW: u32 = {{SW}}u;     // its E4M3 scale words (the codes start after them)
 
 {{HELPERS}}
+{{FOLD_DECLS}}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
 // #include "attention/split_entry.wgsl"
 // #include "attention/split_loop.wgsl"
+{{FOLD}}
 }

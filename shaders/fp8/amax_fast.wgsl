@@ -15,6 +15,7 @@
 struct P { kvh: u32, hd: u32, bs: u32, wpt: u32, rows: u32, gx: u32 }
 var<immediate> p: P;
 const NV: u32 = {{NV}}u;
+const PAD: bool = {{PAD}};  // the lanes' NV vec4s cover more than the row: those past it are not read
 var<workgroup> s_amax: array<atomic<u32>, 2>;
 
 @compute @workgroup_size(64)
@@ -33,7 +34,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
       var r = vec2<u32>(0xFFFFFFFFu);
       // @unroll
       for (var j = 0u; j < NV; j = j + 1u) {
-        r = min(r, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
+        if (!PAD || lane + j * L < p.hd / 4u) {
+          r = min(r, vec2<u32>(amax_key4(key_in[src + j * L]), amax_key4(val_in[src + j * L])));
+        }
       }
       m = min(m, select(r, vec2<u32>(0xFFFFFFFFu), pad));
     }

@@ -23,6 +23,9 @@ var<immediate> p: P;
 const PER_TENSOR: bool = {{PER_TENSOR}};
 const FMAX: f32 = {{FMAX}};
 const NV: u32 = {{NV}}u;
+// PAD: the L lanes take NV vec4s each that cover more than the row (a row of vec4s no power of two <= L divides
+// into few enough): a lane's vec4s past the row are neither loaded (zero: the amax is unchanged) nor written
+const PAD: bool = {{PAD}};
 
 fn enc(bits: u32) -> u32 { return f32_to_fp8(bits, {{MBITS}}u, {{BIAS}}, {{MAX_BITS}}u, {{MAX_CODE}}u); }
 
@@ -121,12 +124,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let live = row < p.rows;
   let nv4 = p.hd / 4u;
   let src = row * nv4 + lane;
+  let nvl = select(NV, (max(nv4, lane) - lane + L - 1u) / L, PAD);  // the lane's vec4s in the row
   var xk: array<vec4<f32>, NV>;
   var xv: array<vec4<f32>, NV>;
   var m = vec2<u32>(0xFFFFFFFFu);
   // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
-    if (live) {
+    if (live && j < nvl) {
       xk[j] = key_in[src + j * L];
       xv[j] = val_in[src + j * L];
     }
@@ -158,12 +162,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   for (var j = 0u; j < NV; j = j + 1u) {
     let wk = fast_codes(xk[j], ik);
     let wv = fast_codes(xv[j], iv);
-    k_cache[dst + lane + j * L] = wk.x;
-    v_cache[dst + lane + j * L] = wv.x;
-    sure = sure & wk.y & wv.y;
+    if (j < nvl) {
+      k_cache[dst + lane + j * L] = wk.x;
+      v_cache[dst + lane + j * L] = wv.x;
+      sure = sure & wk.y & wv.y;
+    }
   }
   // rare (a value within 16 ulp of an FP8 midpoint, an FP8 subnormal, a zero): the lane's unsure words again
-  if (sure == 0u) { redo_unsure(src, dst + lane, sk, ik, sv, iv); }
+  if (sure == 0u) { redo_unsure(src, dst + lane, nvl, sk, ik, sv, iv); }
   if (!PER_TENSOR && lane == 0u) {
     k_cache[dst + nv4] = bitcast<u32>(sk);
     v_cache[dst + nv4] = bitcast<u32>(sv);

@@ -16,9 +16,12 @@
 // sum over its blocks of d * dot(q, codes) (+ m * sum q), the L partial logits summed by subgroupShuffleXor;
 // online softmax in base 2 (q pre-scaled by scale*log2(e)); P.V accumulates p*d*codes (+ p*m).
 // The row groups merge through workgroup memory; row group 0 writes the partition's [m, l, acc[0..D)] to
-// `partials`, and attention/split_reduce.wgsl combines the partitions.
-// Type: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
-@group(0) @binding(0) var<storage, read> q: array<f32>;
+// `partials`, and attention/split_reduce.wgsl combines the partitions (or, folded, the last workgroup of each
+// (sequence, KV head) does: attention/split_fold.wgsl).
+// Variant (default off): q as int8 records (codes + f32 scale, one a head) dotted with the codes by dot4I8Packed,
+// d * dot (+ m * the query codes' sum) a block (kvviz/families/ggml/decode.py says how).
+// Type: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}; variant: {{VARIANT}}.
+@group(0) @binding(0) var<storage, read> q: array<{{Q_TYPE}}>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
 @group(0) @binding(2) var<storage, read> vc: array<u32>;
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;
@@ -32,10 +35,12 @@ const WPT: u32 = {{WPT}}u;   // u32 words of one token's record
 const BPB: u32 = {{BPB}}u;   // bytes of one 32-element block
 
 {{HELPERS}}
+{{FOLD_DECLS}}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
 // #include "attention/split_entry.wgsl"
   let e0 = (lane * DPL) % 32u;  // this lane's first element inside its block
 // #include "attention/split_loop.wgsl"
+{{FOLD}}
 }

@@ -20,6 +20,9 @@ struct P { kvh: u32, hd: u32, bs: u32, wpt: u32, rows: u32, gx: u32 }
 var<immediate> p: P;
 const SEED: bool = {{SEED}};
 const NV: u32 = {{NV}}u;
+// PAD: the L lanes take NV vec4s each that cover more than the row (a row of vec4s no power of two <= L divides
+// into few enough): a lane's vec4s past the row are neither loaded (zero: the amax is unchanged) nor written
+const PAD: bool = {{PAD}};
 
 // The exact codes of 4 values (round_div4: its fast path, else div_rn an element at a time).
 fn codes(x: vec4<f32>, scale: f32, inv: f32) -> u32 {
@@ -51,12 +54,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let live = row < p.rows;
   let nv4 = p.hd / 4u;
   let src = row * nv4 + lane;
+  let nvl = select(NV, (max(nv4, lane) - lane + L - 1u) / L, PAD);  // the lane's vec4s in the row
   var xk: array<vec4<f32>, NV>;
   var xv: array<vec4<f32>, NV>;
   var m = vec2<u32>(0xFFFFFFFFu);
   // @unroll
   for (var j = 0u; j < NV; j = j + 1u) {
-    if (live) {
+    if (live && j < nvl) {
       xk[j] = key_in[src + j * L];
       xv[j] = val_in[src + j * L];
     }
@@ -76,12 +80,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   for (var j = 0u; j < NV; j = j + 1u) {
     let wk = fast_codes(xk[j], sk.y);
     let wv = fast_codes(xv[j], sv.y);
-    k_cache[dst + lane + j * L] = wk.x;
-    v_cache[dst + lane + j * L] = wv.x;
-    sure = sure & wk.y & wv.y;
+    if (j < nvl) {
+      k_cache[dst + lane + j * L] = wk.x;
+      v_cache[dst + lane + j * L] = wv.x;
+      sure = sure & wk.y & wv.y;
+    }
   }
   // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): the lane's unsure words again
-  if (sure == 0u) { redo_unsure(src, dst + lane, sk.x, sk.y, sv.x, sv.y); }
+  if (sure == 0u) { redo_unsure(src, dst + lane, nvl, sk.x, sk.y, sv.x, sv.y); }
   if (lane == 0u) {
     k_cache[dst + nv4] = bitcast<u32>(sk.x);
     v_cache[dst + nv4] = bitcast<u32>(sv.x);

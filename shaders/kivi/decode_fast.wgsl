@@ -44,6 +44,8 @@ const R: u32 = {{R}}u;       // row groups sharing a key group (32 / TG)
 const GPS: u32 = {{GPS}}u;   // key groups a sweep of the workgroup covers (RG / R)
 const WPL: u32 = {{WPL}}u;   // code words per lane (0: lanes do not own whole words, a vec4 reads its own word)
 
+{{HELPERS}}
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {
   let part = wid.x;

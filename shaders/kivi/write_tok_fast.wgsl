@@ -23,6 +23,9 @@ const LEVELS: u32 = (1u << BITS) - 1u;
 const CPW: u32 = 32u / BITS;
 const VPU: u32 = CPW / 4u;   // vec4s a unit
 const NJ: u32 = {{NJ}}u;
+// PAD: the L lanes take NJ words each that cover more than the row's code words (kw words that no power of two <= L
+// divides into few enough): a lane's words past the row are neither read nor written
+const PAD: bool = {{PAD}};
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -31,15 +34,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   let live = row < p.rows;
   let nv4 = p.hd / 4u;
   let src = row * nv4;
+  let kwr = p.hd * BITS / 32u;  // the row's code words
   var xv: array<vec4<f32>, NJ * VPU>;
   var m = vec2<u32>(0xFFFFFFFFu);
   // @unroll
   for (var j = 0u; j < NJ; j = j + 1u) {
+    let in_row = !PAD || lane + j * L < kwr;
     // @unroll
     for (var i = 0u; i < VPU; i = i + 1u) {
-      if (live) { xv[j * VPU + i] = val_in[src + (lane + j * L) * VPU + i]; }
+      if (live && in_row) { xv[j * VPU + i] = val_in[src + (lane + j * L) * VPU + i]; }
       let a = minmax_keys4(xv[j * VPU + i]);
-      m = min(m, a);
+      if (in_row) { m = min(m, a); }
     }
   }
   m = red_min2(m, lid, L);
@@ -57,14 +62,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let rv = ((r * 2u + 1u) * p.kvh + h) * nv4;
     // @unroll
     for (var j = 0u; j < NJ; j = j + 1u) {
-      // @unroll
-      for (var i = 0u; i < VPU; i = i + 1u) {
-        let e = (lane + j * L) * VPU + i;
-        res[rk + e] = key_in[src + e];
-        res[rv + e] = xv[j * VPU + i];
+      if (!PAD || lane + j * L < kwr) {
+        // @unroll
+        for (var i = 0u; i < VPU; i = i + 1u) {
+          let e = (lane + j * L) * VPU + i;
+          res[rk + e] = key_in[src + e];
+          res[rv + e] = xv[j * VPU + i];
+        }
+        k_cache[kdst + lane + j * L] = 0u;
+        v_cache[vdst + lane + j * L] = 0u;
       }
-      k_cache[kdst + lane + j * L] = 0u;
-      v_cache[vdst + lane + j * L] = 0u;
     }
     if (lane == 0u) {
       v_cache[vdst + kw] = 0u;
@@ -78,19 +85,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
   var sure = true;
   // @unroll
   for (var j = 0u; j < NJ; j = j + 1u) {
-    var word = 0u;
-    // @unroll
-    for (var i = 0u; i < VPU; i = i + 1u) {
-      let c = asym_codes4_fast(xv[j * VPU + i], mn, scale, inv, LEVELS);
-      word = word | pack_codes4(c.c, BITS, i);
-      sure = sure && c.sure;
+    if (!PAD || lane + j * L < kwr) {
+      var word = 0u;
+      // @unroll
+      for (var i = 0u; i < VPU; i = i + 1u) {
+        let c = asym_codes4_fast(xv[j * VPU + i], mn, scale, inv, LEVELS);
+        word = word | pack_codes4(c.c, BITS, i);
+        sure = sure && c.sure;
+      }
+      v_cache[vdst + lane + j * L] = word;
     }
-    v_cache[vdst + lane + j * L] = word;
   }
   if (!sure) {
     // rare (a quotient within 16 ulp of a rounding boundary, a subnormal value): the lane's words again, exactly,
     // reloaded (a loop: one copy of the exact path)
     for (var j = 0u; j < NJ; j = j + 1u) {
+      if (PAD && lane + j * L >= kwr) { continue; }
       var word = 0u;
       for (var i = 0u; i < VPU; i = i + 1u) {
         word = word | pack_codes4(asym_codes4(val_in[src + (lane + j * L) * VPU + i], mn, scale, inv, LEVELS), BITS, i);

@@ -32,6 +32,8 @@ const WK: u32 = {{WK}}u;     // words of a key record
 const WV: u32 = {{WV}}u;     // words of a value record
 const WPT: u32 = 1u;         // step_loads' row is the record index; WK / WV scale it per cache
 
+{{HELPERS}}
+
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32{{SG_PARAM}}) {

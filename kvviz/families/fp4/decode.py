@@ -16,9 +16,10 @@ Record (a token of one KV head, D a multiple of 16, SW = ceil(D/64) scale words)
     words 0..SW-1: E4M3 scale byte s = sub-block s; then code words SW + 2s, SW + 2s + 1 of sub-block s:
     byte i of the pair holds element 16s+i in its low nibble and 16s+8+i in its high nibble.
 Lanes: L lanes share a token row (the most of 16, 8, 4, 2, 1 up to the subgroup size; 1 without subgroups),
-lane l owns DPL = D/L consecutive dims, DPL 4 or 8 (inside one sub-block: one or two code words, read at
+lane l owns DPL consecutive dims, DPL 4 or 8 (inside one sub-block: one or two code words, read at
 the lane's nibble) or a multiple of 16 (whole sub-blocks, two code words each). D = 80, 48, 112 ... have
-no such power-of-two split but the one-lane one (a whole head a lane, no shuffles).
+no such power-of-two split but a wide one; there the lanes walk the head with padding (fast_decode.lane_split:
+the last lanes' sub-blocks past the head read clamped words and are never written).
 
 Arithmetic: e2m1x4 moves 4 E2M1 codes into f16 bit patterns (sign, 2-bit exponent, 1-bit mantissa; the f16
 is the value x 2^-14, subnormal for 0 / 0.5) and widens them by unpack2x16float: exact. The sub-block's
@@ -56,8 +57,8 @@ SPLIT = KernelSpec(
 REDUCE = fd.REDUCE
 KERNELS = (SPLIT, REDUCE)
 
-# fast_decode's layout rules for 4-byte words (the lane split is ours: _lanes)
-_FMT = fd.CacheFormat("nvfp4", 4)
+# fast_decode's layout rules for 4-byte words, a lane's dims nesting with the 16-element sub-blocks
+_FMT = fd.CacheFormat("nvfp4", 4, group_size=SUB)
 # The E2M1 codes -> f32 helper (exact: see the module docstring; shaders/fp4/decode_fast.wgsl.j2) yields the codes' values
 # x 2^-14; the E4M3 scale byte goes through the fast decode's FP8 helper (fp8x4), and the sub-block's scale takes the 2^14.
 E2M1_UNIT = 2.0 ** 14  # e2m1x4's values are the codes' x 2^-14
@@ -66,10 +67,6 @@ E2M1_UNIT = 2.0 ** 14  # e2m1x4's values are the codes' x 2^-14
 def tolerance(max_abs_v: float) -> float:
     """2e-5 x max(1, max |V^|): the f32 fast decodes' bound (fast_decode.f32_tolerance)."""
     return fd.f32_tolerance(max_abs_v)
-
-
-def _lanes(head_size: int, most: int) -> int:
-    return fd.block_lanes(head_size, most, SUB)
 
 
 def unsupported(head_size: int, group: int) -> str:
@@ -97,11 +94,14 @@ def prefetch_words(lay: fd.Layout) -> int:
 
 # ---------------------------------------------------------------------------------- code generation
 def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, prefetch: bool = False,
-           scatter: bool = False) -> dict:
+           scatter: bool = False, looped: bool = False, fold: bool = False) -> dict:
     """The {{...}} values of fp4/decode_fast.wgsl for one shape. block_size > 0 renders the block size as a
     constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: software
     pipelining (fast_decode.render's; same arithmetic, bit-identical outputs). scatter: fast_decode's
-    reduce-scatter softmax (L >= 2; the V tensor scale is the owners' weight scale)."""
+    reduce-scatter softmax (L >= 2; the V tensor scale is the owners' weight scale). looped: the looped kernel
+    (attention/split_looped.wgsl.j2 over fp4/records.wgsl.j2; fast_decode.render's looped). A layout whose lanes
+    walk more dims than the head (padded) reads clamped words there and never writes them. fold: the reduce folded
+    in (fast_decode.fold_defines; the spec is then fast_decode.folded(SPLIT)); the unrolled kernel only."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
@@ -109,14 +109,18 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
     if dpl % 4 or not (SUB % dpl == 0 or dpl % SUB == 0):
         raise InvalidInput(f"nvfp4 fast decode: {dpl} dims a lane neither lie inside a 16-element sub-block nor cover whole ones")
     ncw, nsw = _counts(dpl)
-    values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=D + 2, sub=SUB, ncw=ncw, nsw=nsw,
-                  e2m1_unit=E2M1_UNIT, scatter=scatter, prefetch=prefetch,
+    span = lay.span
+    values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=span + 2, sub=SUB, ncw=ncw, nsw=nsw,
+                  e2m1_unit=E2M1_UNIT, scatter=scatter, prefetch=prefetch, pad=span > D, nsb=D // SUB,
                   bsx=f"{block_size}u" if block_size > 0 else "p.block_size")
+    if looped:
+        values.update(fns="fp4/records.wgsl.j2", qfactor="qsc", span=span, chunks=lay.chunks, G=G // lay.chunks)
     return {
-        "FORMAT": "nvfp4", "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "WPT": str(f4.words_per_token(D)), "SW": str(f4.scale_words(D)), "DPL": str(dpl), "STRIDE": str(D + 2),
-        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
-        **render_defines("fp4/decode_fast.wgsl.j2", **values),
+        "FORMAT": "nvfp4", "D": str(D), "G": str(values["G"]), "L": str(L), "RG": str(RG), "U": str(U),
+        "WG": str(lay.workgroup), "WPT": str(f4.words_per_token(D)), "SW": str(f4.scale_words(D)), "DPL": str(dpl),
+        "STRIDE": str(D + 2), "SHARED": "1" if looped else str(max(1, RG // 2) * G * (span + 2)),
+        **render_defines("attention/split_looped.wgsl.j2" if looped else "fp4/decode_fast.wgsl.j2", **values),
+        **fd.fold_defines(SPLIT, G, lay.workgroup, fold and not looped),
     }
 
 
@@ -131,27 +135,33 @@ class Fp4FastDecode(fd.SiblingDecode):
 
     def layout(self, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
                lanes: int = 16) -> fd.Layout:
-        return self._layout(_FMT, _lanes, head_size, group, subgroups, unroll, rows, lanes,
-                            f"no lane split of head size {head_size} by 16-element sub-blocks")
+        return self._layout(_FMT, head_size, group, subgroups, unroll, rows, lanes)
 
     def kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
-               scatter: bool | None = None, **kw):
+               scatter: bool | None = None, looped: bool | None = None, fold: bool = False, **kw):
         """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words).
-        scatter None: fast_decode.SCATTER where a row has 2+ lanes."""
-        lay = self.layout(head_size, group, **kw)
+        scatter None: fast_decode.SCATTER where a row has 2+ lanes. looped None: fast_decode.use_looped (not when
+        prefetch or scatter is given). fold: the reduce folded in (unrolled only). Returns (kernel, layout, looped)."""
+        looped = fd.fold_looped(fold, looped)
+        most = self._fast.lane_cap(kw.get("subgroups"), kw.get("lanes", 16))
+        lay, looped = self._looped(self.layout(head_size, group, **kw), group, looped, most, prefetch, scatter)
+        if looped:
+            prefetch = scatter = False
         if prefetch is None:
             prefetch = fd.PREFETCH and prefetch_words(lay) <= fd.PREFETCH_MAX_WORDS
         if scatter is None:
             scatter = fd.SCATTER and lay.lanes > 1
-        return self.rt.compile(SPLIT, **render(head_size, group, lay, block_size, prefetch, scatter)), lay
+        spec = fd.folded(SPLIT) if fold else SPLIT
+        return self.rt.compile(spec, **render(head_size, group, lay, block_size, prefetch, scatter, looped, fold)), lay, looped
 
     def plan(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              partition_tokens: int | None = None, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
              lanes: int = 16, const_block: bool = True, prefetch: bool | None = None,
-             scatter: bool | None = None) -> Fp4DecodePlan:
+             scatter: bool | None = None, looped: bool | None = None, fold: bool | None = None) -> Fp4DecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the nvfp4 caches `k`, `v`
         (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's) and its
-        tensor-scale buffer `tensor` ([amax K, amax V, s_t K, s_t V] f32 bits)."""
+        tensor-scale buffer `tensor` ([amax K, amax V, s_t K, s_t V] f32 bits). fold: the reduce folded in
+        (default fast_decode.FOLD; False: the separate reduce)."""
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         why = unsupported(D, G)
@@ -161,10 +171,11 @@ class Fp4FastDecode(fd.SiblingDecode):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
         if tensor is None or tensor.size < 16:
             raise InvalidInput("fast nvfp4 decode: the tensor-scale buffer (4 words: amax K, amax V, s_t K, s_t V) is missing")
-        kern, lay = self.kernel(D, G, batch.block_size if const_block else 0, subgroups=subgroups, unroll=unroll,
-                                rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter)
+        kern, lay, looped = self.kernel(D, G, batch.block_size if const_block else 0, subgroups=subgroups,
+                                        unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter,
+                                        looped=looped, fold=fd.plan_fold(fold))
         return self._launch(kern, lay, k, v, [tensor], num_kv_heads, q, batch, scale, partition_tokens,
-                            f4.words_per_token(D), "nvfp4")
+                            f4.words_per_token(D), "nvfp4", looped, fd.plan_fold(fold))
 
     def decode(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
         """Run the fast decode: [num_seqs, num_heads, head_size] f32."""

@@ -39,10 +39,11 @@ def fp8_dispatches(rt: GpuRuntime, fmt, per_tensor: bool, key, value, slots, k_b
     key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     var = variant or fw.Variant(rt)
-    L = var.lanes(D // 4)
+    L, nv, pad = var.split(D // 4)
     if per_tensor and variant is None:   # no row reduction: the lanes need no subgroup (PER_TENSOR_LANES)
-        L = fw.choose_lanes(D // 4, 0, PER_TENSOR_LANES)
-    d = dict(fmt.defines(), PER_TENSOR="true" if per_tensor else "false", NAME=fmt.name, NV=D // (4 * L), **var.defines(L))
+        L, nv, pad = fw.padded_split(D // 4, fw.choose_lanes(D // 4, 0, PER_TENSOR_LANES), PER_TENSOR_LANES)
+    d = dict(fmt.defines(), PER_TENSOR="true" if per_tensor else "false", NAME=fmt.name, NV=nv,
+             PAD="true" if pad else "false", **var.defines(L))
     wpt = D // 4 + (0 if per_tensor else 1)
     out = []
     if per_tensor:
@@ -61,8 +62,8 @@ def amax_dispatches(rt: GpuRuntime, key, value, sm, tensor, block_size: int, wpt
     """The per-tensor amax pass (fp8/amax_fast.wgsl) of the FP8 per-tensor and NVFP4 writers: max |x| bits of
     K and V into tensor[0|1] (zeroed before)."""
     T, kvh, D = key.shape
-    L = var.lanes(D // 4)
-    amax = rt.compile(WRITE_FP8_AMAX, NV=D // (4 * L), **var.defines(L))
+    L, nv, pad = var.split(D // 4)
+    amax = rt.compile(WRITE_FP8_AMAX, NV=nv, PAD="true" if pad else "false", **var.defines(L))
     return fw.row_dispatches(rt, amax, key, value, sm, [tensor],
                            lambda rows, gx: amax.pack(kvh, D, block_size, wpt, rows, gx), AMAX_BLOCKS * (fw.WG // L))
 

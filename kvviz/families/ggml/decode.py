@@ -11,9 +11,10 @@ Record: a token's record (one KV head) is its ggml row (D/32 blocks of 34 / 18 /
 bytes, byte for byte as ggml lays them out) padded to whole u32 words; paged [num_blocks, kv_heads,
 block_size, wpt] u32. Blocks are not word aligned, so:
   - lanes: L lanes share a token row (the most of 16, 8, 4, 2, 1 up to the subgroup size; 1 without
-    subgroups: the fallback, no shuffles), lane l owns DPL = D/L consecutive dims that lie inside ONE
+    subgroups: the fallback, no shuffles), lane l owns DPL consecutive dims that lie inside ONE
     32-element block (DPL 4, 8, 16, 32) or are whole blocks (DPL a multiple of 32, e.g. the one-lane
-    layout): a lane never spans part of two blocks;
+    layout): a lane never spans part of two blocks; where no such split of D into equal lane slices is narrow
+    enough (96, 160, 224), the lanes walk the head with padding (fast_decode.lane_split);
   - byte extraction: every byte offset a lane needs (its block's header, its code bytes, q5's qh word) is a
     per-lane constant computed once; per token the lane loads the words covering its bytes (one more than
     their count, the last clamped inside the record) and funnel-shifts them into aligned words,
@@ -33,8 +34,19 @@ Tolerance against the float64 oracle over the same words: 2e-5 * max(1, max |V^|
 dequantised values (gguf.quants.dequantize; fast_decode.f32_tolerance): f32 accumulation in another order,
 exp2, the scale folded into the dot / the weight instead of multiplying each element.
 
-Shapes it cannot take (head size other than 32, 64, 128, 256, a GQA group outside 1..16, an unknown
-type) raise UnsupportedShape from plan(); the methods then keep the first-wave path (ggml_blocks.py).
+A measured variant, off by default (plan's qk="i8"; fd.QK_VARIANTS): the query quantised to int8 on the host, one scale
+a query head (fast_decode.query_records_i8: the int8 cache's quantiser, dims in order, so a lane's query words line up
+with its blocks' 32 elements), and dotted with every type's integer codes by dot4I8Packed: q8_0's bytes, q4's nibbles,
+q5's nibbles with the qh bit spread into bit 4, iq4_nl's and mxfp4's table values (int8: kvalues_iq4nl, and the E2M1
+values doubled, which the E8M0 half-scale takes back). The logit of a lane's block is d * f32(dot - off * sum q) (q4_0 /
+q5_0's offsets 8 / 16), d * f32(dot) + m * f32(sum q) (q4_1 / q5_1), d * f32(dot) (q8_0, iq4_nl, mxfp4), with sum q the
+lane's query codes' sum there; the lanes' sum times the query scale (and scale*log2 e). The integer dot is exact (32
+codes a block: |dot| <= 32 * 128 * 128 < 2^24), so against its own oracle (the float64 decode of the dequantised int8
+query over the dequantised cache) the variant is as exact as the f32 kernel: tolerance(). Unrolled kernels only (the
+looped kernel is the exact f32 one). Tests tests/test_fast_decode_ggml_i8.py; timed by kvviz bench --variants.
+
+Shapes it cannot take (a head size that is not a multiple of 32 or is over 256, a GQA group outside 1..16, an
+unknown type) raise UnsupportedShape from plan(); the methods then keep the first-wave path (ggml_blocks.py).
 """
 from __future__ import annotations
 
@@ -59,20 +71,19 @@ KERNELS = (SPLIT, REDUCE)
 
 # the types whose fast decode is done (the others keep the first-wave path until they are)
 TYPES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
-# head sizes whose lanes split inside 32-element blocks at any power-of-two lane count (96, 160, ... would
-# leave one lane a row of the whole head: the first-wave path keeps them)
-HEAD_SIZES = (32, 64, 128, 256)
-# fast_decode's layout rules for 4-byte code words (the lane split is ours: _lanes)
-_FMT = fd.CacheFormat("ggml", 4)
+# the types the int8-query variant (qk="i8") takes: every one, as each value is an integer times the block's scale (plus
+# its min): q8_0's int8, q4 / q5's codes (less 8 / 16 for the _0 types), iq4_nl's int8 table values, mxfp4's doubled E2M1
+# values (0..12 and their negatives) times the E8M0 half-scale
+QK_I8_TYPES = TYPES
+# fast_decode's layout rules for 4-byte code words, a lane's dims nesting with the 32-element blocks (96, 160, ...
+# have no such power-of-two split but one a lane wider than fast_decode.DPL_MAX: there the lanes walk the head with
+# padding, fast_decode.lane_split)
+_FMT = fd.CacheFormat("ggml", 4, group_size=fg.BLOCK)
 
 
 def tolerance(max_abs_v: float) -> float:
     """2e-5 x max(1, max |V^|): the f32 fast decodes' bound (fast_decode.f32_tolerance)."""
     return fd.f32_tolerance(max_abs_v)
-
-
-def _lanes(head_size: int, most: int) -> int:
-    return fd.block_lanes(head_size, most, 32)
 
 
 def unsupported(type_name: str, head_size: int, group: int) -> str:
@@ -83,9 +94,6 @@ def unsupported(type_name: str, head_size: int, group: int) -> str:
         return f"head size {head_size} is not a multiple of 32 (llama.cpp's block)"
     if head_size > 256:
         return f"head size {head_size} is over 256 (the unrolled per-lane state would spill registers)"
-    if head_size not in HEAD_SIZES:
-        return (f"head size {head_size} has no power-of-two lane split inside 32-element blocks (heads "
-                f"{', '.join(map(str, HEAD_SIZES))}): one lane a row would hold the whole head")
     if group < 1 or group > 16:
         return f"a GQA group of {group} query heads per KV head is outside 1..16"
     return ""
@@ -93,7 +101,12 @@ def unsupported(type_name: str, head_size: int, group: int) -> str:
 
 # ---------------------------------------------------------------------------------- code generation
 def _iq4_words() -> list[int]:
-    b = np.array(fg.IQ4_NL_VALUES, np.int8).view(np.uint8)
+    return _table_words(fg.IQ4_NL_VALUES)
+
+
+def _table_words(values) -> list[int]:
+    """16 small integer values as signed bytes, four u32 words (value c is byte c % 4 of word c // 4)."""
+    b = np.array(values, np.int8).view(np.uint8)
     return [int(x) for x in b.view(np.uint32)]
 
 
@@ -108,31 +121,57 @@ def prefetch_words(t: fg.GgmlType, lay: fd.Layout) -> int:
 
 
 def render(t: fg.GgmlType, head_size: int, group: int, lay: fd.Layout, block_size: int = 0,
-           prefetch: bool = False, scatter: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False, looped: bool = False, fold: bool = False,
+           qk: str = "f32") -> dict:
     """The {{...}} values of ggml/decode_fast.wgsl for one type and shape. block_size > 0 renders the block
     size as a constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: each
     step issues the next step's block-table reads and word loads before its arithmetic (fast_decode.render's
     software pipelining; same arithmetic, bit-identical outputs). scatter: fast_decode's reduce-scatter softmax
-    (L >= 2): the owners broadcast p, each lane applies its own blocks' V scales."""
+    (L >= 2): the owners broadcast p, each lane applies its own blocks' V scales. looped: the looped kernel
+    (attention/split_looped.wgsl.j2 over ggml/records.wgsl.j2; fast_decode.render's looped). A layout whose lanes
+    walk more dims than the head (padded) reads clamped blocks there and never writes them. fold: the reduce folded
+    in (fast_decode.fold_defines; the spec is then fast_decode.folded(SPLIT)); the unrolled kernel only. qk "i8": the
+    int8-query variant (the module's docstring; QK_I8_TYPES), the unrolled kernel only."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
+    i8 = check_qk(t.name, qk)
+    if i8 and looped:
+        raise InvalidInput("the looped kernel is the exact f32 one: the qk='i8' variant is unrolled")
     dpl = lay.dims_per_lane
     n = min(dpl, 32)  # elements of one segment (the lane's part of one block)
     q8 = t.name == "q8_0"
+    span = lay.span
     values = dict(
-        t=t, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=D + 2, n=n, nseg=max(1, dpl // 32),
-        q8=q8, mx=t.name == "mxfp4", iq=t.name == "iq4_nl", iq4_words=_iq4_words(),
+        t=t, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=span + 2, n=n, nseg=max(1, dpl // 32),
+        q8=q8, mx=t.name == "mxfp4", iq=t.name == "iq4_nl", iq4_words=_iq4_words(), pad=span > D, nblocks=D // fg.BLOCK,
         ncw=(n if q8 else min(n, 16)) // 4,  # code words of a segment (4-bit codes: two a byte)
         code_hdr=t.header + (4 if t.qh else 0), scatter=scatter, prefetch=prefetch,
         bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+        i8=i8, qrec=D // 4 + 1,  # an int8 query record: D/4 code words + its f32 scale word
+        tab8_words=_table_words(fg.MXFP4_VALUES if t.name == "mxfp4" else fg.IQ4_NL_VALUES),
     )
+    if looped:
+        values.update(fns="ggml/records.wgsl.j2", qfactor="p.scale_log2", span=span, chunks=lay.chunks, G=G // lay.chunks)
     return {
-        "FORMAT": t.name, "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "WPT": str(t.words_per_token(D)), "BPB": str(t.block_bytes), "DPL": str(dpl), "STRIDE": str(D + 2),
-        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
-        **render_defines("ggml/decode_fast.wgsl.j2", **values),
+        "FORMAT": t.name, "D": str(D), "G": str(values["G"]), "L": str(L), "RG": str(RG), "U": str(U),
+        "WG": str(lay.workgroup), "WPT": str(t.words_per_token(D)), "BPB": str(t.block_bytes), "DPL": str(dpl),
+        "STRIDE": str(D + 2), "SHARED": "1" if looped else str(max(1, RG // 2) * G * (span + 2)),
+        "Q_TYPE": "u32" if i8 else "f32", "VARIANT": "looped" if looped else fd.variant_name(qk),
+        **render_defines("attention/split_looped.wgsl.j2" if looped else "ggml/decode_fast.wgsl.j2", **values),
+        **fd.fold_defines(SPLIT, G, lay.workgroup, fold and not looped),
     }
+
+
+def check_qk(type_name: str, qk: str) -> bool:
+    """Whether `qk` asks for the int8-query variant (InvalidInput for an unknown one, UnsupportedShape for a type
+    outside QK_I8_TYPES)."""
+    if qk not in fd.QK_VARIANTS:
+        raise InvalidInput(f"fast ggml decode variant qk={qk!r}: one of {fd.QK_VARIANTS}")
+    if qk == "i8" and type_name not in QK_I8_TYPES:
+        raise UnsupportedShape(f"fast ggml decode qk='i8' takes {', '.join(QK_I8_TYPES)}, not {type_name}",
+                               "Use qk='f32' (the default) for this type.")
+    return qk == "i8"
 
 
 # ---------------------------------------------------------------------------------- launcher
@@ -146,27 +185,41 @@ class GgmlFastDecode(fd.SiblingDecode):
 
     def layout(self, head_size: int, group: int, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
                lanes: int = 16) -> fd.Layout:
-        return self._layout(_FMT, _lanes, head_size, group, subgroups, unroll, rows, lanes,
-                            f"no lane split of head size {head_size} inside 32-element blocks")
+        return self._layout(_FMT, head_size, group, subgroups, unroll, rows, lanes)
 
     def kernel(self, type_name: str, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
-               scatter: bool | None = None, **kw):
+               scatter: bool | None = None, looped: bool | None = None, fold: bool = False, qk: str = "f32", **kw):
         """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words).
-        scatter None: fast_decode.SCATTER where a row has 2+ lanes."""
-        lay = self.layout(head_size, group, **kw)
+        scatter None: fast_decode.SCATTER where a row has 2+ lanes. looped None: fast_decode.use_looped (not when
+        prefetch or scatter is given; never for qk "i8", which is unrolled). fold: the reduce folded in (unrolled
+        only). Returns (kernel, layout, looped)."""
+        looped = fd.fold_looped(fold, looped)
+        if check_qk(type_name, qk):
+            if looped:
+                raise InvalidInput("the looped kernel is the exact f32 one: the qk='i8' variant is unrolled")
+            looped = False
+        most = self._fast.lane_cap(kw.get("subgroups"), kw.get("lanes", 16))
+        lay, looped = self._looped(self.layout(head_size, group, **kw), group, looped, most, prefetch, scatter)
         t = fg.TYPES[type_name]
+        if looped:
+            prefetch = scatter = False
         if prefetch is None:
             prefetch = fd.PREFETCH and prefetch_words(t, lay) <= fd.PREFETCH_MAX_WORDS
         if scatter is None:
             scatter = fd.SCATTER and lay.lanes > 1
-        return self.rt.compile(SPLIT, **render(t, head_size, group, lay, block_size, prefetch, scatter)), lay
+        spec = fd.folded(SPLIT) if fold else SPLIT
+        return self.rt.compile(spec, **render(t, head_size, group, lay, block_size, prefetch, scatter, looped, fold,
+                                              qk)), lay, looped
 
     def plan(self, type_name: str, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              partition_tokens: int | None = None, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
              lanes: int = 16, const_block: bool = True, prefetch: bool | None = None,
-             scatter: bool | None = None) -> GgmlDecodePlan:
+             scatter: bool | None = None, looped: bool | None = None, fold: bool | None = None,
+             qk: str = "f32") -> GgmlDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the ggml caches `k`, `v`
-        (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's)."""
+        (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's). fold: the reduce
+        folded in (default fast_decode.FOLD; False: the separate reduce). qk "i8": the int8-query variant (the
+        module's docstring), against its own oracle; the default "f32" is the exact kernel."""
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         why = unsupported(type_name, D, G)
@@ -174,10 +227,13 @@ class GgmlFastDecode(fd.SiblingDecode):
             raise UnsupportedShape(f"fast ggml decode: {why}", "The first-wave decode (dequantise + f32) takes this shape.")
         if unroll not in (1, 2, 4):
             raise InvalidInput(f"unroll must be 1, 2 or 4 tokens a row group per step, got {unroll}")
-        kern, lay = self.kernel(type_name, D, G, batch.block_size if const_block else 0, subgroups=subgroups,
-                                unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter)
+        kern, lay, looped = self.kernel(type_name, D, G, batch.block_size if const_block else 0, subgroups=subgroups,
+                                        unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter,
+                                        looped=looped, fold=fd.plan_fold(fold), qk=qk)
+        label = type_name + (f" ({fd.variant_name(qk)})" if qk != "f32" else "")
         return self._launch(kern, lay, k, v, [], num_kv_heads, q, batch, scale, partition_tokens,
-                            fg.TYPES[type_name].words_per_token(D), type_name)
+                            fg.TYPES[type_name].words_per_token(D), label, looped, fd.plan_fold(fold),
+                            fd.query_records_i8(q) if qk == "i8" else None)
 
     def decode(self, type_name: str, k, v, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
         """Run the fast decode: [num_seqs, num_heads, head_size] f32."""

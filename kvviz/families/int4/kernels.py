@@ -29,6 +29,12 @@ def int4_dispatches(rt: GpuRuntime, group: int, key, value, slots, k_buf, v_buf,
         raise UnsupportedShape(f"fast int4 writer: head_size {D} and group {group} must be multiples of 8, the group dividing the head")
     var = variant or fw.Variant(rt)
     L = var.lanes(D // 8, group // 8)
+    if 2 * (D // (8 * L)) > fw.WRITER_NV_MAX and variant is None:
+        # a group of units no power-of-two lane count nests with (24 elements: 3 units; 28 units at groups of 32 take 4
+        # lanes) leaves a lane more vec4s than at head 256: the unrolled shader would grow with the head size (minutes
+        # to build on lavapipe), the first-wave writer takes it (the same words)
+        raise UnsupportedShape(f"fast int4 writer: groups of {group} at head size {D} leave {L} lane(s) a row of "
+                               f"{D // (8 * L)} code words each ({2 * (D // (8 * L))} vec4s, more than {fw.WRITER_NV_MAX})")
     # a group's statistics are reduced over min(group units, L) lanes (write_int4.wgsl SPAN): shuffles where that
     # span fits the smallest subgroup (measured faster than workgroup memory on the H200)
     kern = rt.compile(WRITE_INT4, GROUP=group, NJ=D // (8 * L), **var.defines(L, span=min(group // 8, L)))

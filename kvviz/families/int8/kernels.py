@@ -39,8 +39,8 @@ def int8_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size:
     key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     var = variant or (seed_variant(rt) if seed else fw.Variant(rt))
-    L = var.lanes(D // 4)
-    kern = rt.compile(WRITE_INT8, SEED="true" if seed else "false", NV=D // (4 * L), **var.defines(L))
+    L, nv, pad = var.split(D // 4)
+    kern = rt.compile(WRITE_INT8, SEED="true" if seed else "false", NV=nv, PAD="true" if pad else "false", **var.defines(L))
     return fw.row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf],
                            lambda rows, gx: kern.pack(kvh, D, block_size, D // 4 + 1, rows, gx), fw.WG // L)
 

@@ -134,7 +134,7 @@ def use_prefetch(bits: int, lay: fd.Layout, prefetch: bool | None = None) -> boo
 
 
 def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block_size: int = 0,
-           prefetch: bool = False, scatter: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False, looped: bool = False) -> dict:
     """The {{...}} values of kivi/decode_fast.wgsl: its code rendered from the template kivi/decode_fast.wgsl.j2.
     prefetch: software pipelining of the quantised loop (the loads of fast_decode.render and
     fast_decode_ggml.render): each step issues the NEXT
@@ -143,7 +143,9 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
     arithmetic, bit-identical outputs (tests/test_fast_decode_kivi.py). The key groups' (scale, zero) loads
     and the residual window's f32 rows are not pipelined (the module docstring says why). scatter: fast_decode's
     reduce-scatter softmax (L >= 2) in both loops; the owners also keep the V
-    zeros' sums (zs)."""
+    zeros' sums (zs). looped: kivi/decode_looped.wgsl.j2's code instead (the state in workgroup memory, loops over
+    a lane's vec4s and a step's tokens: its size does not grow with the head size; fast_decode.render's looped).
+    A layout whose lanes walk more dims than the head (padded) reads a zero query and clamped words there."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
@@ -153,19 +155,38 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
     wpl = dpl // epw if aligned else 0
     KW = kl.kw(D, bits)
     R = GROUP // tg
+    span = lay.span
     values = dict(
-        bits=bits, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=D + 2, epw=epw, aligned=aligned, wpl=wpl,
-        scatter=scatter, prefetch=prefetch,
+        bits=bits, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=span + 2, epw=epw, aligned=aligned, wpl=wpl,
+        scatter=scatter, prefetch=prefetch, pad=span > D,
         # a constant block size: token -> block and offset by shift and mask for powers of two, as the fast decode's
         # (measured faster there on the H200); else the immediate
         bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
     )
+    if looped:
+        values.update(span=span, chunks=lay.chunks, G=G // lay.chunks)
     return {
-        "BITS": str(bits), "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
-        "KW": str(KW), "VW": str(KW + 2), "TG": str(tg), "R": str(R), "GPS": str(RG // R),
-        "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(D + 2), "SHARED": str(max(1, RG // 2) * G * (D + 2)),
-        **render_defines("kivi/decode_fast.wgsl.j2", **values),
+        "BITS": str(bits), "D": str(D), "G": str(values["G"]), "L": str(L), "RG": str(RG), "U": str(U),
+        "WG": str(lay.workgroup), "KW": str(KW), "VW": str(KW + 2), "TG": str(tg), "R": str(R), "GPS": str(RG // R),
+        "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(D + 2),
+        "SHARED": "1" if looped else str(max(1, RG // 2) * G * (span + 2)),
+        **render_defines("kivi/decode_looped.wgsl.j2" if looped else "kivi/decode_fast.wgsl.j2", **values),
     }
+
+
+def looped_loops(pt: int, lay: fd.Layout, tg: int, residual: int, group: int) -> int:
+    """Loop iterations of one invocation of the looped kernel (kivi/decode_looped.wgsl.j2; each loop charged
+    iterations + 2): its key-group sweeps (the group's scale loop, then TG / U steps of U tokens, each two loops over
+    the lane's vec4s), the residual steps (the same), the query staging, zeroing, fold, merge and write."""
+    nv = lay.dims_per_lane // 4
+    step = lay.unroll + 2 + lay.unroll * 2 * (nv + 2)
+    gps = lay.row_groups // (GROUP // tg)
+    sweeps = math.ceil(pt / GROUP / gps)
+    res_steps = math.ceil(min(pt, residual + GROUP) / lay.tokens_per_step)
+    staging = math.ceil(group // lay.chunks * lay.span / 4 / lay.workgroup) + 2
+    levels = max(0, lay.row_groups.bit_length() - 1)
+    split = sweeps + 2 + sweeps * ((nv + 2) + tg // lay.unroll + 2 + tg // lay.unroll * step)
+    return split + res_steps + 2 + res_steps * step + staging + 3 * (nv + 2) + levels + 2 + levels * (nv + 2)
 
 
 def choose_tg(row_groups: int, partition_tokens: int) -> int:
@@ -190,12 +211,14 @@ class KiviDecodePlan:
     layout: fd.Layout
     tokens_per_group_row: int  # TG
     prefetch: bool = False  # the software-pipelined loads (render's prefetch), as resolved (use_prefetch)
+    looped: bool = False  # the looped kernel (kivi/decode_looped.wgsl.j2), else the unrolled one
 
     def describe(self) -> str:
         L = self.layout
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
-                f"({L.row_groups} rows x {L.lanes} lanes, {self.tokens_per_group_row} tokens of a key group a row, "
-                f"{L.unroll} tokens a step{', prefetch' if self.prefetch else ''}{fd.wide_note(self.dispatches)})")
+                f"({L.row_groups} rows x {fd.layout_lanes(L, self.shape[2])}, {self.tokens_per_group_row} tokens of a "
+                f"key group a row, {L.unroll} tokens a step{', prefetch' if self.prefetch else ''}"
+                f"{fd.looped_note(self.looped, L)}{fd.wide_note(self.dispatches)})")
 
 
 class KiviFastDecode:
@@ -209,19 +232,20 @@ class KiviFastDecode:
                rows: int = 0, lanes: int = 16) -> fd.Layout:
         """Lanes owning whole code words (fast_decode.choose_layout for 32/bits codes a word); where that
         leaves a lane more than 16 channels and a split into more lanes of 4-channel multiples exists (head 80,
-        112: 16 codes a word do not divide D/L), that split: a lane's vec4 then reads the code word holding it
-        (two vec4s may share a word) with a per-lane shift."""
+        112: 16 codes a word do not divide D/L), or one into as many lanes walking fewer dims (head 80 at 4 lanes:
+        20 channels each, not 24 with padding), that split: a lane's vec4 then reads the code word holding it (two
+        vec4s may share a word) with a per-lane shift."""
         lay = self._fast.layout(code_format(bits), head_size, group, subgroups, unroll, rows, lanes)
         if lay.dims_per_lane > 16:
             alt = self._fast.layout(SPLIT4, head_size, group, subgroups, unroll, rows, lanes)
-            if alt.lanes > lay.lanes:
+            if alt.lanes > lay.lanes or (alt.lanes == lay.lanes and alt.span < lay.span):
                 return alt
         return lay
 
     def plan(self, bits: int, k, v, res, num_kv_heads: int, q, batch, scale: float, recent: int | None = None, *,
              seq_plan: kl.Plan | None = None, info=None, partition_tokens: int | None = None,
              subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
-             prefetch: bool | None = None, scatter: bool | None = None) -> KiviDecodePlan:
+             prefetch: bool | None = None, scatter: bool | None = None, looped: bool | None = None) -> KiviDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, D the padded head size the cache was written at) over the
         KIVI buffers k, v, res (GPU buffers in kvviz/families/kivi/format.py's layout). The quantised / residual split is
         `seq_plan` (kvviz.families.kivi.format.plan(batch.context_lens, recent)) or computed from `recent`; `info`: the
@@ -245,15 +269,22 @@ class KiviFastDecode:
         if (np.asarray(seq_plan.n_q) % GROUP).any():
             raise InvalidInput("fast KIVI decode: every quantised prefix must be whole 32-token key groups")
         lay = self.layout(bits, D, G, subgroups, unroll, rows, lanes)
+        looped = fd.use_looped(self.rt, looped, prefetch, scatter,
+                               wide=fd.wide_layout(lay, self._fast.lane_cap(subgroups, lanes)))
+        if looped:
+            limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+            lay = fd.looped_layout(lay, G, limit, lay.span)
         mcl = int(batch.max_context_len)
+        residual_max = int(max((np.asarray(seq_plan.context_lens) - np.asarray(seq_plan.n_q)).max(initial=0), 0))
         # whole key groups a partition
-        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, num_kv_heads, mcl, GROUP), GROUP, mcl)
+        pt, P = fd.split_context(partition_tokens, self._planned_tokens(S, num_kv_heads, mcl, lay, G, residual_max, looped),
+                                 GROUP, mcl)
         tg = choose_tg(lay.row_groups, pt)
         if tg % lay.unroll:
             raise InvalidInput(f"unroll {lay.unroll} does not divide the {tg} tokens a row group takes of a key group")
-        fd.check_grid(self.rt, "fast KIVI decode", (("partitions", P), ("KV heads", num_kv_heads), ("sequences", S)))
-        residual_max = int(max((np.asarray(seq_plan.context_lens) - np.asarray(seq_plan.n_q)).max(initial=0), 0))
-        self._check_loops(pt, lay, tg, P, residual_max)
+        fd.check_grid(self.rt, "fast KIVI decode", (("partitions", P), ("KV heads", num_kv_heads * lay.chunks),
+                                                    ("sequences", S)))
+        self._check_loops(pt, lay, tg, P, residual_max, G if looped else 0)
         KW = kl.kw(D, bits)
         kstride = kl.k_stride(D, bs, bits)
         nb = batch.num_blocks
@@ -265,19 +296,31 @@ class KiviFastDecode:
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
         if info is None:
             info = self.rt.upload(np.concatenate([seq_plan.seq_info().reshape(-1), bt.reshape(-1)]), "kivi_info")
-        pf = use_prefetch(bits, lay, prefetch)
-        sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
-        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf, sc))
+        pf = not looped and use_prefetch(bits, lay, prefetch)
+        sc = not looped and (fd.SCATTER and lay.lanes > 1 if scatter is None else scatter)
+        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf, sc, looped))
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_kivi_partials")
         out = self.rt.empty(S * H * D * 4, "fast_decode_kivi_out")
         imm = kern.pack(num_kv_heads, H, bs, bt.shape[1], 4 * S, kstride, kl.ws(D, bs), pt, P, float(scale) * LOG2E)
-        d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, res, info, partials], (P, num_kv_heads, S), imm),
+        d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, res, info, partials], (P, num_kv_heads * lay.chunks, S), imm),
              self.rt.compile(fd.reduce_spec(P)).dispatch((H, S, 1), [partials, out], H, D, P)]
-        return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg, pf)
+        return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg, pf, looped)
 
-    def _check_loops(self, pt: int, lay: fd.Layout, tg: int, P: int, residual: int) -> None:
+    def _planned_tokens(self, num_seqs: int, num_kv_heads: int, max_len: int, lay: fd.Layout, group: int,
+                        residual: int, looped: bool) -> int:
+        """fast_decode.plan_partitions' tokens a partition (whole key groups); for the looped kernel on an adapter
+        with a loop limit, no more than its loops over a partition fit (looped_loops)."""
+        pt = fd.plan_partitions(num_seqs, num_kv_heads * lay.chunks, max_len, GROUP)
+        limit = self.rt.loop_limit
+        if looped and limit is not None:
+            while pt > GROUP and looped_loops(pt, lay, choose_tg(lay.row_groups, pt), residual, group) > limit:
+                pt -= GROUP
+        return pt
+
+    def _check_loops(self, pt: int, lay: fd.Layout, tg: int, P: int, residual: int, looped_group: int = 0) -> None:
         """Loop iterations of one invocation (each loop charged iterations + 2, kvviz/gpu/loop_budget.py):
-        the sweeps over key groups with their TG/U steps, the residual loop, and the reduce's loops over P."""
+        the sweeps over key groups with their TG/U steps, the residual loop (the looped kernel's: looped_loops, its
+        GQA group `looped_group`), and the reduce's loops over P."""
         limit = self.rt.loop_limit
         if limit is None:
             return
@@ -285,6 +328,8 @@ class KiviFastDecode:
         sweeps = math.ceil(pt / GROUP / gps)
         res_steps = math.ceil(min(pt, residual + GROUP) / lay.tokens_per_step)
         split = sweeps + 2 + sweeps * (tg // lay.unroll + 2) + res_steps + 2
+        if looped_group:
+            split = looped_loops(pt, lay, tg, residual, looped_group)
         need = max(split, fd.reduce_loops(P))
         if need > limit:
             raise DeviceLimitError(f"fast KIVI decode: {need} loop iterations per invocation exceed this adapter's "

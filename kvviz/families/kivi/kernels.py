@@ -41,8 +41,8 @@ def kivi_token_dispatches(rt: GpuRuntime, bits: int, key, value, slots, row_res,
     T, kvh, D = key.shape
     kw = D * bits // 32
     var = variant or fw.Variant(rt)
-    L = var.lanes(kw)
-    kern = rt.compile(WRITE_KIVI_TOK, BITS=bits, NJ=kw // L, **var.defines(L))
+    L, nj, pad = var.split(kw, 8 // bits)  # a code word holds 32 / bits codes: 8 / bits vec4s
+    kern = rt.compile(WRITE_KIVI_TOK, BITS=bits, NJ=nj, PAD="true" if pad else "false", **var.defines(L))
     return fw.row_dispatches(rt, kern, key, value, sm, [k_buf, v_buf, res],
                            lambda rows, gx: kern.pack(kvh, D, block_size, kstride, rows, gx), fw.WG // L,
                            extra_rows=[np.asarray(row_res, np.uint32)])

@@ -101,25 +101,32 @@ def unsupported(head_size: int, group: int) -> str:
 
 
 def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, block_size: int = 0,
-           prefetch: bool = False, scatter: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False, looped: bool = False) -> dict:
     """The {{...}} values of turboquant/decode_fast.wgsl (per-sequence cache) or, with `paged`, of
     turboquant/decode_fast_paged.wgsl (per-token records [num_blocks, kv_heads, block_size, WK | WV] read through the
     block tables; the loads are the fast decodes', with their prefetch; block_size > 0 renders the block
     size as a constant, 0 reads it from the immediates). The arithmetic is the same in both; the code is rendered
     from the template turboquant/decode_fast.wgsl.j2. scatter: fast_decode's reduce-scatter softmax (L >= 2; the
-    owners apply the token's norms)."""
+    owners apply the token's norms). looped (paged only): attention/split_looped.wgsl.j2's code over
+    turboquant/records.wgsl.j2 (fast_decode.render's looped; the QJL term its aux query)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
+    if looped and not paged:
+        raise InvalidInput("the looped TurboQuant decode reads the paged records only")
     dpl = lay.dims_per_lane
     values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, wpl=dpl // 16, stride=D + 2, paged=paged,
                   scatter=scatter, prefetch=prefetch and paged,  # the per-sequence cache's loads are not pipelined
                   bsx=f"{block_size}u" if block_size > 0 else "p.block_size")
+    if looped:
+        values.update(fns="turboquant/records.wgsl.j2", qfactor="p.scale_log2", qbuf="qrot", aux=True,
+                      aux_offset="p.q_region", aux_factor="p.qjl_log2", span=lay.span, chunks=lay.chunks,
+                      G=G // lay.chunks)
     return {
-        "D": str(D), "G": str(G), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
+        "D": str(D), "G": str(values["G"]), "L": str(L), "RG": str(RG), "U": str(U), "WG": str(lay.workgroup),
         "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(dpl // 16), "STRIDE": str(D + 2),
-        "SHARED": str(max(1, RG // 2) * G * (D + 2)),
-        **render_defines("turboquant/decode_fast.wgsl.j2", **values),
+        "SHARED": "1" if looped else str(max(1, RG // 2) * G * (D + 2)),
+        **render_defines("attention/split_looped.wgsl.j2" if looped else "turboquant/decode_fast.wgsl.j2", **values),
     } | ({"WK": str(tqf.key_bytes_per_vector(D) // 4), "WV": str(tqf.value_bytes_per_vector(D) // 4)} if paged else {})
 
 
@@ -136,12 +143,14 @@ class TQDecodePlan:
     num_partitions: int  # the most partitions of any sequence (each sequence's partials hold its own)
     layout: fd.Layout
     paged: bool = False  # plan_paged: the paged records, one split + one reduce for the batch
+    looped: bool = False  # the looped kernel (attention/split_looped.wgsl.j2; paged only), else the unrolled one
 
     def describe(self) -> str:
         L = self.layout
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
                 f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step), "
-                + ("paged records, one split dispatch" if self.paged else "per-sequence caches"))
+                + ("paged records, one split dispatch" if self.paged else "per-sequence caches")
+                + fd.looped_note(self.looped, L))
 
 
 class TQFastDecode:
@@ -231,19 +240,28 @@ class TQFastDecode:
         return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay)
 
     def paged_kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
-                     scatter: bool | None = None, **kw):
+                     scatter: bool | None = None, looped: bool | None = None, **kw):
         """The paged split kernel (render(..., paged=True)); prefetch None: fast_decode.PREFETCH where a lane's
-        words of a step fit fast_decode.PREFETCH_MAX_WORDS, as the other paged fast decodes."""
+        words of a step fit fast_decode.PREFETCH_MAX_WORDS, as the other paged fast decodes. looped None:
+        fast_decode.use_looped (not when prefetch or scatter is given). Returns (kernel, layout, looped)."""
         lay = self.layout(head_size, group, **kw)
-        if prefetch is None:
-            prefetch = fd.PREFETCH and paged_step_words(head_size, lay) <= fd.PREFETCH_MAX_WORDS
-        sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
-        return self.rt.compile(PAGED_SPLIT, **render(head_size, group, lay, True, block_size, prefetch, sc)), lay
+        looped = fd.use_looped(self.rt, looped, prefetch, scatter,
+                               wide=fd.wide_layout(lay, self._fast.lane_cap(kw.get("subgroups"), kw.get("lanes", 16))))
+        if looped:
+            limit = int(self.rt.limits.get("max-compute-workgroup-storage-size", 16384) or 16384)
+            lay, prefetch, sc = fd.looped_layout(lay, group, limit), False, False
+        else:
+            if prefetch is None:
+                prefetch = fd.PREFETCH and paged_step_words(head_size, lay) <= fd.PREFETCH_MAX_WORDS
+            sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
+        defines = render(head_size, group, lay, True, block_size, prefetch, sc, looped)
+        return self.rt.compile(PAGED_SPLIT, **defines), lay, looped
 
     def plan_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
                    qjl_scale="reference", *, signs=None, partition_tokens: int | None = None,
                    subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
-                   prefetch: bool | None = None, const_block: bool = True, scatter: bool | None = None) -> TQDecodePlan:
+                   prefetch: bool | None = None, const_block: bool = True, scatter: bool | None = None,
+                   looped: bool | None = None) -> TQDecodePlan:
         """Decode of one query per sequence (q [S, H, D] f32) at its last position over the PAGED seed-configuration
         records: `k` / `v` GPU buffers of [num_blocks, num_kv_heads, block_size, WK | WV] u32 (paged_words; written by
         tq_general_compress through the batch's slot mapping), read through batch.block_tables for positions
@@ -278,14 +296,14 @@ class TQFastDecode:
                                    f"{batch.num_blocks} blocks of {kvh} KV heads x {batch.block_size} records of {w} "
                                    f"words need {need}")
         qs = float(np.float32(tqk.resolve_qjl_scale(qjl_scale, D)))
-        kern, lay = self.paged_kernel(D, G, batch.block_size if const_block else 0, prefetch, scatter, subgroups=subgroups,
-                                      unroll=unroll, rows=rows, lanes=lanes)
+        kern, lay, looped = self.paged_kernel(D, G, batch.block_size if const_block else 0, prefetch, scatter, looped,
+                                              subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
         mcl = int(lens.max(initial=0))
-        pt, P = fd.split_context(partition_tokens, fd.plan_partitions(S, kvh, mcl, lay.tokens_per_step),
+        pt, P = fd.split_context(partition_tokens, self._fast.planned_tokens(S, kvh, mcl, lay, G, looped),
                                  lay.tokens_per_step, mcl)
-        fd.check_grid(self.rt, "fast TurboQuant decode", (("partitions", P), ("KV heads", kvh), ("query heads", H),
-                                                          ("sequences", S)))
-        self._fast._check_loops(pt, lay, P, fd.chunked_reduce_loops(P) + reduce_butterfly_loops(D))
+        fd.check_grid(self.rt, "fast TurboQuant decode", (("partitions", P), ("KV heads", kvh * lay.chunks),
+                                                          ("query heads", H), ("sequences", S)))
+        self._fast._check_loops(pt, lay, P, fd.chunked_reduce_loops(P) + reduce_butterfly_loops(D), G, looped)
         if signs is None:
             signs = self.rt.upload(params.signs_buffer(), "tq_signs")
         rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, signs)
@@ -296,10 +314,10 @@ class TQFastDecode:
                         *[float(x) for x in params.centroids])
         bufs = [qrot, k, v, self.rt.upload(bt, "block_tables"), self.rt.upload(lens.astype(np.uint32), "context_lens"),
                 partials]
-        ds = [Dispatch(kern, bufs, (P, kvh, S), imm),
+        ds = [Dispatch(kern, bufs, (P, kvh * lay.chunks, S), imm),
               self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, signs, out], H, D, P, params.sign_off, 0,
                                                float(tqf.inv_sqrt_d(D)))]
-        return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay, True)
+        return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay, True, looped)
 
     def decode_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
                      qjl_scale="reference", **kw) -> np.ndarray:

@@ -90,7 +90,8 @@ def check_general_head_size(head_size: int) -> None:
     if d < 4 or d > tqf.MAX_ROTATION:
         raise UnsupportedShape(
             f"head_size {head_size} is not supported by TurboQuant: the rotation is padded to the next power of "
-            f"two, at most {tqf.MAX_ROTATION} (the kernels' 256 lanes), and the vector needs >= 4 channels.",
+            f"two, at most {tqf.MAX_ROTATION} (the kernels' 256 lanes), and the vector needs >= 4 channels; the "
+            f"nearest head size that works is {4 if d < 4 else tqf.MAX_ROTATION}.",
             f"Use a head size between 4 and {tqf.MAX_ROTATION}.",
         )
 
