@@ -43,6 +43,8 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
     KernelFamily("f16", "f16", "kvviz.families.f16.kernels", "kvviz.families.f16.oracle", "kvviz.families.f16.format"),
     # the split-K decodes and the later fast writers: generated shaders (their launchers render the defines)
     KernelFamily("fast_decode", "attention", "kvviz.attention.split_decode", "kvviz.attention.paged_oracle"),
+    # the causal prefill over every cache: one kernel, a shell per cache layout (kvviz/attention/prefill.py)
+    KernelFamily("prefill", "attention", "kvviz.attention.prefill", "kvviz.attention.prefill_oracle"),
     KernelFamily("fast_decode_ggml", "ggml", "kvviz.families.ggml.decode", "kvviz.families.ggml.oracle", "kvviz.families.ggml.format"),
     KernelFamily("fast_decode_kivi", "kivi", "kvviz.families.kivi.decode", "kvviz.families.kivi.oracle", "kvviz.families.kivi.format"),
     KernelFamily("fast_decode_tq", "turboquant", "kvviz.families.turboquant.decode", "kvviz.families.turboquant.oracle",
@@ -54,6 +56,8 @@ FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (
                  key="fast_write_fp4"),
     KernelFamily("fast_write_tq", "turboquant", "kvviz.families.turboquant.writer", "kvviz.families.turboquant.oracle",
                  "kvviz.families.turboquant.format"),
+    # the model's forward pass on the GPU: matrix products, norms, RoPE, attention, activations
+    KernelFamily("forward", "forward", "kvviz.forward.kernels", "kvviz.forward.oracle"),
 )}
 
 

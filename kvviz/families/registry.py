@@ -11,6 +11,7 @@ from typing import Callable
 
 from kvviz.errors import InvalidInput
 from kvviz.families import load_all
+from kvviz.methods import transform
 from kvviz.methods.base import KVMethod, OptionSpec, registered
 
 
@@ -28,9 +29,16 @@ def method_class(method_id: str) -> type:
     return reg[method_id]
 
 
+def transform_options(method_id: str) -> tuple[OptionSpec, ...]:
+    """The host-side transform options the method takes besides its own (kvviz/methods/transform.py): the
+    Hadamard rotation for every method, llama.cpp's way of running its types for those types."""
+    return transform.options_for(family_of(method_id))
+
+
 def option_schema(method_id: str) -> tuple[OptionSpec, ...]:
-    """The method's declared options (what the window's editors, the CLI and config files take)."""
-    return tuple(method_class(method_id).OPTIONS)
+    """The method's options (what the window's editors, the CLI and config files take): its declared ones,
+    then the transform options."""
+    return tuple(method_class(method_id).OPTIONS) + transform_options(method_id)
 
 
 def option_defaults(method_id: str) -> dict:
@@ -38,21 +46,46 @@ def option_defaults(method_id: str) -> dict:
     return {o.name: o.default for o in option_schema(method_id)}
 
 
+def _split(method_id: str, values) -> tuple[dict, dict]:
+    """(the method's own options, the transform options) of a mapping of option values."""
+    if not isinstance(values, dict):
+        return values, {}
+    names = {o.name for o in transform_options(method_id)}
+    return ({k: v for k, v in values.items() if k not in names}, {k: v for k, v in values.items() if k in names})
+
+
 def parse_options(method_id: str, values, *, text: bool = False, where: str = "method_options",
                   defaults: bool = True) -> dict:
     """The method's options from `values` (a mapping of option name to value), each parsed by its
-    OptionSpec: {name: typed value} for every declared option (defaults=False: only those in `values`).
+    OptionSpec: {name: typed value} for every declared option (defaults=False: only those in `values`); the
+    transform options (rotation, llama_cpp) only where `values` gives them.
 
     text=False: values are JSON values (a config file, `--set method_options=...`, code) and must have
     the option's type already ("4" is not an integer). text=True: values may be text a user typed
     (`kvviz live --methods kivi:bits=4`). InvalidInput names the option and lists the known ones.
     """
-    return method_class(method_id).parse_options(values, text=text, where=where, defaults=defaults)
+    cls = method_class(method_id)
+    specs = transform_options(method_id)
+    own, extra = _split(method_id, values)
+    try:
+        out = cls.parse_options(own, text=text, where=where, defaults=defaults)
+    except InvalidInput as exc:  # the listing names the transform options too
+        listing = ", ".join(o.describe() for o in option_schema(method_id))
+        raise InvalidInput(str(exc), f"Options of {cls.id}: {listing}.") from None
+    for o in specs:  # a transform option is named only where given (a plain method's options() are its own)
+        if o.name in extra:
+            out[o.name] = o.parse(extra[o.name], text=text, where=f"{where}: {cls.id}")
+    return out
 
 
 def get_method(method_id: str, **options) -> KVMethod:
-    """A method instance with its options checked against its schema (InvalidInput otherwise)."""
-    return method_class(method_id)(**options)
+    """A method instance with its options checked against its schema (InvalidInput otherwise); with a transform
+    option set (rotation, llama_cpp), the method wrapped in its transform (kvviz.methods.transform)."""
+    own, extra = _split(method_id, options)
+    extra = {k: v for k, v in parse_options(method_id, extra, defaults=False).items()
+             if v != next(o.default for o in transform_options(method_id) if o.name == k)}
+    inner = method_class(method_id)(**own)
+    return transform.TransformedMethod(inner, extra) if extra else inner
 
 
 def reference(method_id: str) -> Callable:

@@ -259,6 +259,13 @@ class KVMethod(ABC):
         """User-settable options and their current values (group size, recent window, ...)."""
         return dict(getattr(self, "_options", {}))
 
+    def option_name(self) -> str:
+        """The method's key and the options it was given that differ from their defaults, e.g.
+        `turboquant qjl_scale=unbiased`: what tells two settings of one method apart (their labels may not)."""
+        defaults = {o.name: o.default for o in self.OPTIONS}
+        changed = [f"{k}={v}" for k, v in self.options().items() if k in defaults and v != defaults[k]]
+        return " ".join([self.id] + changed)
+
     def for_layer(self, layer: int) -> "KVMethod":
         """The method as it quantises model layer `layer` (the session's and live decode's layer). The
         same instance for methods whose cache does not depend on the layer."""
@@ -363,6 +370,14 @@ class KVMethod(ABC):
                                   saturated=self.saturated_codes(qkv, which, x)))
         return tuple(out)
 
+    def prefill_plan(self, ctx, qkv: QuantizedKV, batch, q: np.ndarray, q_lens, scale: float, softcap: float = 0.0):
+        """The causal prefill (kvviz/attention/prefill.py) over the cache `qkv` holds (what `quantize` returned, or a
+        live cache's view of its buffers): a PrefillPlan of q [sum(q_lens), H, D], q_lens[s] queries of sequence s
+        at its last q_lens[s] positions of `batch`, each attending to the positions up to its own; reading the
+        packed cache in place; softcap: the attention logits' soft-cap (kvviz/attention/prefill.py Prefill.plan; 0:
+        none). None where the method has no prefill for this shape (callers then run the decode once a query)."""
+        return None
+
     def fast_cache_format(self, head_size: int):
         """The kvviz.attention.split_decode.CacheFormat of this method's paged cache when the fast split-K
         decode reads it in place, else None (the method keeps its own decode)."""
@@ -376,6 +391,17 @@ class KVMethod(ABC):
 
 
 _REGISTRY: dict[str, type] = {}
+
+
+def batch_layouts(method, batch, head_size):
+    """(K, V) layouts whose bytes and bits per element are those of THIS batch: the one definition the
+    overview, the block inspector, the report, the comparison, `kvviz live` and `kvviz eval` all show. A method
+    whose cost depends on the batch (KIVI: the float32 residual rows of each sequence's recent tokens) accounts
+    it exactly in `layouts_for_batch`; the others' `layouts` do not depend on it."""
+    hook = getattr(method, "layouts_for_batch", None)
+    if hook is not None:
+        return hook(batch, head_size)
+    return method.layouts(head_size, batch.block_size)
 
 
 def register(cls):

@@ -18,6 +18,13 @@ a method's cache holds (its QuantizedKV device/extra entries) is read only throu
 
 Layouts: `write` takes k, v [n_kv, T, D] (the layout of LlamaRunner's kv_sink), `attend` takes
 q [n_heads, D] and returns [n_heads, D] float32, like the runner's attention hook.
+
+Soft-capped attention logits (Gemma 2; `softcap` > 0, set by `make_live_cache`): only the causal prefill kernel
+(kvviz/attention/prefill.py) caps the scores, the decode kernels do not. A soft-capped cache attends a chunk with the
+prefill as any cache does, and a decode step with the same prefill over one query at the last position (causal
+over every cached position: the decode's answer, capped); a cache without a prefill for the shape refuses
+(UnsupportedShape) instead of running the uncapped decode. Its attention weights (the weights kernel has no cap) are
+not shown: `last_weights` gives None.
 """
 from __future__ import annotations
 
@@ -27,7 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.errors import InvalidInput
+from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.attention import prefill
 from kvviz.attention.paged import check_head_size
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
@@ -99,6 +107,10 @@ class LiveCache(ABC):
     method_id: str = ""
     label: str = ""
     path: str = ""  # how the cache is kept, in a few words ("re-quantised every step"): `kvviz live`'s cache path
+    # Whether each position's record depends on that position's K/V alone, so that the cache can hold a
+    # sliding window as a ring (position p in slot p mod W; kvviz/methods/live_window.py)
+    ring_safe: bool = False
+    softcap: float = 0.0  # the model's attention logits soft-cap (0: none): see the module docstring
 
     def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int,
                  scale: float):
@@ -122,6 +134,72 @@ class LiveCache(ABC):
     @abstractmethod
     def weights(self, layer: int, q: np.ndarray, context_len: int) -> np.ndarray:
         """Attention weights [n_heads, context_len] the decode applies."""
+
+    def attend_causal(self, layer: int, q: np.ndarray, start: int) -> np.ndarray:
+        """Causal (chunked-prefill) attention of q [T, n_heads, D] (positions start..start+T-1) over the
+        cache's positions 0..start+T-1, which the caller has already written (extend). -> [T, n_heads, D] f32.
+        Query t attends to positions 0..start+t.
+
+        This base runs the decode `attend` once a query (T dispatches): the same answer for a cache whose records
+        of a position do not depend on later positions. The GPU-backed caches override it with one prefill
+        dispatch over the cache as it stands after the chunk's writes (kvviz/attention/prefill.py)."""
+        q = self._causal_query(q, start)
+        out = np.zeros(q.shape, _F32)
+        for t in range(q.shape[0]):
+            out[t] = self.attend(layer, q[t], start + t + 1)
+        return out
+
+    def _prefill(self, layer: int, q: np.ndarray, start: int, plan) -> np.ndarray:
+        """Run `plan(q, batch)` (a method's prefill_plan over the cache of positions 0..start+T-1, or None where it
+        has none) and read its output; the decode loop where there is no plan or the prefill refuses the shape (a
+        soft-capped cache refuses: its decode has no cap)."""
+        q = self._causal_query(q, start)
+        if not q.shape[0]:
+            return q.copy()
+        why = ""
+        try:
+            p = plan(q, self.table.batch(int(start) + q.shape[0]))
+        except UnsupportedShape as exc:
+            p, why = None, exc.one_line()
+        if p is None:
+            if self.softcap:
+                raise self._no_capped_prefill(why)
+            log.info("%s: %s; the decode runs once a query", self.method_id,
+                     why or "no prefill kernel for this shape")
+            return LiveCache.attend_causal(self, layer, q, start)
+        return self.ctx.prefill.run(p)
+
+    def _no_capped_prefill(self, why: str = "") -> UnsupportedShape:
+        return UnsupportedShape(
+            f"{self.method_id}: a model that soft-caps its attention logits (at {self.softcap:g}) needs the causal "
+            "prefill kernel, the only one that caps them, and this cache has none for this shape"
+            + (f" ({why})" if why else ""),
+            "Use a method and shape the prefill takes (kvviz/attention/prefill.py), e.g. the f32 cache or int8.")
+
+    def _capped_attend(self, plan, q: np.ndarray, batch) -> np.ndarray:
+        """The decode step of a soft-capped model: q [n_heads, D] as the one query of the causal prefill
+        `plan(q [1, n_heads, D], batch)` at the last position of `batch`, over all its positions -> [n_heads, D]."""
+        q1 = np.asarray(q, _F32).reshape(1, self.n_heads, self.head_size)
+        why = ""
+        try:
+            p = None if plan is None else plan(q1, batch)
+        except UnsupportedShape as exc:
+            p, why = None, exc.one_line()
+        if p is None:
+            raise self._no_capped_prefill(why)
+        return self.ctx.prefill.run(p)[0]
+
+    def _causal_query(self, q, start: int, written: bool = True) -> np.ndarray:
+        """q as float32 [T, n_heads, D], checked against the cache's shape and (written) the positions it holds."""
+        q = np.asarray(q, _F32)
+        if q.ndim != 3 or q.shape[1:] != (self.n_heads, self.head_size):
+            raise InvalidInput(f"attend_causal takes q [T, {self.n_heads}, {self.head_size}], got {list(q.shape)}")
+        if int(start) < 0:
+            raise InvalidInput(f"attend_causal: start must be >= 0, got {start}")
+        if written and int(start) + q.shape[0] > self.table.capacity:
+            raise InvalidInput(f"attend_causal: positions up to {int(start) + q.shape[0] - 1} are not written "
+                               f"(the table holds {self.table.capacity} slots): extend the chunk first")
+        return q
 
     # -- shared --------------------------------------------------------------------------------
 
@@ -151,9 +229,12 @@ class LiveCache(ABC):
             self.extend(li, k_all[li], v_all[li], 0)
 
     def last_weights(self, layer: int) -> np.ndarray | None:
-        """Attention weights of the last query seen by `layer` over the current context (for drawing)."""
+        """Attention weights of the last query seen by `layer` over the current context (for drawing); None for a
+        soft-capped model (the weights kernel has no cap: its weights would not be the model's)."""
         q = self.last_q[layer]
-        return None if q is None or self.length == 0 else self.weights(layer, q, self.length)
+        if q is None or self.length == 0 or self.softcap:
+            return None
+        return self.weights(layer, q, self.length)
 
     def bytes_per_token(self) -> float:
         """Bytes one token costs in K + V over all layers and KV heads (NaN when unknown)."""
@@ -183,6 +264,7 @@ class PagedLiveCache(LiveCache):
     """The shared paged kernels (kvviz.attention.paged) in one format: one PagedCache per layer."""
 
     fmt = "f32"
+    ring_safe = True  # per-token records (f32 values; int8 codes with the token's own scale)
 
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
@@ -197,6 +279,8 @@ class PagedLiveCache(LiveCache):
         self.ctx.paged.write(self.layers[layer], _tokens_major(k), _tokens_major(v), slots)
 
     def attend(self, layer, q, context_len):
+        if self.softcap:
+            return self._capped_attend(self._causal_plan(layer), q, self.table.batch(context_len))
         return self.ctx.paged.decode(self.layers[layer], np.asarray(q, _F32)[None], self.table.batch(context_len),
                                      self.scale)[0]
 
@@ -204,7 +288,28 @@ class PagedLiveCache(LiveCache):
         return self.ctx.paged.weights(self.layers[layer], np.asarray(q, _F32)[None],
                                       self.table.batch(context_len), self.scale)[0]
 
+    def _causal_plan(self, layer):
+        """plan(q, batch): the prefill over the layer's records (UnsupportedShape where it does not take the shape)."""
+        fmt = prefill.F32 if self.fmt == "f32" else prefill.INT8
+        cache = self.layers[layer]
+
+        def plan(q, batch):
+            why = prefill.unsupported(self.head_size, self.n_heads // self.n_kv_heads)
+            if why:
+                raise UnsupportedShape(f"prefill: {why}")
+            return prefill.plan_records(self.ctx.prefill, fmt, cache.k, cache.v, self.n_kv_heads, q, batch,
+                                        [q.shape[0]], self.scale, softcap=self.softcap)
+
+        return plan
+
+    def attend_causal(self, layer, q, start):
+        """One prefill dispatch over the paged cache's records (kvviz/attention/prefill.py), where it takes the head
+        size; else the decode loop."""
+        return self._prefill(layer, q, start, self._causal_plan(layer))
+
     def append_attend(self, layer, q, k, v, pos):
+        if self.softcap:  # the write, then the capped prefill of one query
+            return LiveCache.append_attend(self, layer, q, k, v, pos)
         # Writer and decode in one compute pass, one submit: WebGPU orders dispatches of a pass, so
         # the decode sees the token the writer just stored.
         self.table.ensure(pos + 1)
@@ -300,15 +405,23 @@ class RequantCache(LiveCache):
     `method.attend` runs over the fresh cache. O(T) GPU work per token and layer: slow but exact
     for every method whose quantisation of a token does not depend on later tokens (KIVI's key groups
     of 32 and its recent window are defined by position, so re-quantising reproduces its streaming
-    cache). Each layer quantises with `method.for_layer(layer)` (TurboQuant seeds its rotation per layer)."""
+    cache). Each layer quantises with `method.for_layer(layer)` (TurboQuant seeds its rotation per layer;
+    `layer_ids` names the model layers when this cache holds some of them only).
+
+    With `window` > 0 the cache holds a sliding-window layer: each step quantises the last `window`
+    positions alone, as a sequence of their own (in order), and attends over them; weights and scales
+    of the positions before the window are 0 / NaN."""
 
     path = "re-quantised every step"
 
-    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method: KVMethod):
+    def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method: KVMethod, *,
+                 window: int = 0, layer_ids=None):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
         method.check(n_heads, n_kv_heads, head_size, table.block_size)
         self.method = method
-        self.methods = [method.for_layer(li) for li in range(n_layers)]
+        self.window = int(window)
+        ids = range(n_layers) if layer_ids is None else layer_ids
+        self.methods = [method.for_layer(li) for li in ids]
         self.method_id = method.id
         self.label = f"{method.label} (re-quantised every step)"
         cap = table.num_blocks * table.block_size
@@ -325,23 +438,49 @@ class RequantCache(LiveCache):
         self._v[layer, start : start + t] = _tokens_major(v)
         self._qkv_len[layer] = -1  # stale
 
+    def window_start(self, context_len: int) -> int:
+        """The first position a query at context_len - 1 attends to (0 without a window)."""
+        return max(0, int(context_len) - self.window) if self.window else 0
+
     def _quantized(self, layer: int, context_len: int):
-        batch = self.table.batch(context_len)
+        s = self.window_start(context_len)
+        batch = self.table.batch(context_len - s)
         if self.qkv[layer] is None or self._qkv_len[layer] != context_len:
             n = context_len
-            self.qkv[layer] = self.methods[layer].quantize(self.ctx, batch, np.ascontiguousarray(self._k[layer, :n]),
-                                                   np.ascontiguousarray(self._v[layer, :n]))
+            self.qkv[layer] = self.methods[layer].quantize(self.ctx, batch, np.ascontiguousarray(self._k[layer, s:n]),
+                                                   np.ascontiguousarray(self._v[layer, s:n]))
             self._qkv_len[layer] = context_len
         return self.qkv[layer], batch
 
     def attend(self, layer, q, context_len):
         qkv, batch = self._quantized(layer, context_len)
+        if self.softcap:  # over the quantised window (or sequence): the query at its last position sees all of it
+            return self._capped_attend(lambda q, b: self.methods[layer].prefill_plan(
+                self.ctx, qkv, b, q, [q.shape[0]], self.scale, softcap=self.softcap), q, batch)
         out = self.methods[layer].attend(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale)
         return np.asarray(out, _F32)[0]
 
+    def attend_causal(self, layer, q, start):
+        """The method's prefill over its cache of positions 0..start+T-1 (quantised once for that context, as the
+        decode at context start+T sees it), one dispatch where it has one. With a window, the decode once a query:
+        each query's window is another sequence, quantised as that query's decode sees it."""
+        if self.window:
+            return LiveCache.attend_causal(self, layer, q, start)
+
+        def plan(q, batch):
+            qkv, batch = self._quantized(layer, batch.max_context_len)
+            return self.methods[layer].prefill_plan(self.ctx, qkv, batch, q, [q.shape[0]], self.scale,
+                                                    softcap=self.softcap)
+
+        return self._prefill(layer, q, start, plan)
+
     def weights(self, layer, q, context_len):
         qkv, batch = self._quantized(layer, context_len)
-        return np.asarray(self.methods[layer].weights(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale))[0]
+        w = np.asarray(self.methods[layer].weights(self.ctx, qkv, batch, np.asarray(q, _F32)[None], self.scale))[0]
+        s = self.window_start(context_len)
+        if s:
+            w = np.concatenate([np.zeros((w.shape[0], s), w.dtype), w], axis=1)
+        return w
 
     def bytes_per_token(self):
         k, v = self.method.layouts(self.head_size, self.table.block_size)
@@ -349,7 +488,12 @@ class RequantCache(LiveCache):
 
     def inspect_block(self, layer, block, kv_head, which="K"):
         qkv, batch = self._quantized(layer, self.length)
-        return self.methods[layer].inspect_block(self.ctx, qkv, batch, block, kv_head, which)
+        recs = self.methods[layer].inspect_block(self.ctx, qkv, batch, block, kv_head, which)
+        s = self.window_start(self.length)
+        for r in recs:  # the window's first position is position 0 of the sequence the method quantised
+            if s and r.position >= 0:
+                r.position += s
+        return recs
 
     def token_scales(self, layer, kv_head):
         """From the method's QuantizedKV of the layer, through its `token_scales` hook (host copies read
@@ -358,10 +502,15 @@ class RequantCache(LiveCache):
         if self.length == 0:
             return None
         qkv, _ = self._quantized(layer, self.length)
-        got = self.methods[layer].token_scales(qkv, kv_head, self.length)
+        s = self.window_start(self.length)
+        got = self.methods[layer].token_scales(qkv, kv_head, self.length - s)
         if got is None:
             return None
         k, v, missing = got
+        if s:  # positions before the window are no longer in this layer's cache
+            k, v = (np.concatenate([np.full(s, np.nan), np.asarray(a, np.float64)]) for a in (k, v))
+            missing = (f"{missing}; " if missing else "") + (f"sliding window of {self.window}: positions before "
+                                                             f"{s} have left this layer's cache")
         labels = [_scale_label(lay) for lay in self.method.layouts(self.head_size, self.table.block_size)]
         note = (f"{self.method.id}: " + "; ".join(lab[1] for lab in labels)
                 + " (the method's cache, read back from the GPU)")
@@ -411,11 +560,27 @@ def _live_method(method: str | KVMethod) -> KVMethod | None:
     return method
 
 
+def check_softcap(softcap) -> float:
+    """The attention logits' soft-cap as a float: 0 (none) or positive and finite (InvalidInput otherwise)."""
+    c = float(softcap or 0.0)
+    if not np.isfinite(c) or c < 0:
+        raise InvalidInput(f"the attention soft-cap must be 0 (none) or a positive finite number, got {softcap}")
+    return c
+
+
 def make_live_cache(method: str | KVMethod, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int,
-                    head_size: int, scale: float, incremental: bool = True) -> LiveCache:
+                    head_size: int, scale: float, incremental: bool = True, softcap: float = 0.0) -> LiveCache:
     """The live cache of 'f32' (the f32 paged baseline) or a method instance: the method's own
     `live_cache` when it returns one, else re-quantisation of the whole sequence every step.
-    incremental=False forces the re-quantising path for every method except 'f32' (a cross-check)."""
+    incremental=False forces the re-quantising path for every method except 'f32' (a cross-check).
+    softcap: the model's attention logits soft-cap (0: none; the module docstring says how it attends)."""
+    cap = check_softcap(softcap)
+    cache = _make_live_cache(method, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, incremental)
+    cache.softcap = cap
+    return cache
+
+
+def _make_live_cache(method, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, incremental):
     args = (ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
     m = _live_method(method)
     if m is None:

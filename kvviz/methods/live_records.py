@@ -28,6 +28,7 @@ _F32 = np.float32
 
 class RecordLiveCache(LiveCache):
     path = "appended token by token (GPU)"  # kvviz live's cache path
+    ring_safe = True  # built only for methods whose records depend on their own token alone
 
     def __init__(self, ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, *, method):
         super().__init__(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale)
@@ -90,11 +91,23 @@ class RecordLiveCache(LiveCache):
         return plan.dispatches, lambda: self.ctx.fast.read(plan)
 
     def attend(self, layer, q, context_len):
+        if self.softcap:
+            return self._capped_attend(self._causal_plan(layer), q, self.table.batch(context_len))
         d, read = self._decode(layer, np.asarray(q, _F32)[None], self.table.batch(context_len))
         self.ctx.rt.run(d)
         return read()[0]
 
+    def _causal_plan(self, layer):
+        return lambda q, batch: self.method.prefill_plan(self.ctx, self._qkv(layer), batch, q, [q.shape[0]], self.scale,
+                                                         softcap=self.softcap)
+
+    def attend_causal(self, layer, q, start):
+        """The method's prefill over the packed records in place (one dispatch), where it has one for the shape."""
+        return self._prefill(layer, q, start, self._causal_plan(layer))
+
     def append_attend(self, layer, q, k, v, pos):
+        if self.softcap:  # the write, then the capped prefill of one query
+            return LiveCache.append_attend(self, layer, q, k, v, pos)
         # The new token's writer and the decode in one submit: WebGPU orders the dispatches, so the
         # decode sees the record the writer just stored.
         self.table.ensure(pos + 1)

@@ -12,7 +12,7 @@ from abc import abstractmethod
 
 import numpy as np
 
-from kvviz.attention import arith, records as qk
+from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.split_decode import fast_decode_rows, unsupported
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape
@@ -84,6 +84,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
 
     head_multiple: int = 4
     head_multiple_why: str = "4 codes are packed per 32-bit word"
+    head_multiple_elsewhere: str = ""  # what another engine does with a model whose head is not such a multiple
     code_range: tuple = (0, 0)
     # The writer quantize() runs: "fast" (kvviz/attention/writers.py, where the method has one for the
     # shape) or "first-wave" (writer_dispatches: the method's own shaders/quant writer). Set it on an
@@ -132,6 +133,26 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         qc = qkv.device["cache"]
         return ctx.fast.decode(fmt, qc.k, qc.v, qc.num_kv_heads, q, batch, scale, tensor=qc.extra.get("tensor"))
 
+    def prefill_format(self, head_size: int):
+        """The prefill's record format of this method's cache (kvviz/attention/prefill.py RecordFormat): the fast
+        decode's CacheFormat; None where the method reads its records otherwise (its own prefill_plan)."""
+        fmt = self.fast_cache_format(head_size)
+        return None if fmt is None else prefill.RecordFormat(fmt)
+
+    def prefill_plan(self, ctx, qkv, batch, q, q_lens, scale, softcap=0.0):
+        """The prefill over the packed records in place (attention/prefill.wgsl), the per-tensor scales from the
+        cache's tensor buffer; None where the method has no record format or the shape is not the prefill's."""
+        fmt = self.prefill_format(qkv.head_size)
+        if fmt is None or prefill.format_unsupported(fmt, qkv.head_size):
+            return None
+        qc = qkv.device["cache"]
+        return prefill.plan_records(ctx.prefill, fmt, qc.k, qc.v, qc.num_kv_heads, q, batch, q_lens, scale,
+                                    tensor=self.prefill_scales(qc), softcap=softcap)
+
+    def prefill_scales(self, qc):
+        """The buffer of the scales the prefill's format reads outside the records (the tensor buffer), or None."""
+        return qc.extra.get("tensor")
+
     @property
     def batch_scales(self) -> bool:
         """Whether the cache holds scales over the whole batch (a per-tensor scale, a method with its own
@@ -152,7 +173,8 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         return RecordLiveCache(ctx, table, n_layers, n_heads, n_kv_heads, head_size, scale, method=self)
 
     def check(self, num_heads, num_kv_heads, head_size, block_size):
-        qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, self.head_multiple, self.head_multiple_why)
+        qk.check_common_shape(num_heads, num_kv_heads, head_size, block_size, self.head_multiple, self.head_multiple_why,
+                              self.head_multiple_elsewhere)
 
     def _validate(self, batch, key, value):
         key, value = qk.check_kv(key, value)

@@ -12,7 +12,7 @@ struct P { kvh: u32, hd: u32, bs: u32, wpt: u32, win0: u32 }
 var<immediate> p: P;
 
 fn load_w(which: u32, i: u32) -> u32 { if (which == 0u) { return k_cache[i]; } return v_cache[i]; }
-fn rbyte(which: u32, rec: u32, b: u32) -> u32 { return (load_w(which, rec + b / 4u) >> (8u * (b % 4u))) & 0xFFu; }
+// #include "fp4/nvfp4_value.wgsl"
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -22,16 +22,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
   let n = p.bs * p.hd;
   let out_base = ((blk - p.win0) * p.kvh + h) * n;
   let st = bitcast<f32>(tensor[2u + which]);
-  let sw = (p.hd / 16u + 3u) / 4u;
   for (var i = lid.x; i < n; i = i + 64u) {
     let off = i / p.hd;
     let d = i % p.hd;
     let rec = ((blk * p.kvh + h) * p.bs + off) * p.wpt;
-    let s = d / 16u;
-    let j = d % 16u;
-    let sc = fp8_to_f32(rbyte(which, rec, s), 3u, 7);
-    let c = (rbyte(which, rec, 4u * sw + 8u * s + (j % 8u)) >> (4u * (j / 8u))) & 0xFu;
-    let v = (e2m1_doubled(c) * 0.5 * sc) * st;
+    let v = nvfp4_block_value(which, rec, d, p.hd) * st;
     if (which == 0u) { k_out[out_base + i] = v; } else { v_out[out_base + i] = v; }
   }
 }

@@ -17,9 +17,9 @@ fp4/nvfp4_dequant.wgsl. Attention: the fast split-K decode over the packed cache
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
+from kvviz.attention import prefill
 from kvviz.families.fp4 import decode as ffd, format as f4, kernels as f4k, writer as fw4
 from kvviz.families.fp8 import kernels as fp8_kernels
 from kvviz.families.ggml import kernels as gk
@@ -29,6 +29,8 @@ from kvviz.metrics import scaled_codes
 
 
 def _e4m3(codes) -> np.ndarray:
+    import ml_dtypes  # here, not at start-up: loading it registers every ufunc loop it adds, one by one
+
     return np.asarray(codes, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 
@@ -80,6 +82,14 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
         if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or ffd.unsupported(D, shape[1] // kvh):
             return None
         return ffd.Fp4FastDecode(ctx.rt).plan(qc.k, qc.v, qc.extra["tensor"], kvh, q, batch, scale)
+
+    def prefill_plan(self, ctx, qkv, batch, q, q_lens, scale, softcap=0.0):
+        """The prefill over the NVFP4 records in place (fp4/prefill.wgsl: each value by the dequantiser's own element
+        function, fp4/nvfp4_value.wgsl, times the tensor scale)."""
+        qc = qkv.device["cache"]
+        wpt = self.wpt(qkv.head_size)
+        return ctx.prefill.plan(prefill.NVFP4, {"WPT": str(wpt)}, qc.k, qc.v, [qc.extra["tensor"]], qc.num_kv_heads, q,
+                                batch, q_lens, scale, label="prefill nvfp4", record_words=wpt, softcap=softcap)
 
     def _fast_traffic(self, batch, plan, qc):
         return ffd.decode_traffic(batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)

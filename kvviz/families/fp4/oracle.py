@@ -16,7 +16,6 @@ tests/test_fp4_formats.py checks e2m1 * S against it and the GPU against this or
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from kvviz.attention.paged_oracle import per_token_caches, through_f32_decode
@@ -36,13 +35,19 @@ def tensor_scale(x: np.ndarray) -> np.float32:
     return np.float32(max(np.float32(amax / TENSOR_DIV), SCALE_FLOOR))
 
 
+def _ml_dtypes():
+    import ml_dtypes  # when first used, not at start-up: loading it registers every ufunc loop it adds
+
+    return ml_dtypes
+
+
 def e4m3_codes(s: np.ndarray) -> np.ndarray:
     s = np.minimum(np.asarray(s, np.float32), np.float32(448))
-    return s.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return s.astype(_ml_dtypes().float8_e4m3fn).view(np.uint8)
 
 
 def e4m3_values(c: np.ndarray) -> np.ndarray:
-    return np.asarray(c, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return np.asarray(c, np.uint8).view(_ml_dtypes().float8_e4m3fn).astype(np.float32)
 
 
 def quantize(x: np.ndarray, s_t) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +61,7 @@ def quantize(x: np.ndarray, s_t) -> tuple[np.ndarray, np.ndarray]:
     ok = S > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.clip((g / np.where(ok, S, np.float32(1))).astype(np.float32), -6, 6)
-    codes = z.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & np.uint8(0x0F)
+    codes = z.astype(_ml_dtypes().float4_e2m1fn).view(np.uint8) & np.uint8(0x0F)
     codes = np.where(ok, codes, np.uint8(0)).astype(np.uint8)
     return codes.reshape(x.shape), sc
 

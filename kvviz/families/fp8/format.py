@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 SCALE_FLOOR = np.float32(2.0**-126)  # smallest normal float32: keeps the divisor normal
@@ -19,10 +18,16 @@ SCALE_MODES = ("per_token", "per_tensor")
 @dataclass(frozen=True)
 class Fp8Format:
     name: str
-    dtype: object
+    dtype_name: str  # the ml_dtypes type, looked up when first used (ml_dtypes is slow to load: not at start-up)
     mbits: int
     bias: int
     max: float
+
+    @property
+    def dtype(self):
+        import ml_dtypes
+
+        return getattr(ml_dtypes, self.dtype_name)
 
     @property
     def max_bits(self) -> int:
@@ -42,7 +47,11 @@ class Fp8Format:
 
     @property
     def max_code(self) -> int:
-        return int(np.array([self.max], np.float32).astype(self.dtype).view(np.uint8)[0])
+        """The code of +max, from its bits: exponent field (e + bias) above the mantissa field (the slot
+        registry reads it for every FP8 method's shader defines, so it needs no ml_dtypes)."""
+        e = int(np.floor(np.log2(self.max)))
+        m = int(round((self.max / 2.0 ** e - 1.0) * 2 ** self.mbits))
+        return ((e + self.bias) << self.mbits) | m
 
     def defines(self) -> dict:
         """The shader defines of this format (quant/fp8_*.wgsl, common/selftest.wgsl)."""
@@ -51,8 +60,8 @@ class Fp8Format:
 
 
 FORMATS = {
-    "e4m3": Fp8Format("fp8_e4m3fn", ml_dtypes.float8_e4m3fn, 3, 7, 448.0),
-    "e5m2": Fp8Format("fp8_e5m2", ml_dtypes.float8_e5m2, 2, 15, 57344.0),
+    "e4m3": Fp8Format("fp8_e4m3fn", "float8_e4m3fn", 3, 7, 448.0),
+    "e5m2": Fp8Format("fp8_e5m2", "float8_e5m2", 2, 15, 57344.0),
 }
 
 

@@ -56,6 +56,9 @@ class VllmFp8LiveCache(LiveCache):
                                table.block_size * method.wpt(head_size), table.block_size * method.wpt(head_size), k, v)
             bufs = fk.ScaleBuffers.allocate(rt, n_kv_heads, method.given, f"{method.id}_l{li}")
             f32c = ctx.paged.allocate("f32", table.num_blocks, n_kv_heads, table.block_size, head_size)
+            qc.extra["scales"] = bufs  # where the method's prefill finds the scales (as after its quantize)
+            if not method.per_head:
+                qc.extra["tensor"] = bufs.tensor
             self.layers.append((qc, bufs, f32c))
         # positions [a, b) each layer calibrated on (None: not yet; given scales need none)
         self.calibrated_on: list[tuple[int, int] | None] = [None] * n_layers
@@ -84,8 +87,21 @@ class VllmFp8LiveCache(LiveCache):
         rt.run(ds)
 
     def attend(self, layer, q, context_len):
+        if self.softcap:
+            return self._capped_attend(self._causal_plan(layer), q, self.table.batch(context_len))
         return self.ctx.paged.decode(self.layers[layer][2], np.asarray(q, _F32)[None], self.table.batch(context_len),
                                      self.scale)[0]
+
+    def _causal_plan(self, layer):
+        m, qc = self.method, self.layers[layer][0]
+        e = np.zeros(0)
+        qkv = QuantizedKV(m, self.head_size, self.n_kv_heads, e, e, e, e, m.code_range, device={"cache": qc})
+        return lambda q, batch: m.prefill_plan(self.ctx, qkv, batch, q, [q.shape[0]], self.scale, softcap=self.softcap)
+
+    def attend_causal(self, layer, q, start):
+        """The method's prefill over the FP8 codes in place with the frozen scales (one dispatch), not over the f32
+        copy the decode reads."""
+        return self._prefill(layer, q, start, self._causal_plan(layer))
 
     def weights(self, layer, q, context_len):
         return self.ctx.paged.weights(self.layers[layer][2], np.asarray(q, _F32)[None],

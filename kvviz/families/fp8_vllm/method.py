@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import records as qk
+from kvviz.attention import prefill, records as qk
 from kvviz.attention.split_decode import fp8_format
 from kvviz.families.fp8 import format as fmt8
 from kvviz.families.fp8_vllm import kernels as fk
@@ -79,6 +79,15 @@ class _VllmFp8Base(PerTokenRecordMethod):
 
     def dequant_spec(self):
         return fk.DEQUANT
+
+    def prefill_format(self, head_size):
+        """The FP8 records with the scale of the tensor (the ScaleBuffers' tensor words) or of the KV head (its
+        scales words, index K|V * kv heads + head): the prefill reads both in place."""
+        return prefill.record_format(fp8_format(self.fmt_key, True), per_head=self.per_head)
+
+    def prefill_scales(self, qc):
+        bufs = qc.extra["scales"]
+        return bufs.scales if self.per_head else bufs.tensor
 
     def fast_cache_format(self, head_size):
         """Per-tensor scales: the fast split-K decode reads the FP8 codes in place (scales from the tensor

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import records as qk
+from kvviz.attention import prefill, records as qk
 from kvviz.errors import InvalidInput
 from kvviz.families.ggml import decode as fdg, format as fg, kernels as gk, writer as fwg
 from kvviz.families.ggml.format import MXFP4_VALUES
@@ -60,6 +60,13 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
     REFERENCE = "kvviz.families.ggml.oracle:reference_attention"
     head_multiple = fg.BLOCK
     head_multiple_why = "llama.cpp block types quantise blocks of 32 elements"
+
+    @property
+    def head_multiple_elsewhere(self) -> str:
+        # llama.cpp's llama_init_from_model (src/llama-context.cpp), with its default flash-attention setting
+        return (f"llama.cpp itself refuses such a model's {self.type_name} cache: it creates no context (\"K cache type "
+                f"{self.type_name} with block size {fg.BLOCK} does not divide n_embd_head_k\"), neither padding the head "
+                "nor taking another type; there f16 serves the model, here f16, the FP8, int8 and KIVI methods do.")
 
     @property
     def fmt(self) -> fg.GgmlType:
@@ -112,6 +119,16 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
         if len(shape) != 3 or shape[2] != D or not shape[1] or shape[1] % kvh or fdg.unsupported(self.type_name, D, shape[1] // kvh):
             return None
         return fdg.GgmlFastDecode(ctx.rt).plan(self.type_name, qc.k, qc.v, kvh, q, batch, scale)
+
+    def prefill_plan(self, ctx, qkv, batch, q, q_lens, scale, softcap=0.0):
+        """The prefill over the block-type rows in place (ggml/prefill.wgsl: each value by the dequantiser's own
+        element function, ggml/value.wgsl)."""
+        qc = qkv.device["cache"]
+        t = self.fmt
+        wpt = t.words_per_token(qkv.head_size)
+        defines = {k: str(v) for k, v in t.defines().items() if k != "LOG2_UP"}
+        return ctx.prefill.plan(prefill.GGML, {**defines, "WPT": str(wpt)}, qc.k, qc.v, [], qc.num_kv_heads, q, batch,
+                                q_lens, scale, label=f"prefill {t.name}", record_words=wpt, softcap=softcap)
 
     def _fast_traffic(self, batch, plan, qc):
         return fdg.decode_traffic(self.type_name, batch, plan.shape[1], qc.num_kv_heads, qc.head_size, plan.num_partitions)

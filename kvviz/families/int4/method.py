@@ -42,6 +42,23 @@ class Int4Group(PerTokenRecordMethod):
 
     def configure(self):
         self.label = f"int4 per group G={self.group_size}"
+        self._fallback = ""  # what check() found at its head size when group_size does not divide it
+
+    def fallback_note(self, head_size: int) -> str:
+        """Why groups of another size are used at this head size ("" when group_size divides it)."""
+        g = self.group_for(head_size)
+        if not g or g == self.group_size:
+            return ""
+        return (f"int4_group: group_size {self.group_size} does not divide head size {head_size}: groups of {g} "
+                f"elements are used ({head_size // g} a token)")
+
+    def options(self) -> dict:
+        """The options as the method runs them: at a head size group_size does not divide (after check), the group
+        actually used."""
+        opts = super().options()
+        if self._fallback:
+            opts["group_size"] = self._group_used
+        return opts
 
     def group_for(self, head_size: int) -> int:
         """The group at this head size: group_size when it divides it, else the largest multiple of 8 below
@@ -60,9 +77,15 @@ class Int4Group(PerTokenRecordMethod):
         if not self.group_for(head_size):
             raise UnsupportedShape(
                 f"int4_group: no group of at most {self.group_size} elements (a multiple of 8, at most 8 groups a "
-                f"token) divides head_size {head_size}.",
+                f"token) divides head_size {head_size}; "
+                f"{qk.nearest_head_sizes(head_size, lambda d: d % 8 == 0 and self.group_for(d) > 0)}.",
                 "Use a head size that is a multiple of 8 with a divisor in 16..128 giving at most 8 groups.",
             )
+        # the label and options say the group this head size runs with (the last head size checked)
+        self._fallback = self.fallback_note(head_size)
+        self._group_used = self.group_for(head_size)
+        self.label = (f"int4 per group G={self._group_used} ({self.group_size} does not divide head {head_size})"
+                      if self._fallback else f"int4 per group G={self.group_size}")
 
     def check_values(self, key, value):
         qk.check_magnitude("key", key)
@@ -106,6 +129,9 @@ class Int4Group(PerTokenRecordMethod):
         qkv = super().quantize(ctx, batch, key, value)
         qkv.extra["k_zeros"] = qkv.extra["k_fields"]["zero"]
         qkv.extra["v_zeros"] = qkv.extra["v_fields"]["zero"]
+        note = self.fallback_note(qkv.head_size)
+        if note:
+            qkv.warnings.insert(0, note)
         return qkv
 
     def unrounded_codes(self, qkv, which, x):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import arith
+from kvviz.attention import arith, prefill
 from kvviz.attention.int8_records import unpack_records as unpack_int8_words
 from kvviz.attention.paged import check_head_size
 from kvviz.attention.split_decode import INT8, fast_decode_rows
@@ -60,12 +60,18 @@ class Int8PerTokenSeed(KVMethod):
         cache = ctx.paged.allocate("q8", batch.num_blocks, key.shape[1], batch.block_size, key.shape[2])
         w = ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping)
         ctx.paged.rt.run(w)
+        return self.read_back(ctx, cache, batch, w)
+
+    def read_back(self, ctx, cache, batch, writer=None) -> QuantizedKV:
+        """The QuantizedKV of a q8 paged cache as the device holds it: every token row's codes and scale read back
+        (what the prefill's and the decode's oracles attend over: the seed writer's rounding may differ from the
+        numpy quantiser's at ties, kvviz/families/prefill_oracles.py)."""
         k_rec, _ = read_token_records(ctx, cache, batch, "K")
         v_rec, _ = read_token_records(ctx, cache, batch, "V")
         kc, ks = unpack_int8_words(k_rec)
         vc, vs = unpack_int8_words(v_rec)
-        return QuantizedKV(self, key.shape[2], key.shape[1], kc, vc, ks, vs, (-127, 127),
-                           device={"cache": cache, "writer": w})
+        return QuantizedKV(self, cache.head_size, cache.num_kv_heads, kc, vc, ks, vs, (-127, 127),
+                           device={"cache": cache, "writer": writer})
 
     def unrounded_codes(self, qkv, which, x):
         """x / scale (scale = amax/127 per token: saturation 0 by construction)."""
@@ -117,6 +123,12 @@ class Int8PerTokenSeed(KVMethod):
         """A QuantizedKV over one q8 PagedCache (what inspect_block reads), without host copies."""
         e = np.zeros(0)
         return QuantizedKV(self, cache.head_size, cache.num_kv_heads, e, e, e, e, (-127, 127), device={"cache": cache})
+
+    def prefill_plan(self, ctx, qkv, batch, q, q_lens, scale, softcap=0.0):
+        """The prefill over the seed writer's records in place (the int8 record format)."""
+        cache = qkv.device["cache"]
+        return prefill.plan_records(ctx.prefill, prefill.INT8, cache.k, cache.v, cache.num_kv_heads, q, batch, q_lens,
+                                    scale, softcap=softcap)
 
     def fast_cache_format(self, head_size):
         return INT8  # the fast decode reads the seed writer's cache as is: a drop-in for paged_attn_q8

@@ -259,14 +259,28 @@ class KiviLiveCache(LiveCache):
     def attend(self, layer, q, context_len):
         self._check_len(layer, context_len)
         batch = self.table.batch(context_len)
+        if self.softcap:
+            return self._capped_attend(self._causal_plan(layer), q, batch)
         fused = self._fused(layer, q, batch)
         if fused is None:
             return self._method_attend(layer, q, batch)
         self.ctx.rt.run(fused[0])
         return fused[1]()
 
+    def attend_causal(self, layer, q, start):
+        """The method's prefill over the layer's packed cache in place (one dispatch). KIVI's cache of a context is
+        its own (the key groups and the window depend on it): the layer must hold exactly start + T positions."""
+        self._check_len(layer, int(start) + np.shape(q)[0])
+        return self._prefill(layer, q, start, self._causal_plan(layer))
+
+    def _causal_plan(self, layer):
+        return lambda q, batch: self.method.prefill_plan(self.ctx, self._view(layer), batch, q, [q.shape[0]],
+                                                         self.scale, softcap=self.softcap)
+
     def append_attend(self, layer, q, k, v, pos):
         self._pos_limit_pool(pos + 1)
+        if self.softcap:  # the write, then the capped prefill of one query
+            return LiveCache.append_attend(self, layer, q, k, v, pos)
         self.table.ensure(pos + 1)
         w = self._write_dispatches(layer, k[:, None, :], v[:, None, :], pos)
         batch = self.table.batch(pos + 1)

@@ -23,7 +23,7 @@ import logging
 
 import numpy as np
 
-from kvviz.attention import arith, records as qk
+from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.int4.format import unpack_codes
@@ -115,6 +115,22 @@ class Kivi(DequantisedAttention, KVMethod):
             ctx.rt.run(plan.dispatches)
             return ctx.rt.read(plan.out, np.float32, plan.shape)[..., : qkv.head_size]
         return DequantisedAttention.attend(self, ctx, qkv, batch, qp, scale)[..., : qkv.head_size]
+
+    def prefill_plan(self, ctx, qkv, batch, q, q_lens, scale, softcap=0.0):
+        """The prefill over the packed cache in place (kivi/prefill.wgsl: each value by the dequantiser's own element
+        function, kivi/value.wgsl: key groups, value records, the f32 window), the query padded to the kernels' head
+        size and the output cut back."""
+        qc = qkv.device["cache"]
+        Dp, bs = qc.head_size, batch.block_size
+        seq_plan = qc.extra["plan"]
+        bt_off = qc.extra.get("bt_off", 4 * len(seq_plan.context_lens))
+        mbs = qc.extra.get("mbs", batch.block_tables.shape[1])
+        defines = {"BITS": str(self.bits), "KSTRIDE": str(layout.k_stride(Dp, bs, self.bits))}
+        plan = ctx.prefill.plan(prefill.KIVI, defines, qc.k, qc.v, [qc.extra["res"], qc.extra["info"]], qc.num_kv_heads,
+                                self._pad_q(q, Dp), batch, q_lens, scale, label=f"prefill kivi {self.bits}-bit",
+                                block_tables=qc.extra["info"], bt_off=bt_off, max_blocks=mbs, softcap=softcap)
+        plan.head_size = qkv.head_size
+        return plan
 
     def _fast_plan(self, ctx, qc, batch, qp, scale):
         """The fast KIVI decode's plan over the cache `qc` (qp: the query padded to its head size), or None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvviz.attention import arith, records as qk
+from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.families.turboquant import decode as fdq, format as tqf, kernels as tqk, writer as fwt
@@ -352,6 +352,31 @@ class TurboQuantMethod(KVMethod):
             ds, buf = kern.attention_dispatches(cache, q[s : s + 1], L - 1, scale, self.qjl_scale, max_seq=L)
             out.append((s, ds, buf))
         return out
+
+    def prefill_plan(self, ctx, qkv, batch, q, q_lens, scale, softcap=0.0):
+        """The prefill over the paged records in place (turboquant/prefill.wgsl), any setting: each tile's codes, QJL
+        bits and norms rotated back in workgroup memory with the dequantiser's arithmetic, then attended."""
+        gc = qkv.device["paged"] if "paged" in qkv.device else qkv.device["general"]
+        st = gc.settings
+
+        def instances(which):
+            out = []
+            for i, ins in enumerate(st.instances(which)):
+                so, co = gc.offsets[(which, i)]
+                qs = tqf.qjl_scale_general(self.qjl_scale, ins.P) if which == "K" else 0.0
+                out.append({"n_ch": ins.n_ch, "P": ins.P, "bits": ins.bits, "chan_off": ins.chan_off, "sign_off": so,
+                            "cb_off": co, "code_off": ins.code_off, "jl_off": max(ins.jl_off, 0),
+                            "norm_off": ins.norm_off, "inv": int(np.float32(tqf.inv_sqrt_d(ins.P)).view(np.uint32)),
+                            "qjl": int(np.float32(qs).view(np.uint32))})
+            return out
+
+        ki, vi = instances("K"), instances("V")
+        qc = gc.qc
+        return ctx.prefill.plan(
+            prefill.TURBOQUANT, lambda lay: prefill.render_turboquant(ki, vi, st.wpt("K"), st.wpt("V"), lay), qc.k, qc.v,
+            [gc.chans_buf, gc.signs_buf, gc.codebook_buf], qc.num_kv_heads, q, batch, q_lens, scale,
+            label="prefill turboquant", key_scratch=max(i["P"] for i in ki + vi),
+            per_tile=lambda lay: prefill.turboquant_tile_loops(lay, ki, vi), softcap=softcap)
 
     def fast_plan(self, ctx, qkv, batch, q, scale):
         """The paged fast split-K decode over the seed configuration's records (kvviz/families/turboquant/decode.py
