@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 
 import numpy as np
 import pytest
@@ -141,9 +140,10 @@ def test_missing_merges_is_clear(tmp_path):
 
 
 def test_wrong_architecture_and_missing_tensor(tmp_path):
-    write_tiny_gguf(tmp_path / "q.gguf", arch="qwen2")
-    with pytest.raises(InvalidInput, match="architecture is 'qwen2'"):
+    write_tiny_gguf(tmp_path / "q.gguf", arch="mamba")
+    with pytest.raises(InvalidInput, match="architecture 'mamba' is not one kvviz runs") as e:
         load_gguf_llama(tmp_path / "q.gguf")
+    assert "qwen2" in e.value.hint and "gemma3" in e.value.hint  # the refusal names what kvviz does run
     write_tiny_gguf(tmp_path / "d.gguf", drop=("blk.1.ffn_up.weight",))
     with pytest.raises(InvalidInput, match="blk.1.ffn_up.weight"):
         load_gguf_llama(tmp_path / "d.gguf")
@@ -436,7 +436,6 @@ def _outlier_ratio(x: np.ndarray) -> float:
 
 @pytest.mark.slow
 def test_smollm2_real_kv(smollm2):
-    t0 = time.perf_counter()
     cfg = smollm2.config
     assert (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_size) == (30, 9, 3, 64)
     assert cfg.rope_theta == 1e5 and smollm2.weights.tied
@@ -462,4 +461,3 @@ def test_smollm2_real_kv(smollm2):
     step_lg = runner.step(nxt)
     full = LlamaRunner(smollm2).prefill(ids + [nxt])
     np.testing.assert_allclose(step_lg, full, rtol=1e-3, atol=1e-3)
-    assert time.perf_counter() - t0 < 30

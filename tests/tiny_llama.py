@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvviz.sources.gguf_llama import permute_llamacpp
+from kvviz.sources.random_gguf import byte_chars
 
 N_LAYERS, N_HEADS, N_KV, FFN = 2, 4, 2, 96
 THETA, EPS = 1000.0, 1e-5
@@ -12,21 +13,8 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
 
 
-def _byte_chars() -> list[str]:
-    # GPT-2's byte -> printable-unicode table.
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
-
-
 def vocab() -> list[str]:
-    return SPECIALS + _byte_chars() + [m.replace(" ", "") for m in MERGES]
+    return SPECIALS + byte_chars() + [m.replace(" ", "") for m in MERGES]
 
 
 def hf_weights(seed: int, n_vocab: int, head_size: int) -> dict[str, np.ndarray]:
@@ -54,15 +42,18 @@ def hf_weights(seed: int, n_vocab: int, head_size: int) -> dict[str, np.ndarray]
 
 
 def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), merges=True, seed=0, context_length=256,
-                    int8=(), head_count=N_HEADS, head_count_kv=N_KV, embedding_length=None, nan=()):
+                    int8=(), head_count=N_HEADS, head_count_kv=N_KV, embedding_length=None, nan=(), f16=False):
     """Write the model; returns its weights in the rotate-half layout. Tensors named in `int8` are stored as
-    GGML I8 (a type gguf's numpy dequantiser does not take), those named in `nan` with a NaN in them.
+    GGML I8 (a type gguf's numpy dequantiser does not take), those named in `nan` with a NaN in them; with f16
+    every matrix is stored as F16 (norms stay F32, as llama.cpp's converter writes them).
     head_count, head_count_kv and embedding_length set the metadata only (the tensors keep their shapes), for
     files whose metadata is wrong."""
     import gguf
 
     voc = vocab()
     hf = hf_weights(seed, len(voc), head_size)
+    if f16:
+        hf = {n: a.astype(np.float16).astype(np.float32) if a.ndim == 2 else a for n, a in hf.items()}
     wr = gguf.GGUFWriter(str(path), arch)
     wr.add_block_count(N_LAYERS)
     wr.add_context_length(context_length)
@@ -90,6 +81,8 @@ def write_tiny_gguf(path, *, head_size=16, tied=False, arch="llama", drop=(), me
         if name in nan:
             a = a.copy()
             a.flat[a.size // 2] = np.nan
+        if f16 and a.ndim == 2:
+            a = a.astype(np.float16)
         wr.add_tensor(name, a.astype(np.int8) if name in int8 else a)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()

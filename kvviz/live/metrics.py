@@ -3,13 +3,17 @@ baseline, top-1 agreement, and the texts both paths generate.
 
 The per-step KL is KL(p_f32 || p_quant) of the next-token distributions, in nats, computed in float64
 from the logits. In a live run it is measured teacher-forced: both paths were fed the baseline's
-tokens, so step i compares two distributions over the same prefix.
+tokens, so step i compares two distributions over the same prefix. A run's statistics rest on its steps
+(one position each): `n_positions`, with the standard errors of the mean KL and of the top-1 agreement by
+llama.cpp's formulas (kvviz/quality/stats.py); `kvviz eval` measures thousands of positions.
 """
 from __future__ import annotations
 
 from typing import Iterable, Mapping
 
 import numpy as np
+
+from kvviz.metrics import mean_and_error
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -31,6 +35,11 @@ def _get(step, name, default=None):
     return getattr(step, name, default)
 
 
+def _error_or_none(err: float) -> float | None:
+    """A standard error, or None where there is none (too few positions): NaN is not JSON."""
+    return float(err) if np.isfinite(err) else None
+
+
 def summarize_live(steps: Iterable, texts: Mapping[str, str] | None = None) -> dict:
     """Summary of a live run from its steps (kvviz.live.decode.LiveStep objects or their dicts).
 
@@ -49,11 +58,16 @@ def summarize_live(steps: Iterable, texts: Mapping[str, str] | None = None) -> d
         "n_steps": len(steps),
         "kl_definition": "KL(p_f32 || p_quant) of the next-token distribution, nats, teacher-forced "
                          "(both paths fed the f32 baseline's tokens)",
+        "n_positions": int(kl.size),
         "kl_mean": float(kl.mean()) if kl.size else float("nan"),
+        "kl_err": _error_or_none(mean_and_error(kl)[1] if kl.size else float("nan")),
         "kl_median": float(np.median(kl)) if kl.size else float("nan"),
         "kl_max": float(kl.max()) if kl.size else float("nan"),
         "kl_max_step": int(kl.argmax()) if kl.size else -1,
         "top1_agree_rate": float(agree.mean()) if agree.size else float("nan"),
+        # no error below 11 positions, as for the KL: None (JSON null), so a summary compares equal to itself
+        "top1_agree_err": (float(np.sqrt(agree.mean() * (1 - agree.mean()) / (agree.size - 1))) if agree.size > 10
+                           else None),
         "top1_disagree_steps": [int(i) for i in np.flatnonzero(~agree)],
         # mean over steps of -log p_quant(baseline token) + log p_f32(baseline token)
         "nll_delta_mean": float(np.nanmean(nll_d)) if np.isfinite(nll_d).any() else float("nan"),

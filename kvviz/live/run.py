@@ -19,6 +19,7 @@ import numpy as np
 
 from kvviz.errors import Cancelled
 from kvviz.live.config import LiveConfig
+from kvviz.sources.archs import QUANTISED_SHORT, summary_line, weights_line
 from kvviz.live.decode import LiveDecoder
 from kvviz.live.metrics import summarize_live
 from kvviz.tables import Table, clean
@@ -32,10 +33,13 @@ STATES = ("idle", "running", "done", "stopped", "failed")
 
 
 def describe_model(cfg) -> str:
-    """One line about a kvviz.sources.gguf_llama.LlamaConfig: name, layers, heads, KV heads, head size."""
-    name = getattr(cfg, "name", "") or "model"
-    return (f"{name}: {cfg.n_layers} layers, {cfg.n_heads} heads, {cfg.n_kv_heads} KV heads, "
-            f"head size {cfg.head_size}")
+    """One line about a model's config (kvviz.sources.archs.ModelConfig): name, architecture, layers, heads,
+    KV heads (GQA), head size, sliding window, RoPE and the path its forward runs on; with quantised
+    weights, why its logits differ from llama.cpp's on the same file."""
+    line = summary_line(cfg)
+    if cfg.quantised_weights:
+        line += f"; weights {weights_line(cfg)} ({QUANTISED_SHORT})"
+    return line
 
 
 @dataclass
@@ -292,8 +296,11 @@ class CacheViewState:
         tab = Table("cache_view", ["position", "block", kname, vname, "w_f32", "w_quant"],
                     title=f"cache view: layer {v['layer']}, KV head {v['kv_head']}")
         blocks = list(v.get("blocks") or [])
+        pos_blocks = v.get("position_blocks")  # a sliding-window layer's ring: None for positions it no longer holds
+        if pos_blocks is None:
+            pos_blocks = [blocks[p // bs] if p // bs < len(blocks) else None for p in range(n)]
         for p in range(n):
-            tab.rows.append([p, blocks[p // bs] if p // bs < len(blocks) else None,
+            tab.rows.append([p, pos_blocks[p] if p < len(pos_blocks) else None,
                              *(float(a[p]) if a is not None and p < len(a) else None for a in (k, vv, wb, wq))])
         return tab
 

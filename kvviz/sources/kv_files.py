@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -70,6 +69,13 @@ class KVDump:
         return self.k.shape[3]
 
 
+def _bfloat16():
+    """ml_dtypes' bfloat16, imported when a file needs it (ml_dtypes is slow to load: not at start-up)."""
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
 def _bad(source: str, what: str) -> InvalidInput:
     return InvalidInput(f"{source}: {what}", CONVENTION)
 
@@ -79,7 +85,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 
 def _to_f32(source: str, name: str, a: np.ndarray) -> tuple[np.ndarray, str]:
     a = np.asarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
+    if a.dtype.name == "bfloat16":  # ml_dtypes' type, told by its name (no import of ml_dtypes for a float32 file)
         return a.astype(np.float32), "bfloat16"
     if a.dtype.kind == "f" and not a.dtype.isnative:  # big-endian floats (an .npz written on such a machine)
         a = a.astype(a.dtype.newbyteorder("="))
@@ -172,7 +178,7 @@ def _read_safetensors_raw(path: Path) -> tuple[dict[str, np.ndarray], dict[str, 
     arrays = {}
     base = 8 + n
     for name, info in header.items():
-        dt = ml_dtypes.bfloat16 if info["dtype"] == "BF16" else _ST_DTYPES.get(info["dtype"])
+        dt = _bfloat16() if info["dtype"] == "BF16" else _ST_DTYPES.get(info["dtype"])
         if dt is None:
             raise _bad(path.name, f"tensor '{name}' has unsupported safetensors dtype {info['dtype']}")
         lo, hi = info["data_offsets"]
@@ -183,7 +189,7 @@ def _read_safetensors_raw(path: Path) -> tuple[dict[str, np.ndarray], dict[str, 
 
 def _write_safetensors_raw(path: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, str]) -> None:
     names = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
-    names[np.dtype(ml_dtypes.bfloat16)] = "BF16"
+    names[np.dtype(_bfloat16())] = "BF16"
     header: dict = {"__metadata__": dict(meta)} if meta else {}
     blobs, off = [], 0
     for name, a in arrays.items():
@@ -251,7 +257,7 @@ def _load_pt(path: Path) -> dict[str, np.ndarray]:
             raise _bad(path.name, f"entry '{k}' is a {type(t).__name__}, not a tensor")
         t = t.detach().cpu()
         if t.dtype == torch.bfloat16:
-            arrays[k] = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+            arrays[k] = t.view(torch.int16).numpy().view(_bfloat16())
         else:
             arrays[k] = t.numpy()
     return arrays
@@ -305,7 +311,7 @@ def save_kv(path: str | Path, k: np.ndarray, v: np.ndarray, q: np.ndarray | None
     if tokens is not None:
         arrays["tokens"] = np.asarray(tokens)
     dump = validate_kv(arrays, path.name, token_strings=token_strings)
-    target = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    target = np.dtype(_bfloat16()) if dtype == "bfloat16" else np.dtype(dtype)
     with np.errstate(over="ignore"):  # overflow is reported below, with the tensor's name
         out = {n: np.ascontiguousarray(getattr(dump, n).astype(target))
                for n in _TENSOR_KEYS if getattr(dump, n) is not None}

@@ -1,9 +1,18 @@
-"""A float32 numpy Llama decoder that exposes its K/V/Q: batched prefill, incremental decode with a
-pluggable attention, and captures of every layer's tensors.
+"""A float32 numpy decoder that exposes its K/V/Q: batched prefill, incremental decode with a pluggable
+attention, and captures of every layer's tensors. One forward for every architecture of
+kvviz.sources.archs; what differs between them is in the model's config and weights:
+  x = embedding * embed_scale
+  per layer:  h = rmsnorm(x); q, k, v = h.Wq (+bq), h.Wk (+bk), h.Wv (+bv); per-head rmsnorm of q and k
+              (when the layer has q/k norms); RoPE (the layer's base and scaling); attention with the
+              query scale, soft-capped logits and the layer's sliding window; o = attn.Wo (+bo),
+              rmsnorm(o) when the layer has a post-attention norm; x += o
+              h = rmsnorm(x); m = act(h.Wgate) * (h.Wup) . Wdown (act: SiLU or tanh-GELU), rmsnorm(m)
+              when the layer has a post-MLP norm; x += m
+  logits = rmsnorm(x).Wout (+bias), soft-capped when the model caps them.
 
 Layout of everything this module hands out:
-  q           [layers, n_heads,    tokens, head_size]  after RoPE
-  k_pre_rope  [layers, n_kv_heads, tokens, head_size]  before RoPE
+  q           [layers, n_heads,    tokens, head_size]  after RoPE (not multiplied by the query scale)
+  k_pre_rope  [layers, n_kv_heads, tokens, head_size]  before RoPE (after the per-head norm where there is one)
   k           [layers, n_kv_heads, tokens, head_size]  after RoPE (what a KV cache stores)
   v           [layers, n_kv_heads, tokens, head_size]
 RoPE is rotate-half (Hugging Face layout); query head h reads KV head h // (n_heads // n_kv_heads).
@@ -11,8 +20,9 @@ RoPE is rotate-half (Hugging Face layout); query head h reads KV head h // (n_he
 The attention hook used by `LlamaRunner.step` (and token-by-token prefill) is
   attend(layer, q [n_heads, D], k_new [n_kv_heads, D], v_new [n_kv_heads, D], pos) -> out [n_heads, D]
 with q and k_new after RoPE and `pos` the absolute position of the new token. The hook owns its cache:
-it stores k_new/v_new at `pos` and attends over positions 0..pos. The runner still records K/V in its
-own float32 cache, so a later default step, `kv()` and `capture()` stay valid whichever hook ran.
+it stores k_new/v_new at `pos` and attends over positions 0..pos (the last `config.window(layer)` of them
+on a sliding-window layer), scaling q.k by `config.query_scale`. The runner still records K/V in its own
+float32 cache, so a later default step, `kv()` and `capture()` stay valid whichever hook ran.
 """
 from __future__ import annotations
 
@@ -22,10 +32,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvviz.errors import Cancelled, InvalidInput  # noqa: F401  (Cancelled: cancel() returned True)
-from kvviz.sources.gguf_llama import LlamaConfig, LlamaModel, nonfinite_weight
+from kvviz.sources.archs import LlamaConfig
+from kvviz.sources.gguf_llama import LlamaModel, nonfinite_weight
 
 AttendFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 KvSinkFn = Callable[[int, np.ndarray, np.ndarray, int], None]
+# attend_chunk(layer, q [T, n_heads, D], k [n_kv, T, D], v [n_kv, T, D], start) -> [T, n_heads, D]: the batched
+# prefill's attention of one piece of T tokens at positions start..start+T-1 (q and k after RoPE), causal over
+# positions 0..start+T-1; the hook owns its cache (it stores k, v at start.. before attending)
+ChunkAttendFn = Callable[[int, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
 
@@ -63,20 +78,39 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (_F32(0.5) * (_F32(1.0) + np.tanh(_F32(0.5) * x)))
 
 
-def rope_inv_freq(cfg: LlamaConfig, freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """Per-pair angular frequencies [D/2] in float64."""
+_GELU_C = _F32(np.sqrt(2.0 / np.pi))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (Gemma's gelu_pytorch_tanh), in float32."""
+    return _F32(0.5) * x * (_F32(1.0) + np.tanh(_GELU_C * (x + _F32(0.044715) * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): logits kept inside (-cap, cap) (Gemma 2)."""
+    c = _F32(cap)
+    return np.tanh(x / c) * c
+
+
+def rope_inv_freq(cfg: LlamaConfig, freq_factors: np.ndarray | None = None, theta: float | None = None) -> np.ndarray:
+    """Per-pair angular frequencies [D/2] in float64 (base `theta`, default the config's)."""
     d = cfg.head_size
-    inv = cfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    base = cfg.rope_theta if theta is None else theta
+    inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     if freq_factors is not None:
         inv = inv / freq_factors.astype(np.float64)
     return inv
 
 
-def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables [T, D] for rotate-half RoPE (angles in float64, tables in float32)."""
+def rope_cos_sin(inv_freq: np.ndarray, positions: np.ndarray, scale: float = 1.0,
+                 attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [T, D] for rotate-half RoPE (angles in float64, tables in float32), times attn_factor."""
     ang = (np.asarray(positions, dtype=np.float64) / scale)[:, None] * inv_freq[None, :]
     ang = np.concatenate([ang, ang], axis=-1)
-    return np.cos(ang).astype(_F32), np.sin(ang).astype(_F32)
+    return (np.cos(ang) * attn_factor).astype(_F32), (np.sin(ang) * attn_factor).astype(_F32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -86,27 +120,42 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return x * cos + rot * sin
 
 
-def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int | None = None) -> np.ndarray:
-    """Causal softmax(q.k/sqrt(D)).v with grouped KV heads.
+def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int | None = None, *,
+                  scale: float | None = None, cap: float = 0.0, window: int = 0, k_start: int = 0) -> np.ndarray:
+    """Causal softmax(cap(scale * q.k)).v with grouped KV heads.
 
-    q [n_heads, T, D]; k, v [n_kv, S, D]; query i sits at absolute position q_start + i (default S - T)
-    and sees keys 0..q_start+i. Returns [n_heads, T, D] float32.
+    q [n_heads, T, D]; k, v [n_kv, S, D] holding positions k_start..k_start+S-1; query i sits at absolute
+    position q_start + i (default k_start + S - T) and sees keys up to its position, and with `window`
+    > 0 only the last `window` of them. scale defaults to 1/sqrt(D); cap > 0 soft-caps the logits.
+    Returns [n_heads, T, D] float32.
     """
     nh, t, d = q.shape
     nkv, s, _ = k.shape
     if q_start is None:
-        q_start = s - t
+        q_start = k_start + s - t
     g = nh // nkv
     qg = q.reshape(nkv, g, t, d)
-    scores = np.matmul(qg, k.transpose(0, 2, 1)[:, None]) * _F32(1.0 / np.sqrt(d))  # [nkv, g, T, S]
-    if s - 1 > q_start:  # some key lies after the first query: mask the future
-        mask = np.arange(s)[None, :] > (q_start + np.arange(t))[:, None]  # [T, S]
+    sc = _F32(1.0 / np.sqrt(d) if scale is None else scale)
+    scores = np.matmul(qg, k.transpose(0, 2, 1)[:, None]) * sc  # [nkv, g, T, S]
+    if cap:
+        scores = softcap(scores, cap)
+    kpos = k_start + np.arange(s)[None, :]
+    qpos = (q_start + np.arange(t))[:, None]
+    mask = kpos > qpos
+    if window:
+        mask = mask | (qpos - kpos >= window)
+    if mask.any():
         scores = np.where(mask, _F32(-np.inf), scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
     out = np.matmul(p, v[:, None])  # [nkv, g, T, D]
     return out.reshape(nh, t, d)
+
+
+def _linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    y = x @ w.T
+    return y if b is None else y + b
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +169,16 @@ class LlamaRunner:
         self.model = model
         self.cfg = model.config
         self.record = record
-        self._inv_freq = rope_inv_freq(self.cfg, model.weights.rope_freq_factors)
+        cfg, w = self.cfg, model.weights
+        self._act = ACTIVATIONS[cfg.ffn_act]
+        # (inverse frequencies, position divisor) of each layer: windowed layers may have their own base
+        self._rope = []
+        by_base: dict = {}
+        for li in range(cfg.n_layers):
+            theta, scale = cfg.layer_rope(li)
+            if theta not in by_base:
+                by_base[theta] = rope_inv_freq(cfg, w.rope_freq_factors, theta)
+            self._rope.append((by_base[theta], scale))
         self._cap = 0
         self._k = self._v = self._q = self._kpre = None
         self.reset()
@@ -187,20 +245,45 @@ class LlamaRunner:
                 "Use a shorter prompt or reset() the runner.")
         return a
 
-    def _qkv(self, lw, x: np.ndarray, positions: np.ndarray):
+    def _qkv(self, layer: int, lw, x: np.ndarray, positions: np.ndarray):
         """x [T, H] -> q [nh, T, D], k_pre, k, v [nkv, T, D] (q and k after RoPE)."""
         cfg = self.cfg
         t, d = x.shape[0], cfg.head_size
         h = rms_norm(x, lw.attn_norm, cfg.rms_eps)
-        q = (h @ lw.wq.T).reshape(t, cfg.n_heads, d).transpose(1, 0, 2)
-        k_pre = (h @ lw.wk.T).reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
-        v = (h @ lw.wv.T).reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
-        cos, sin = rope_cos_sin(self._inv_freq, positions, cfg.rope_scale)
+        q, k, v = _linear(h, lw.wq, lw.bq), _linear(h, lw.wk, lw.bk), _linear(h, lw.wv, lw.bv)
+        q = q.reshape(t, cfg.n_heads, d).transpose(1, 0, 2)
+        k_pre = k.reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
+        v = v.reshape(t, cfg.n_kv_heads, d).transpose(1, 0, 2)
+        if lw.q_norm is not None:
+            q = rms_norm(q, lw.q_norm, cfg.rms_eps)
+        if lw.k_norm is not None:
+            k_pre = rms_norm(k_pre, lw.k_norm, cfg.rms_eps)
+        inv, scale = self._rope[layer]
+        cos, sin = rope_cos_sin(inv, positions, scale, cfg.rope_attn_factor)
         return apply_rope(q, cos, sin), k_pre, apply_rope(k_pre, cos, sin), v
+
+    def _attn_out(self, lw, x: np.ndarray, o: np.ndarray) -> np.ndarray:
+        """x + Wo.o (o [T, n_heads*D]), through the post-attention norm where the layer has one."""
+        y = _linear(o, lw.wo, lw.bo)
+        if lw.attn_post_norm is not None:
+            y = rms_norm(y, lw.attn_post_norm, self.cfg.rms_eps)
+        return x + y
 
     def _mlp(self, lw, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, lw.ffn_norm, self.cfg.rms_eps)
-        return x + (silu(h @ lw.w_gate.T) * (h @ lw.w_up.T)) @ lw.w_down.T
+        y = _linear(self._act(_linear(h, lw.w_gate, lw.b_gate)) * _linear(h, lw.w_up, lw.b_up), lw.w_down, lw.b_down)
+        if lw.ffn_post_norm is not None:
+            y = rms_norm(y, lw.ffn_post_norm, self.cfg.rms_eps)
+        return x + y
+
+    def attention(self, layer: int, q: np.ndarray, p0: int, t: int) -> np.ndarray:
+        """Float32 attention of q [nh, t, D] at positions p0..p0+t-1 over the runner's own cache (which holds
+        them already), with the model's query scale, soft-capping and the layer's window -> [nh, t, D]."""
+        cfg = self.cfg
+        w = cfg.window(layer)
+        ks = max(0, p0 - w + 1) if w else 0
+        return gqa_attention(q, self._k[layer, :, ks : p0 + t], self._v[layer, :, ks : p0 + t], q_start=p0,
+                             scale=cfg.query_scale, cap=cfg.attn_softcap, window=w, k_start=ks)
 
     def _store(self, layer: int, p0: int, q, k_pre, k, v) -> None:
         t = k.shape[1]
@@ -212,30 +295,38 @@ class LlamaRunner:
 
     def _head(self, x: np.ndarray) -> np.ndarray:
         w = self.model.weights
-        return rms_norm(x, w.out_norm, self.cfg.rms_eps) @ w.output.T
+        logits = w.project(rms_norm(x, w.out_norm, self.cfg.rms_eps))
+        if self.cfg.final_softcap:
+            logits = softcap(logits, self.cfg.final_softcap)
+        return logits
 
     def default_attend(self, layer: int, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, pos: int) -> np.ndarray:
         """Float32 attention over the runner's own cache (k_new/v_new are already stored there)."""
-        k = self._k[layer, :, : pos + 1]
-        v = self._v[layer, :, : pos + 1]
-        return gqa_attention(q[:, None, :], k, v, q_start=pos)[:, 0, :]
+        return self.attention(layer, q[:, None, :], pos, 1)[:, 0, :]
 
     # -- public passes -------------------------------------------------------------------------
 
     def prefill(self, token_ids: Sequence[int], attend: AttendFn | None = None, *,
                 kv_sink: KvSinkFn | None = None, progress: ProgressFn | None = None,
-                cancel: CancelFn | None = None, all_logits: bool = False) -> np.ndarray:
+                cancel: CancelFn | None = None, all_logits: bool = False, attend_chunk: ChunkAttendFn | None = None,
+                logits_from: int = 0) -> np.ndarray:
         """Run `token_ids` after whatever the runner already holds; returns logits.
 
         Without `attend`: batched (chunks of 512 tokens) with float32 attention; `kv_sink(layer, k, v, start_pos)`
-        receives each layer's new keys (after RoPE) and values [n_kv, T, D] so a caller can fill its own cache.
+        receives each layer's new keys (after RoPE) and values [n_kv, T, D] so a caller can fill its own cache;
+        `attend_chunk` (ChunkAttendFn) replaces the float32 attention of each piece of up to 512 tokens.
         With `attend`: token by token through the hook, exactly like repeated `step` calls.
         progress(done, total) counts layer passes; cancel() returning True raises Cancelled and restores
-        the position. Returns [vocab] logits of the last token, or [T, vocab] with all_logits=True.
+        the position. Returns [vocab] logits of the last token, or [T, vocab] with all_logits=True (rows
+        logits_from.. only: [T - logits_from, vocab]).
         """
         ids = self._check_ids(token_ids)
         if ids.size == 0:
             raise InvalidInput("prefill needs at least one token")
+        if attend is not None and attend_chunk is not None:
+            raise InvalidInput("prefill takes one attention hook: attend (token by token) or attend_chunk (batched)")
+        if not 0 <= logits_from < ids.size:
+            raise InvalidInput(f"logits_from {logits_from} is outside the {ids.size} tokens given")
         start = self.pos
         self._ensure(start + ids.size)
         L = self.cfg.n_layers
@@ -256,18 +347,22 @@ class LlamaRunner:
                 total, done = len(chunks) * L, 0
                 for chunk in chunks:
                     p0 = self.pos
-                    x = self.model.weights.tok_embd[chunk]
+                    x = self.model.weights.embed(chunk)
                     positions = np.arange(p0, p0 + chunk.size)
-                    for li, lw in enumerate(self.model.weights.layers):
+                    layers = self.model.weights.layers
+                    for li in range(self.cfg.n_layers):
                         if cancel is not None and cancel():
                             raise Cancelled()
-                        q, k_pre, k, v = self._qkv(lw, x, positions)
+                        lw = layers[li]
+                        q, k_pre, k, v = self._qkv(li, lw, x, positions)
                         self._store(li, p0, q, k_pre, k, v)
                         if kv_sink is not None:
                             kv_sink(li, k, v, p0)
-                        o = gqa_attention(q, self._k[li, :, : p0 + chunk.size], self._v[li, :, : p0 + chunk.size],
-                                          q_start=p0)
-                        x = x + o.transpose(1, 0, 2).reshape(chunk.size, -1) @ lw.wo.T
+                        if attend_chunk is None:
+                            o = self.attention(li, q, p0, chunk.size)
+                        else:
+                            o = self._chunk_attend(attend_chunk, li, q, k, v, p0)
+                        x = self._attn_out(lw, x, o.transpose(1, 0, 2).reshape(chunk.size, -1))
                         x = self._mlp(lw, x)
                         done += 1
                         if progress is not None:
@@ -280,19 +375,30 @@ class LlamaRunner:
             self.pos = start
             del self.tokens[start:]
             raise
-        logits = self._head(xs if all_logits else xs[-1:])
+        logits = self._head(xs[logits_from:] if all_logits else xs[-1:])
         self.last_logits = logits[-1]
         return logits if all_logits else logits[-1]
+
+    def _chunk_attend(self, hook: ChunkAttendFn, layer: int, q, k, v, p0: int) -> np.ndarray:
+        """[n_heads, T, D] from a ChunkAttendFn given q [T, n_heads, D] and k, v [n_kv, T, D]."""
+        t, nh, d = q.shape[1], self.cfg.n_heads, self.cfg.head_size
+        o = np.asarray(hook(layer, np.ascontiguousarray(q.transpose(1, 0, 2)), k.copy(), v.copy(), p0))
+        if o.shape != (t, nh, d):
+            raise InvalidInput(f"attend_chunk() returned shape {o.shape} for layer {layer}, expected {(t, nh, d)}",
+                               "The chunk attention hook must return [T, n_heads, head_size].")
+        return o.astype(_F32, copy=False).transpose(1, 0, 2)
 
     def _decode_one(self, token_id: int, attend: AttendFn | None) -> np.ndarray:
         """One token through every layer at self.pos; returns its final hidden state [H] and advances."""
         pos = self.pos
         self._ensure(pos + 1)
-        x = self.model.weights.tok_embd[token_id][None, :]
+        x = self.model.weights.embed(np.array([token_id]))
         positions = np.array([pos])
         nh, d = self.cfg.n_heads, self.cfg.head_size
-        for li, lw in enumerate(self.model.weights.layers):
-            q, k_pre, k, v = self._qkv(lw, x, positions)
+        layers = self.model.weights.layers
+        for li in range(self.cfg.n_layers):
+            lw = layers[li]
+            q, k_pre, k, v = self._qkv(li, lw, x, positions)
             self._store(li, pos, q, k_pre, k, v)
             qh, kh, vh = q[:, 0], k[:, 0], v[:, 0]
             if attend is None:
@@ -303,7 +409,7 @@ class LlamaRunner:
                     raise InvalidInput(f"attend() returned shape {o.shape} for layer {li}, expected {(nh, d)}",
                                        "The attention hook must return [n_heads, head_size].")
                 o = o.astype(_F32, copy=False)
-            x = x + o.reshape(1, -1) @ lw.wo.T
+            x = self._attn_out(lw, x, o.reshape(1, -1))
             x = self._mlp(lw, x)
         self.pos = pos + 1
         self.tokens.append(int(token_id))
@@ -357,11 +463,12 @@ class LlamaRunner:
 
 
 def capture_tokens(model: LlamaModel, token_ids: Sequence[int], *, progress: ProgressFn | None = None,
-                   cancel: CancelFn | None = None) -> tuple[Capture, np.ndarray]:
-    """Batched prefill of `token_ids` on a fresh runner; returns (Capture, last-token logits [vocab]).
+                   cancel: CancelFn | None = None, runner=None) -> tuple[Capture, np.ndarray]:
+    """Batched prefill of `token_ids` on a fresh runner (or `runner`: a fresh one with record=True and this
+    runner's interface, e.g. the GPU forward's); returns (Capture, last-token logits [vocab]).
     A capture holding NaN or Inf is refused, naming the model and the cause: a weight tensor that holds
     NaN/Inf, else the first layer where float32 overflowed."""
-    runner = LlamaRunner(model, record=True)
+    runner = LlamaRunner(model, record=True) if runner is None else runner
     logits = runner.prefill(token_ids, progress=progress, cancel=cancel)
     cap = runner.capture()
     _check_capture_finite(model, cap)
