@@ -1,0 +1,74 @@
+"""The Quality panel (kvviz/ui/panels/quality.py): a run in the window's worker over the tiny GGUF of
+tests/tiny_llama.py, its rows as they finish, the plots, the CSV of what is plotted, and a stored evaluation
+shown again from the run history without computing."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from kvviz.history.db import HistoryDB
+from kvviz.ui.main_window import MainWindow
+
+from tiny_llama import write_tiny_gguf
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    win = MainWindow(settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat), autostart=False)
+    qtbot.addWidget(win)
+    return win
+
+
+def test_quality_run_rows_plots_history(window, qtbot, tmp_path):
+    model = tmp_path / "tiny.gguf"
+    write_tiny_gguf(model, head_size=64, context_length=512)
+    text = tmp_path / "t.txt"
+    text.write_text("Every quantised cache pays in accuracy what it saves in bytes. " * 6)
+    q = window.quality
+    assert window.docks["quality"].widget() is not None
+    q.methods.setText("q8_0,q4_0:llama_cpp=cpu")
+    q.text_path.setText(str(text))
+    q.ctx.setValue(32)
+    q.max_tokens.setValue(96)
+    q.v_only.setChecked(True)
+    q.model_path.setText(str(model))
+    assert q.settings().forward == "auto"
+    q.forward.setCurrentIndex(q.forward.findData("gpu"))  # the GPU forward in the worker, whatever the adapter
+    s = q.settings()
+    assert s.parts == ("kv", "v") and s.ctx == 32 and s.texts == (str(text),) and s.model_path == str(model)
+    assert s.forward == "gpu"
+    q.run_button.click()
+    assert not q.run_button.isEnabled() and q.stop_button.isEnabled()
+    qtbot.waitUntil(lambda: not q.running, timeout=120_000)
+    res = q.result
+    assert [r["spec"] for r in res["rows"]] == ["q8_0", "q8_0", "q4_0:llama_cpp=cpu", "q4_0:llama_cpp=cpu"]
+    assert all("error" not in r for r in res["rows"]) and res["chunking"]["scored"] == 45
+    assert res["forward"]["path"] == "gpu" and "gpu forward" in q.status.text()
+    assert q.table.rowCount() == 4 and "±" in q.table.item(0, 5).text()
+    assert q.hist_plot.getPlotItem().listDataItems() and q.pos_plot.getPlotItem().listDataItems()
+    assert len(q.layer_plot.getPlotItem().items) > 0 and len(q.pareto_plot.getPlotItem().items) > 0
+    out = q.export_csv(str(tmp_path / "quality.csv"))
+    assert len(out) == 5 and next(csv.reader(open(out[0])))[0] == "method"
+    # kept in the run history, listed, and shown again from there
+    rid = res["history_run_id"]
+    with HistoryDB(readonly=True) as db:
+        assert db.eval_result(rid)["rows"][0]["kld_mean"] == res["rows"][0]["kld_mean"]
+    assert q.stored.findData(rid) >= 0
+    q.set_result({"rows": [], "layers": []})
+    assert q.table.rowCount() == 0
+    q.stored.setCurrentIndex(q.stored.findData(rid))
+    q.open_button.click()
+    qtbot.waitUntil(lambda: q.table.rowCount() == 4, timeout=20_000)
+    assert q.result["history_run_id"] == rid and f"run {rid}" in q.status.text()
+
+
+def test_quality_refuses_bad_settings_in_its_status(window):
+    q = window.quality
+    q.methods.setText("q8_0,nope")
+    q.run_button.click()
+    assert "unknown method 'nope'" in q.status.text() and q.run_button.isEnabled() and not q.running
