@@ -380,16 +380,17 @@ def test_history_tab_reads_a_history_written_before_the_window_opened(qtbot, tmp
     from PySide6.QtCore import QSettings
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from ui_windows import open_window
+    from ui_windows import WAIT, open_window
 
     # before any window: a bench run in the history (the test's KVVIZ_DATA_DIR)
     with HistoryDB() as db:
         bench_id = db.record("bench", ADAPTER, kernels(0))
     settings = QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
     w1 = open_window(qtbot, settings, session)
+    assert w1.timing.run_id is None  # the first compute at start is not a run the user asked to keep
+    w1.timing.pin_current()  # pinning it keeps it, pinned in the database
     first = w1.timing.run_id
     assert first == bench_id + 1
-    w1.timing.pin_current()  # pinned in the database
     first_medians = {f"{t.kernel} [{t.variant}]": t.timing.median_us for t in w1.results.timings}
     w1.close()
     w1.timing.history_view.close_db()
@@ -397,11 +398,15 @@ def test_history_tab_reads_a_history_written_before_the_window_opened(qtbot, tmp
     # a new window (a restart of the app): the history and the pin are read back from disk
     w2 = open_window(qtbot, settings, session)
     hv, t = w2.timing.history_view, w2.timing
+    with qtbot.waitSignal(w2.results_ready, timeout=WAIT):
+        w2.run_now()  # a Run: kept
     second = t.run_id
     assert [r.id for r in hv.run_list] == [second, first, bench_id]
     assert hv.runs_table.rowCount() == 3
+    cols = hv.RUN_COLUMNS
     assert [hv.runs_table.item(i, 0).text() for i in range(3)] == [str(second), str(first), str(bench_id)]
-    assert hv.runs_table.item(1, 7).text() == "pinned" and hv.runs_table.item(2, 2).text() == "bench"
+    assert hv.runs_table.item(1, cols.index("baseline")).text() == "pinned"
+    assert hv.runs_table.item(2, cols.index("kind")).text() == "bench"
     assert t.pinned_run == first and t.pinned == pytest.approx(first_medians)
     for i, row in enumerate(w2.results.timings):  # the Kernels tab's "vs pin" column against the stored run
         ref = first_medians[f"{row.kernel} [{row.variant}]"]
@@ -475,3 +480,106 @@ def test_a_locked_history_is_a_clear_error_and_the_bench_still_reports(tmp_path,
     assert "history_run_id" not in strict(out.read_text())
     other.execute("ROLLBACK")
     other.close()
+
+
+# ------------------------------------------------------------------------------ runs worth keeping
+def _v1_history(path):
+    """A history as schema 1 wrote it: one bench run and two window runs (every recompute was recorded)."""
+    from kvviz.history.db import MIGRATIONS
+
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    MIGRATIONS[1](c)
+    c.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    for source, method in (("bench", None), ("window", "int8_seed"), ("window", "kivi")):
+        c.execute("INSERT INTO runs(created, source, adapter, adapter_json, method) VALUES "
+                  "('2026-01-01T00:00:00Z', ?, 'a', '{}', ?)", (source, method))
+    c.close()
+
+
+def test_schema_1_window_runs_become_hidden_auto_runs(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "runs.sqlite3"
+    _v1_history(path)
+    with HistoryDB(path) as db:
+        assert db.schema_version() == SCHEMA_VERSION == 2
+        assert [(r.id, r.kind) for r in db.runs(hidden=True)] == [(3, "auto"), (2, "auto"), (1, "bench")]
+        assert [r.id for r in db.runs()] == [1]  # the automatic recomputes are hidden by default
+    monkeypatch.setenv("KVVIZ_DATA_DIR", str(tmp_path))
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "1 run(s)" in out and "auto runs hidden (--all shows them)" in out
+    assert main(["runs", "list", "--all", "--json", "-"]) == 0
+    assert [r["kind"] for r in strict(capsys.readouterr().out)["runs"]] == ["auto", "auto", "bench"]
+    assert main(["runs", "delete", "--kind", "auto"]) == 0
+    assert "deleted 2 run(s): 2, 3" in capsys.readouterr().out
+    with HistoryDB(path) as db:
+        assert [r.id for r in db.runs(hidden=True)] == [1]
+
+
+def test_runs_are_named_filtered_and_deleted(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KVVIZ_DATA_DIR", str(tmp_path))
+    with HistoryDB() as db:
+        a = db.record("bench", ADAPTER, kernels(0))
+        b = db.record("window", ADAPTER, kernels(1), method="kivi", kind="run")
+        c = db.record("window", ADAPTER, kernels(2), method="int8_seed", kind="sweep")
+    assert main(["runs", "name", str(b), "kivi  before the fix"]) == 0
+    assert capsys.readouterr().out.strip() == f"run {b} is named 'kivi before the fix'"
+    assert main(["runs", "list", "--filter", "BEFORE", "--json", "-"]) == 0
+    assert [(r["id"], r["name"]) for r in strict(capsys.readouterr().out)["runs"]] == [(b, "kivi before the fix")]
+    assert main(["runs", "list", "--filter", "int8", "--json", "-"]) == 0  # the method matches too
+    assert [r["id"] for r in strict(capsys.readouterr().out)["runs"]] == [c]
+    assert main(["runs", "list", "--kind", "bench,sweep", "--json", "-"]) == 0
+    assert [r["id"] for r in strict(capsys.readouterr().out)["runs"]] == [c, a]
+    assert main(["runs", "list", "--kind", "nightly"]) == 2
+    assert "unknown kind" in capsys.readouterr().err
+    assert main(["runs", "show", str(b)]) == 0
+    assert "'kivi before the fix'" in capsys.readouterr().out
+    # a missing id refuses the whole delete; then two at once
+    assert main(["runs", "delete", str(a), "99"]) == 2
+    assert "no run 99" in capsys.readouterr().err
+    assert main(["runs", "delete", str(a), str(c)]) == 0
+    with HistoryDB() as db:
+        assert [r.id for r in db.runs(hidden=True)] == [b]
+        assert db._conn.execute("SELECT COUNT(*) FROM kernels WHERE run_id != ?", (b,)).fetchone()[0] == 0
+    assert main(["runs", "delete"]) == 2 and "run ids or --kind" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_a_window_run_keeps_its_results_and_numbers_and_deleting_it_removes_them(tmp_path, session):
+    from kvviz.history.numbers import headline_numbers
+    from ui_windows import small_config
+
+    res = session.compute(small_config(method="int8_token"))
+    with HistoryDB(tmp_path / "runs.sqlite3") as db:
+        rid = db.record_results(res, "mine")
+        run = db.run(rid)
+        assert run.kind == "run" and run.label == "mine" and run.numbers == pytest.approx(headline_numbers(res))
+        back, extra = db.load_results(rid)
+        assert back.stored_as == "run 1 'mine'" and extra["numbers"] == run.numbers
+        np.testing.assert_array_equal(back.w_q, res.w_q)
+        np.testing.assert_array_equal(back.qkv.k_codes, res.qkv.k_codes)
+        assert back.summary_json() == res.summary_json()
+        assert [t.timing.samples_us for t in back.timings] == [t.timing.samples_us for t in res.timings]
+        snap = db.snapshot_path(run)
+        assert snap.is_file()
+        db.delete([rid])
+        assert not snap.exists()
+        with pytest.raises(HistoryError, match="no run"):
+            db.load_results(rid)
+        bench = db.record("bench", ADAPTER, kernels(0))
+        with pytest.raises(HistoryError, match="no stored results"):
+            db.load_results(bench)
+
+
+def test_a_results_file_that_is_not_one_is_refused(tmp_path):
+    from kvviz.analysis.snapshot import SnapshotError, load_results
+
+    p = tmp_path / "results.npz"
+    np.savez(p, meta=np.frombuffer(b'{"format": "something else"}', np.uint8))
+    with pytest.raises(SnapshotError, match="not a kvviz results file"):
+        load_results(p)
+    p.write_bytes(b"junk" * 10)
+    with pytest.raises(SnapshotError, match="not a readable results file"):
+        load_results(p)
+    with pytest.raises(SnapshotError, match="no stored results"):
+        load_results(tmp_path / "missing.npz")

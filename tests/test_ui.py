@@ -115,10 +115,15 @@ def test_changing_a_control_recomputes_in_the_worker(qtbot, window):
     assert w.attention.table.rowCount() == res.batch.num_seqs * 8
     assert len(w.timing.history) == 2
     assert len(w.timing.hist_tab) == sum(len(e["medians"]) for e in w.timing.history)
-    # both runs are in the run history on disk (a fresh one per test), the newest selected and plotted
+    # automatic recomputes are not kept in the run history on disk (a fresh one per test); a Run (F5) is, with its
+    # results, and selected and plotted
     hv = w.timing.history_view
-    assert [r.id for r in hv.run_list] == [w.timing.run_id, w.timing.run_id - 1]
-    assert hv.runs_table.rowCount() == 2 and hv.selected_run() == w.timing.run_id
+    assert hv.run_list == [] and w.timing.run_id is None
+    with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+        w.act_run.trigger()
+    res = w.results
+    assert [r.id for r in hv.run_list] == [w.timing.run_id] and hv.run_list[0].kind == "run"
+    assert hv.run_list[0].snapshot and hv.runs_table.rowCount() == 1 and hv.selected_run() == w.timing.run_id
     # the plot of a hidden History tab is drawn when the tab is shown, with the newest run's kernels
     w.timing.tabs.setCurrentWidget(hv)
     qtbot.waitUntil(lambda: len(hv.curves) == len(res.timings), timeout=WAIT)
@@ -253,18 +258,18 @@ def test_block_inspector_shows_the_session_words(qtbot, window):
     res = w.results
     b = res.batch
     blk = int(b.seq_blocks[2][-1])  # the partly filled last block of sequence 2
+    # Each change re-inspects the block shown; its result reaches the window after the worker is idle,
+    # so wait for what is shown, not for the worker.
     w.inspector.which.setCurrentText("V")
-    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
     w.inspector.kv_head.setValue(1)
-    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
+    qtbot.waitUntil(lambda: (w.inspector.shown or ())[1:] == (1, "V") and not w.runner.busy, timeout=WAIT)
     # click the block's cell in the pool grid
     cl = w.cache_layout
     scene_pt = cl.vb.mapViewToScene(cl.cell_center(blk))
     view_pt = cl.view.mapFromScene(scene_pt)
     assert cl.block_at(cl.cell_center(blk).x(), cl.cell_center(blk).y()) == blk
-    with qtbot.waitSignal(w.inspect_ready, timeout=WAIT):
-        qtbot.mouseClick(cl.view.viewport(), Qt.LeftButton, pos=view_pt)
-    assert w.inspector.shown == (blk, 1, "V")
+    qtbot.mouseClick(cl.view.viewport(), Qt.LeftButton, pos=view_pt)
+    qtbot.waitUntil(lambda: w.inspector.shown == (blk, 1, "V"), timeout=WAIT)
     expect = w.session.inspect_block(res, blk, 1, "V")
     assert len(w.inspector.records) == len(expect) == b.block_size
     tab = w.inspector.words
@@ -276,7 +281,8 @@ def test_block_inspector_shows_the_session_words(qtbot, window):
     used = int(b.context_lens[2]) - (len(b.seq_blocks[2]) - 1) * b.block_size
     assert sum(1 for r in w.inspector.records if r.position >= 0) == used
     # decoded fields: the scale column holds the decoded scale
-    cols = w.inspector.fields_table.columns
+    cols = w.inspector.fields_table.columns[w.inspector.SHOWN_FROM:]  # the view leaves block, kv, kv_head out
+    assert w.inspector.fields_table.columns[:3] == ["block", "kv", "kv_head"]
     for name in expect[0].fields:
         j = cols.index(name)
         assert w.inspector.decoded.item(0, j).text() != ""
@@ -333,7 +339,7 @@ def test_panel_exports_png_svg_csv(qtbot, window, tmp_path):
         csvs = p.export("csv", str(tmp_path / f"{p.key}.csv"))
         with open(csvs[0]) as fh:
             rows = list(csv.reader(fh))
-        assert rows[0] == p.tables()[0].columns
+        assert rows[0] == p.tables()[0].headers()  # the columns, with units where a name does not say them
         assert len(rows) - 1 == _plotted_points(w, p.key), p.key
 
 
@@ -355,7 +361,7 @@ def test_csv_matches_results(window, tmp_path):
     with open(out[1]) as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == res.metrics.kl.size
-    np.testing.assert_allclose([float(r["kl"]) for r in rows], res.metrics.kl.reshape(-1), rtol=1e-9)
+    np.testing.assert_allclose([float(r["kl_nats"]) for r in rows], res.metrics.kl.reshape(-1), rtol=1e-9)
 
 
 def test_window_png_and_trace_and_report(qtbot, window, tmp_path):

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from kvviz.families.registry import transform_options
 from kvviz.live.config import LiveConfig
 from kvviz.live.run import CacheViewState, LiveRun, decode_run, view_scales
 from kvviz.attention.paged_oracle import unpack_int8_words
@@ -120,8 +121,8 @@ def test_live_panel_alone_draws_its_run_model(qtbot, tiny, ctx, tmp_path):
     lp._export_clicked("json")
     assert said == ["Live decode: nothing to export yet"] and exports == []
 
-    lp.set_config(method="int8_seed")
-    assert lp.options.editors == {}
+    lp.set_config(method="int8_seed")  # no options of its own: the editors are the transform options alone
+    assert set(lp.options.editors) == {o.name for o in transform_options("int8_seed")} == {"rotation"}
     reads = []
     lp.view_read_requested.connect(lambda job, label: (reads.append(label), job()))
     out = _run(lp, tiny, ctx, lp.config())

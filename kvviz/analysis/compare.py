@@ -5,7 +5,8 @@ decode and attention-weights kernels, then quantises the same KV with each metho
 attention path on the GPU. Every number comes from GPU outputs; nothing is recomputed in numpy.
 
 Per method (dict keys):
-  key, label, options
+  method, name, label, options   name: the key and the options that differ from the defaults
+                     (`turboquant qjl_scale=unbiased`), which tells two settings of one method apart
   bits_per_element   average of the K and V layouts' bits per element (scales, zeros and, for
                      KIVI, the float32 residual rows of THIS batch included: `layouts_for_batch`)
   bytes_per_token    K + V bytes one token costs over all KV heads
@@ -32,20 +33,11 @@ import time
 import numpy as np
 
 from kvviz.gpu.timed import checked, decode_time
+from kvviz.gpu.timing import TIME_DECIMALS
 from kvviz.metrics import attention_metrics
+from kvviz.methods.base import batch_layouts
 
 TOPK = 8
-
-
-def batch_layouts(method, batch, head_size):
-    """(K, V) layouts whose bytes and bits per element are those of THIS batch: the one definition the
-    overview, the block inspector, the report and the comparison all show. A method whose cost depends
-    on the batch (KIVI: the float32 residual rows of each sequence's recent tokens) accounts it exactly
-    in `layouts_for_batch`; the others' `layouts` do not depend on it."""
-    hook = getattr(method, "layouts_for_batch", None)
-    if hook is not None:
-        return hook(batch, head_size)
-    return method.layouts(head_size, batch.block_size)
 
 
 _layouts = batch_layouts
@@ -95,6 +87,7 @@ def compare_methods(ctx, batch, key, value, q, scale, methods, time_decode: bool
         kl, vl = _layouts(m, batch, D)
         row = {
             "method": m.id,
+            "name": m.option_name(),
             "label": m.label,
             "options": dict(m.options()),
             "bits_per_element": (kl.bits_per_element + vl.bits_per_element) / 2.0,
@@ -106,7 +99,8 @@ def compare_methods(ctx, batch, key, value, q, scale, methods, time_decode: bool
         if time_decode:  # the kernels over the caches `quantize` filled (nothing is quantised again)
             t = decode_time(ctx.rt, checked(m.timed_kernels(ctx, batch, key, value, q, scale, qkv), m.id), runs)
         row["decode_us"], row["dequant_us"], row["decode_impl"] = t["decode_us"], t["dequant_us"], t["impl"]
-        row["decode_total_us"] = (None if t["decode_us"] is None else t["decode_us"] + (t["dequant_us"] or 0.0))
+        row["decode_total_us"] = (None if t["decode_us"] is None
+                                  else round(t["decode_us"] + (t["dequant_us"] or 0.0), TIME_DECIMALS))
         rows.append(row)
     return rows
 

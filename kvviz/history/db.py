@@ -4,10 +4,21 @@ Qt-free. The database is `runs.sqlite3` in the user's data directory: `$KVVIZ_DA
 tests point it at a temporary folder), else `$XDG_DATA_HOME/kvviz`, else `~/.local/share/kvviz`.
 
 Schema (version `SCHEMA_VERSION`, kept in the `meta` table):
-  runs     one row per run: when, where from (bench / window), adapter, driver, the method of a window
-           run, its config, the shapes, whether it is the pinned baseline (at most one run is)
+  runs     one row per run: when, where from (bench / window), what kind of run (`KINDS`), its name
+           (`label`), adapter, driver, the method of a window run, its config, whether it is the pinned
+           baseline (at most one run is), the headline numbers of a window run and what else it showed
+           (`extra_json`: compare rows, sweep points), the file of its stored results (`snapshot`)
   kernels  one row per timed kernel of a run: shape, name, variant, method, role, impl, the hash of its
            shader source as compiled, timing method, bytes moved, the samples (a JSON array, us)
+  quality  (version 2) one row per method and part of a `kvviz eval` run (source 'eval'): its headline
+           statistics as columns and the whole row as JSON; the run's config_json holds the model, text,
+           chunking and baseline, so a stored eval is shown again without computing
+Only runs worth keeping are recorded: `kvviz bench` (kind "bench", its sweeps "sweep"), and in the window a
+Run (F5), a pin, a sweep and a method comparison, and `kvviz eval` (kind "eval"). Window runs recorded before kinds existed (every automatic
+recompute was) are kind "auto" and hidden from listings unless asked for. A window run's results are kept
+beside the database (snapshots/run-<id>.npz, kvviz.analysis.snapshot) so it reopens without a recompute;
+deleting the run deletes the file.
+
 A run is written in one transaction (BEGIN IMMEDIATE ... COMMIT) with synchronous=FULL in WAL mode:
 a crash part-way loses that run only, never one already committed. A database written by a newer
 kvviz (a higher schema version) is refused with a message, never altered; older versions are
@@ -33,11 +44,19 @@ from pathlib import Path
 
 import numpy as np
 
+from kvviz.analysis.snapshot import load_results, save_results
 from kvviz.errors import InvalidInput
+from kvviz.history.numbers import headline_numbers
 from kvviz.tables import clean
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SOURCES = ("bench", "window", "eval")
 DB_NAME = "runs.sqlite3"
+SNAPSHOT_DIR = "snapshots"
+# what a run is: a window Run (or a pin of the results shown), a timing sweep, a method comparison, a bench; "auto":
+# a window recompute recorded before kinds existed (hidden unless asked for)
+KINDS = ("run", "sweep", "compare", "bench", "eval", "auto")
+HIDDEN_KINDS = ("auto",)
 ENV_DIR = "KVVIZ_DATA_DIR"
 
 
@@ -119,8 +138,34 @@ def _v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX kernels_series ON kernels(name, variant, shape_key, run_id)")
 
 
+def _v2(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT ''")
+    # every window run of version 1 was recorded by a compute, explicit or not: tagged auto (hidden by default)
+    conn.execute("UPDATE runs SET kind = CASE source WHEN 'bench' THEN 'bench' ELSE 'auto' END")
+    conn.execute("ALTER TABLE runs ADD COLUMN extra_json TEXT")
+    conn.execute("ALTER TABLE runs ADD COLUMN snapshot TEXT")
+    conn.execute("""
+        CREATE TABLE quality (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            spec TEXT NOT NULL,               -- the method as given (`kvviz eval --methods` item)
+            part TEXT NOT NULL,               -- 'kv' | 'k' | 'v'
+            layer INTEGER,                    -- the one layer quantised (NULL: every layer)
+            scored INTEGER,                   -- scored positions (NULL: the pass failed)
+            bits_per_element REAL,
+            ppl REAL,
+            kld_mean REAL,
+            kld_err REAL,
+            same_top REAL,
+            same_top_err REAL,
+            row_json TEXT NOT NULL
+        )""")
+    conn.execute("CREATE INDEX quality_run ON quality(run_id, position)")
+
+
 # version reached -> step from the version below; a new schema appends a step, never edits one
-MIGRATIONS = {1: _v1}
+MIGRATIONS = {1: _v1, 2: _v2}
 
 
 def _create(conn: sqlite3.Connection, have: int) -> None:
@@ -146,6 +191,9 @@ def shape_key(shape: dict) -> str:
 def shape_label(shape: dict) -> str:
     """'quick-ragged: 4 seqs 37..300 tok, 8/2 heads, d128, blk16' (the name only when there is one)."""
     s = shape or {}
+    if "m" in s and "k" in s:  # a GEMM row of kvviz bench --gemm
+        dims = f"{s.get('m')} x {s.get('n')} x {s.get('k')} (M x N x K)"
+        return f"{s['name']}: {dims}" if s.get("name") else dims
     lens = s.get("context_lens")
     if isinstance(lens, list):
         ctx = f"{min(lens)}..{max(lens)}" if len(set(lens)) > 1 else str(lens[0]) if lens else "?"
@@ -224,14 +272,28 @@ class Run:
     kernels: tuple = ()
     kernel_count: int = 0
     shapes: tuple = ()  # shape labels, in order of first appearance
+    kind: str = ""  # KINDS
+    extra: dict | None = None  # the headline numbers of a window run ("numbers"), compare rows, sweep points
+    snapshot: str | None = None  # the stored results' file, relative to the history's folder
 
     @property
     def adapter_name(self) -> str:
         return str(self.adapter.get("name", ""))
 
+    @property
+    def name(self) -> str:
+        return self.label
+
+    @property
+    def numbers(self) -> dict:
+        """The headline numbers of a window run (kvviz.history.db.headline_numbers), {} for others."""
+        return dict((self.extra or {}).get("numbers") or {})
+
     def describe(self) -> str:
         what = self.method or ", ".join(self.shapes[:2]) + (" ..." if len(self.shapes) > 2 else "")
-        return f"run {self.id} ({self.source}, {self.created}, {self.adapter_name}{', ' + what if what else ''})"
+        named = f" '{self.label}'" if self.label else ""
+        return (f"run {self.id}{named} ({self.kind or self.source}, {self.created}, {self.adapter_name}"
+                f"{', ' + what if what else ''})")
 
     def medians(self) -> dict:
         """{"kernel [variant]": median us} of the kernels (the window's pin)."""
@@ -241,7 +303,8 @@ class Run:
         d = {
             "id": self.id, "created": self.created, "source": self.source, "label": self.label,
             "adapter": self.adapter, "method": self.method, "config": self.config, "baseline": self.baseline,
-            "kernel_count": self.kernel_count, "shapes": list(self.shapes),
+            "kernel_count": self.kernel_count, "shapes": list(self.shapes), "kind": self.kind, "name": self.label,
+            "numbers": self.numbers, "stored_results": bool(self.snapshot),
         }
         if samples:
             d["kernels"] = [k.to_json() for k in self.kernels]
@@ -472,19 +535,26 @@ class HistoryDB:
 
     # ------------------------------------------------------------------ writing
     def record(self, source: str, adapter: dict, kernels, *, method: str | None = None, config: dict | None = None,
-               label: str = "", timestamp_period_ns: float | None = None) -> int:
-        """Store one run and its kernels in one transaction; returns the run id."""
-        if source not in ("bench", "window"):
-            raise InvalidInput(f"a run's source is 'bench' or 'window', got {source!r}")
+               label: str = "", timestamp_period_ns: float | None = None, kind: str | None = None,
+               extra: dict | None = None, results=None) -> int:
+        """Store one run and its kernels in one transaction; returns the run id. `kind` (KINDS) defaults to
+        "bench" for a bench and "run" for the window; `results` (a Results) are kept beside the database
+        (kvviz.analysis.snapshot) so the run reopens without a recompute."""
+        if source not in SOURCES:
+            raise InvalidInput(f"a run's source is one of {', '.join(SOURCES)}, got {source!r}")
+        kind = kind or ("bench" if source == "bench" else "run")
+        if kind not in KINDS:
+            raise InvalidInput(f"a run's kind is one of {', '.join(KINDS)}, got {kind!r}")
         kernels = [k for k in kernels]
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with self._write("record the run") as c:
             cur = c.execute(
                 "INSERT INTO runs(created, source, label, adapter, driver, is_software, adapter_json, method, "
-                "config_json, timestamp_period_ns) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "config_json, timestamp_period_ns, kind, extra_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (created, source, label, str(adapter.get("name", "")), str(adapter.get("driver", "")),
                  int(bool(adapter.get("is_software"))), _dumps(adapter), method,
-                 None if config is None else _dumps(config), timestamp_period_ns))
+                 None if config is None else _dumps(config), timestamp_period_ns, kind,
+                 None if extra is None else _dumps(extra)))
             run_id = int(cur.lastrowid)
             for pos, k in enumerate(kernels):
                 s = _finite_samples(k.samples_us)
@@ -497,37 +567,169 @@ class HistoryDB:
                      k.impl, k.source_hash, k.timing_method, int(k.bytes), len(s), float(np.median(a)),
                      float(np.percentile(a, 10)), float(np.percentile(a, 90)), float(a.min()), _dumps(list(s)),
                      int(k.warmup_runs)))
+            if results is not None:  # written inside the transaction: a run never points at a file that is not there
+                snap = self.path.parent / f"{SNAPSHOT_DIR}/run-{run_id}.npz"
+                try:
+                    save_results(results, snap)
+                except OSError as exc:
+                    raise HistoryError(f"cannot keep the results of the run in {snap.parent}: {exc.strerror or exc}; "
+                                       "nothing was recorded") from None
+                c.execute("UPDATE runs SET snapshot=? WHERE id=?", (f"{SNAPSHOT_DIR}/{snap.name}", run_id))
         return run_id
 
-    def record_bench(self, result: dict, label: str = "") -> int:
-        """A `kvviz bench` result (run_bench's dict): every row that was timed."""
+    def record_bench(self, result: dict, label: str = "", kind: str = "bench") -> int:
+        """A `kvviz bench` result (run_bench's dict, or a sweep's rows as "rows"): every row that was timed."""
         kernels = [kernel_from_row(r) for r in result.get("rows", []) if r.get("samples_us")]
-        config = {k: result.get(k) for k in ("runs", "warmup") if k in result}
+        config = {k: result.get(k) for k in ("runs", "warmup", "param", "values") if k in result}
         return self.record("bench", result.get("adapter") or {}, kernels, config=config, label=label,
-                           timestamp_period_ns=result.get("timestamp_period_ns"))
+                           timestamp_period_ns=result.get("timestamp_period_ns"), kind=kind)
 
-    def record_results(self, res, label: str = "") -> int:
-        """A window run (kvviz.analysis.session.Results): every timed kernel with its samples."""
+    def record_results(self, res, label: str = "", kind: str = "run", extra: dict | None = None,
+                       keep_results: bool = True) -> int:
+        """A window run (kvviz.analysis.session.Results): every timed kernel with its samples (not for a
+        comparison: its kernels are those of the run it compared on), its headline numbers
+        (kvviz.history.numbers) and, with keep_results, its results (to reopen it)."""
         cfg = res.config
-        lens = [int(x) for x in res.batch.context_lens]
-        shape = {"num_seqs": len(lens), "context_lens": lens if len(set(lens)) > 1 else lens[0],
-                 "num_tokens": int(sum(lens)), "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
-                 "head_size": cfg.head_size, "block_size": cfg.block_size}
+        shape = results_shape(res)
         kernels = []
-        for t in res.timings:
+        for t in (res.timings if kind != "compare" else ()):
             tm = t.timing
             kernels.append(KernelRecord(
                 name=t.kernel, variant=t.variant, samples_us=tuple(tm.samples_us), timing_method=tm.method,
                 shape=shape, method=res.method.id if t.variant == res.method.label else None,
                 role=getattr(t, "role", None), impl=getattr(t, "impl", None), source_hash=tm.source_hash,
                 bytes=int(t.bytes_moved), warmup_runs=int(getattr(tm, "warmup_runs", 0))))
+        extra = dict(extra or {})
+        extra["numbers"] = headline_numbers(res)
         return self.record("window", res.adapter.to_json(), kernels, method=res.method.id, config=cfg.to_json(),
-                           label=label)
+                           label=label, kind=kind, extra=extra, results=res if keep_results else None)
+
+    def record_sweep(self, res_like, points: list, label: str = "") -> int:
+        """A window timing sweep (Session.sweep's points) of the config of `res_like` (a Results): every point's
+        baseline and method kernels with their samples, on the point's shape; the points are kept to redraw it."""
+        cfg = res_like.config
+        kernels = []
+        for p in points:
+            lens = [int(p["value"])] * len(cfg.context_lens) if p["param"] == "context" else \
+                [int(cfg.context_lens[0])] * int(p["value"])
+            shape = {"num_seqs": len(lens), "context_lens": lens[0], "num_tokens": int(sum(lens)),
+                     "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "head_size": cfg.head_size,
+                     "block_size": cfg.block_size, "name": f"{p['param']}={p['value']}"}
+            if p.get("baseline_samples_us"):
+                kernels.append(KernelRecord("paged_attn_f32", "f32 baseline", tuple(p["baseline_samples_us"]),
+                                            p.get("baseline_timing_method") or "", shape, None, "decode", "baseline",
+                                            bytes=int(p.get("baseline_bytes") or 0)))
+            for name, k in p.get("method_kernels", {}).items():
+                if k.get("samples_us"):
+                    kernels.append(KernelRecord(name, res_like.method.label, tuple(k["samples_us"]),
+                                                k.get("timing_method") or "", shape, cfg.method,
+                                                k.get("role"), k.get("impl"), bytes=int(k.get("bytes") or 0)))
+        return self.record("window", res_like.adapter.to_json(), kernels, method=res_like.method.id,
+                           config=cfg.to_json(), label=label, kind="sweep", extra={"sweep_points": points})
+
+    def rename(self, run_id: int, name: str) -> None:
+        """Name a run ("" takes its name away)."""
+        name = " ".join(str(name).split())
+        if len(name) > 200:
+            raise InvalidInput(f"a run's name has at most 200 characters, got {len(name)}")
+        with self._write(f"name run {run_id}") as c:
+            if not c.execute("SELECT 1 FROM runs WHERE id=?", (int(run_id),)).fetchone():
+                raise HistoryError(f"no run {run_id} in {self.path}", "See `kvviz runs list`.")
+            c.execute("UPDATE runs SET label=? WHERE id=?", (name, int(run_id)))
+
+    def delete(self, run_ids) -> list[int]:
+        """Delete runs (their kernels and stored results too); the ids deleted. An id that is not there is refused
+        before anything is deleted."""
+        ids = sorted({int(i) for i in run_ids})
+        if not ids:
+            return []
+        with self._write(f"delete run(s) {', '.join(map(str, ids))}") as c:
+            q = ",".join("?" * len(ids))
+            have = {r[0]: r[1] for r in c.execute(f"SELECT id, snapshot FROM runs WHERE id IN ({q})", ids)}
+            missing = [i for i in ids if i not in have]
+            if missing:
+                raise HistoryError(f"no run {', '.join(map(str, missing))} in {self.path}; nothing was deleted",
+                                   "See `kvviz runs list --all`.")
+            c.execute(f"DELETE FROM kernels WHERE run_id IN ({q})", ids)
+            c.execute(f"DELETE FROM quality WHERE run_id IN ({q})", ids)
+            c.execute(f"DELETE FROM runs WHERE id IN ({q})", ids)
+        for snap in have.values():  # after the commit: a file left by a failed unlink is only disk space
+            if snap:
+                with contextlib.suppress(OSError):
+                    (self.path.parent / snap).unlink()
+        return ids
+
+    def delete_kind(self, kind: str) -> list[int]:
+        """Delete every run of a kind (e.g. the hidden "auto" runs of an older kvviz)."""
+        if kind not in KINDS:
+            raise InvalidInput(f"a run's kind is one of {', '.join(KINDS)}, got {kind!r}")
+        with self._reading():
+            ids = [r[0] for r in self._conn.execute("SELECT id FROM runs WHERE kind=?", (kind,))]
+        return self.delete(ids)
+
+    def snapshot_path(self, run: "Run") -> Path | None:
+        return self.path.parent / run.snapshot if run.snapshot else None
+
+    def load_results(self, run_id: int):
+        """(Results, extra) of a run as it was computed (its stored results); HistoryError when it has none."""
+        run = self.run(run_id)
+        p = self.snapshot_path(run)
+        if p is None:
+            raise HistoryError(f"run {run_id} has no stored results ({run.kind or run.source} run)",
+                               "Window runs (Run, a pin, a comparison) keep their results; bench runs keep timings "
+                               "only, shown in the History tab.")
+        res, _ = load_results(p, stored_as=f"run {run.id}" + (f" '{run.label}'" if run.label else ""))
+        return res, dict(run.extra or {})
+
+    def record_eval(self, result: dict, label: str = "") -> int:
+        """A `kvviz eval` result (kvviz.quality.evaluate): a run of source 'eval' whose config holds everything
+        but the rows, and one quality row per method row and per single-layer row, in one transaction."""
+        rows = [dict(r) for r in result.get("rows", [])] + [dict(r, part="kv") for r in result.get("layers", [])]
+        config = {k: v for k, v in result.items() if k not in ("rows", "layers")}
+        adapter = {"name": str(result.get("adapter", ""))}
+        method = ",".join(dict.fromkeys(r["spec"] for r in result.get("rows", [])))
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self._write("record the eval") as c:
+            cur = c.execute(
+                "INSERT INTO runs(created, source, kind, label, adapter, driver, is_software, adapter_json, method, "
+                "config_json) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (created, "eval", "eval", label, adapter["name"], "", 0, _dumps(adapter), method or None, _dumps(config)))
+            run_id = int(cur.lastrowid)
+            for pos, r in enumerate(rows):
+                c.execute(
+                    "INSERT INTO quality(run_id, position, spec, part, layer, scored, bits_per_element, ppl, kld_mean, "
+                    "kld_err, same_top, same_top_err, row_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (run_id, pos, str(r.get("spec", "")), str(r.get("part", "kv")), r.get("layer"),
+                     r.get("scored_positions"), *(clean(r.get(k)) for k in ("bits_per_element", "ppl", "kld_mean",
+                                                                              "kld_err", "same_top", "same_top_err")),
+                     _dumps(r)))
+        return run_id
+
+    def eval_result(self, run_id: int) -> dict:
+        """A stored eval as the dict `kvviz eval` wrote (rows and single-layer rows back in their places);
+        HistoryError when the run is not an eval or its stored JSON does not parse."""
+        run = self.run(run_id)
+        if run.source != "eval":
+            raise HistoryError(f"run {run_id} is a {run.source} run, not an eval", "`kvviz runs list` shows the source.")
+        with self._reading():
+            stored = self._conn.execute("SELECT row_json, layer FROM quality WHERE run_id=? ORDER BY position",
+                                        (int(run_id),)).fetchall()
+        result = dict(run.config or {}, rows=[], layers=[], history_run_id=run.id, created=run.created)
+        try:
+            for text, layer in stored:
+                r = _stored(text, "a quality row_json", dict)
+                (result["rows"] if layer is None else result["layers"]).append(r)
+        except _Damaged as exc:
+            raise HistoryError(f"run {run_id} in {self.path} is damaged: {exc}; it cannot be shown") from None
+        return result
 
     def pin(self, run_id: int) -> None:
         """Make `run_id` the baseline (the previous one is unpinned in the same transaction); a damaged run
         (its stored JSON unreadable) is refused."""
-        self.run(run_id)  # HistoryError when there is no such run or it is damaged
+        run = self.run(run_id)  # HistoryError when there is no such run or it is damaged
+        if run.source == "eval":
+            raise HistoryError(f"run {run_id} is an eval: it has no kernel timings to compare runs with",
+                               "Pin a bench or window run.")
         with self._write(f"pin run {run_id}") as c:
             if not c.execute("SELECT 1 FROM runs WHERE id=?", (int(run_id),)).fetchone():
                 raise HistoryError(f"no run {run_id} in {self.path}", "See `kvviz runs list`.")
@@ -539,15 +741,29 @@ class HistoryDB:
             c.execute("UPDATE runs SET baseline=0 WHERE baseline=1")
 
     # ------------------------------------------------------------------ reading
-    def runs(self, limit: int | None = None, source: str | None = None) -> list[Run]:
-        """The runs, newest first, without their samples. A run whose stored JSON does not parse (its
-        adapter, config, a kernel's shape or samples) is skipped and named in `self.damaged`."""
+    def runs(self, limit: int | None = None, source: str | None = None, kinds=None, text: str = "",
+             hidden: bool = False) -> list[Run]:
+        """The runs, newest first, without their samples: of `source`, of `kinds` (default: every kind but
+        HIDDEN_KINDS unless `hidden`), whose name or method contains `text` (any case). A run whose stored JSON
+        does not parse (its adapter, config, a kernel's shape or samples) is skipped and named in `self.damaged`."""
         q = ("SELECT r.id, r.created, r.source, r.label, r.adapter_json, r.method, r.config_json, r.baseline, "
-             "(SELECT COUNT(*) FROM kernels k WHERE k.run_id = r.id) FROM runs r")
-        args: list = []
+             "(SELECT COUNT(*) FROM kernels k WHERE k.run_id = r.id), r.kind, r.extra_json, r.snapshot FROM runs r")
+        where, args = [], []
         if source:
-            q += " WHERE r.source = ?"
+            where.append("r.source = ?")
             args.append(source)
+        if kinds:
+            kinds = list(kinds)
+            where.append(f"r.kind IN ({','.join('?' * len(kinds))})")
+            args += kinds
+        elif not hidden:
+            where.append(f"r.kind NOT IN ({','.join('?' * len(HIDDEN_KINDS))})")
+            args += list(HIDDEN_KINDS)
+        if text:
+            where.append("(instr(lower(r.label), ?) > 0 OR instr(lower(COALESCE(r.method, '')), ?) > 0)")
+            args += [text.lower(), text.lower()]
+        if where:
+            q += " WHERE " + " AND ".join(where)
         q += " ORDER BY r.id DESC"
         if limit is not None:
             q += " LIMIT ?"
@@ -571,12 +787,13 @@ class HistoryDB:
             try:
                 adapter = _stored(row[4], "its adapter_json", dict)
                 config = _stored(row[6], "its config_json", dict) if row[6] else None
+                extra = _stored(row[10], "its extra_json", dict) if row[10] else None
             except _Damaged as exc:
                 damaged.setdefault(row[0], str(exc))
                 continue
             if row[0] not in damaged:
                 out.append(Run(row[0], row[1], row[2], row[3], adapter, row[5], config, bool(row[7]), (), int(row[8]),
-                               tuple(shapes.get(row[0], ()))))
+                               tuple(shapes.get(row[0], ())), row[9], extra, row[11]))
         self.damaged = dict(sorted(damaged.items(), reverse=True))
         return out
 
@@ -602,8 +819,8 @@ class HistoryDB:
         JSON does not parse (the run is damaged)."""
         with self._reading():
             row = self._conn.execute(
-                "SELECT id, created, source, label, adapter_json, method, config_json, baseline FROM runs WHERE id=?",
-                (int(run_id),)).fetchone()
+                "SELECT id, created, source, label, adapter_json, method, config_json, baseline, kind, extra_json, "
+                "snapshot FROM runs WHERE id=?", (int(run_id),)).fetchone()
             if row is None:
                 ids = self._conn.execute("SELECT MIN(id), MAX(id), COUNT(*) FROM runs").fetchone()
                 have = f"runs {ids[0]}..{ids[1]}" if ids[2] else "no runs yet"
@@ -614,6 +831,7 @@ class HistoryDB:
         try:
             adapter = _stored(row[4], "its adapter_json", dict)
             config = _stored(row[6], "its config_json", dict) if row[6] else None
+            extra = _stored(row[9], "its extra_json", dict) if row[9] else None
             kernels = []
             for k in stored:
                 shape = _stored(k[4], "a kernel's shape_json", dict)
@@ -624,12 +842,16 @@ class HistoryDB:
                                "The other runs are intact: `kvviz runs list` lists them.") from None
         shapes = tuple(dict.fromkeys(shape_label(k.shape) for k in kernels))
         return Run(row[0], row[1], row[2], row[3], adapter, row[5], config, bool(row[7]), tuple(kernels), len(kernels),
-                   shapes)
+                   shapes, row[8], extra, row[10])
 
-    def baseline(self) -> Run | None:
+    def baseline_id(self) -> int | None:
         with self._reading():
             row = self._conn.execute("SELECT id FROM runs WHERE baseline=1").fetchone()
-        return self.run(row[0]) if row else None
+        return int(row[0]) if row else None
+
+    def baseline(self) -> Run | None:
+        rid = self.baseline_id()
+        return self.run(rid) if rid is not None else None
 
     def kernel_series(self, name: str, variant: str, key: str, limit: int = 200) -> list[tuple[int, float, float, float]]:
         """(run id, p10, median, p90) of one kernel on one shape over the runs, oldest first."""
@@ -638,6 +860,15 @@ class HistoryDB:
                 "SELECT run_id, p10_us, median_us, p90_us FROM kernels WHERE name=? AND variant=? AND shape_key=? "
                 "ORDER BY run_id DESC LIMIT ?", (name, variant, key, int(limit))).fetchall()
         return [(int(a), float(b), float(c), float(d)) for a, b, c, d in reversed(rows)]
+
+
+def results_shape(res) -> dict:
+    """The shape a window run's kernels were timed on (the history's shape key)."""
+    cfg = res.config
+    lens = [int(x) for x in res.batch.context_lens]
+    return {"num_seqs": len(lens), "context_lens": lens if len(set(lens)) > 1 else lens[0],
+            "num_tokens": int(sum(lens)), "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
+            "head_size": cfg.head_size, "block_size": cfg.block_size}
 
 
 def kernel_from_row(r: dict) -> KernelRecord:
@@ -653,7 +884,14 @@ def _dumps(v) -> str:
     return json.dumps(clean(v), allow_nan=False, sort_keys=True)
 
 
-def record_bench_result(result: dict, path=None) -> tuple[int, Path]:
-    """Record a bench result in the history at `path` (default: the user's); (run id, db path)."""
+def record_eval_result(result: dict, path=None) -> tuple[int, Path]:
+    """Record a `kvviz eval` result in the history at `path` (default: the user's); (run id, db path)."""
     with HistoryDB(path) as db:
-        return db.record_bench(result), db.path
+        return db.record_eval(result), db.path
+
+
+def record_bench_result(result: dict, path=None, kind: str = "bench") -> tuple[int, Path]:
+    """Record a bench result (kind "bench", or "sweep" for `kvviz bench --sweep`) in the history at `path`
+    (default: the user's); (run id, db path)."""
+    with HistoryDB(path) as db:
+        return db.record_bench(result, kind=kind), db.path

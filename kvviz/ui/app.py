@@ -7,6 +7,7 @@ file instead of the user's QSettings (handy for screenshots and tests). With KVV
 N:METHOD) as well, the screenshot is taken after a live decode of N tokens (of the method, default
 int8_seed), with the Live decode and QJL bias panels raised and widened. KVVIZ_SCREENSHOT_AUDIT=1 also
 prints every widget whose text is cut (kvviz.ui.audit). tools/window_screenshots.py takes the README's four.
+With `--open RUN|PATH` the window shows a stored run or a report as it was computed instead of computing.
 """
 from __future__ import annotations
 
@@ -48,7 +49,11 @@ def main(args=None) -> int:
     screenshot = getattr(args, "screenshot", None)
     cfg_path = getattr(args, "config", None)
     cfg = SessionConfig.load(cfg_path) if cfg_path else None
-    win = MainWindow(settings=make_settings(), config=cfg)
+    opened = getattr(args, "open", None)
+    win = MainWindow(settings=make_settings(), config=cfg, autostart=not opened)
+    if opened:  # a run of the history (its id) or a report: shown as computed, nothing recomputed
+        QTimer.singleShot(0, lambda: win.open_run(int(opened)) if str(opened).isdigit()
+                          else win.open_stored_file(opened))
     rc = {"code": 0}
     if screenshot:
         geo = app.primaryScreen().availableGeometry()

@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import traceback
+from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from importlib.metadata import PackageNotFoundError, version
 
@@ -40,6 +41,8 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.analysis.session import Cancelled, Session, SessionConfig
+from kvviz.analysis.snapshot import FILE_NAME as RESULTS_FILE
+from kvviz.analysis.snapshot import load_results
 from kvviz.errors import InvalidInput, KvvizError
 from kvviz.families.turboquant.bias import inner_product_bias
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
@@ -47,7 +50,8 @@ from kvviz.live.run import decode_run
 from kvviz.report.compare_run import run_compare
 from kvviz.report.trace import write_chrome_trace
 from kvviz.report.writer import relocate, staged_dir, write_report
-from kvviz.ui.export import save_png
+from kvviz.ui.audit import tab_bar_is_current
+from kvviz.ui.export import ExportDialog, save_png
 from kvviz.ui.log_dock import LogPanel
 from kvviz.ui.panels import (
     AttentionPanel,
@@ -63,11 +67,13 @@ from kvviz.ui.panels import (
     WorkloadPanel,
 )
 from kvviz.ui.panels.lab import install as install_lab
+from kvviz.ui.panels.quality import install as install_quality
 from kvviz.ui.panels.qjl_bias import tq_setting
 from kvviz.ui.panels.timing import SOFTWARE_FLAG
-from kvviz.ui.state import AppState, model_label
+from kvviz.ui.state import RESULT_PANELS, AppState, Baseline, Notice, model_label
 from kvviz.ui.style import ERROR_BG, ERROR_FG, WARN_BG, WARN_FG, setup_pyqtgraph
 from kvviz.ui.tasks import TASKS
+from kvviz.ui.widgets.labels import ElidedLabel
 from kvviz.ui.widgets.panel_scroll import PanelScroll
 from kvviz.ui.worker import TaskRunner
 
@@ -76,6 +82,12 @@ log = logging.getLogger("kvviz.ui")
 ORG = "kvviz"
 APP = "kvviz"
 STATE_VERSION = 5  # 5: the log dock
+
+
+@dataclass(frozen=True)
+class ComputeRequest:
+    cfg: SessionConfig  # the settings asked for (the results' config may differ: a model's shapes)
+    explicit: bool  # asked for by the user (kept in the run history)
 
 
 class ErrorBanner(QFrame):
@@ -115,12 +127,17 @@ class ErrorBanner(QFrame):
         self.hide()
         self.dismissed.emit()
 
-    def show_error(self, where: str, exc: BaseException) -> None:
-        if isinstance(exc, KvvizError):
-            msg, hint = str(exc), exc.hint
-        else:
-            msg, hint = f"{type(exc).__name__}: {exc}", "Unexpected error (details on stderr); the window keeps working."
-        self.title.setText(f"{where}: {msg}")
+    def show_notices(self, notices: list) -> None:
+        """The newest notice (kvviz.ui.state.Notice) in full, the others named on a line below; hidden when none."""
+        if not notices:
+            self.hide()
+            return
+        n = notices[0]
+        self.title.setText(f"{n.title}: {n.message()}")
+        hint = n.hint()
+        if len(notices) > 1:
+            hint += ("\n" if hint else "") + "Also: " + "; ".join(f"{o.title}: {o.message().splitlines()[0][:80]}"
+                                                                  for o in notices[1:])
         self.hint.setText(hint)
         self.hint.setVisible(bool(hint))
         self.show()
@@ -131,6 +148,7 @@ class ErrorBanner(QFrame):
 
 class MainWindow(QMainWindow):
     results_ready = Signal(object)  # Results
+    preview_ready = Signal(object, object)  # compute Task, its Results before the kernels' timings (Session.on_preview)
     compute_failed = Signal(object)  # exception
     task_cancelled = Signal(str)  # kind
     sweep_ready = Signal(object)
@@ -164,6 +182,12 @@ class MainWindow(QMainWindow):
         self.runner.idle.connect(self._idle)
         self.runner.dropped.connect(self._task_dropped)
 
+        self._preview = None  # the current compute's results before its timings, drawn while it times its kernels
+        self._previewed: list = []  # the panels drawing the preview
+        self.preview_ready.connect(self._show_preview)
+        self.session.on_preview = self._emit_preview
+
+        self._relayout_pending = False
         self._debounce = QTimer(self)
         self._debounce.setSingleShot(True)
         self._debounce.setInterval(debounce_ms)
@@ -176,6 +200,8 @@ class MainWindow(QMainWindow):
         self.state.trace_export_requested.connect(self.export_trace)
         self.state.status_message.connect(lambda text: self.status_label.setText(text))
         self.state.error.connect(self.show_error)
+        self.compare_res = None  # the Results the Method comparison's rows were computed on
+        self._shown_cfg: SessionConfig | None = None  # the config whose compute the panels show (as asked for)
 
         # ---- central: error banner + overview
         central = QWidget()
@@ -183,7 +209,7 @@ class MainWindow(QMainWindow):
         cl.setContentsMargins(4, 4, 4, 0)
         cl.setSpacing(4)
         self.banner = ErrorBanner()
-        self.banner.dismissed.connect(lambda: self._fit_central())
+        self.banner.dismissed.connect(self.state.dismiss_banner)
         cl.addWidget(self.banner)
         self.overview = OverviewPanel(self.state)
         cl.addWidget(self.overview, 1)
@@ -199,7 +225,9 @@ class MainWindow(QMainWindow):
         self.codes = CodesPanel(self.state)
         self.attention = AttentionPanel(self.state)
         self.timing = TimingPanel(self.state)
-        self.timing.attach_history()  # the run history on disk: every run recorded, the pinned baseline kept
+        self.timing.attach_history()  # the run history on disk: the runs worth keeping, the pinned baseline
+        self.timing.history_view.open_requested.connect(self.open_run)
+        self.timing.history_view.baseline_changed.connect(self._set_baseline)
         self.compare = ComparePanel(self.state)
         self.bias = QjlBiasPanel(self.state)
         self.live = LivePanel(self.state)
@@ -217,7 +245,7 @@ class MainWindow(QMainWindow):
 
         self.overview.reflowed.connect(lambda: QTimer.singleShot(0, self._fit_central))
         self.workload.changed.connect(self.schedule_compute)
-        self.workload.run_requested.connect(self.request_compute)
+        self.workload.run_requested.connect(self.run_now)
         self.workload.cancel_requested.connect(self.cancel)
         self.cache_layout.block_clicked.connect(self.open_block)
         self.timing.sweep_requested.connect(self.request_sweep)
@@ -235,8 +263,15 @@ class MainWindow(QMainWindow):
 
         self._build_status_bar()
         self._build_actions()
+        # after every panel's own connection: the banner, the Workload's red field and the centre's height follow
+        # the notices once the stale notes have
+        self.state.notices_changed.connect(self._sync_notices)
+        self.workload.changed.connect(self._sync_edited)
+        self.workload.auto_run.toggled.connect(self._sync_edited)
 
+        self._set_baseline(self.timing.history_view.baseline() if self.timing.history_view.db is not None else None)
         install_lab(self)  # the Kernel lab dock and the GPU timing panel's Roofline tab (kvviz/ui/panels/lab.py)
+        install_quality(self)  # the Quality dock: kvviz eval in the window (kvviz/ui/panels/quality.py)
         self._restore(config)
         self.workload.set_busy(False)
         # the adapter's name goes in the status bar straight away, even if the first compute fails
@@ -284,13 +319,34 @@ class MainWindow(QMainWindow):
         self.resizeDocks([d["cache_layout"], d["scales"]], [290, 520], Qt.Vertical)
 
     def _fit_central(self) -> None:
-        """Keep the overview compact so the docks get the room; grow it while the error banner shows."""
-        extra = self.banner.sizeHint().height() + 6 if self.banner.isVisible() else 0
-        self.central.setMaximumHeight(self.overview.sizeHint().height() + 10 + extra)
+        """The centre (error banner and overview) exactly as tall as its contents need at its width: the docks
+        get the rest, and the banner, the stale note and a warning line push the cards down, never over them."""
+        lay = self.central.layout()
+        lay.activate()
+        w = max(self.central.width(), 200)
+        need = lay.totalHeightForWidth(w) if lay.hasHeightForWidth() else lay.totalSizeHint().height()
+        need = max(need, lay.totalMinimumSize().height())
+        # never taller than the window leaves beside what the docks in its column need at least: a width measured in
+        # the middle of a relayout (the live layout's narrow centre) must not make the window grow past the screen
+        others = self.layout().minimumSize().height() - self.central.minimumHeight()
+        room = self.height() - others - 4
+        need = min(need, max(room, 120))
+        if self.central.minimumHeight() != need or self.central.maximumHeight() != need:
+            self.central.setFixedHeight(need)
+            self._after_relayout()
 
     def reset_layout(self) -> None:
+        """The default arrangement for the window's size. The docks pass through the wide arrangement on their way
+        (top and bottom dock areas around the centre), whose minimum height at 1280x800 is more than the window's:
+        the centre's height is let go meanwhile and the window keeps its size."""
+        size = self.size()
+        self.central.setMinimumHeight(0)
         self._default_layout()
         self._size_docks()
+        if self.size() != size:  # grown on the way: back, and the docks shared again at the window's size
+            self.resize(size)
+            self._size_docks()
+        self._fit_central()
 
     COMPACT = (1500, 950)  # below this width or height the default layout tabs the bottom panels together
 
@@ -306,6 +362,30 @@ class MainWindow(QMainWindow):
             if tb.parentWidget() is self:
                 tb.setElideMode(Qt.ElideNone)
                 tb.setUsesScrollButtons(True)
+
+    def hide_stale_tab_bars(self) -> list:
+        """Hide the dock tab bars QMainWindow keeps from an earlier arrangement of the docks (the default layout
+        regrouped for 1280x800, a reset): they stay "visible" under the docks at their old place, and a relayout
+        (the error banner shown and dismissed) lets them paint over the overview. A tab bar is current when it
+        lies along the edge of a dock of its own group, as wide as it."""
+        from PySide6.QtWidgets import QTabBar
+
+        docks = [d for d in self.docks.values() if d.isVisible() and not d.isFloating()]
+        stale = [tb for tb in self.findChildren(QTabBar)
+                 if tb.parentWidget() is self and not tb.isHidden() and not tab_bar_is_current(tb, docks)]
+        for tb in stale:
+            tb.hide()
+        return stale
+
+    def _after_relayout(self) -> None:
+        """Once a dock arrangement or the centre's height has changed: no tab bar of an earlier arrangement left."""
+        if not self._relayout_pending:
+            self._relayout_pending = True
+            QTimer.singleShot(0, self._relayout_done)
+
+    def _relayout_done(self) -> None:
+        self._relayout_pending = False
+        self.hide_stale_tab_bars()
 
     def workload_min_width(self) -> int:
         """The Workload dock's width that shows its fields whole (its form scrolls inside the panel)."""
@@ -343,6 +423,7 @@ class MainWindow(QMainWindow):
             self.resizeDocks([d["workload"], d["attention"]], [left, right], Qt.Horizontal)
             self.resizeDocks([d["cache_layout"]], [H], Qt.Vertical)
             self.unelide_tabs()
+            self._after_relayout()
             return
         left, right = min(max(left_min, int(W * 0.17)), int(W * 0.26)), int(W * 0.36)
         mid = W - left - right
@@ -351,15 +432,19 @@ class MainWindow(QMainWindow):
         self.resizeDocks([d["attention"], d["timing"]], [int(H * 0.46), int(H * 0.54)], Qt.Vertical)
         self.resizeDocks([d["cache_layout"], d["scales"]], [int(H * 0.26), int(H * 0.45)], Qt.Vertical)
         self.unelide_tabs()
+        self._after_relayout()
 
     def show_live_layout(self) -> None:
         """The live decode and the QJL bias panels raised, the live decode's column wide and tall enough for
-        its controls and a KL plot of real height (the View menu's "Live decode layout", the screenshots)."""
+        its controls and a KL plot of real height (the View menu's "Live decode layout", the screenshots). In the
+        compact arrangement the QJL bias is one of the middle column's tabs, not raised: under the overview's cards
+        its plot would get no height."""
         d = self.docks
         compact = self.is_compact() and d["qjl_bias"] in self.tabifiedDockWidgets(d["live"])
         if compact:  # the live decode takes the right column's whole height, the QJL bias the middle's tabs
             self.tabifyDockWidget(d["cache_layout"], d["qjl_bias"])
-        for key in ("qjl_bias", "live"):
+        shown = ("live",) if self.is_compact() else ("qjl_bias", "live")
+        for key in shown:
             d[key].show()
             d[key].raise_()
         W, H = max(self.width(), 800), max(self.height(), 500)
@@ -369,21 +454,26 @@ class MainWindow(QMainWindow):
         if not compact:
             self.resizeDocks([d["live"], d["qjl_bias"]], [int(H * 0.64), int(H * 0.36)], Qt.Vertical)
         self.unelide_tabs()
+        self._after_relayout()
 
     def showEvent(self, ev) -> None:  # noqa: N802 - Qt naming
         super().showEvent(ev)
         QTimer.singleShot(0, self.unelide_tabs)  # a restored arrangement's tab bars too
+        self._after_relayout()
         if getattr(self, "_size_docks_pending", False):
             self._size_docks_pending = False
             QTimer.singleShot(0, self._size_docks)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
-        self.status_label = QLabel("Starting ...")
+        # one line, elided at the window's width (the whole message is its tooltip): a long progress message
+        # never wraps the status bar or widens the window
+        self.status_label = ElidedLabel("Starting ...")
         sb.addWidget(self.status_label, 1)
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(220)
+        self.progress.setFixedWidth(120)
+        self.progress.setFormat("%p%")  # what runs is said beside it, in the status line
         self.progress.setTextVisible(True)
         self.progress.hide()
         sb.addPermanentWidget(self.progress)
@@ -415,7 +505,7 @@ class MainWindow(QMainWindow):
             self.addAction(a)
             return a
 
-        self.act_run = act(m_run, "&Run now", self.request_compute, ("Ctrl+R", "F5"))
+        self.act_run = act(m_run, "&Run now", self.run_now, ("Ctrl+R", "F5"))
         self.act_cancel = act(m_run, "&Cancel", self.cancel, ("Esc",))
         m_run.addSeparator()
         self.act_compare = act(m_run, "Compare all &methods", self.request_compare)
@@ -426,6 +516,7 @@ class MainWindow(QMainWindow):
         self.act_shot = act(m_file, "Save window &screenshot...", self._screenshot_clicked, ("Ctrl+Shift+S",))
         self.act_trace = act(m_file, "Export timings as Chrome &trace...", self.export_trace)
         m_file.addSeparator()
+        self.act_open = act(m_file, "&Open report or stored results...", self._open_report_clicked, ("Ctrl+O",))
         self.act_load = act(m_file, "&Load config...", self._load_config_clicked)
         self.act_save = act(m_file, "Sa&ve config...", self._save_config_clicked)
         m_file.addSeparator()
@@ -529,6 +620,8 @@ class MainWindow(QMainWindow):
         s.sync()
 
     def closeEvent(self, ev) -> None:
+        if self.session.on_preview == self._emit_preview:
+            self.session.on_preview = None
         self.log_panel.detach()
         self.save_settings()
         self._debounce.stop()
@@ -541,23 +634,31 @@ class MainWindow(QMainWindow):
         if self.workload.auto_run.isChecked():
             self._debounce.start()
 
-    def request_compute(self) -> None:
+    def run_now(self, *_) -> None:
+        """A compute the user asked for (Run, F5, Ctrl+Enter, a loaded config): kept in the run history."""
+        self.request_compute(explicit=True)
+
+    def request_compute(self, explicit: bool = False) -> None:
+        """Compute the Workload's settings in the worker; `explicit` ones (run_now) are recorded in the run history,
+        an automatic recompute (a changed field, the first run at start) is not."""
         self._debounce.stop()
         try:
             cfg = self.workload.config()
             cfg.validate()  # every field's declared range before the worker: block size 0 is refused here
         except KvvizError as exc:
-            self.show_error("Workload", exc)
-            self.mark_invalid(exc)
+            self.report_invalid("workload", "Workload", exc)
+            self.status_label.setText(f"Workload: {exc}")
             self.compute_failed.emit(exc)
             return
+        self.state.resolve("workload", "edited")  # the settings are readable, and a compute of them is on its way
         session = self.session
         if cfg.source == "model" and cfg.model_path not in self.workload.model_infos:
             self.request_model_info(cfg.model_path)
         if self.live.running:
             self._live_why = "cancelled by a new computation"
         self._compute_task = self.runner.submit(
-            "compute", lambda progress, cancel: session.compute(cfg, progress, cancel), f"compute {cfg.method}", cfg)
+            "compute", lambda progress, cancel: session.compute(cfg, progress, cancel), f"compute {cfg.method}",
+            ComputeRequest(cfg, bool(explicit)))
 
     def cancel(self) -> None:
         self._debounce.stop()
@@ -566,7 +667,7 @@ class MainWindow(QMainWindow):
 
     def request_inspect(self, block: int, kv_head: int, which: str) -> None:
         res = self.results
-        if res is None:
+        if res is None or res.stored_as:  # stored results keep no GPU cache to read (their notice says so)
             return
         session = self.session
         self.runner.submit("inspect", lambda p, c: session.inspect_block(res, block, kv_head, which),
@@ -584,11 +685,12 @@ class MainWindow(QMainWindow):
             try:
                 cfg = self.workload.config()
             except KvvizError as exc:
-                self.show_error("Sweep", exc)
+                self.show_error("Sweep", exc, "sweep")
                 return
         session = self.session
         values = list(values)
-        self.runner.submit("sweep", lambda p, c: session.sweep(cfg, param, values, p, c), f"sweep {param}", (param, values))
+        self.runner.submit("sweep", lambda p, c: session.sweep(cfg, param, values, p, c), f"sweep {param}",
+                           (param, values, self.results))
 
     def request_compare(self) -> None:
         res = self.results
@@ -641,7 +743,7 @@ class MainWindow(QMainWindow):
         worker (kvviz.live.run.decode_run). Cancels a running compute (and a compute cancels it)."""
         cfg = self.live.config()
         if not cfg.prompt.strip():
-            self.show_error("Live decode", InvalidInput("The prompt is empty.", "Type a prompt for the model."))
+            self.show_error("Live decode", InvalidInput("The prompt is empty.", "Type a prompt for the model."), "live")
             return
         self._debounce.stop()
         self._live_why = ""
@@ -677,7 +779,7 @@ class MainWindow(QMainWindow):
     # Every kind of worker task is an entry of kvviz.ui.tasks.TASKS: these handlers only dispatch.
     def _task_started(self, task) -> None:
         self.progress.setValue(0)
-        self.progress.setFormat(f"{task.label}: %p%")
+        self.progress.setToolTip(task.label)
         self.progress.show()
         self.cancel_button.show()
         self.workload.set_busy(True)
@@ -699,6 +801,12 @@ class MainWindow(QMainWindow):
         kind = TASKS[task.kind]
         if kind.current(self, task):  # else superseded by a newer request: its results are on the way
             kind.done(self, task, result)
+            if not task.cancelled:  # it succeeded: what its failure said before is no longer true
+                self.state.resolve(task.kind, *kind.resolves)
+            said = self.status_label.text()
+            if not kind.quiet and (said == f"{task.label} ..." or said.startswith(f"{task.label}: ")) \
+                    and not said.endswith(": cancelled"):
+                self.status_label.setText(f"{task.label}: done")  # its own words said nothing after the start
 
     def _task_dropped(self, task) -> None:
         """A pending task was removed before it ran: one whose panel waits for it (a live decode) ends here."""
@@ -720,42 +828,239 @@ class MainWindow(QMainWindow):
                 kind.cancelled(self, task)
             else:
                 self.default_cancelled(task)
+            if task.kind == "compute":
+                self._sync_edited()
             return
         if not isinstance(exc, KvvizError):
             log.error("unexpected error in %s:\n%s", task.label, getattr(exc, "__kvviz_traceback__", ""))
-        self.show_error(kind.failure_title, exc)
         if task.kind == "compute" and current:
-            self.mark_invalid(exc)
+            self.report_invalid("compute", kind.failure_title, exc)
+        elif task.kind != "compute":
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.state.report(Notice(task.kind, kind.failure_title, exc, kind.stale,
+                                     f"{kind.stale_why} ({first})" if kind.stale_why else ""))
+        self.status_label.setText(f"{kind.failure_title}: {exc}")
         if kind.failed is not None:
             kind.failed(self, task, exc)
 
-    def show_error(self, where: str, exc: BaseException) -> None:
-        self.banner.show_error(where, exc)
-        self._fit_central()
+    def report_invalid(self, source: str, title: str, exc: BaseException) -> None:
+        """A compute refused or failed: the banner says why, the field it names is marked in the Workload and
+        every results panel says its content is the last run's."""
+        field = self.invalid_field(exc)
+        what = f"{field or 'the workload'} is invalid ({exc})" if isinstance(exc, KvvizError) else \
+            f"the last run failed ({type(exc).__name__}: {exc})"
+        self.state.report(Notice(source, title, exc, RESULT_PANELS, f"these are the results of the last run; {what}",
+                                 field))
+
+    def show_error(self, where: str, exc: BaseException, source: str | None = None) -> None:
+        """An error of an action (an export, a config file, a panel's request): the banner shows it until the same
+        action (`source`, default `where`) succeeds or the user dismisses it."""
+        self.state.report(Notice(source or where, where, exc))
         self.status_label.setText(f"{where}: {exc}")
 
-    def clear_error(self) -> None:
-        self.banner.hide()
+    def resolve(self, *sources: str) -> None:
+        self.state.resolve(*sources)
+
+    # The panels that draw a compute's results before its kernels are timed: none of them shows a timing but
+    # the overview's decode card (it says the timing is under way) and elapsed time.
+    PREVIEW_PANELS = ("overview", "cache_layout", "scales", "codes", "attention")
+
+    def _emit_preview(self, res) -> None:
+        """Session.on_preview, on the worker thread: the results go to the UI thread (queued) with their task."""
+        try:
+            self.preview_ready.emit(self.runner.current, res)
+        except RuntimeError:  # the window is gone; the compute carries on to its end
+            pass
+
+    def _show_preview(self, task, res) -> None:
+        """Draw the current compute's results in the panels that need no timing, while the worker times them."""
+        if task is not self._compute_task or task.cancelled:
+            return
+        self._preview = res
+        self._previewed = []
+        for key in self.PREVIEW_PANELS:
+            p = getattr(self, key)
+            try:
+                p.set_results(res)
+                self._previewed.append(p)
+            except Exception as exc:  # noqa: BLE001 - one broken panel must not take the window down
+                traceback.print_exc()
+                self.show_error(f"{p.title} panel", exc)
         self._fit_central()
 
-    def _show_results(self, res) -> None:
+    def drop_preview(self) -> None:
+        """The compute whose preview is drawn failed or was cancelled: its panels show the last results again."""
+        previewed, self._preview, self._previewed = self._previewed, None, []
+        if self.results is None:
+            return
+        for p in previewed:
+            try:
+                p.set_results(self.results)
+            except Exception as exc:  # noqa: BLE001
+                traceback.print_exc()
+                self.show_error(f"{p.title} panel", exc)
+
+    def clear_error(self) -> None:
+        """Dismiss what the banner shows (its notices stay, and so do the stale notes they make)."""
+        self.state.dismiss_banner()
+
+    def _sync_notices(self) -> None:
+        """The banner and the Workload's marked field as the app state's notices say (the panels' stale notes
+        follow the same signal, kvviz.ui.panels.base.Panel.sync_stale)."""
+        self.banner.show_notices(self.state.banner_notices())
+        marked = self.state.marked_field()
+        if marked is None:
+            self.workload.clear_invalid()
+        else:
+            w = self.workload.field_widgets().get(marked[0])
+            if self.workload.invalid_field != marked[0] or (w is not None and w.toolTip() != marked[1]):
+                self.workload.mark_invalid(*marked)
+        self._fit_central()
+        QTimer.singleShot(0, self._fit_central)  # once the stale notes' heights are laid out
+
+    def _sync_edited(self, *_) -> None:
+        """With no compute on its way, the results panels say when the Workload no longer holds the settings their
+        results were computed with (auto-run off, or a compute cancelled); an unreadable field is marked at once."""
+        if self._debounce.isActive() or self._compute_coming():
+            return  # a compute of the new settings is coming: it shows them or says why not
+        try:
+            cfg = self.workload.config()
+            cfg.validate()
+        except KvvizError as exc:
+            self.report_invalid("workload", "Workload", exc)
+            return
+        self.state.resolve("workload")
+        if self._shown_cfg is None or cfg == self._shown_cfg:
+            self.state.resolve("edited")
+            return
+        self.state.report(Notice("edited", "Workload", None, RESULT_PANELS,
+                                 "these are the results of the last run; the Workload settings have changed since "
+                                 "(Run, F5, computes them)", banner=False))
+
+    def _compute_coming(self) -> bool:
+        cur = self.runner.current
+        return (cur is not None and cur.kind == "compute" and not cur.cancelled) or "compute" in self.runner.pending_kinds()
+
+    # ------------------------------------------------------------ stored runs and reports
+    def open_run(self, run_id: int) -> bool:
+        """Show a run of the history as it was computed: its stored results (no recompute), with the comparison or
+        the sweep it held. A run without stored results (a bench) is said in the banner."""
+        db = self.timing.history_view.db
+        if db is None:
+            self.show_error("Open run", InvalidInput("No run history is open."), "open")
+            return False
+        try:
+            run = db.run(int(run_id))
+            points = (run.extra or {}).get("sweep_points")
+            if run.snapshot is None and points:  # a sweep keeps its points, not a run's results
+                self._raise_dock("timing")
+                self.timing.set_sweep(points)
+                self.resolve("open")
+                self.status_label.setText(f"Opened the sweep of run {run.id} (stored points, nothing recomputed)")
+                return True
+            res, extra = db.load_results(run.id)
+        except KvvizError as exc:
+            self.show_error("Open run", exc, "open")
+            return False
+        self.show_stored(res, extra, run.id)
+        return True
+
+    def open_stored_file(self, path: str) -> bool:
+        """Show the results of a report folder (its results.npz) or of a results file, as they were computed."""
+        p = str(path)
+        if os.path.isdir(p):
+            p = os.path.join(p, RESULTS_FILE)
+        elif os.path.basename(p) in ("report.json", "report.md"):
+            p = os.path.join(os.path.dirname(p), RESULTS_FILE)
+        folder = os.path.basename(os.path.dirname(os.path.abspath(p)))
+        try:
+            res, extra = load_results(p, stored_as=f"report {folder}")
+        except KvvizError as exc:
+            self.show_error("Open report", exc, "open")
+            return False
+        self.show_stored(res, extra)
+        return True
+
+    def show_stored(self, res, extra: dict | None = None, run_id: int | None = None) -> None:
+        """Draw results read back from a file in every panel, as a compute's (the Workload shows their settings;
+        nothing is recomputed until the user asks)."""
+        extra = extra or {}
+        self._debounce.stop()
+        self.runner.cancel_kind("compute")
+        self._compute_task = None
+        self.workload.set_config(res.config)
+        self._show_results(res, res.config)
+        self.timing.run_id = run_id  # a pin pins this run, it is not recorded again
+        rows = extra.get("compare_rows")
+        if rows:
+            self.compare.set_rows(rows)
+            self.compare_res = res
+            self.sync_compare_stale()
+        if extra.get("sweep_points"):
+            self.timing.set_sweep(extra["sweep_points"])
+        # the block inspector decodes the words of the GPU cache, which a stored run does not keep
+        self.state.report(Notice("stored", "Stored results", None, frozenset({self.inspector.key}),
+                                 f"the block inspector reads the GPU cache, which {res.stored_as} does not keep; "
+                                 "Run (F5) computes it again", banner=False))
+        self.resolve("open")
+        self.status_label.setText(f"Opened {res.stored_as}: {res.method.label}, as computed (nothing recomputed)")
+
+    def _open_report_clicked(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a report or stored results", "",
+                                              "kvviz results (results.npz report.json);;All files (*)")
+        if path:
+            self.open_stored_file(path)
+
+    def _set_baseline(self, run) -> None:
+        """The pinned run (a kvviz.history.db.Run, None: unpinned) as the panels compare against it."""
+        if run is None:
+            self.state.set_baseline(None)
+            return
+        what = run.method or ", ".join(run.shapes[:1])
+        title = f"run {run.id}" + (f" '{run.label}'" if run.label else "") + (f" ({what})" if what else "")
+        self.state.set_baseline(Baseline(run.id, title, run.numbers))
+
+    def keep_run(self, res, kind: str = "run", extra: dict | None = None) -> int | None:
+        """Record `res` in the run history (a Run, a pin, a comparison); its id, or None (no history, a write that
+        failed: the History tab says why)."""
+        run_id = self.timing.history_view.record(res, kind, extra)
+        if run_id is not None and kind == "run" and res is self.results:
+            self.timing.run_id = run_id
+        return run_id
+
+    def sync_compare_stale(self) -> None:
+        """The Method comparison's rows are stale while the window shows results other than those compared."""
+        if self.compare.rows and self.compare_res is not None and self.compare_res is not self.results:
+            self.state.report(Notice("compare rows", "Method comparison", None, frozenset({"compare"}),
+                                     "these methods were compared on the K/V of an earlier run (Compare all methods "
+                                     "compares them on the current one)", banner=False))
+        else:
+            self.state.resolve("compare rows")
+
+    def _show_results(self, res, cfg: SessionConfig | None = None) -> None:
+        # a panel that drew this compute's preview keeps its picture (the same analysis) unless it shows timings
+        same = [p for p in self._previewed if self._preview is not None and p.res is self._preview
+                and self._preview.batch is res.batch and p is not self.overview]
+        self._preview, self._previewed = None, []
         self.results = res
-        self.workload.clear_invalid()
+        self._shown_cfg = cfg if cfg is not None else res.config
         self.state.set_results(res)
         self.last_good_config = res.config
-        self.clear_error()
         self._set_adapter(res.adapter)
-        for p in self.panels:
+        for p in self.panels + [self.bias]:
+            if p in same:
+                p.res = res
+                continue
             try:
                 p.set_results(res)
             except Exception as exc:  # noqa: BLE001 - one broken panel must not take the window down
                 traceback.print_exc()
-                self.show_error(f"{p.title} panel", exc)
-        try:
-            self.bias.set_results(res)
-        except Exception as exc:  # noqa: BLE001
-            traceback.print_exc()
-            self.show_error(f"{self.bias.title} panel", exc)
+                self.state.report(Notice(f"panel {p.key}", f"{p.title} panel", exc, frozenset({p.key}),
+                                         f"this panel could not draw the last run ({type(exc).__name__}: {exc}); "
+                                         "it shows an earlier one"))
+            else:
+                self.state.resolve(f"panel {p.key}")
+        self.sync_compare_stale()
         self._fit_central()  # the overview grows by its warning line (Results.warnings) when there is one
         self.workload.show_data_shapes(res.config)
         if res.config.source == "model" and res.config.model_path not in self.workload.model_infos:
@@ -782,6 +1087,13 @@ class MainWindow(QMainWindow):
         path, _ = QFileDialog.getSaveFileName(self, caption, name, filt)
         return path
 
+    def ask_figure_options(self, fmt: str, size) -> dict | None:
+        """{"size": QSize, "dpi": int} of a figure from the export dialog (kvviz.ui.export), None if cancelled."""
+        dlg = ExportDialog(fmt, size, self)
+        if dlg.exec() != ExportDialog.Accepted:
+            return None
+        return {"size": dlg.figure_size(), "dpi": dlg.dpi()}
+
     def ask_directory(self, caption: str) -> str:
         return QFileDialog.getExistingDirectory(self, caption, os.getcwd())
 
@@ -790,14 +1102,20 @@ class MainWindow(QMainWindow):
             return []
         filt = {"png": "PNG image (*.png)", "svg": "SVG image (*.svg)", "csv": "CSV table (*.csv)",
                 "json": "JSON (*.json)"}[fmt]
+        figure = {}
+        if fmt in ("png", "svg"):
+            figure = self.ask_figure_options(fmt, panel.size())
+            if figure is None:
+                return []
         path = self.ask_save_path(f"Export {panel.title} as {fmt.upper()}", f"kvviz-{panel.key}.{fmt}", filt)
         if not path:
             return []
         try:
-            out = panel.export(fmt, path)
+            out = panel.export(fmt, path, **figure)
         except (OSError, ValueError) as exc:
             self.show_error("Export", exc)
             return []
+        self.resolve("Export")
         self.status_label.setText(f"Wrote {', '.join(out)}")
         return out
 
@@ -813,6 +1131,7 @@ class MainWindow(QMainWindow):
         if path:
             try:
                 self.save_screenshot(path)
+                self.resolve("Screenshot")
                 self.status_label.setText(f"Wrote {path}")
             except OSError as exc:
                 self.show_error("Screenshot", exc)
@@ -826,6 +1145,7 @@ class MainWindow(QMainWindow):
             if not path:
                 return ""
         out = write_chrome_trace(path, self.results)
+        self.resolve("Chrome trace")
         self.status_label.setText(f"Wrote {out} (open it in https://ui.perfetto.dev)")
         return out
 
@@ -852,6 +1172,7 @@ class MainWindow(QMainWindow):
             paths = write_report(stage, res, tables, figures, compare_rows=self.compare.rows or None,
                                  sweep_points=self.timing.sweep_points or None, history=list(self.timing.history))
         paths = relocate(paths, stage, out_dir)
+        self.resolve("Export report")
         self.status_label.setText(f"Report written to {out_dir}")
         return paths
 
@@ -878,14 +1199,13 @@ class MainWindow(QMainWindow):
         except KvvizError as exc:
             msg = str(exc).replace("--config: ", "", 1)
             title = "Load config: JSON syntax error" if "is not valid JSON" in msg else "Load config"
-            self.show_error(title, type(exc)(msg, exc.hint))
-            field = self.invalid_field(exc)
-            if field:
-                self.workload.mark_invalid(field, f"{os.path.basename(path)}: {msg}")
+            self.state.report(Notice("Load config", title, type(exc)(f"{os.path.basename(path)}: {msg}", exc.hint),
+                                     field=self.invalid_field(exc)))
+            self.status_label.setText(f"{title}: {msg}")
             return False
-        self.workload.clear_invalid()
+        self.state.resolve("Load config")
         self.workload.set_config(cfg)
-        self.request_compute()
+        self.run_now()
         return True
 
     @staticmethod
@@ -893,19 +1213,12 @@ class MainWindow(QMainWindow):
         """The SessionConfig field an InvalidInput names ("block_size must be ...", "method_options: ..."),
         or None."""
         names = {f.name for f in dataclass_fields(SessionConfig)}
+        if getattr(exc, "field", None) in names:  # said by the Workload panel when it cannot read a field's text
+            return exc.field
         m = re.match(r"\s*(?:--set: |--config: )?(?:unknown setting )?'?(\w+)'?", str(exc))
         if m and m.group(1) in names:
             return m.group(1)
         return None
-
-    def mark_invalid(self, exc: BaseException) -> None:
-        """Mark the field `exc` names in the Workload panel and tell every panel its results are stale."""
-        field = self.invalid_field(exc)
-        if field:
-            self.workload.mark_invalid(field, str(exc))
-        why = f"{field or 'the workload'} is invalid ({exc})" if isinstance(exc, KvvizError) else f"the last run failed ({exc})"
-        for p in self.panels + [self.bias]:
-            p.set_stale(why)
 
     def _save_config_clicked(self) -> None:
         path = self.ask_save_path("Save config", "kvviz-config.json", "JSON (*.json)")
@@ -917,3 +1230,6 @@ class MainWindow(QMainWindow):
                 json.dump(cfg.to_json(), fh, indent=1, allow_nan=False)
         except (KvvizError, OSError) as exc:
             self.show_error("Save config", exc)
+            return
+        self.resolve("Save config")
+        self.status_label.setText(f"Wrote {path}")

@@ -68,17 +68,76 @@ def plot_widget(title: str = "", left: str = "", bottom: str = "") -> pg.PlotWid
     return w
 
 
-def color_bar(values=(0.0, 1.0), label: str = "") -> pg.ColorBarItem:
-    """A viridis colour bar (a legend of a heatmap drawn with lut_viridis over fixed levels): not linked to
-    the image, its axis runs 0 .. vmax; `set_bar_range` updates it."""
-    bar = pg.ColorBarItem(values=values, colorMap=pg.colormap.get("viridis"), interactive=False, width=12,
-                          label=label or None)
-    return bar
+def legend_below(plot, columns: int = 3, size: str = "8pt") -> pg.LegendItem:
+    """A legend under the plot's bottom axis, in the plot item's own layout: it never covers the data, and
+    `plot.plot(name=...)` adds its entries there. At most `columns` columns, fewer when the plot is too
+    narrow for them (a legend wider than the plot would hold the plot wider than its view)."""
+    legend = pg.LegendItem(labelTextSize=size, colCount=columns)
+    legend.setParentItem(plot)
+    plot.layout.addItem(legend, 4, 1)
+    plot.legend = legend
+    legend._max_columns = columns
+    view = _view_of(plot)
+    if view is not None:  # the view's width decides (the plot's own is held by the legend it fits)
+        legend._fitter = _LegendFitter(view, plot, legend)
+    add = legend.addItem
+
+    def add_and_fit(item, name):
+        add(item, name)
+        fit_legend_columns(plot, legend)
+
+    legend.addItem = add_and_fit
+    return legend
 
 
-def set_bar_range(bar: pg.ColorBarItem, vmax: float) -> None:
-    vmax = float(vmax) if vmax and np.isfinite(vmax) and vmax > 0 else 1.0
-    bar.setLevels((0.0, vmax))
+def fit_legend_columns(plot, legend) -> None:
+    """As many columns as the widest entry leaves room for in the view's width less the plot's axes
+    (1 .. the legend's maximum); in one column, entries wider than the room are shortened with "..." (the
+    hover readout names the series whole): a legend never holds its plot wider than the view."""
+    if not legend.items:
+        return
+    from PySide6.QtCore import Qt
+
+    view = _view_of(plot)
+    width = view.viewport().width() if view is not None else plot.width()
+    axes = sum(plot.getAxis(s).width() for s in ("left", "right") if plot.getAxis(s).isVisible())
+    room = max(60.0, width - axes - 16)
+    for _sample, label in legend.items:  # measured whole (an entry shortened before may have room now)
+        full = getattr(label, "_full_text", None)
+        if full is None or label.text not in (full, getattr(label, "_shown", None)):  # new, or renamed since
+            label._full_text = full = label.text
+        if label.text != full:
+            label.setText(full)
+    widest = max(sample.boundingRect().width() + label.itemRect().width() + 16 for sample, label in legend.items)
+    cols = int(max(1, min(legend._max_columns, room // max(widest, 1.0))))
+    if cols != legend.columnCount:
+        legend.setColumnCount(cols)
+    if cols == 1 and widest > room:
+        for sample, label in legend.items:
+            fm = QFontMetricsF(label.item.font())
+            keep = room - sample.boundingRect().width() - 24
+            short = fm.elidedText(label._full_text, Qt.ElideMiddle, max(20.0, keep))
+            if short != label.text:
+                label._shown = short
+                label.setText(short)
+
+
+class _LegendFitter(QObject):
+    """Fits a legend's columns to its view whenever the view is resized or shown."""
+
+    def __init__(self, view, plot, legend):
+        super().__init__(view)
+        self.plot, self.legend = plot, legend
+        view.installEventFilter(self)
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802 - Qt naming
+        if ev.type() in (QEvent.Resize, QEvent.Show):
+            try:
+                fit_legend_columns(self.plot, self.legend)
+            except RuntimeError:  # the plot is gone
+                pass
+        return False
+
 
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvviz.errors import Cancelled
-from kvviz.ui.state import model_label
+from kvviz.ui.state import RESULT_PANELS, model_label
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,11 @@ class TaskKind:
     stale_is_silent: bool = False  # a replaced task's failure shows nothing at all
     quiet: bool = False  # no status-line text (quick background lookups)
     dropped_is_cancel: bool = False  # removed before it ran (replaced while pending): report it as cancelled
+    # A failure is a notice of the app state (kvviz.ui.state) under the task's name, resolved by the next task
+    # of the kind that succeeds: the banner shows it, and it makes these panels' content stale, saying why.
+    stale: frozenset = frozenset()
+    stale_why: str = ""  # the stale note's words, before the error's first line
+    resolves: tuple = ()  # other notices a success resolves (a compute that ran: the Workload's)
 
 
 TASKS: dict[str, TaskKind] = {}
@@ -39,22 +44,35 @@ def _compute_done(win, task, result) -> None:
     if task.cancelled:  # cancelled after its last step: a cancel leaves no results, no history entry
         win._task_failed(task, Cancelled())
         return
-    win._show_results(result)
+    win._show_results(result, task.payload.cfg)
+    if task.payload.explicit:  # a run the user asked for is kept in the run history; a recompute is not
+        win.keep_run(result, "run")
 
 
 def _compute_failed(win, task, exc) -> None:
     if task is win._compute_task:
+        win.drop_preview()
         win.status_label.setText("Compute failed" + (" - showing the previous results" if win.results else ""))
         win.compute_failed.emit(exc)
 
 
-register(TaskKind("compute", "Compute failed", _compute_done, _compute_failed,
-                  current=lambda win, task: task is win._compute_task))
+def _compute_cancelled(win, task) -> None:
+    win.drop_preview()
+    win.default_cancelled(task)
+
+
+register(TaskKind("compute", "Compute failed", _compute_done, _compute_failed, _compute_cancelled,
+                  current=lambda win, task: task is win._compute_task, stale=RESULT_PANELS,
+                  stale_why="these are the results of the last run; the run after it failed",
+                  resolves=("workload", "edited", "Load config", "stored", "model")))
 
 
 # ------------------------------------------------------------------ sweep
 def _sweep_done(win, task, result) -> None:
     win.timing.set_sweep(result, task.cancelled)
+    res = task.payload[2]
+    if res is not None and result:  # the sweep's points and samples kept in the run history
+        win.timing.history_view.record_sweep(res, result)
     win.status_label.setText(f"Sweep: {len(result)} point(s)" + (" (cancelled)" if task.cancelled else ""))
     win.sweep_ready.emit(result)
 
@@ -71,6 +89,10 @@ register(TaskKind("sweep", "Sweep failed", _sweep_done,
 # ------------------------------------------------------------------ compare
 def _compare_done(win, task, result) -> None:
     win.compare.set_rows(result, task.cancelled)
+    win.compare_res = task.payload  # the results whose K/V were compared (stale once others are shown)
+    win.sync_compare_stale()
+    if result and not task.cancelled:  # kept in the run history with the results it compared on
+        win.keep_run(task.payload, "compare", {"compare_rows": result})
     win.status_label.setText(f"Compared {len(result)} methods")
     win.compare_ready.emit(result)
 
@@ -80,7 +102,7 @@ register(TaskKind("compare", "Comparison failed", _compare_done,
 
 
 # ------------------------------------------------------------------ adapter, model
-register(TaskKind("adapter", "No GPU adapter", lambda win, task, result: win._set_adapter(result)))
+register(TaskKind("adapter", "No GPU adapter", lambda win, task, result: win._set_adapter(result), quiet=True))
 
 
 def _model_done(win, task, result) -> None:

@@ -6,15 +6,20 @@ them: PNG at 2x device pixel ratio, SVG through QSvgGenerator, CSV of exactly th
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 
+import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QSizePolicy, QToolButton, QVBoxLayout, QWidget
 
-from kvviz.ui.export import save_png, save_svg
+from kvviz.history.numbers import change, headline_numbers, spec
+from kvviz.ui.export import SCREEN_DPI, save_png, save_svg
+from kvviz.ui.layouts import FlowLayout
 from kvviz.ui.widgets.labels import ElidedLabel
 
 PANEL_FORMATS = ("png", "svg", "csv")
+DELTA_COLORS = {"better": "#1a7a1a", "worse": "#a01010"}  # a change against the pinned run
 
 
 class InfoLabel(QLabel):
@@ -99,6 +104,9 @@ def fit_current_text(combo) -> None:
 class Panel(QWidget):
     key = ""
     title = ""
+    # The headline numbers (kvviz.history.numbers keys; "k_*" for every key with that start) the panel shows: their
+    # change against the pinned run is said on a line under the info line, from the app state's baseline.
+    baseline_keys: tuple = ()
     selection_changed = Signal()
 
     def __init__(self, state=None, parent=None):
@@ -113,10 +121,9 @@ class Panel(QWidget):
         outer.setSpacing(3)
         bar = QHBoxLayout()
         bar.setSpacing(6)
-        self.tools = QHBoxLayout()
-        self.tools.setSpacing(6)
-        bar.addLayout(self.tools)
-        bar.addStretch(1)
+        # the panel's selectors and buttons wrap onto a second line in a narrow dock (kept beside Export)
+        self.tools = FlowLayout()
+        bar.addLayout(self.tools, 1)
         # The info line under the tool row, wrapped: never cut, whatever the dock's width (an elided line
         # beside the selectors showed "3..." in a narrow dock).
         self.info = InfoLabel("")
@@ -139,14 +146,38 @@ class Panel(QWidget):
                                        "border: 1px solid #e6c36a; border-radius: 3px; font-size: 8pt; }")
         self.stale_label.hide()
         outer.addWidget(self.stale_label)
+        # the change of the panel's numbers against the pinned run (green: better, red: worse)
+        self.delta_note = QLabel("")
+        self.delta_note.setObjectName("deltaNote")
+        self.delta_note.setWordWrap(True)
+        self.delta_note.setTextFormat(Qt.RichText)
+        self.delta_note.setStyleSheet("#deltaNote { color: #333; font-size: 8pt; }")
+        self.delta_note.hide()
+        outer.insertWidget(outer.indexOf(self.info) + 1, self.delta_note)
+        self._numbers = (None, {})  # (results, their headline numbers)
+        if state is not None:  # the note follows the app state's notices (kvviz.ui.state), never the panel's own code
+            state.notices_changed.connect(self.sync_stale)
+            state.baseline_changed.connect(self.sync_deltas)
         self.body = QVBoxLayout()
         self.body.setContentsMargins(0, 0, 0, 0)
         self.body.setSpacing(3)
         outer.addLayout(self.body, 1)
 
+    PLOT_ROW_HEIGHT = 150  # px a plot keeps at least (its axis labels, a few ticks): a short dock scrolls instead
+
+    def keep_plot_room(self) -> None:
+        """Every plot view of the panel at least PLOT_ROW_HEIGHT tall a row of plots, so a short dock (the middle
+        column's tabs under a tall overview) scrolls the panel instead of squeezing its plots to a few pixels."""
+        for view in self.findChildren(pg.GraphicsView):
+            ci = getattr(view, "ci", None)
+            rows = max(1, ci.layout.rowCount()) if ci is not None and hasattr(ci, "layout") else 1
+            if view.minimumHeight() < self.PLOT_ROW_HEIGHT * rows:
+                view.setMinimumHeight(self.PLOT_ROW_HEIGHT * rows)
+
     def showEvent(self, ev) -> None:  # noqa: N802 - Qt naming
         if not getattr(self, "_tools_kept_whole", False):
             self._tools_kept_whole = True
+            self.keep_plot_room()
             keep_whole(self.tools)
             bar = self.layout().itemAt(0).layout()
             keep_whole(bar)
@@ -158,13 +189,58 @@ class Panel(QWidget):
     # ---------------------------------------------------------------- data
     def set_results(self, res) -> None:
         self.res = res
-        self.set_stale(None)
         self.refresh()
+        self.sync_stale()
+        self.sync_deltas()
 
-    def set_stale(self, why: str | None) -> None:
-        """Say that what the panel shows is stale (why), or nothing (None)."""
-        if why and self.res is not None:
-            self.stale_label.setText(f"Stale: these are the results of the last run; {why}")
+    def numbers(self) -> dict:
+        """The headline numbers of the panel's results (computed once per results)."""
+        if self.res is None:
+            return {}
+        if self._numbers[0] is not self.res:
+            self._numbers = (self.res, headline_numbers(self.res))
+        return self._numbers[1]
+
+    def baseline_changes(self) -> list:
+        """[(key, now, Change)] of the panel's numbers against the pinned run ([] without one)."""
+        b = self.state.baseline if self.state is not None else None
+        if b is None or not b.numbers or self.res is None or not self.baseline_keys:
+            return []
+        now = self.numbers()
+        keys = []
+        for k in self.baseline_keys:
+            keys += sorted(n for n in now if n.startswith(k[:-1])) if k.endswith("*") else [k]
+        out = []
+        for k in keys:
+            c = change(k, now.get(k), b.numbers.get(k))
+            if c is not None:
+                out.append((k, now[k], c))
+        return out
+
+    def sync_deltas(self) -> None:
+        """The line of the numbers' changes against the pinned run (hidden without a baseline)."""
+        changes = self.baseline_changes()
+        if not changes:
+            self.delta_note.hide()
+            return
+        b = self.state.baseline
+        parts = [f"{spec(k).label} <span style='color:{DELTA_COLORS.get(c.verdict, '#333')}'>{c.text}</span>"
+                 for k, _now, c in changes]
+        self.delta_note.setText(f"vs pinned {html.escape(b.title)}: " + " \u00b7 ".join(parts))
+        self.delta_note.show()
+
+    def has_content(self) -> bool:
+        """Whether the panel shows something a notice can make stale (the results of a run)."""
+        return self.res is not None
+
+    def sync_stale(self) -> None:
+        """The stale note as the app state says: shown while a notice makes this panel's content stale."""
+        why = self.state.stale_why(self.key) if self.state is not None else None
+        if why and self.has_content():
+            text = f"Stale: {why}"
+            if self.stale_label.text() != text:
+                self.stale_label.setText(text)
+            self.stale_label.setToolTip(text)
             self.stale_label.show()
         else:
             self.stale_label.hide()
@@ -185,22 +261,25 @@ class Panel(QWidget):
         if self.state is not None:
             self.state.export_requested.emit(self, fmt)
 
-    def export(self, fmt: str, path: str) -> list:
+    def export(self, fmt: str, path: str, size=None, dpi=None) -> list:
+        """Write the panel as `fmt` to `path`; a figure (PNG, SVG) at `size` (a QSize of logical pixels, default
+        the panel's) and `dpi` (PNG default 192, i.e. 2x; SVG 96)."""
+        figure = {k: v for k, v in (("size", size), ("dpi", dpi)) if v is not None}
         if fmt == "png":
-            return [self.export_png(path)]
+            return [self.export_png(path, **figure)]
         if fmt == "svg":
-            return [self.export_svg(path)]
+            return [self.export_svg(path, **figure)]
         if fmt == "csv":
             return self.export_csv(path)
         raise ValueError(fmt)
 
-    def export_png(self, path: str) -> str:
+    def export_png(self, path: str, size=None, dpi: float = 192.0) -> str:
         with self.figure_mode():
-            return save_png(self, path, 2.0)
+            return save_png(self, path, dpi / SCREEN_DPI, size)
 
-    def export_svg(self, path: str) -> str:
+    def export_svg(self, path: str, size=None, dpi: float = SCREEN_DPI) -> str:
         with self.figure_mode():
-            return save_svg(self, path, f"kvviz: {self.title}")
+            return save_svg(self, path, f"kvviz: {self.title}", size, dpi)
 
     def controls(self) -> list:
         """The widgets a figure leaves out: the tool row (selectors, the Export button, the elided info
@@ -220,7 +299,8 @@ class Panel(QWidget):
 
         kinds = (QAbstractButton, QComboBox, QLineEdit, QAbstractSpinBox, QSlider, QTabBar, QPlainTextEdit,
                  ElidedLabel)
-        out = [w for w in self.findChildren(QWidget) if isinstance(w, kinds)] + [self.stale_label, self.info]
+        out = [w for w in self.findChildren(QWidget) if isinstance(w, kinds)] + [self.stale_label, self.info,
+                                                                                   self.delta_note]
         if any(v.isVisible() for v in self.findChildren(pg.GraphicsView)):
             out += [w for w in self.findChildren(QAbstractItemView) if not isinstance(w, pg.GraphicsView)]
         for i in range(self.tools.count()):

@@ -157,7 +157,11 @@ class BlockInspectorPanel(Panel):
             self.header.setText(f"<b>Block {block}</b> - free (contents are whatever the pool holds) - {which}, "
                                 f"KV head {kv_head}")
         nwords = max((len(np.asarray(r.words).reshape(-1)) for r in self.records), default=0)
-        wcols = ["slot", "position"] + [f"w{i}" for i in range(nwords)]
+        # every row says what it is (block, K or V, KV head) so the CSV stands alone; the tables on screen leave
+        # those three columns out (the header above them says it)
+        where = ["block", "kv", "kv_head"]
+        at = [int(block), which, int(kv_head)]
+        wcols = where + ["slot", "position"] + [f"w{i}" for i in range(nwords)]
         wrows = []
         fnames = []
         for r in self.records:
@@ -170,21 +174,25 @@ class BlockInspectorPanel(Panel):
         frows = []
         for r in self.records:
             words = np.asarray(r.words, dtype=np.uint32).reshape(-1)
-            wrows.append([int(r.slot), int(r.position)] + [f"{int(w):08x}" for w in words])
-            frows.append([int(r.slot), int(r.position)] + [fmt_value(r.fields.get(k, "")) for k in fnames])
+            wrows.append(at + [int(r.slot), int(r.position)] + [f"{int(w):08x}" for w in words])
+            frows.append(at + [int(r.slot), int(r.position)] + [fmt_value(r.fields.get(k, "")) for k in fnames])
         self.words_table = Table("words", wcols, wrows, f"Block {block} {which} KV head {kv_head}: raw u32 words")
-        self.fields_table = Table("fields", ["slot", "position"] + fnames, frows,
+        self.fields_table = Table("fields", where + ["slot", "position"] + fnames, frows,
                                   f"Block {block} {which} KV head {kv_head}: decoded fields")
         self._fill(self.words, self.words_table, 72)
         self._fill(self.decoded, self.fields_table, 90)
 
+    SHOWN_FROM = 3  # the tables' first columns (block, kv, kv_head) are the header's, not shown again
+
     def _fill(self, view: QTableWidget, table: Table, width: int) -> None:
+        columns = table.columns[self.SHOWN_FROM:]
+        rows = [r[self.SHOWN_FROM:] for r in table.rows]
         view.clear()
-        view.setRowCount(len(table.rows))
-        view.setColumnCount(len(table.columns))
-        view.setHorizontalHeaderLabels(table.columns)
+        view.setRowCount(len(rows))
+        view.setColumnCount(len(columns))
+        view.setHorizontalHeaderLabels(columns)
         view.verticalHeader().setVisible(False)
-        for i, row in enumerate(table.rows):
+        for i, row in enumerate(rows):
             unused = row[1] < 0
             for j, v in enumerate(row):
                 it = QTableWidgetItem(str(v))
@@ -196,9 +204,9 @@ class BlockInspectorPanel(Panel):
         view.setColumnWidth(0, 48)
         view.setColumnWidth(1, 60)
         fm = view.fontMetrics()
-        for j in range(2, len(table.columns)):
-            longest = max((len(str(r[j])) for r in table.rows), default=0)
-            longest = max(longest, len(str(table.columns[j])))
+        for j in range(2, len(columns)):
+            longest = max((len(str(r[j])) for r in rows), default=0)
+            longest = max(longest, len(str(columns[j])))
             # a long array column is capped (its full text is the cell's tooltip and in the CSV)
             view.setColumnWidth(j, max(width, min(self.MAX_COLUMN, fm.horizontalAdvance("0") * (longest + 2))))
 

@@ -22,6 +22,7 @@ from kvviz.ui.style import FREE_COLOR, qcolor, seq_color
 class CacheLayoutPanel(Panel):
     key = "cache_layout"
     title = "Cache layout"
+    baseline_keys = ("blocks_used", "bits_k", "bits_v")  # said against the pinned run (Panel.sync_deltas)
     block_clicked = Signal(int)
 
     def __init__(self, state=None, parent=None):

@@ -9,7 +9,10 @@ from PySide6.QtWidgets import QAbstractItemView, QCheckBox, QTableWidget, QTable
 
 from kvviz.tables import code_hist_table, code_stats_table
 from kvviz.ui.panels.base import Panel
+from kvviz import units
 from kvviz.ui.style import K_COLOR, V_COLOR, fit_title
+from kvviz.ui.widgets.axes import set_axis
+from kvviz.ui.widgets.hover import Hover
 
 
 def _pct(x: float) -> str:
@@ -79,6 +82,7 @@ def value_bins(values: np.ndarray, k_counts: np.ndarray, v_counts: np.ndarray, n
 class CodesPanel(Panel):
     key = "codes"
     title = "Code histogram"
+    baseline_keys = ("k_*", "v_*")  # said against the pinned run (Panel.sync_deltas)
 
     def __init__(self, state=None, parent=None):
         super().__init__(state, parent)
@@ -93,9 +97,12 @@ class CodesPanel(Panel):
         self.v_plot = self.glw.addPlot(row=1, col=0)
         self.v_plot.setXLink(self.k_plot)
         for p in (self.k_plot, self.v_plot):
-            p.setLabel("left", "count")
+            set_axis(p, "left", "count")
+            set_axis(p, "bottom", "")
             p.showGrid(x=False, y=True, alpha=0.25)
         self.v_plot.setLabel("bottom", "code")
+        self.k_hover = Hover(self.k_plot, lambda x, y: self._describe_bar("K", x))
+        self.v_hover = Hover(self.v_plot, lambda x, y: self._describe_bar("V", x))
         self.bar_x = np.zeros(0)
         self.k_bars = None
         self.v_bars = None
@@ -176,6 +183,23 @@ class CodesPanel(Panel):
                 it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 t.setItem(i, j, it)
         t.resizeColumnsToContents()
+
+    def _describe_bar(self, which: str, x: float) -> str | None:
+        """The code (or value bin) under the mouse and its count."""
+        if self.hist is None or not len(self.hist):
+            return None
+        if self.binned is not None:
+            edges, kb, vb, w = self.binned
+            i = int(np.searchsorted(edges, x, side="right")) - 1
+            if not 0 <= i < len(kb):
+                return None
+            n = (kb if which == "K" else vb)[i]
+            return f"values {units.si(edges[i], '', 4)} .. {units.si(edges[i + 1], '', 4)}\n{which}: {int(n):,} codes"
+        i = int(np.argmin(np.abs(self.bar_x - x)))
+        if abs(self.bar_x[i] - x) > 0.5:
+            return None
+        _bin, code, k, v = self.hist.rows[i]
+        return f"code {units.si(code, '', 4)}\n{which}: {int(k if which == 'K' else v):,} codes"
 
     def tables(self) -> list:
         return [t for t in (self.hist, self.stats) if t is not None]

@@ -44,13 +44,18 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.bench import BenchShape, make_inputs
+from kvviz.bench.detail import kernel_detail
 from kvviz.bench.roofline import ceilings_from_results, device_fma_gflops, points_from_results
 from kvviz.gpu.shaders import FRONTEND_GLSLANG
 from kvviz.lab.check import lab_run, source_info
 from kvviz.lab.slots import render_text, slots
 from kvviz.tables import Table
+from kvviz.ui.layouts import ReflowSplitter, labelled
 from kvviz.ui.panels.base import Panel
+from kvviz.ui.style import fit_title
 from kvviz.ui.tasks import TASKS, TaskKind, register
+from kvviz.ui.widgets.hover import Hover
+from kvviz.ui.widgets.kernel_detail import KernelDetailView
 from kvviz.ui.widgets.labels import ElidedLabel
 from kvviz.ui.widgets.panel_scroll import PanelScroll
 from kvviz.ui.widgets.roofline import RooflineWidget
@@ -102,7 +107,7 @@ class LabPanel(Panel):
         self.run_button = QPushButton("Run")
         self.run_button.setToolTip("Recompile, check and time now (it also runs on every save)")
         self.run_button.clicked.connect(self.request_run)
-        for w in (QLabel("Slot"), self.slot_box, self.open_button, self.new_button, self.run_button):
+        for w in (labelled("Slot", self.slot_box), self.open_button, self.new_button, self.run_button):
             self.tools.addWidget(w)
         self.file_label = ElidedLabel("No file: open one, or start one from the built-in kernel.")
         self.body.addWidget(self.file_label)
@@ -110,7 +115,8 @@ class LabPanel(Panel):
         self.status.setWordWrap(True)
         self.body.addWidget(self.status)
 
-        split = QSplitter(Qt.Horizontal)
+        # the source beside the facts and the check where each gets 380 px, above them in a narrower dock
+        split = ReflowSplitter(pane=380)
         # left: source + errors
         left = QSplitter(Qt.Vertical)
         self.src_tabs = QTabWidget()
@@ -150,6 +156,7 @@ class LabPanel(Panel):
         self.facts = {k: QLabel("-") for k in ("workgroup size", "dispatch grid", "workgroup memory", "immediates")}
         for k, w in self.facts.items():
             w.setTextInteractionFlags(Qt.TextSelectableByMouse)
+            w.setWordWrap(True)  # a long dispatch grid wraps in a narrow dock
             form.addRow(k, w)
         rl.addLayout(form)
         self.check_label = QLabel("No check yet.")
@@ -160,6 +167,11 @@ class LabPanel(Panel):
         self.heat_img = pg.ImageItem()
         self.heat.addItem(self.heat_img)
         self.heat.getPlotItem().setMouseEnabled(x=False, y=False)
+        # a check without a bad element has nothing to map: said in the map's place (an all-zero map drew a black
+        # rectangle, which reads as "everything is wrong")
+        self.heat_clean = pg.TextItem("", color=(26, 107, 26), anchor=(0.5, 0.5))
+        self.heat.addItem(self.heat_clean, ignoreBounds=True)
+        self.heat_hover = Hover(self.heat.getPlotItem(), self._describe_heat, crosshair="")
         rl.addWidget(self.heat)
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
@@ -233,12 +245,21 @@ class LabPanel(Panel):
             return
         self.open_file(path)
 
+    def has_content(self) -> bool:
+        return self.last is not None
+
     def open_file(self, path: str) -> None:
         for p in self.watcher.files() + self.watcher.directories():
             self.watcher.removePath(p)
         self.path = os.path.abspath(path)
         self.runs = []
         self._rows = []
+        self.last = None  # nothing of another file's runs is shown as this one's
+        self.check_label.setText("No check yet.")
+        self.check_label.setStyleSheet("")
+        self._fill_table()
+        if self.state is not None:
+            self.state.resolve("lab")
         self.watcher.addPath(self.path)
         self.watcher.addPath(os.path.dirname(self.path) or ".")
         self.file_label.setText(f"Watching {self.path}: every save recompiles, checks and times it.")
@@ -294,12 +315,23 @@ class LabPanel(Panel):
                                  f"{c.rows} (down) x {c.cols} (across), binned")
         self.check_label.setStyleSheet("color: #1a6b1a;" if c.ok else "color: #a01010; font-weight: bold;")
         img = np.asarray(c.heat, np.float64).T
-        self.heat_img.setImage(img, levels=(0, max(1.0, float(img.max()))))
-        self.heat_img.setLookupTable(pg.colormap.get("inferno").getLookupTable(nPts=256))
-        self.heat.getPlotItem().setTitle(
-            f"{c.bad} of {c.total} elements outside the tolerance" + (" (bright: where)" if c.bad else ""), size="8pt")
-        self.heat.getPlotItem().setLabel("left", c.rows + " (binned)")
-        self.heat.getPlotItem().setLabel("bottom", c.cols + " (binned)")
+        self._heat = img
+        if c.bad:
+            self.heat_img.setImage(img, levels=(0, max(1.0, float(img.max()))))
+            self.heat_img.setLookupTable(pg.colormap.get("inferno").getLookupTable(nPts=256))
+            self.heat_img.show()
+            self.heat_clean.setText("")
+        else:
+            self.heat_img.hide()
+            w, h = (img.shape[0], img.shape[1]) if img.ndim == 2 else (1, 1)
+            self.heat.getPlotItem().setRange(xRange=(0, max(1, w)), yRange=(0, max(1, h)), padding=0)
+            self.heat_clean.setPos(max(1, w) / 2, max(1, h) / 2)
+            self.heat_clean.setText(f"all {c.total:,} elements within the tolerance")
+        fit_title(self.heat.getPlotItem(), [f"{c.bad} of {c.total} elements outside the tolerance",
+                                             "bright: where" if c.bad else ""], "8pt")  # wrapped to the plot
+        # the axes name what is binned; the check line above says they are binned (a short map has no room for it)
+        self.heat.getPlotItem().setLabel("left", c.rows)
+        self.heat.getPlotItem().setLabel("bottom", c.cols)
         if run.info is not None:
             self._show_facts(run.info)
         when = f"#{len(self.runs)} {self.runs[-1][0]}"  # run number and time: rows of one run stay together
@@ -307,8 +339,17 @@ class LabPanel(Panel):
             self._rows.append((when, t, c if t.impl == "user" else None))
         self._fill_table()
         self.status.setText(f"{os.path.basename(self.path)}: compiled, checked and timed in "
-                            f"{time.perf_counter() - self._started:.1f} s ({'OK' if c.ok else 'FAILED the oracle check'})")
+                            f"{time.perf_counter() - self._started:.1f} s ({c.verdict})")
         self._mark_errors()
+
+    def _describe_heat(self, x: float, y: float) -> str | None:
+        img = getattr(self, "_heat", None)
+        if img is None or img.ndim != 2 or not self.heat_img.isVisible():
+            return None
+        i, j = int(x // 1), int(y // 1)
+        if not (0 <= i < img.shape[0] and 0 <= j < img.shape[1] and x >= 0 and y >= 0):
+            return None
+        return f"bin ({i}, {j}): {int(img[i, j])} element(s) outside the tolerance"
 
     def show_error(self, exc) -> None:
         self._hang.stop()
@@ -379,7 +420,8 @@ class LabPanel(Panel):
                      f"{tm.median_us:,.1f} ({tm.min_us:,.1f}-{tm.p90_us:,.1f})",
                      f"{100 * (tm.median_us - pin) / pin:+.1f}%" if pin else "",
                      f"{gb:.3g}", f"{gf:.3g}" if math.isfinite(gf) else "-",
-                     ("OK" if c.ok else f"FAILED: {c.bad} off") if c is not None else ""]
+                     ("OK" if c.ok else f"FAILED: {c.bad} off" + (", loop limit" if c.loop_limited else ""))
+                     if c is not None else ""]
             for j, v in enumerate(cells):
                 it = QTableWidgetItem(v)
                 if 2 <= j <= 5:
@@ -416,11 +458,16 @@ def _register_tasks() -> None:
     def failed(win, task, exc):
         win.lab.show_error(exc)
 
-    register(TaskKind("lab", "Kernel lab", done, failed))
+    # a failure (the file no longer compiles, the GPU refused it) makes the last good run's check and timings stale
+    # until the next run of the file succeeds
+    register(TaskKind("lab", "Kernel lab", done, failed, stale=frozenset({LabPanel.key}),
+                      stale_why="the check and timings below are of the last run that compiled; the file now fails"))
 
     def ceil_done(win, task, result):
         win._roofline_fma = result
         _update_roofline(win)
+        if win.timing.selected_key:  # its roofline position against the measured FMA peak
+            win.select_kernel(win.timing.selected_key)
 
     register(TaskKind("roofline", "Roofline ceilings", ceil_done, quiet=True))
 
@@ -478,8 +525,34 @@ def install(win) -> LabPanel:
 
     win.roofline.measure_requested.connect(lambda: measure(refresh=True))  # the button measures again
 
+    # linked views: a kernel clicked in the timing table, its bars, the timeline or the roofline is selected in
+    # all of them, shown in the Kernel detail tab, and its Kernel lab slot is chosen (when the lab has no file of
+    # its own open); "Open in Kernel lab" raises the lab
+    win.kernel_detail = KernelDetailView()
+    win.timing.tabs.addTab(win.kernel_detail, "Kernel detail")
+
+    def select_kernel(key: str) -> None:
+        win.timing.select_kernel(key)
+        win.roofline.select_kernel(key)
+        d = kernel_detail(win.results, key) if win.results is not None else None
+        win.kernel_detail.show_detail(d)
+        if d is not None and d.lab_slot and not panel.path:
+            panel.set_slot(d.lab_slot)
+
+    def open_in_lab(sid: str) -> None:
+        panel.set_slot(sid)
+        win.docks[panel.key].show()
+        win.docks[panel.key].raise_()
+
+    win.select_kernel = select_kernel
+    win.timing.kernel_selected.connect(select_kernel)
+    win.roofline.kernel_selected.connect(select_kernel)
+    win.kernel_detail.open_in_lab.connect(open_in_lab)
+
     def on_results(res) -> None:
         _update_roofline(win)
+        if win.timing.selected_key:  # the selected kernel in the new results
+            select_kernel(win.timing.selected_key)
         if win._roofline_fma is None:
             measure()
         hv = getattr(win.timing, "history_view", None)

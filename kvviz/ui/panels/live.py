@@ -1,4 +1,4 @@
-"""Live decode panel: a real model (SmolLM2-135M or any llama GGUF) decoded token by token through
+"""Live decode panel: a real model (SmolLM2-135M or a GGUF of an architecture kvviz runs) decoded token by token through
 paged GPU KV caches, f32 against a quantisation method (kvviz.live.decode.LiveDecoder).
 
 A view over the run model kvviz.live.run.LiveRun (Qt-free: the config, the steps, the pools, the
@@ -52,10 +52,13 @@ from kvviz.live.run import CacheViewState, LiveRun, describe_model
 from kvviz.methods.live_cache import cache_kind
 from kvviz.paging import POLICIES
 from kvviz.tables import clean
+from kvviz.ui.layouts import FlowLayout, labelled, path_field
 from kvviz.ui.panels.base import Panel, fit_current_text, keep_whole
 from kvviz.ui.panels.workload import GGUF_FILTER, MODEL_PLACEHOLDER, method_choices
 from kvviz.ui.style import REF_COLOR, fit_title
+from kvviz.ui.widgets.axes import set_axis
 from kvviz.ui.widgets.cache_view import CacheView
+from kvviz.ui.widgets.hover import Hover
 from kvviz.ui.widgets.options_editor import OptionsEditor
 from kvviz.ui.widgets.pool_grid import PoolGrid
 
@@ -140,10 +143,12 @@ class LivePanel(Panel):
         self.table.verticalHeader().setDefaultSectionSize(19)
         self.tabs.addTab(self.table, "Steps")
         outer.addWidget(self.tabs)
-        outer.setStretchFactor(0, 5)  # the KL plot and the block pools get 5/7 of the room; texts/steps below
-        outer.setStretchFactor(1, 2)
+        # the KL plot and the block pools above, the texts / cache view / steps below, half the room each: the
+        # cache view's plots need real height
+        outer.setStretchFactor(0, 1)
+        outer.setStretchFactor(1, 1)
         outer.setCollapsible(0, False)
-        self.tabs.setMinimumHeight(60)
+        self.tabs.setMinimumHeight(200)
         self.view_read.connect(self._on_view_read)
         self.body.addWidget(outer, 1)
         self.info.setText("not started")
@@ -155,24 +160,27 @@ class LivePanel(Panel):
         controls.setSpacing(3)
         self.model_path = QLineEdit()
         self.model_path.setPlaceholderText(MODEL_PLACEHOLDER)
-        self.model_path.setToolTip("A llama GGUF; empty: SmolLM2-135M")
+        path_field(self.model_path, "A GGUF model (llama, qwen2, qwen3, gemma2, gemma3, phi3); empty: SmolLM2-135M")
         browse = QToolButton()
         browse.setText("...")
         browse.setToolTip("Choose the model")
         browse.setPopupMode(QToolButton.InstantPopup)
         bmenu = QMenu(browse)
-        bmenu.addAction("Choose a llama GGUF file...", self._browse)
+        bmenu.addAction("Choose a GGUF model file...", self._browse)
         bmenu.addAction("Use the Workload panel's model", self.workload_model_requested)
         bmenu.addAction("Built-in SmolLM2-135M", lambda: self.model_path.setText(""))
         browse.setMenu(bmenu)
-        mrow = QHBoxLayout()
+        model_box = QWidget()
+        mrow = QHBoxLayout(model_box)
+        mrow.setContentsMargins(0, 0, 0, 0)
         mrow.setSpacing(3)
+        mrow.addWidget(QLabel("Model"))
         mrow.addWidget(self.model_path, 1)
         mrow.addWidget(browse)
-        row0 = QHBoxLayout()
-        row0.setSpacing(6)
-        row0.addWidget(QLabel("Model"))
-        row0.addLayout(mrow, 3)
+        self.model_path.setMinimumWidth(self.model_path.fontMetrics().horizontalAdvance(MODEL_PLACEHOLDER) + 12)
+        # the model, the method and the run's settings wrap onto more lines in a narrow dock
+        row0 = FlowLayout()
+        row0.addWidget(model_box, 1)  # a line of its own: the path gets the panel's width
         self.method = QComboBox()
         for key, label in method_choices():
             self.method.addItem(label, key)
@@ -180,9 +188,7 @@ class LivePanel(Panel):
         self.method.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.method.setMinimumContentsLength(12)
         fit_current_text(self.method)  # the chosen method's name is never cut
-        row0.addWidget(QLabel("Method"))
-        row0.addWidget(self.method, 2)
-        controls.addLayout(row0)
+        row0.addWidget(labelled("Method", self.method))
 
         self.max_new_spin = QSpinBox()
         self.max_new_spin.setRange(1, 4096)
@@ -202,23 +208,26 @@ class LivePanel(Panel):
         self.stop_button.setToolTip("Stop the live decode (the steps so far stay)")
         self.stop_button.clicked.connect(self.stop_requested)
         self.stop_button.setEnabled(False)
-        row1 = QHBoxLayout()
-        row1.setSpacing(6)
         for lab, w in (("Tokens", self.max_new_spin), ("Block", self.block_spin), ("Policy", self.policy)):
-            row1.addWidget(QLabel(lab))
-            row1.addWidget(w)
-        row1.addStretch(1)
-        row1.addWidget(self.start_button)
-        row1.addWidget(self.stop_button)
-        keep_whole(row1)
-        controls.addLayout(row1)
+            row0.addWidget(labelled(lab, w))
+        run_box = QWidget()  # Start and Stop wrap together
+        rb = QHBoxLayout(run_box)
+        rb.setContentsMargins(0, 0, 0, 0)
+        rb.setSpacing(6)
+        rb.addWidget(self.start_button)
+        rb.addWidget(self.stop_button)
+        row0.addWidget(run_box)
+        keep_whole(row0)
+        controls.addLayout(row0)
         self.options = OptionsEditor("row")
         self.cache_note = QLabel("")
         self.cache_note.setStyleSheet("color: #8a5a00; font-size: 8pt;")
+        self.cache_note.setWordWrap(True)
         self.options_row = QWidget()
-        orow = QHBoxLayout(self.options_row)
+        orow = QVBoxLayout(self.options_row)
         orow.setContentsMargins(0, 0, 0, 0)
-        orow.addWidget(self.options, 1)
+        orow.setSpacing(2)
+        orow.addWidget(self.options)
         orow.addWidget(self.cache_note)
         controls.addWidget(self.options_row)
         self.prompt = _Prompt()
@@ -235,12 +244,13 @@ class LivePanel(Panel):
     def _build_kl_plot(self) -> pg.GraphicsLayoutWidget:
         """The per-step KL (log axis) with the running top-1 agreement on a right axis (0..1)."""
         self.glw = pg.GraphicsLayoutWidget()
-        self.glw.setMinimumHeight(120)
+        # the KL plot's data at least ~100 px tall under its two-line title, over its step axis
+        self.glw.setMinimumHeight(200)
         self.kl_plot = self.glw.addPlot(row=0, col=0)
-        self.kl_plot.setLabel("left", "KL (nats)")
-        self.kl_plot.getAxis("left").enableAutoSIPrefix(False)
-        self.kl_plot.setLabel("bottom", "step")
+        set_axis(self.kl_plot, "left", "KL, nats")
+        set_axis(self.kl_plot, "bottom", "decode step")
         self.kl_plot.setLogMode(x=False, y=True)
+        self.kl_hover = Hover(self.kl_plot)
         self.kl_plot.showGrid(x=True, y=True, alpha=0.25)
         fit_title(self.kl_plot, ["next-token KL(f32 || quant)", "teacher-forced"], "9pt")
         self.agree_vb = pg.ViewBox(enableMouse=False)
@@ -273,6 +283,7 @@ class LivePanel(Panel):
             v.setContentsMargins(0, 0, 0, 0)
             v.setSpacing(1)
             title.setTextFormat(Qt.RichText)
+            title.setWordWrap(True)  # "... cache (free-running) - diverges at step 3" wraps in a narrow pane
             title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
             v.addWidget(title)
             box.setOpenLinks(False)
@@ -317,7 +328,7 @@ class LivePanel(Panel):
         self.options_row.setVisible(bool(self.options.editors) or kind != "native")
 
     def _browse(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "llama GGUF model", "", GGUF_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", GGUF_FILTER)
         if path:
             self.model_path.setText(path)
 
@@ -536,8 +547,12 @@ class LivePanel(Panel):
         div_s = "same text as f32" if div is None else f"free run diverges at step {div}"
         secs = [sum(s.seconds.values()) for s in self.steps]
         head = self.run.headline()
-        self.info.setText(f"{head}: KL mean {sm['kl_mean']:.3g}, max {sm['kl_max']:.3g}; top-1 {agree}/{n}")
-        line = (f"<b>{head}</b> \u00b7 KL mean <b>{sm['kl_mean']:.3g}</b>, max <b>{sm['kl_max']:.3g}</b> "
+        err = sm.get("kl_err")
+        kl_err = f" \u00b1 {err:.2g}" if err is not None and np.isfinite(err) else ""
+        self.info.setText(f"{head}: over {n} positions, KL mean {sm['kl_mean']:.3g}{kl_err}, max {sm['kl_max']:.3g}; "
+                          f"top-1 {agree}/{n}")
+        line = (f"<b>{head}</b> \u00b7 {n} positions \u00b7 KL mean <b>{sm['kl_mean']:.3g}</b>{kl_err}, max "
+                f"<b>{sm['kl_max']:.3g}</b> "
                 f"(step {sm['kl_max_step']}) \u00b7 top-1 <b>{100 * sm['top1_agree_rate']:.0f}%</b> "
                 f"({agree}/{n}) \u00b7 {div_s} \u00b7 {np.mean(secs):.2f} s/step")
         if why:

@@ -1,12 +1,19 @@
 """Overview (the window's central widget): the headline numbers of the current results as cards."""
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QSizePolicy, QVBoxLayout
+from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QSizePolicy, QVBoxLayout
 
 from kvviz.tables import Table
-from kvviz.ui.panels.base import Panel
+from kvviz.ui.panels.base import DELTA_COLORS, Panel
 from kvviz.ui.style import WARN_BG, WARN_FG
+
+# the card of each headline number (kvviz.history.numbers) said against the pinned run
+CARD_NUMBERS = {"bits_k": "bits_k", "bits_v": "bits_v", "kl_mean": "kl_mean", "cosine_min": "cosine_min",
+                "rel_l2_mean": "rel_l2_mean", "topk": "topk_overlap_mean", "decode": "decode_us",
+                "blocks": "blocks_used", "elapsed": "elapsed_s"}
 
 CARDS = [
     ("method", "method"),
@@ -35,10 +42,18 @@ class _Card(QFrame):
         self.value.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.caption = QLabel(caption)
         self.caption.setStyleSheet("color: #5a6570; font-size: 8pt;")
+        # the change against the pinned run, beside the value (hidden without a baseline)
+        self.delta = QLabel("")
+        self.delta.setStyleSheet("font-size: 8pt;")
+        self.delta.hide()
         for lab in (self.value, self.caption):  # cards may shrink below their text on small screens
             lab.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
             lab.setMinimumWidth(30)
-        lay.addWidget(self.value)
+        top = QHBoxLayout()
+        top.setSpacing(4)
+        top.addWidget(self.value, 1)
+        top.addWidget(self.delta, 0, Qt.AlignRight | Qt.AlignVCenter)
+        lay.addLayout(top)
         lay.addWidget(self.caption)
 
 
@@ -82,7 +97,7 @@ class OverviewPanel(Panel):
 
     def _reflow(self, cols: int) -> None:
         """Cards in `cols` columns (rows as needed): a narrow window gets more rows, never cut cards."""
-        cols = max(2, min(len(CARDS), cols))
+        cols = max(1, min(len(CARDS), cols))
         if cols == self.columns:
             return
         self.columns = cols
@@ -94,15 +109,38 @@ class OverviewPanel(Panel):
             self.grid.setColumnStretch(j, 1 if j < cols else 0)
         self.reflowed.emit()
 
+    baseline_keys = tuple(CARD_NUMBERS.values())
+
     def card_width(self) -> int:
-        """px the widest card needs: CARD_WIDTH, or more for a value or caption wider than that holds (a slow
-        decode's "179.6 / 171.9 ms"), with the card's margins and border."""
+        """px the widest card needs: CARD_WIDTH, or more for a value (and its change against the pinned run) or a
+        caption wider than that holds (a slow decode's "179.6 / 171.9 ms"), with the card's margins and border."""
         need = self.CARD_WIDTH
         for c in self.cards.values():
-            for lab in (c.value, c.caption):
+            for lab in (c.value, c.caption, c.delta):
                 lab.ensurePolished()  # the style sheet's font (12pt bold values)
-                need = max(need, lab.fontMetrics().horizontalAdvance(lab.text()) + 8 + 8 + 2 + 2)
+            value = c.value.fontMetrics().horizontalAdvance(c.value.text())
+            if not c.delta.isHidden():
+                value += 4 + c.delta.fontMetrics().horizontalAdvance(c.delta.text())
+            caption = c.caption.fontMetrics().horizontalAdvance(c.caption.text())
+            need = max(need, value + 8 + 8 + 2 + 2, caption + 8 + 8 + 2 + 2)
         return need
+
+    def sync_deltas(self) -> None:
+        """Each card's change against the pinned run, beside its value; the cards reflow for the wider values."""
+        changes = {k: c for k, _now, c in self.baseline_changes()}
+        b = self.state.baseline if self.state is not None else None
+        for card_key, num in CARD_NUMBERS.items():
+            c = changes.get(num)
+            lab = self.cards[card_key].delta
+            if c is None:
+                lab.hide()
+                continue
+            lab.setText(c.text)
+            lab.setStyleSheet(f"font-size: 8pt; color: {DELTA_COLORS.get(c.verdict, '#5a6570')};")
+            lab.setToolTip(f"against the pinned {b.title}" + (f": {c.verdict}" if c.verdict else ""))
+            lab.show()
+        self.delta_note.hide()
+        self._reflow((self.width() - 10) // (self.card_width() + 6))
 
     def _fit_headline(self) -> None:
         w = max(100, self.headline.width())
@@ -125,7 +163,9 @@ class OverviewPanel(Panel):
         by = {t.kernel: t for t in res.timings}
         method_decode = [t for t in res.timings if t.variant == res.method.label and ("attn" in t.kernel or "decode" in t.kernel)]
         base = by.get("paged_attn_f32")
-        if method_decode and base:
+        if not getattr(res, "timed", True):  # the window's preview: the kernels are being timed
+            decode = "timing ..."
+        elif method_decode and base:
             md = sum(t.timing.median_us for t in method_decode)
             decode = f"{md / 1000:.1f} / {base.timing.median_us / 1000:.1f} ms"
         else:
@@ -149,8 +189,10 @@ class OverviewPanel(Panel):
         self._reflow((self.width() - 10) // (self.card_width() + 6))  # fewer columns for a wider value
         self.cards["method"].setToolTip(res.method.label)
         cfg = res.config
+        stored = (f"<i>{html.escape(res.stored_as)}, as computed then</i> - " if getattr(res, "stored_as", "")
+                  else "")
         self.headline.setText(
-            f"<b>{res.method.label}</b> on {res.source_note}: {res.batch.num_seqs} sequences "
+            f"{stored}<b>{res.method.label}</b> on {res.source_note}: {res.batch.num_seqs} sequences "
             f"({', '.join(str(int(x)) for x in res.batch.context_lens)} tokens), {cfg.num_heads} query / "
             f"{cfg.num_kv_heads} KV heads x {res.key.shape[2]}, blocks of {res.batch.block_size} "
             f"({res.batch.policy}), {cfg.frontend}")

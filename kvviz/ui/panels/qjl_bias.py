@@ -24,7 +24,9 @@ from PySide6.QtWidgets import (
 from kvviz.families.turboquant.bias import DEFAULT_SEED, ESTIMATORS, unsupported_reason  # noqa: F401 (re-exported)
 from kvviz.tables import Table
 from kvviz.ui.panels.base import Panel
-from kvviz.ui.style import SEQ_COLORS, fit_title
+from kvviz.ui.style import SEQ_COLORS, fit_legend_columns, fit_title, legend_below
+from kvviz.ui.widgets.axes import set_axis
+from kvviz.ui.widgets.hover import Hover
 
 EST_LABELS = {
     "reference": "reference  \u221a(\u03c0/2)/d",
@@ -102,10 +104,11 @@ class QjlBiasPanel(Panel):
         split = QSplitter(Qt.Vertical)
         self.plot = pg.PlotWidget()
         pi = self.plot.getPlotItem()
-        pi.setLabel("bottom", "true q\u00b7k")
-        pi.setLabel("left", "estimated q\u00b7k")
+        set_axis(pi, "bottom", "true q\u00b7k")
+        set_axis(pi, "left", "est. q\u00b7k")  # short: a short dock gives the axis little height
         pi.showGrid(x=True, y=True, alpha=0.25)
-        pi.addLegend(offset=(8, 5), labelTextSize="8pt")
+        legend_below(pi, columns=2)  # under the axis: never over the points
+        self.hover = Hover(pi)  # crosshair and readout in the axes' units
         self.diag = pi.plot(pen=pg.mkPen((60, 60, 60), width=1, style=Qt.DashLine), name="y = x")
         self.curves, self.slope_lines = {}, {}
         for name in ESTIMATORS:
@@ -113,6 +116,8 @@ class QjlBiasPanel(Panel):
             self.curves[name] = pi.plot(pen=None, symbol="o", symbolSize=5, symbolPen=None,
                                         symbolBrush=pg.mkBrush(*col, 150), name=EST_LABELS[name])
             self.slope_lines[name] = pi.plot(pen=pg.mkPen(col, width=1.4, style=Qt.DashDotLine))
+        self.plot.setMinimumHeight(240)  # title, legend and axes leave the data room: a short dock scrolls instead
+        split.setChildrenCollapsible(False)
         split.addWidget(self.plot)
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
@@ -237,6 +242,8 @@ class QjlBiasPanel(Panel):
             lab = legend.getLabel(self.curves[e]) if legend is not None else None
             if lab is not None:
                 lab.setText(f"{EST_LABELS[e]}: slope {bias.slopes[e]:.3f}", size="8pt")
+        if legend is not None:
+            fit_legend_columns(self.plot.getPlotItem(), legend)  # the longer names in the plot's width
         fit_title(self.plot.getPlotItem(), [f"seq {seq}, head {head} \u2192 KV head {kv_head}: {n} keys", f"d = {bias.d}"],
                   "9pt")
         self.plot.getPlotItem().enableAutoRange()

@@ -15,7 +15,6 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
@@ -28,12 +27,18 @@ from PySide6.QtWidgets import (
 )
 
 from kvviz.history.diff import FASTER, SLOWER, TEST_NAME, compare_samples
-from kvviz.tables import history_entry, history_table, sweep_table, timing_key, timings_table
+from kvviz import units
+from kvviz.tables import (
+    history_entry, history_table, partitions_of, series_name, sweep_table, timing_key, timings_table,
+)
+from kvviz.ui.layouts import FlowLayout, labelled
 from kvviz.ui.panels.base import Panel
 from kvviz.ui.panels.history import HistoryView
-from kvviz.ui.style import WARN_BG, WARN_FG, fit_title, kernel_color
-from kvviz.ui.widgets.ticks import bandwidth_ticks, log_ticks
+from kvviz.ui.style import WARN_BG, WARN_FG, fit_title, kernel_color, legend_below
+from kvviz.ui.widgets.axes import set_axis
+from kvviz.ui.widgets.hover import Hover, nearest
 from kvviz.ui.widgets.timeline import TimelineWidget
+from kvviz.ui.widgets.tables import select_row
 
 SOFTWARE_FLAG = "lavapipe: CPU timings, not GPU"
 
@@ -58,7 +63,9 @@ def parse_values(text: str) -> list:
 class TimingPanel(Panel):
     key = "timing"
     title = "GPU timing"
+    baseline_keys = ("decode_us", "f32_decode_us", "copy_gbps")  # said against the pinned run (Panel.sync_deltas)
     sweep_requested = Signal(str, object)  # param, values
+    kernel_selected = Signal(str)  # "kernel [variant]" clicked in the table, the bars or the timeline
 
     def __init__(self, state=None, parent=None):
         super().__init__(state, parent)
@@ -71,6 +78,8 @@ class TimingPanel(Panel):
         self.sweep_points: list = []
         self.timing_tab = self.hist_tab = self.sweep_tab = None
         self._bar_texts = []
+        self.selected_key = ""  # the kernel selected in every linked view (select_kernel)
+        self._sweep_series: list = []  # (name, xs, medians, rows) of the drawn sweep series (hover)
 
         self.pin_button = QPushButton("Pin as baseline")
         self.pin_button.setToolTip("Keep this run's medians; the table shows each kernel's change against it")
@@ -95,22 +104,28 @@ class TimingPanel(Panel):
         kern = QSplitter(Qt.Vertical)
         self.table = QTableWidget()
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(19)
+        self.table.itemSelectionChanged.connect(self._table_selection)
         kern.addWidget(self.table)
         self.bar_plot = pg.PlotWidget()
         bp = self.bar_plot.getPlotItem()
-        bp.setLabel("bottom", "GB/s (log scale)")
+        set_axis(bp, "bottom", "bandwidth", "B/s", 1e9)  # the bars are GB/s
+        set_axis(bp, "left", "kernel")
         bp.showGrid(x=True, y=False, alpha=0.3)
         bp.setLogMode(x=True, y=False)
         bp.setMouseEnabled(x=False, y=False)
         bp.invertY(True)
-        self.copy_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((200, 30, 30), width=2, style=Qt.DashLine),
-                                         label="copy {value:.3g}", labelOpts={"position": 0.95, "color": (200, 30, 30)})
+        # the copy's bandwidth as a dashed line, its value in the title (a label on the line sat on a bar's text)
+        self.copy_line = pg.InfiniteLine(angle=90, pen=pg.mkPen((200, 30, 30), width=2, style=Qt.DashLine))
         bp.addItem(self.copy_line)
         bp.vb.sigResized.connect(lambda *_: self._place_bar_labels())
-        self._bar_geom = None  # (lg, lo, hi0, y) of the drawn bars: their labels are placed to fit the view
+        self._bar_geom = None  # where the drawn bars and whiskers are: their labels are placed to fit the view
         self.bars = None
+        self.bar_hover = Hover(bp, self._describe_bar, crosshair="y")
+        self.bar_hover.clicked.connect(lambda x, y: self._select_row(int(round(y))))
         kern.addWidget(self.bar_plot)
         kern.setStretchFactor(0, 2)
         kern.setStretchFactor(1, 3)
@@ -124,7 +139,7 @@ class TimingPanel(Panel):
         sw = QWidget()
         sl = QVBoxLayout(sw)
         sl.setContentsMargins(0, 0, 0, 0)
-        row = QHBoxLayout()
+        row = FlowLayout()  # wraps in a narrow dock
         self.sweep_param = QComboBox()
         self.sweep_param.addItem("context length", "context")
         self.sweep_param.addItem("batch (sequences)", "batch")
@@ -133,24 +148,27 @@ class TimingPanel(Panel):
         self.sweep_values.setToolTip("Values of the swept parameter, comma separated")
         self.sweep_button = QPushButton("Run sweep")
         self.sweep_button.clicked.connect(self._sweep_clicked)
-        row.addWidget(QLabel("Sweep"))
-        row.addWidget(self.sweep_param)
-        row.addWidget(self.sweep_values, 1)
+        self.sweep_values.setMinimumWidth(self.sweep_values.fontMetrics().horizontalAdvance("64, 128, 256, 512, 1024") + 16)
+        row.addWidget(labelled("Sweep", self.sweep_param))
+        row.addWidget(self.sweep_values)
         row.addWidget(self.sweep_button)
         sl.addLayout(row)
         self.sweep_plot = pg.PlotWidget()
         spi = self.sweep_plot.getPlotItem()
-        spi.setLabel("left", "median us")
-        spi.setLabel("bottom", "tokens per sequence")
+        set_axis(spi, "left", "median time per run", "s", 1e-6)  # the sweep's times are microseconds
+        set_axis(spi, "bottom", "tokens per sequence")
         spi.setLogMode(x=True, y=True)
         spi.showGrid(x=True, y=True, alpha=0.25)
-        self.sweep_legend = spi.addLegend(offset=(10, 5), labelTextSize="8pt")
+        self.sweep_legend = legend_below(spi, columns=2)  # under the axis: never over the curves
+        self.sweep_plot.setMinimumHeight(220)
+        self.sweep_hover = Hover(spi, self._describe_sweep_point)
         sl.addWidget(self.sweep_plot, 1)
         self.sweep_status = QLabel("No sweep yet: runs Session.sweep in the worker (cancel with Esc).")
         sl.addWidget(self.sweep_status)
         self.tabs.addTab(sw, "Sweep")
         # --- timeline of the last run's dispatches
         self.timeline = TimelineWidget()
+        self.timeline.track_clicked.connect(self._select_row)
         self.tabs.addTab(self.timeline, "Timeline")
         self.body.addWidget(self.tabs, 1)
 
@@ -164,11 +182,10 @@ class TimingPanel(Panel):
         return True
 
     def set_results(self, res) -> None:
-        self.res = res
         self.history.append(history_entry(res, len(self.history) + 1))
-        self.run_id = self.history_view.record(res)
+        self.run_id = None  # these results are not in the run history until a Run, a pin or a sweep keeps them
         self.timeline.set_timings(res.timings)
-        self.refresh()
+        super().set_results(res)
 
     def refresh(self) -> None:
         res = self.res
@@ -210,6 +227,7 @@ class TimingPanel(Panel):
                     self._verdict_cell(it, i)
                 t.setItem(i, j, it)
         t.resizeColumnsToContents()
+        self._show_selection()
 
     def _verdict_cell(self, it, i: int) -> None:
         """Colour a "vs pin" cell by the samples' verdict against the pinned run (not by a fixed %)."""
@@ -251,30 +269,32 @@ class TimingPanel(Panel):
         bp.addItem(self._bar_errors)
         hi = max(hi_g.max(), lg.max(), math.log10(max(res.copy_gbps, 1e-6))) + 0.3
         for i, t in enumerate(res.timings):
-            ti = pg.TextItem(f"{t.gbps:.3g} GB/s ({t.pct_of_copy:.1f}%)", color=(30, 30, 30), anchor=(0, 0.5))
+            ti = pg.TextItem(f"{units.si(t.gbps * 1e9, 'B/s')} ({t.pct_of_copy:.1f}%)", color=(30, 30, 30), anchor=(0, 0.5))
             ti.setPos(lg[i], y[i])
             bp.addItem(ti)
             self._bar_texts.append(ti)
         self.copy_line.setValue(math.log10(max(res.copy_gbps, 1e-6)))
-        self.copy_line.label.setFormat(f"copy {res.copy_gbps:.3g} GB/s")
         bp.getAxis("left").setTicks([[(float(i), f"{t.kernel}") for i, t in enumerate(res.timings)]])
         bp.setYRange(-0.6, len(g) - 0.4, padding=0)
-        self._bar_geom = (lg, np.maximum(hi_g, lg), lo, max(hi, hi_g.max()), y)
+        self._bar_geom = (lg, np.maximum(hi_g, lg), lo, max(hi, hi_g.max()), y, np.minimum(lo_g, lg))
         self._place_bar_labels()
+        self._show_selection()
         # a row per kernel at least as tall as its label's line (and the first and last label, 0.6 row from the
         # view's edge, inside it), plus the title and the bottom axis: a short dock scrolls rather than stacking
         # the labels on each other (set after _bar_geom: the resize re-places the labels)
         row = self.bar_plot.fontMetrics().height() + 4
         self.bar_plot.setMinimumHeight(int((len(g) + 0.2) * row) + 95)
-        fit_title(bp, ["Bandwidth per kernel", "unique bytes / median", "vs buffer copy"], "9pt")
+        fit_title(bp, ["Bandwidth per kernel", "unique bytes / median",
+                       f"dashed: buffer copy {units.si(res.copy_gbps * 1e9, 'B/s')}"], "9pt")
 
     def _place_bar_labels(self) -> None:
-        """Each bar's "GB/s (% of copy)" label inside its bar (white, right-aligned) where the bar is long enough
-        for it, else just past the bar's end (and past its p10-p90 whisker); the axis reaches far enough right
+        """Each bar's "GB/s (% of copy)" label inside its bar (white, at its start) where the bar is long enough
+        for it left of its p10-p90 whisker, else just past the whisker's end; the axis reaches far enough right
         for every outside label to show whole at the view's width (re-placed when the plot is resized)."""
         if self._bar_geom is None or not self._bar_texts:
             return
-        lg, ends, lo, hi0, y = self._bar_geom  # ends: the bars' p10-p90 whisker ends (outside labels start there)
+        # ends: the bars' p10-p90 whisker ends (outside labels start there); starts: the whiskers' left ends
+        lg, ends, lo, hi0, y, starts = self._bar_geom
         bp = self.bar_plot.getPlotItem()
         width = max(bp.vb.width(), 40.0)
         fm = self.bar_plot.fontMetrics()
@@ -283,7 +303,7 @@ class TimingPanel(Panel):
         hi = hi0
         for _ in range(12):  # the decades per pixel depend on hi: settle it (a wider axis can move a label out)
             px = width / (hi - lo)  # pixels per decade
-            inside = (lg - lo) * px >= tw + 4
+            inside = (starts - lo) * px >= tw + 8  # left-aligned in the bar, clear of its whisker
             need = [ends[i] + tw[i] / px for i in range(len(lg)) if not inside[i]]
             if not need or max(need) <= hi + 1e-9:
                 break
@@ -292,11 +312,10 @@ class TimingPanel(Panel):
                            for i in range(len(lg)) if not inside[i]])
         for i, ti in enumerate(self._bar_texts):
             ti.setColor((255, 255, 255) if inside[i] else (30, 30, 30))
-            ti.setAnchor((1, 0.5) if inside[i] else (0, 0.5))
-            ti.setPos(lg[i] if inside[i] else ends[i], y[i])
+            ti.setAnchor((0, 0.5))
+            ti.setPos(lo + 5 / px if inside[i] else ends[i], y[i])
         if abs(bp.vb.viewRange()[0][1] - hi) > 1e-9 or abs(bp.vb.viewRange()[0][0] - lo) > 1e-9:
             bp.setXRange(lo, hi, padding=0)
-            bp.getAxis("bottom").setTicks(bandwidth_ticks(lo, hi))  # every decade as a plain number
 
     # ---------------------------------------------------------------- pin
     def pin_current(self) -> None:
@@ -304,6 +323,9 @@ class TimingPanel(Panel):
         when one is open, else for this panel only."""
         if self.res is None:
             return
+        if self.run_id is None and self.history_view.db is not None:
+            # results of an automatic recompute are not in the history yet: pinning them keeps them
+            self.run_id = self.history_view.record(self.res, "run")
         if self.run_id is not None:
             self.history_view.pin(self.run_id)  # -> baseline_changed -> _baseline_changed
             return
@@ -360,15 +382,20 @@ class TimingPanel(Panel):
             self.sweep_status.setText("Sweep cancelled before the first point." if cancelled else "Sweep returned no points.")
             return
         param = self.sweep_points[0]["param"]
-        spi.setLabel("bottom", "tokens per sequence" if param == "context" else "sequences in the batch")
+        set_axis(spi, "bottom", "tokens per sequence" if param == "context" else "sequences in the batch")
+        # one series per kernel across the sweep: the fast decode's partition count changes with the shape, and
+        # is said by each point's hover readout, not by a series of its own
         kernels = []
         for r in self.sweep_tab.rows:
-            if r[3] not in kernels:
-                kernels.append(r[3])
+            if series_name(r[3]) not in kernels:
+                kernels.append(series_name(r[3]))
+        self._sweep_series = []
         for i, k in enumerate(kernels):
-            rows = [r for r in self.sweep_tab.rows if r[3] == k]
-            spi.plot([float(r[1]) for r in rows], [float(r[4]) for r in rows], pen=pg.mkPen(kernel_color(i + 1), width=2),
+            rows = sorted((r for r in self.sweep_tab.rows if series_name(r[3]) == k), key=lambda r: float(r[1]))
+            xs, ys = [float(r[1]) for r in rows], [float(r[4]) for r in rows]
+            spi.plot(xs, ys, pen=pg.mkPen(kernel_color(i + 1), width=2),
                      symbol="o", symbolSize=6, symbolBrush=kernel_color(i + 1), name=k)
+            self._sweep_series.append((k, xs, ys, rows))
             # p10-p90 of the timed runs as error bars, in the log10 space the axes plot in
             pts = [(float(r[1]), float(r[4]), float(r[8]), float(r[6])) for r in rows
                    if r[1] > 0 and np.isfinite(float(r[8])) and np.isfinite(float(r[6])) and float(r[8]) > 0]
@@ -376,15 +403,85 @@ class TimingPanel(Panel):
                 x, med, p10, p90 = (np.log10(np.array(c)) for c in zip(*pts))
                 spi.addItem(pg.ErrorBarItem(x=x, y=med, top=np.maximum(p90 - med, 0), bottom=np.maximum(med - p10, 0),
                                             beam=0.02, pen=pg.mkPen(kernel_color(i + 1), width=1)))
-        spi.getAxis("left").setTicks(log_ticks([float(r[4]) for r in self.sweep_tab.rows]))
-        xs = sorted({float(p["value"]) for p in self.sweep_points if p["value"] > 0})
-        spi.getAxis("bottom").setTicks([[(math.log10(v), f"{v:g}") for v in xs], []])  # log axis: ticks in log10
         fit_title(spi, [f"Kernel latency vs {param}", f"{self.res.config.method if self.res else ''}", "median of runs"],
                   "9pt")
         n = len(self.sweep_points)
         self.sweep_status.setText(f"{n} point(s)" + (" - cancelled, partial sweep" if cancelled else "")
                                   + f"; {len(self.sweep_tab)} plotted points")
         self.tabs.setCurrentIndex(2)
+
+    def _describe_sweep_point(self, x: float, y: float) -> str | None:
+        vb = self.sweep_plot.getPlotItem().getViewBox()
+        best = None
+        for name, xs, ys, rows in self._sweep_series:
+            lx = [math.log10(v) if v > 0 else float("nan") for v in xs]
+            ly = [math.log10(v) if v > 0 else float("nan") for v in ys]
+            i = nearest(lx, ly, x, y, vb)
+            if i is not None:
+                d = math.hypot((lx[i] - x) / vb.viewPixelSize()[0], (ly[i] - y) / vb.viewPixelSize()[1])
+                if best is None or d < best[0]:
+                    best = (d, name, rows[i])
+        if best is None:
+            return None
+        _d, name, r = best
+        parts = partitions_of(r[3])
+        what = "tokens per sequence" if r[0] == "context" else "sequences"
+        return (f"{name}\n{what} {r[1]} ({r[2]} tokens)\nmedian {units.time_us(r[4])} "
+                f"(p10-p90 {units.time_us(r[8])}-{units.time_us(r[6])})"
+                + (f"\n{parts} partitions" if parts else ""))
+
+    # ---------------------------------------------------------------- the selected kernel (linked views)
+    def _describe_bar(self, x: float, y: float) -> str | None:
+        res = self.res
+        i = int(round(y))
+        if res is None or not 0 <= i < len(res.timings) or abs(y - i) > 0.35:
+            return None
+        t = res.timings[i]
+        tm = t.timing
+        return (f"{t.kernel} [{t.variant}]\n{units.si(t.gbps * 1e9, 'B/s')} ({t.pct_of_copy:.1f}% of copy)\n"
+                f"median {units.time_us(tm.median_us)} (min {units.time_us(tm.min_us)}, p90 {units.time_us(tm.p90_us)})\n"
+                f"{units.nbytes(t.bytes_moved)} moved; click: select it everywhere")
+
+    def _table_selection(self) -> None:
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        if rows:
+            self._select_row(rows[0].row())
+
+    def _select_row(self, i: int) -> None:
+        res = self.res
+        if res is None or not 0 <= i < len(res.timings):
+            return
+        key = timing_key(res.timings[i])
+        if key != self.selected_key:
+            self.select_kernel(key)
+            self.kernel_selected.emit(key)
+
+    def select_kernel(self, key: str) -> None:
+        """Show `key` ("kernel [variant]") as the selected kernel: its table row, its bar, its timeline track."""
+        self.selected_key = key
+        self._show_selection()
+
+    def selected_index(self) -> int | None:
+        res = self.res
+        if res is None or not self.selected_key:
+            return None
+        keys = [timing_key(t) for t in res.timings]
+        return keys.index(self.selected_key) if self.selected_key in keys else None
+
+    def _show_selection(self) -> None:
+        i = self.selected_index()
+        t = self.table
+        t.blockSignals(True)
+        if i is None:
+            t.clearSelection()
+        else:
+            select_row(t, i)
+        t.blockSignals(False)
+        if self.bars is not None and self.res is not None:
+            n = len(self.res.timings)
+            pens = [pg.mkPen((0, 0, 0), width=2.5) if j == i else pg.mkPen(None) for j in range(n)]
+            self.bars.setOpts(pens=pens)
+        self.timeline.set_selected_track(i)
 
     def tables(self) -> list:
         return [t for t in (self.timing_tab, self.hist_tab, self.sweep_tab) if t is not None]

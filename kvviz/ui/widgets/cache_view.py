@@ -16,8 +16,10 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QSpinBox, QVBoxLayout, QWidget
 
 from kvviz.live.run import pick_weights, view_scales
-from kvviz.ui.widgets.labels import ElidedLabel
 from kvviz.ui.style import K_COLOR, Q_COLOR, V_COLOR
+from kvviz.ui.widgets.axes import set_axis
+from kvviz.ui.widgets.hover import Hover
+from kvviz.ui.widgets.labels import ElidedLabel
 
 W_BASE_COLOR = (150, 150, 150)  # f32 attention weights
 MAX_BLOCK_LINES = 64  # block boundaries drawn in the scale plot (none past this many blocks)
@@ -68,9 +70,11 @@ class CacheView(QWidget):
         row.addWidget(self.view_note, 1)
         v.addLayout(row)
         self.glw = pg.GraphicsLayoutWidget()
-        self.glw.setMinimumHeight(110)
+        # tall enough for a scale plot of real height under its title and over its position axis
+        self.glw.setMinimumHeight(210)
         sp = self.scale_plot = self.glw.addPlot(row=0, col=0)
-        sp.setLabel("bottom", "position")
+        set_axis(sp, "bottom", "position (token)")
+        set_axis(sp, "left", "K scale")
         sp.showGrid(x=False, y=True, alpha=0.25)
         sp.getAxis("left").enableAutoSIPrefix(False)
         self.k_scale_curve = sp.plot(pen=pg.mkPen(K_COLOR, width=1.4), connect="finite")
@@ -80,7 +84,7 @@ class CacheView(QWidget):
         self.v_scale_vb = pg.ViewBox(enableMouse=False)
         sp.showAxis("right")
         sp.scene().addItem(self.v_scale_vb)
-        ra = sp.getAxis("right")
+        ra = set_axis(sp, "right", "V scale")
         ra.linkToView(self.v_scale_vb)
         ra.enableAutoSIPrefix(False)
         self.v_scale_vb.setXLink(sp)
@@ -101,8 +105,8 @@ class CacheView(QWidget):
                       "boundaries; dashed: the first position written by a decode step (left of it: the prefill); "
                       "dots: the position written by the last step.")
         wp = self.weights_plot = self.glw.addPlot(row=0, col=1)
-        wp.setLabel("bottom", "position")
-        wp.setLabel("left", "attention weight")
+        set_axis(wp, "bottom", "position (token)")
+        set_axis(wp, "left", "weight")  # the plot's title says whose: a short view keeps the label whole
         wp.setLogMode(x=False, y=True)
         wp.showGrid(x=False, y=True, alpha=0.25)
         wp.getAxis("left").enableAutoSIPrefix(False)
@@ -111,6 +115,8 @@ class CacheView(QWidget):
         self.w_quant_curve = wp.plot(pen=pg.mkPen(Q_COLOR, width=1.3))
         self.glw.ci.layout.setColumnStretchFactor(0, 1)
         self.glw.ci.layout.setColumnStretchFactor(1, 1)
+        self.scale_hover = Hover(sp)  # crosshair and readout in the axes' units
+        self.weights_hover = Hover(wp)
         v.addWidget(self.glw, 1)
         self.layer_spin.valueChanged.connect(self._spun)
         self.kv_spin.valueChanged.connect(self._spun)
@@ -173,6 +179,24 @@ class CacheView(QWidget):
         return -1 if i is None or i >= len(heads) else int(i)
 
     # ------------------------------------------------------------------ draw
+    def resizeEvent(self, ev) -> None:  # noqa: N802 - Qt naming
+        super().resizeEvent(ev)
+        self._reflow_plots(ev.size().width())
+
+    def _reflow_plots(self, width: int) -> None:
+        """The weights plot beside the scales while the view holds both at their minimum width, under them when
+        it does not (a narrow dock clipped the right one)."""
+        sp, wp = self.scale_plot, self.weights_plot
+        need = sum(p.effectiveSizeHint(Qt.SizeHint.MinimumSize).width() for p in (sp, wp)) + 40
+        stacked = width < need
+        if stacked == getattr(self, "_stacked", False):
+            return
+        self._stacked = stacked
+        ci = self.glw.ci
+        ci.removeItem(wp)
+        ci.addItem(wp, row=1 if stacked else 0, col=0 if stacked else 1)
+        self.glw.setMinimumHeight(300 if stacked else 150)  # as Panel.PLOT_ROW_HEIGHT a row
+
     def _sync_scale_views(self, *args) -> None:
         self.v_scale_vb.setGeometry(self.scale_plot.vb.sceneBoundingRect())
         self.v_scale_vb.linkedViewChanged(self.scale_plot.vb, self.v_scale_vb.XAxis)
@@ -243,7 +267,9 @@ class CacheView(QWidget):
         self.scale_empty.setVisible(bool(empty))
         if empty:
             self.scale_empty.setPos((n - 1) / 2, 0.5)
-        plot_title(sp, f"scales \u00b7 layer {layer} \u00b7 KV head {kvh} \u00b7 {n} tokens")
+        win = int(v.get("window") or 0)  # a sliding-window layer: its cache holds the last `win` positions
+        plot_title(sp, f"scales \u00b7 layer {layer} \u00b7 KV head {kvh} \u00b7 {n} tokens"
+                   + (f" \u00b7 sliding window {win} (ring of {win} slots)" if win else ""))
         pl = int(v.get("prompt_len", 0))
         self.prompt_line.setVisible(pl >= 2)
         self.prompt_line.setPos(pl - 1.5)

@@ -15,14 +15,13 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
-    QHBoxLayout,
-    QLabel,
     QLineEdit,
     QSpinBox,
     QWidget,
 )
 
 from kvviz.families.registry import option_schema
+from kvviz.ui.layouts import FlowLayout, labelled
 
 INT_RANGE = (-2**31, 2**31 - 1)  # QSpinBox holds a C int
 FLOAT_RANGE = (-1e12, 1e12)
@@ -116,10 +115,8 @@ class OptionsEditor(QWidget):
         if layout == "form":
             self.lay = QFormLayout(self)
             self.lay.setContentsMargins(12, 0, 0, 0)
-        else:
-            self.lay = QHBoxLayout(self)
-            self.lay.setContentsMargins(0, 0, 0, 0)
-            self.lay.setSpacing(4)
+        else:  # a row that wraps in a narrow dock, each option's name kept with its editor
+            self.lay = FlowLayout(self)
         self.form = layout == "form"
 
     @property
@@ -140,12 +137,11 @@ class OptionsEditor(QWidget):
             self.editors[s.name] = ed
             if self.form:
                 self.lay.addRow(s.name, ed)
-            else:
-                if not isinstance(ed, QCheckBox):
-                    self.lay.addWidget(QLabel(s.name))
-                else:
-                    ed.setText(s.name)
+            elif isinstance(ed, QCheckBox):
+                ed.setText(s.name)
                 self.lay.addWidget(ed)
+            else:
+                self.lay.addWidget(labelled(s.name, ed))
         if not self.form:
             self.lay.addStretch(1)
         self.setVisible(bool(self.editors))

@@ -2,7 +2,8 @@
 device's ceilings as lines (the shader copy's bandwidth, f32 FMA and f16 FMA throughput measured on the same
 device), and a table saying which kernels are memory- and which compute-bound. The numbers are
 kvviz/bench/roofline.py's (Qt-free); this only draws them. Kernels stating 0 FLOPs (copies) are listed, not
-drawn (log axes).
+drawn (log axes). Points carry their table number where it fits beside them (no label covers another); the
+hover readout names any point, and a click (on a point or a table row) selects its kernel (`kernel_selected`).
 """
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLabel, QPushButton, QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
+from kvviz import units
 from kvviz.report.roofline import roofline_table
-from kvviz.ui.style import kernel_color, qcolor
+from kvviz.ui.style import fit_title, kernel_color, legend_below, qcolor
+from kvviz.ui.widgets.axes import set_axis
 from kvviz.ui.widgets.drawn_when_shown import DrawnWhenShown
+from kvviz.ui.widgets.hover import Hover, PointLabels, nearest
+from kvviz.ui.widgets.tables import select_row
+
+
+def point_key(p) -> str:
+    """A roofline point's kernel as the timing table names it ("kernel [variant]")."""
+    return f"{p.kernel} [{p.variant}]"
 
 
 class RooflineWidget(DrawnWhenShown, QWidget):
     measure_requested = Signal()  # measure the compute ceiling (FMA) on this device
+    kernel_selected = Signal(str)  # "kernel [variant]" of a clicked point or table row
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -29,6 +40,9 @@ class RooflineWidget(DrawnWhenShown, QWidget):
         self.table_data = None
         self.drawn: list = []  # the points on the chart (positive FLOPs, bytes and rate: log axes)
         self.numbers: dict = {}  # id(point) -> its number on the chart and in the table
+        self.selected_key = ""
+        self._lx: list = []  # log10 view coordinates of the drawn points (set when the chart is drawn)
+        self._ly: list = []
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()
@@ -43,13 +57,23 @@ class RooflineWidget(DrawnWhenShown, QWidget):
         split = QSplitter(Qt.Vertical)
         self.plot = pg.PlotWidget()
         pi = self.plot.getPlotItem()
+        set_axis(pi, "bottom", "arithmetic intensity, FLOP per unique byte")
+        set_axis(pi, "left", "achieved", "FLOP/s", 1e9)  # the points' rates are GFLOP/s
         pi.setLogMode(x=True, y=True)
         pi.showGrid(x=True, y=True, alpha=0.25)
-        pi.setLabel("bottom", "arithmetic intensity (FLOP / unique byte)")
-        pi.setLabel("left", "achieved GFLOP/s")
-        self.legend = pi.addLegend(offset=(10, 5), labelTextSize="8pt")
+        self.legend = legend_below(pi, columns=2)  # the ceilings' lines, under the axis: never over the points
+        self.scatter = pg.ScatterPlotItem(size=9, pen=pg.mkPen((40, 40, 40), width=0.8))
+        pi.addItem(self.scatter)
+        self.ring = pg.ScatterPlotItem(size=17, pen=pg.mkPen((0, 0, 0), width=2.2), brush=pg.mkBrush(None))
+        self.labels = PointLabels(pi)
+        self.hover = Hover(pi, self._describe)
+        self.hover.clicked.connect(self._clicked)
+        self.plot.setMinimumHeight(220)
         split.addWidget(self.plot)
         self.table = QTableWidget()
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.table.itemSelectionChanged.connect(self._table_selection)
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(19)
@@ -72,6 +96,12 @@ class RooflineWidget(DrawnWhenShown, QWidget):
         pi = self.plot.getPlotItem()
         pi.clear()
         self.legend.clear()
+        pi.addItem(self.scatter)
+        pi.addItem(self.ring)
+        for item in (self.hover.vline, self.hover.hline, self.hover.text):  # pi.clear() took them out
+            if item is not None:
+                pi.addItem(item, ignoreBounds=True)
+        self.labels.items = []
         c = self.ceilings
         pts = self.drawn
         xs = [p.intensity for p in pts] + ([c.ridge] if c else [])
@@ -84,15 +114,69 @@ class RooflineWidget(DrawnWhenShown, QWidget):
                 ridge = peak / c.mem_gbps
                 xr = [lo, min(max(ridge, lo), hi), hi]
                 yr = [min(peak, c.mem_gbps * x) for x in xr]
-                pi.plot(xr, yr, pen=pg.mkPen(color, width=2), name=f"{name} {peak:.3g} GFLOP/s / copy {c.mem_gbps:.3g} GB/s")
-        for i, p in enumerate(pts):
-            col = kernel_color(i + 1)
-            pi.plot([p.intensity], [p.gflops], pen=None, symbol="o", symbolSize=9, symbolBrush=col)
-            label = pg.TextItem(str(i + 1), color=col, anchor=(-0.15, 0.5))
-            label.setPos(math.log10(p.intensity), math.log10(p.gflops))  # log-mode view coordinates
-            pi.addItem(label)
-        pi.setTitle("Roofline: every kernel (numbered as in the table) at its intensity and achieved FLOP/s; "
-                    "lines: the device's ceilings", size="9pt")
+                pi.plot(xr, yr, pen=pg.mkPen(color, width=2),
+                        name=f"{name} {units.si(peak * 1e9, 'FLOP/s')}, copy {units.si(c.mem_gbps * 1e9, 'B/s')}")
+        # log-mode view coordinates: the scatter, the labels and the hover work in log10
+        self._lx = [math.log10(p.intensity) for p in pts]
+        self._ly = [math.log10(p.gflops) for p in pts]
+        self.scatter.setData([{"pos": (x, y), "brush": pg.mkBrush(*kernel_color(i + 1)), "data": i}
+                              for i, (x, y) in enumerate(zip(self._lx, self._ly))])
+        self.labels.set_labels([(x, y, str(i + 1), (20, 20, 20)) for i, (x, y) in enumerate(zip(self._lx, self._ly))])
+        self._show_selection()
+        fit_title(pi, ["Roofline: every kernel (numbered as in the table) at its intensity and achieved FLOP/s",
+                       "lines: the device's ceilings"], "9pt")  # wrapped to the plot's width, never wider
+
+    # ---------------------------------------------------------------- hover and selection
+    def _nearest(self, x: float, y: float) -> int | None:
+        if len(self._lx) != len(self.drawn):
+            return None
+        return nearest(self._lx, self._ly, x, y, self.plot.getPlotItem().getViewBox())
+
+    def _describe(self, x: float, y: float) -> str | None:
+        i = self._nearest(x, y)
+        if i is None:
+            return None
+        p = self.drawn[i]
+        c = self.ceilings
+        roof = f"\n{100 * p.gflops / c.attainable(p.intensity):.0f}% of the roof there" if c else ""
+        return (f"#{i + 1} {p.kernel} [{p.variant}]\nintensity {units.si(p.intensity, '', 3)} FLOP/B\n"
+                f"{units.si(p.gflops * 1e9, 'FLOP/s')}, median {units.time_us(p.median_us)}\n"
+                f"bound: {p.bound(c)}{roof}")
+
+    def _clicked(self, x: float, y: float) -> None:
+        i = self._nearest(x, y)
+        if i is not None:
+            self._emit(point_key(self.drawn[i]))
+
+    def _table_selection(self) -> None:
+        rows = self.table.selectionModel().selectedRows() if self.table.selectionModel() else []
+        if rows and rows[0].row() < len(self.points):
+            self._emit(point_key(self.points[rows[0].row()]))
+
+    def _emit(self, key: str) -> None:
+        if key != self.selected_key:
+            self.select_kernel(key)
+            self.kernel_selected.emit(key)
+
+    def select_kernel(self, key: str) -> None:
+        """Ring the selected kernel's point and select its table row (nothing when it is not on the chart)."""
+        self.selected_key = key
+        self._show_selection()
+
+    def _show_selection(self) -> None:
+        keys = [point_key(p) for p in self.drawn]
+        i = keys.index(self.selected_key) if self.selected_key in keys else None
+        if len(self._lx) != len(self.drawn):  # not drawn yet (its tab hidden): the ring comes with the chart
+            i = None
+        self.ring.setData([] if i is None else [{"pos": (self._lx[i], self._ly[i])}])
+        rows = [point_key(p) for p in self.points]
+        t = self.table
+        t.blockSignals(True)
+        if self.selected_key in rows:
+            select_row(t, rows.index(self.selected_key))
+        else:
+            t.clearSelection()
+        t.blockSignals(False)
 
     def _fill(self) -> None:
         t = self.table

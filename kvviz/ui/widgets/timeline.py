@@ -3,22 +3,29 @@
 
 The layout is `kvviz.report.trace.timeline_spans`, the same one the Chrome trace writes. The mouse
 wheel zooms the time axis and dragging pans it (the tracks stay put); "Fit" shows everything again.
-Hovering a bar names the pass and its duration.
+Hovering a bar names the pass and its duration beside a crosshair; clicking one selects its kernel
+(`track_clicked`), which the track shows highlighted.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
+from kvviz import units
 from kvviz.report.trace import Span, timeline_spans
 from kvviz.ui.style import kernel_color
+from kvviz.ui.widgets.axes import set_axis
+from kvviz.ui.widgets.hover import Hover
 
 WARMUP_COLOR = (150, 150, 150)
 BAR_HEIGHT = 0.7
 
 
 class TimelineWidget(QWidget):
+    track_clicked = Signal(int)  # the track (timed kernel) of a clicked pass
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.spans: list[Span] = []
@@ -28,6 +35,7 @@ class TimelineWidget(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         row = QHBoxLayout()
         self.summary = QLabel("No run yet.")
+        self.summary.setWordWrap(True)  # the run's summary wraps in a narrow dock instead of widening it
         row.addWidget(self.summary, 1)
         self.fit_button = QPushButton("Fit")
         self.fit_button.setToolTip("Show the whole run (the wheel zooms the time axis, dragging pans it)")
@@ -36,7 +44,8 @@ class TimelineWidget(QWidget):
         lay.addLayout(row)
         self.plot = pg.PlotWidget()
         pi = self.plot.getPlotItem()
-        pi.setLabel("bottom", "time since the run's first timestamp (us)")
+        set_axis(pi, "bottom", "time since start", "s", 1e-6)  # from the run's first timestamp; spans in microseconds
+        set_axis(pi, "left", "kernel")
         pi.showGrid(x=True, y=False, alpha=0.25)
         pi.setMouseEnabled(x=True, y=False)
         pi.invertY(True)
@@ -45,6 +54,13 @@ class TimelineWidget(QWidget):
         self.hover = QLabel(" ")
         lay.addWidget(self.hover)
         self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
+        self.crosshair = Hover(pi, self._readout, crosshair="x")
+        self.crosshair.clicked.connect(self._clicked)
+        self.selected_band = pg.LinearRegionItem(orientation="horizontal", movable=False,
+                                                 brush=pg.mkBrush(255, 200, 0, 60), pen=pg.mkPen(None))
+        self.selected_band.setZValue(-10)
+        self.selected_band.hide()
+        pi.addItem(self.selected_band, ignoreBounds=True)
 
     def set_timings(self, timings) -> None:
         """Lay out every pass of `timings` (rows with .kernel, .variant, .timing)."""
@@ -98,8 +114,28 @@ class TimelineWidget(QWidget):
 
     def describe(self, s: Span) -> str:
         what = f"warm-up pass {s.index}" if s.warmup else f"sample {s.index}"
-        return (f"{s.kernel} [{s.variant}]: {what}, {s.dur_us:,.1f} us, from {s.start_us:,.1f} to {s.end_us:,.1f} us"
-                + (" (no start time measured: placed end to end)" if s.placed else ""))
+        return (f"{s.kernel} [{s.variant}]: {what}, {units.time_us(s.dur_us, 4)}, from {units.time_us(s.start_us, 6)} "
+                f"to {units.time_us(s.end_us, 6)}" + (" (no start time measured: placed end to end)" if s.placed else ""))
+
+    def _readout(self, x: float, y: float) -> str | None:
+        s = self.span_at(x, y)
+        if s is None:
+            return f"{units.time_us(x, 6)}"
+        what = f"warm-up pass {s.index}" if s.warmup else f"sample {s.index}"
+        return f"{s.kernel}\n{what}: {units.time_us(s.dur_us, 4)}\nstarts at {units.time_us(s.start_us, 6)}"
+
+    def _clicked(self, x: float, y: float) -> None:
+        track = int(round(y))
+        if 0 <= track < len(self.tracks) and abs(y - track) <= BAR_HEIGHT / 2:
+            self.track_clicked.emit(track)
+
+    def set_selected_track(self, track: int | None) -> None:
+        """Highlight the track of the selected kernel (None: none)."""
+        if track is None or not 0 <= track < len(self.tracks):
+            self.selected_band.hide()
+            return
+        self.selected_band.setRegion((track - 0.5, track + 0.5))
+        self.selected_band.show()
 
     def _mouse_moved(self, pos) -> None:
         vb = self.plot.getPlotItem().getViewBox()
