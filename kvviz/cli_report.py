@@ -27,7 +27,17 @@ def build_config(args) -> SessionConfig:
     return cfg
 
 
+_BUILD_LINE_EVERY_S = 5.0  # a long kernel build's progress line: the first, then one this often (the window shows each)
+_last_build = {"what": "", "at": 0.0}
+
+
 def _progress(frac: float, msg: str) -> None:
+    if msg.startswith("building kernels"):
+        what, _, rest = msg.rpartition(", ")
+        seconds = float(rest.split(" ", 1)[0]) if rest[:1].isdigit() else 0.0
+        if what == _last_build["what"] and 0 <= seconds - _last_build["at"] < _BUILD_LINE_EVERY_S:
+            return  # the same build, said less than a few seconds ago (a new build starts again from 1 s)
+        _last_build.update(what=what, at=seconds)
     print(f"  [{frac * 100:5.1f}%] {msg}", file=sys.stderr, flush=True)
 
 
@@ -47,12 +57,23 @@ def render_figures(res, out_dir: str, compare_rows=None) -> tuple[dict, str]:
         return {}, f"no figures: Qt could not be loaded ({exc})"
 
 
+def describe_source(cfg: SessionConfig) -> str:
+    """The workload a config asks for, in words, before it is loaded: the synthetic preset and its context
+    lengths, or the K/V file or model and the layer read from it (their shapes come from the data)."""
+    keys = ", pre-RoPE keys" if cfg.pre_rope_keys else ""
+    if cfg.source == "kvfile":
+        return f"the K/V file {cfg.kv_file or '(none chosen)'}, layer {cfg.layer}{keys}"
+    if cfg.source == "model":
+        name = cfg.model_path or "SmolLM2-135M"
+        return f"the model {name}, layer {cfg.layer}{keys}, a prompt of {len(cfg.prompt)} characters"
+    return f"synthetic '{cfg.preset}' (seed {cfg.seed}), context {list(cfg.context_lens)}"
+
+
 def main(args) -> int:
     # Every input is checked before the GPU is touched: a bad setting or --out is InvalidInput (exit 2).
     cfg = build_config(args)
     out = check_out_dir(args.out, "--out")
-    print(f"kvviz report: computing {cfg.method} on {cfg.source} '{cfg.preset}', context {list(cfg.context_lens)}",
-          file=sys.stderr)
+    print(f"kvviz report: computing {cfg.method} on {describe_source(cfg)}", file=sys.stderr)
     session = Session()
     res = session.compute(cfg, progress=_progress)
     compare_rows = None

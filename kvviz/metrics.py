@@ -46,6 +46,21 @@ class AttentionMetrics:
         }
 
 
+def mean_and_error(x: np.ndarray) -> tuple[float, float]:
+    """The mean of x and its standard error as llama.cpp's perplexity tool gives them (mean_and_uncertainty):
+    f = sum/N, error = sqrt((sum2/N - f^2)/(N - 1)) (float64); 0 when that variance is <= 0, and no error (NaN)
+    for N <= 10, where llama.cpp prints 0 as well."""
+    x = np.asarray(x, np.float64)
+    n = x.size
+    if n < 1:
+        return float("nan"), float("nan")
+    f = float(x.sum() / n)
+    if n <= 10:
+        return f, float("nan")
+    var = float((x * x).sum() / n - f * f)
+    return f, (float(np.sqrt(var / (n - 1))) if var > 0 else 0.0)
+
+
 def kl_divergence(p: np.ndarray, q: np.ndarray, eps: float = 1e-30) -> np.ndarray:
     """KL(p || q) along the last axis, both renormalised (the kernels' 1e-6 makes sums 1 - tiny);
     q is floored at `eps` inside the log, so a weight flushed to 0 costs a large but finite amount."""

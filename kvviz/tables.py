@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import shutil
 import sys
 import textwrap
@@ -17,12 +18,14 @@ import numpy as np
 
 @dataclass
 class Table:
-    """A named table: column names and rows of plain Python values."""
+    """A named table: column names and rows of plain Python values. `units` names the unit of a column whose
+    name does not already end with it (kl: "nats"); the CSV header then says it (`kl_nats`)."""
 
     name: str
     columns: list
     rows: list = field(default_factory=list)
     title: str = ""
+    units: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -34,10 +37,14 @@ class Table:
     def to_json(self) -> dict:
         return {"title": self.title, "columns": list(self.columns), "rows": [[clean(v) for v in r] for r in self.rows]}
 
+    def headers(self) -> list:
+        """The CSV header: each column's name with its unit where `units` gives one."""
+        return [header_name(c, self.units.get(c, "")) for c in self.columns]
+
     def write_csv(self, path) -> str:
         with open(path, "w", newline="") as fh:
             w = csv.writer(fh)
-            w.writerow(self.columns)
+            w.writerow(self.headers())
             for r in self.rows:
                 w.writerow([_csv_value(v) for v in r])
         return str(path)
@@ -61,13 +68,29 @@ def clean(v):
     return v
 
 
+def header_name(column: str, unit: str) -> str:
+    """`column` with its unit appended (kl, "nats" -> kl_nats) unless its name already ends with it."""
+    if not unit or column.endswith(f"_{unit}") or column == unit:
+        return column
+    return f"{column}_{unit}"
+
+
+def csv_float(v: float) -> str:
+    """A float as a CSV cell: the shortest text that reads back as exactly this double (repr; Python, numpy,
+    pandas and spreadsheets parse it). Times carry no float noise to begin with (kvviz.gpu.timing rounds
+    them to the picosecond)."""
+    return repr(float(v))
+
+
 def _csv_value(v):
     """A CSV cell: a missing or non-finite number is an empty cell (spreadsheets and pandas read it as
-    missing; 'nan' is not a number there)."""
+    missing; 'nan' is not a number there); a float is `csv_float`."""
     if v is None:
         return ""
+    if isinstance(v, (bool, np.bool_)):
+        return str(bool(v))
     if isinstance(v, (float, np.floating)):
-        return repr(float(v)) if math.isfinite(float(v)) else ""
+        return csv_float(v) if math.isfinite(float(v)) else ""
     if isinstance(v, np.integer):
         return int(v)
     return v
@@ -135,6 +158,11 @@ def token_scales_table(res, seq: int, kv_head: int) -> Table:
     pos = batch.token_pos[rows]
     ks, kn = _per_token(res.qkv.k_scales, rows, kv_head, batch.num_tokens)
     vs, vn = _per_token(res.qkv.v_scales, rows, kv_head, batch.num_tokens)
+    # rows a method keeps unquantised (KIVI's float32 window of recent tokens) have no scale: missing, not 0
+    kept = np.asarray((getattr(res.qkv, "extra", None) or {}).get("residual", []), bool)
+    if kept.shape == (batch.num_tokens,) and kept[rows].any():
+        ks, vs = np.where(kept[rows], np.nan, ks), np.where(kept[rows], np.nan, vs)
+        kn = f"no scale for the {int(kept[rows].sum())} recent tokens kept in float32"
     note = "; ".join(sorted({n for n in (kn, vn) if n}))
     t = Table("scales", ["position", "k_scale", "v_scale"],
               [[int(p), float(k), float(v)] for p, k, v in zip(pos, ks, vs)],
@@ -193,7 +221,7 @@ def attention_weights_table(res, seq: int, head: int) -> Table:
     wq = np.asarray(res.w_q[seq, head, :n], np.float64)
     rows = [[i, float(a), float(b), float(b - a)] for i, (a, b) in enumerate(zip(wr, wq))]
     return Table("weights", ["position", "w_f32", "w_quant", "diff"], rows,
-                 f"Attention weights, sequence {seq}, query head {head}")
+                 f"Attention weights, sequence {seq}, query head {head} (softmax probabilities; diff = w_quant - w_f32)")
 
 
 def head_metrics_table(res) -> Table:
@@ -201,7 +229,9 @@ def head_metrics_table(res) -> Table:
     S, H = m.kl.shape
     rows = [[s, h] + [float(getattr(m, k)[s, h]) for k in METRIC_NAMES] for s in range(S) for h in range(H)]
     return Table("head_metrics", ["sequence", "head", "max_weight_err", "kl", "cosine", "rel_l2", f"top{m.k}_overlap"],
-                 rows, "Attention error per (sequence, query head)")
+                 rows, "Attention error per (sequence, query head): KL(f32 || quantised) of the weights in nats, "
+                 "max |weight error|, cosine of the outputs, relative L2 error of the output, top-k overlap (fraction)",
+                 {"kl": "nats"})
 
 
 # ----------------------------------------------------------------------------------- timing
@@ -219,7 +249,7 @@ def timings_table(res, pinned: dict | None = None) -> Table:
                      len(t.timing.samples_us), int(t.bytes_moved), t.gbps, t.pct_of_copy, t.timing.method, delta])
     return Table("timings", ["kernel", "variant", "median_us", "min_us", "p90_us", "runs", "bytes", "gbps",
                              "pct_of_copy", "timing_method", "delta_vs_pin_pct"], rows,
-                 "Kernel timings (median of runs, min-p90)")
+                 "Kernel timings (median of runs, min-p90; gbps: GB/s = unique bytes / median, 1 GB = 1e9 bytes)")
 
 
 def history_entry(res, index: int) -> dict:
@@ -243,7 +273,21 @@ def history_table(entries) -> Table:
         for k, us in e["medians"].items():
             rows.append([e["run"], e["method"], e["heads"], ",".join(map(str, e["context_lens"])), k, us])
     return Table("history", ["run", "method", "shape", "context_lens", "kernel", "median_us"], rows,
-                 "History of runs (median GPU time per kernel)")
+                 "History of runs (median GPU time per kernel)", {"context_lens": "tokens"})
+
+
+_PARTITIONS = re.compile(r" \(\d+ partitions?\)$")
+
+
+def series_name(kernel: str) -> str:
+    """A kernel's name without what a sweep point chooses for it: the fast decode's partition count (one
+    series per kernel across a sweep, not one per partition count)."""
+    return _PARTITIONS.sub("", str(kernel))
+
+
+def partitions_of(kernel: str) -> int | None:
+    m = re.search(r"\((\d+) partitions?\)$", str(kernel))
+    return int(m.group(1)) if m else None
 
 
 def sweep_table(points) -> Table:
@@ -261,19 +305,45 @@ def sweep_table(points) -> Table:
 
 
 # ---------------------------------------------------------------------------------- compare
-COMPARE_COLUMNS = ("method", "label", "bits_per_element", "kl_mean", "rel_l2")
+COMPARE_COLUMNS = ("name", "method", "options", "label", "bits_per_element", "kl_mean", "rel_l2")
+COMPARE_TEXT = ("name", "method", "options", "label", "decode_impl", "error")
+# the units of compare_methods' keys whose names do not say them (kvviz/analysis/compare.py)
+COMPARE_UNITS = {"kl_mean": "nats", "kl_max": "nats"}
+
+
+def options_text(options) -> str:
+    """A method's options as one cell: "bits=2; qjl_scale=unbiased" (sorted by name)."""
+    return "; ".join(f"{k}={v}" for k, v in sorted(dict(options or {}).items()))
+
+
+def compare_name(row) -> str:
+    """A comparison row's name: the method with the options that tell it from the method's other rows
+    (compare_methods' "name", e.g. `turboquant qjl_scale=unbiased`); the key and every option without one."""
+    if row.get("name"):
+        return str(row["name"])
+    opts = options_text({k: v for k, v in dict(row.get("options") or {}).items() if k != "context_len"})
+    return f"{row.get('method', '')} {opts.replace('; ', ' ')}".strip()
 
 
 def compare_table(rows) -> Table:
-    """Method comparison: one row per method (one scatter point); every key the rows carry."""
+    """Method comparison: one row per method and options (one scatter point); every key the rows carry, the
+    options as one text column."""
     rows = list(rows or [])
     cols = list(COMPARE_COLUMNS)
     for r in rows:
         for k in r:
             if k not in cols and not isinstance(r[k], (dict, list, tuple, np.ndarray)):
                 cols.append(k)
-    return Table("compare", cols, [[r.get(c, float("nan")) if c not in ("method", "label") else r.get(c, "") for c in cols]
-                                   for r in rows], "Method comparison on the same K/V")
+
+    def cell(r, c):
+        if c == "name":
+            return compare_name(r)
+        if c == "options":
+            return options_text(r.get("options"))
+        return r.get(c, "") if c in COMPARE_TEXT else r.get(c, float("nan"))
+
+    return Table("compare", cols, [[cell(r, c) for c in cols] for r in rows],
+                 "Method comparison on the same K/V (KL in nats)", {c: u for c, u in COMPARE_UNITS.items() if c in cols})
 
 
 # ----------------------------------------------------------------------------- defaults

@@ -98,3 +98,22 @@ def test_bench_table_cuts_a_kernel_name_only_to_fit():
     line = next(ln for ln in text.splitlines() if ln.startswith("paged_attn_f32"))
     assert "..." in line and "cache)" in line  # shortened in the middle, both ends kept
     assert long[:30] in format_table({"rows": [dict(row, kernel=long[:30])]})  # a name that fits is whole
+
+
+def test_bench_variant_rows_are_checked(rt):
+    """--variants: the int4 cache's fast decode with the int8 query, with f16-pair P.V and with the reduce folded in,
+    each timed and held to its own oracle (the int8 query's dequantised values; pv_tolerance on top for f16 P.V)."""
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
+                    methods=("int4_group",), variants=True)
+    rows = {r["kernel"]: r for r in res["rows"]}
+    names = ["fast_decode_int4 (int8 query)", "fast_decode_int4 (reduce folded in)"]
+    if "shader-f16" in rt.features:
+        names.append("fast_decode_int4 (int8 query, f16x2 P.V)")
+    for name in names:
+        r = rows[name]
+        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
+    assert "f32-query oracle" in rows[names[0]]["note"]
+    plain = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
+                      methods=("int4_group",))
+    assert not any("(int8 query" in r["kernel"] and "int4" in r["kernel"] for r in plain["rows"])

@@ -158,6 +158,9 @@ BENCH = [
     ("kv heads not dividing", ["--seqs", "1", "--ctx", "8", "--heads", "3", "--kv-heads", "2", "--head-size", "16"],
      ["--heads", "--kv-heads"]),
     ("custom shape without --seqs", ["--quick", "--heads", "4"], ["--heads", "--seqs"]),
+    ("unknown prefill variant", ["--shape", "quick-prefill", "--prefill-variants", "rows,nope"],
+     ["--prefill-variants", "nope"]),
+    ("empty prefill variants", ["--shape", "quick-prefill", "--prefill-variants", ","], ["--prefill-variants"]),
 ]
 
 
@@ -258,6 +261,8 @@ def test_live_exits_1_when_a_method_fails(fail, capsys, monkeypatch):
     class FakeCtx:
         class rt:
             class summary:
+                is_software = True  # --forward auto: numpy, the model (a stand-in) is not looked at
+
                 @staticmethod
                 def line():
                     return "fake adapter"

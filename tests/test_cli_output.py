@@ -205,7 +205,7 @@ def test_live_table_fits_and_names_the_cache_path(monkeypatch, capsys, smollm2, 
     lines = out.splitlines()
     header = next(ln for ln in lines if ln.startswith("method"))
     rows = [ln for ln in lines[lines.index(header) + 1:] if "failed" not in ln]
-    assert_numbers_aligned(rows, header, ["mean KL", "max KL", "top-1", "diverges at", "s/step"])
+    assert_numbers_aligned(rows, header, ["mean KL ± err", "max KL", "top-1 ± err", "diverges at", "s/step"])
     rc, out, _ = run_cli(["live", "--n-new", "1", "--prompt", "Hello", "--methods", "q4_0", "--wide"], capsys)
     assert "z" * 200 in out
 

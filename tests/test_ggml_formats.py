@@ -182,7 +182,7 @@ def _iq4_scalar(x):
     return np.float16(d).view(np.uint16), L
 
 
-def test_iq4_nl_oracle_is_llama_cpp_reference():
+def test_iq4_nl_oracle_is_llamacpps_scalar_search():
     rng = np.random.default_rng(3)
     x = np.concatenate([random_blocks(rng, 12), outlier_blocks(rng, 6), tie_blocks("iq4_nl")[:2], np.zeros((1, 32), np.float32)])
     got = og.quantize_iq4_nl(x)

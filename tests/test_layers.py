@@ -20,8 +20,10 @@ def test_import_contracts_hold():
 
 
 # Imports that may stay inside a function, and why: Qt (and the window, from the Qt-free core), torch and
-# transformers (optional extras), wgpu (the core loads without a GPU stack), resource (Unix only).
-LAZY_ROOTS = ("PySide6", "pyqtgraph", "shiboken6", "torch", "transformers", "wgpu", "resource")
+# transformers (optional extras), wgpu (the core loads without a GPU stack), resource (Unix only), ml_dtypes
+# (loading it registers its ufunc loops one by one, slowing the window's start-up; the float8, float4 and
+# bfloat16 paths load it when they need it).
+LAZY_ROOTS = ("PySide6", "pyqtgraph", "shiboken6", "torch", "transformers", "wgpu", "resource", "ml_dtypes")
 LAZY_KVVIZ = ("kvviz.ui", "kvviz.cli_report")
 
 

@@ -47,8 +47,9 @@ def _same_words(a: KiviLiveCache, b: RequantCache, layer: int):
     assert np.array_equal(got["res"][:rows], ref["res"][:rows]), "residual rows differ"
 
 
-@pytest.mark.parametrize("bits,recent,kvh", [(2, 0, 2), (4, 0, 4), (2, 16, 4), (4, 16, 2), (2, 128, 2),
-                                             (4, 128, 4), (2, 20, 2), (4, 20, 4)])
+# every recent window (none, one group, one block of 128, one not a multiple of the group) with each width where the
+# window's edge and the group's differ (20); 2- and 4-bit codes share the writer's code path otherwise
+@pytest.mark.parametrize("bits,recent,kvh", [(2, 0, 2), (4, 16, 2), (2, 128, 4), (2, 20, 2), (4, 20, 4)])
 def test_appends_match_requantising(ctx, bits, recent, kvh):
     rng = np.random.default_rng(bits * 1000 + recent * 10 + kvh)
     m = get_method("kivi", bits=bits, recent=recent)

@@ -55,8 +55,10 @@ def test_json_values_are_not_read_as_text():
 
 def test_parse_options_fills_defaults_and_lists_known_options():
     assert parse_options("kivi", {"bits": 4}) == {"bits": 4, "recent": 128, "context_len": 4096}
+    assert parse_options("kivi", {"rotation": "hadamard"}, defaults=False) == {"rotation": "hadamard"}
     assert parse_options("kivi", {"bits": 4}, defaults=False) == {"bits": 4}
-    assert option_defaults("int4_group") == {"group_size": 32}
+    assert option_defaults("int4_group") == {"group_size": 32, "rotation": "none"}
+    assert option_defaults("q4_0") == {"rotation": "none", "llama_cpp": "off"}
     with pytest.raises(InvalidInput) as e:
         parse_options("kivi", {"nope": 1})
     line = e.value.one_line()
@@ -75,14 +77,16 @@ def test_parse_options_fills_defaults_and_lists_known_options():
 
 def test_declared_schemas():
     """The options each method declares: closed sets as choices, bounds as ranges."""
-    assert {o.name: o.choices for o in option_schema("int4_group")} == {"group_size": (32, 64, 128)}
+    rot = {"rotation": ("none", "hadamard")}
+    assert {o.name: o.choices for o in option_schema("int4_group")} == {"group_size": (32, 64, 128), **rot}
     for m in ("fp8_e4m3", "fp8_e5m2"):
-        assert {o.name: o.choices for o in option_schema(m)} == {"scale_mode": ("per_token", "per_tensor")}
+        assert {o.name: o.choices for o in option_schema(m)} == {"scale_mode": ("per_token", "per_tensor"), **rot}
+    assert {o.name: o.choices for o in option_schema("q8_0")} == {**rot, "llama_cpp": ("off", "cpu", "cpu-unrotated")}
     kivi = {o.name: o for o in option_schema("kivi")}
     assert kivi["bits"].choices == (2, 4) and kivi["recent"].minimum == 0 and kivi["context_len"].default == 4096
     tq = {o.name: o for o in option_schema("turboquant")}
-    assert set(tq) == {"qjl_scale", "seed", "bits", "v_bits", "outlier_share"} and tq["seed"].minimum == 0  # the layer is the workload's
-    assert option_schema("int8_seed") == () and option_schema("int8_token") == ()
+    assert set(tq) == {"qjl_scale", "seed", "bits", "v_bits", "outlier_share", "rotation"} and tq["seed"].minimum == 0  # the layer is the workload's
+    assert [o.name for o in option_schema("int8_seed")] == [o.name for o in option_schema("int8_token")] == ["rotation"]
 
 
 @pytest.mark.parametrize("method_id", sorted(registry()))

@@ -85,7 +85,7 @@ def test_csv_roundtrip(res, tmp_path):
     with open(p) as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == len(t)
-    np.testing.assert_array_equal([float(r["kl"]) for r in rows], res.metrics.kl.reshape(-1))
+    np.testing.assert_array_equal([float(r["kl_nats"]) for r in rows], res.metrics.kl.reshape(-1))  # KL's unit named
 
 
 def test_chrome_trace(res, tmp_path):
@@ -210,3 +210,51 @@ def test_csv_cells_of_missing_numbers_are_empty(tmp_path):
     t = Table("t", ["a", "b", "c"], [[1.5, float("nan"), None], [float("inf"), 2, "x"]])
     rows = list(csv.reader(open(t.write_csv(tmp_path / "t.csv"))))
     assert rows == [["a", "b", "c"], ["1.5", "", ""], ["", "2", "x"]]
+
+
+@pytest.mark.parametrize("sets,says,not_says", [
+    (["source=kvfile", "kv_file={dump}", "layer=1"], ["the K/V file {dump}, layer 1"], ["llama-like", "[300, 517"]),
+    (["source=model", "model_path={dump}", "pre_rope_keys=true"], ["the model {dump}, layer 0, pre-RoPE keys",
+                                                                   "a prompt of"], ["llama-like", "context ["]),
+    (["source=model"], ["the model SmolLM2-135M, layer 0"], ["llama-like"]),
+    (["context_lens=[33, 50]", "preset=heavy-tailed"], ["synthetic 'heavy-tailed' (seed 0), context [33, 50]"], []),
+])
+def test_report_banner_names_the_source(tmp_path, capsys, monkeypatch, sets, says, not_says):
+    """`kvviz report` says what it computes on before it starts: the file or model it reads, not the synthetic
+    defaults it does not use (the computation itself is stopped here: only the banner is under test)."""
+    from kvviz import cli_report
+    from kvviz.cli import main
+    from kvviz.errors import InvalidInput
+
+    class Stopped(Session):
+        def compute(self, cfg, progress=None, cancel=None):
+            raise InvalidInput("stopped after the banner")
+
+    monkeypatch.setattr(cli_report, "Session", Stopped)
+    dump = str(tmp_path / "kv.safetensors")
+    argv = ["report", "--out", str(tmp_path / "rep")]
+    for s in sets:
+        argv += ["--set", s.format(dump=dump)]
+    assert main(argv) == 2
+    banner = capsys.readouterr().err.splitlines()[0]
+    assert banner.startswith("kvviz report: computing int8_seed on "), banner
+    for s in says:
+        assert s.format(dump=dump) in banner, banner
+    for s in not_says:
+        assert s not in banner, banner
+
+
+def test_report_progress_of_a_long_build_is_a_line_every_few_seconds(capsys):
+    """The window updates its status each second of a long first build; kvviz report prints the first line and
+    then one every 5 s of it, and every other progress line as it comes."""
+    from kvviz import cli_report
+
+    msg = "building kernels for head size 120 (first use): attention/split_decode.wgsl, {} s"
+    for s in range(1, 13):
+        cli_report._progress(0.45, msg.format(s))
+    cli_report._progress(0.5, "metrics")
+    cli_report._progress(0.7, msg.format(1) + " (8 built)")
+    lines = capsys.readouterr().err.splitlines()
+    assert [ln.split(": ", 1)[1].rsplit(", ", 1)[1] for ln in lines if "building" in ln] == \
+        ["1 s", "6 s", "11 s", "1 s (8 built)"]
+    assert any(ln.endswith("metrics") for ln in lines)

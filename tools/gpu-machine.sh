@@ -15,8 +15,10 @@
 #                 (which fails on NVIDIA: not counted)
 #   tests         the GPU suites of the fast kernels, the methods and long contexts (no Qt needed)
 #   live          the live-model tests (SmolLM2 when installed, a tiny random model otherwise)
-#   anchor        the anchor decode table: seed, first-wave, fast, f16, f32, torch SDPA and two user
-#                 kernels from `kvviz kernel new`, one bench (anchor-decode.txt / .json)
+#   anchor        the anchor decode table: seed, first-wave, fast (exact and the packed variants), f16, f32, the
+#                 llama.cpp types, NVFP4, TurboQuant, torch SDPA and two user kernels from `kvviz kernel new`,
+#                 one bench (anchor-decode.txt / .json)
+#   fma-forms     FMA throughput by the form of the arithmetic: f32 / f16, widths, chains (fma-forms.txt)
 #   floor         the anchor's core rows with the timing floor (anchor-timing-floor.txt / .json), the
 #                 timing frame (timing-frame.txt) and a decode's fixed cost (fixed-cost-16x*.txt)
 #   methods       the other methods' kernels at the anchor, timed without the end-to-end check
@@ -26,13 +28,30 @@
 #   residency     how many split-kernel workgroups an SM holds (occupancy.txt)
 #   diag          where the exact int8 decode's time goes (decode-diag.txt)
 #   tensor-cores  whether wgpu lets a kernel use the tensor cores (tensor-cores.txt)
-#   all           info conformance tests anchor floor methods writers sweeps residency diag tensor-cores
+#   gemm          the GPU forward's matrix multiply at 4096 x 4096 x 2048 against the FMA ceiling of the same run,
+#                 torch.matmul beside it (gemm-anchor.txt / .json)
+#   forward       a random Llama-3-8B-shaped GGUF (f16, 16 GB, written once to $MODELS, default /tmp) through the
+#                 GPU forward: a prefill of 2048 tokens and a decode step (forward-8b.txt / .json)
+#   forward-tests the GPU forward's kernel, model and architecture conformance tests (forward-tests.txt)
+#   eval          (not in all) kvviz eval on a random GGUF of SmolLM2-135M's shapes (f32, written once to $MODELS):
+#                 the GPL text's 16065 scored positions (63 chunks of 512) on the GPU forward
+#                 (eval-smollm2-shape-gpu.txt / .json), then 2040 of them on the numpy forward
+#                 (eval-smollm2-shape-numpy.txt / .json); each row's seconds are its pass's wall time
+#   prefill       the causal prefill's conformance tests (prefill-tests.txt), then its rows for every cache at
+#                 the prefill shape beside torch SDPA causal bf16 (prefill.txt / .json)
+#   prefill-variants  the prefill kernel's variants at the prefill shape, each cache's one after the other over
+#                 the same cache (prefill-variants.txt / .json; not in all)
+#   heads         (not in all) the fast decodes' unrolled code against the looped one (bench --decode-code) at the anchor and at
+#                 heads 100 and 120 (15 x 4096, 32/8 heads), every method taking the head (heads-*.txt / .json)
+#   all           info conformance tests anchor floor methods writers sweeps residency diag tensor-cores gemm forward
+#                 forward-tests prefill fma-forms
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && { sed -n '2,29p' "$0"; exit 2; }
-[ "${steps[*]}" = all ] && steps=(info conformance tests anchor floor methods writers sweeps residency diag tensor-cores)
+[ ${#steps[@]} -eq 0 ] && { sed -n '2,47p' "$0"; exit 2; }
+[ "${steps[*]}" = all ] && steps=(info conformance tests anchor floor methods writers sweeps residency diag tensor-cores
+                                  gemm forward forward-tests prefill fma-forms)
 
 if [ -x .venv/bin/python ]; then
   PY=${PY:-.venv/bin/python}
@@ -110,6 +129,7 @@ for step in "${steps[@]}"; do
         tests/test_fast_decode_ggml.py tests/test_fast_decode_kivi.py tests/test_fast_decode_nvfp4.py \
         tests/test_fast_decode_tq.py tests/test_fast_decode_tq_paged.py tests/test_fast_writers.py \
         tests/test_fast_write_ggml.py tests/test_fast_write_tq.py tests/test_fast_fp8_codes.py \
+        tests/test_decode_fold.py tests/test_fma_forms.py tests/test_conformance.py \
         tests/test_quant_methods.py tests/test_turboquant.py tests/test_long_context.py ;;
     live)
       run live.txt "$PY" "${PYTEST[@]}" -m "not slow" tests/test_live_model.py tests/test_live_decode.py ;;
@@ -117,7 +137,7 @@ for step in "${steps[@]}"; do
       "$PY" -m kvviz kernel new --force int8_token.writer_fast /tmp/mine_writer.wgsl
       "$PY" -m kvviz kernel new --force fast.decode_f32 /tmp/mine_decode.wgsl
       run anchor-decode.txt "$PY" -m kvviz bench "${ANCHOR[@]}" --compare-torch \
-        --methods f16,int8_token,fp8_e4m3,fp8_e5m2,int4_group \
+        --methods f16,int8_token,fp8_e4m3,fp8_e5m2,int4_group,q8_0,q4_0,q4_1,q5_0,q5_1,nvfp4,turboquant --variants \
         --kernel int8_token.writer_fast=/tmp/mine_writer.wgsl --kernel fast.decode_f32=/tmp/mine_decode.wgsl \
         --json "$OUT/anchor-decode.json" ;;
     floor)
@@ -142,9 +162,45 @@ for step in "${steps[@]}"; do
       run decode-diag.txt "$PY" tools/decode_diag.py 2 ;;
     tensor-cores)
       run tensor-cores.txt tensor_cores ;;
+    gemm)
+      run gemm-anchor.txt "$PY" -m kvviz bench --gemm 4096x4096x2048 --compare-torch --json "$OUT/gemm-anchor.json" ;;
+    forward)
+      model=${MODELS:-/tmp}/kvviz-llama3-8b-random-f16.gguf
+      [ -f "$model" ] || "$PY" tools/random_gguf.py "$model" || { failed=1; continue; }
+      # the file's tensors are f16: f16 on the device is exact (--weights f16 skips the check that says so)
+      run forward-8b.txt "$PY" tools/forward_bench.py "$model" --tokens 2048 --weights f16 \
+        --json "$OUT/forward-8b.json" ;;
+    eval)
+      model=${MODELS:-/tmp}/kvviz-smollm2-135m-random-f32.gguf
+      [ -f "$model" ] || "$PY" tools/random_gguf.py "$model" --layers 30 --hidden 576 --heads 9 --kv-heads 3 \
+        --head-size 64 --ffn 1536 --vocab 49152 --context 8192 --type f32 || { failed=1; continue; }
+      run eval-smollm2-shape-gpu.txt "$PY" -m kvviz eval --model "$model" --ctx 512 \
+        --methods q8_0,q4_0,kivi --forward gpu --out "$OUT/eval-smollm2-shape-gpu"
+      run eval-smollm2-shape-numpy.txt "$PY" -m kvviz eval --model "$model" --ctx 512 --max-tokens 4096 \
+        --methods q8_0 --forward numpy --out "$OUT/eval-smollm2-shape-numpy" ;;
+    forward-tests)
+      run forward-tests.txt "$PY" "${PYTEST[@]}" tests/test_forward_kernels.py tests/test_forward_model.py \
+        tests/test_forward_bench.py tests/test_forward_archs.py ;;
+    prefill)
+      run prefill-tests.txt "$PY" "${PYTEST[@]}" tests/test_prefill.py
+      run prefill.txt "$PY" -m kvviz bench --shape prefill-8x2048 --compare-torch --json "$OUT/prefill.json" ;;
+    prefill-variants)
+      run prefill-variants.txt "$PY" -m kvviz bench --shape prefill-8x2048 --prefill-variants rows,spread,spread-64x8 \
+        --json "$OUT/prefill-variants.json" ;;
+    fma-forms)
+      run fma-forms.txt "$PY" tools/fma_forms.py ;;
+    heads)
+      for code in unrolled looped; do
+        run "heads-anchor-$code.txt" "$PY" -m kvviz bench "${ANCHOR[@]}" --decode-code "$code" \
+          --json "$OUT/heads-anchor-$code.json"
+        for d in 100 120; do
+          run "heads-d$d-$code.txt" "$PY" -m kvviz bench --seqs 15 --ctx 4096 --head-size "$d" --frontends glslang \
+            --decode-code "$code" --json "$OUT/heads-d$d-$code.json"
+        done
+      done ;;
     *)
       echo "gpu-machine.sh: unknown step '$step' (steps: info conformance tests live anchor floor methods" \
-           "writers sweeps residency diag tensor-cores all)" >&2
+           "writers sweeps residency diag tensor-cores gemm forward forward-tests prefill prefill-variants fma-forms heads all)" >&2
       exit 2 ;;
   esac
 done

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvviz.attention import arith, paged_oracle as oracle, split_decode as fd
+from kvviz.attention import arith, paged_oracle as oracle, prefill, prefill_oracle, split_decode as fd
 from kvviz.attention.paged import PagedKernels, check_head_size
 from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
 from kvviz.bench.roofline import Ceilings, bound
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
+from kvviz.families import prefill_oracles
+from kvviz.families.ggml import decode as fdg
 from kvviz.families.registry import get_method, reference, registry
 from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
@@ -41,10 +43,13 @@ class BenchShape:
     head_size: int
     block_size: int
     policy: str = "contiguous"
+    # a prefill shape: each sequence's chunk of queries, at its last positions (the causal prefill's rows in place
+    # of the decode's); empty: a decode shape
+    query_lens: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         lens = self.context_lens
-        return {
+        out = {
             "name": self.name,
             "num_seqs": len(lens),
             "context_lens": list(lens) if len(set(lens)) > 1 else lens[0],
@@ -55,13 +60,18 @@ class BenchShape:
             "block_size": self.block_size,
             "policy": self.policy,
         }
+        if self.query_lens:
+            ql = self.query_lens
+            out.update(query_lens=list(ql) if len(set(ql)) > 1 else ql[0], num_queries=int(sum(ql)))
+        return out
 
     def label(self) -> str:
         lens = self.context_lens
         ctx = f"{lens[0]}" if len(set(lens)) == 1 else f"{min(lens)}..{max(lens)}"
+        q = f", prefill of {sum(self.query_lens)} queries" if self.query_lens else ""
         return (
             f"{len(lens)}x{ctx} tok, {self.num_heads}/{self.num_kv_heads} heads, "
-            f"d{self.head_size}, blk{self.block_size}"
+            f"d{self.head_size}, blk{self.block_size}{q}"
         )
 
 
@@ -74,6 +84,11 @@ SHAPES = {
     "decode-1x32768": BenchShape("decode-1x32768", (32768,), 32, 8, 128, 16),
     # one long sequence: the anchor's 61440 tokens in a single context (the TurboQuant fast decode's target shape)
     "decode-1x61440": BenchShape("decode-1x61440", (61440,), 32, 8, 128, 16),
+    # The causal prefill (kvviz/attention/prefill.py): 8 sequences of 2048 tokens prefilled whole (each query over
+    # its sequence up to its own position), the anchor's heads; and a small ragged one with chunks that start
+    # mid-sequence and a single-token chunk, for lavapipe.
+    "prefill-8x2048": BenchShape("prefill-8x2048", (2048,) * 8, 32, 8, 128, 16, "contiguous", (2048,) * 8),
+    "quick-prefill": BenchShape("quick-prefill", (37, 100, 300, 129), 8, 2, 128, 16, "scattered", (37, 17, 64, 1)),
 }
 QUICK = ("quick-ragged", "quick-d64-mha")
 FULL = ("decode-15x4096",)
@@ -159,10 +174,19 @@ def run_bench(
     rt: GpuRuntime | None = None,
     log=print,
     kernels=(),
+    prefill_variants=(),
+    variants: bool = False,
 ) -> dict:
     """`methods`: every registered method's kernels (True), none (False) or those named (registry ids).
+    `variants`: also each method's fast-decode variants where its cache takes them (FAST_VARIANTS).
     `kernels`: (slot id, path) of user kernels (`--kernel SLOT=FILE`), each checked against its slot's oracle
-    and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py)."""
+    and timed beside the slot's built-in kernel on every shape (kvviz/lab/check.py). `prefill_variants`: the
+    prefill kernel's variants (kvviz/attention/prefill.py VARIANTS) a prefill shape times, each cache's one after
+    the other (default: the adapter's default variant)."""
+    unknown = [v for v in prefill_variants if v not in prefill.VARIANTS]
+    if unknown:
+        raise InvalidInput(f"no prefill variant {', '.join(map(repr, unknown))}",
+                           f"The variants: {', '.join(prefill.VARIANTS)}.")
     rt = rt or GpuRuntime()
     adapter = rt.summary.to_json()
     for line in paragraph(f"adapter: {rt.summary.line()}"):
@@ -193,6 +217,12 @@ def run_bench(
             ceilings = Ceilings(shader_copy, fma["f32"], fma.get("f16"), rt.summary.name, bool(rt.summary.is_software))
         if kernels:
             rows += _user_kernel_rows(rt, kernels, shape, (batch, key, value, q), runs, warmup, copy_gbps, adapter)
+        if shape.query_lens:  # a prefill shape: the prefill of the f32 cache and of every method's cache
+            rows += _prefill_rows(rt, shape, batch, key, value, runs, warmup, copy_gbps, adapter,
+                                  None if methods is True else tuple(methods or ()), tuple(prefill_variants))
+            if compare_torch:
+                rows.append(_torch_prefill_row(shape, runs, warmup, copy_gbps, adapter))
+            continue
         refs = {}
         for fmt in ("f32", "q8"):
             for fe in frontends if fmt == "q8" else (FRONTEND_GLSLANG,):
@@ -243,7 +273,7 @@ def run_bench(
                     rows.append(_row(f"{fmt} kernels", variant, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
         if methods:
             rows += _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log,
-                                   None if methods is True else tuple(methods))
+                                   None if methods is True else tuple(methods), variants)
         if compare_torch:
             rows.append(_torch_row(shape, runs, warmup, copy_gbps, adapter))
     for r in rows:
@@ -368,7 +398,8 @@ def _fast_i8q_row(rt, cache, batch, q, scale, shape, runs, warmup, copy_gbps, ad
                     f"skipped: {exc}", method="int8_seed", role="decode", impl="fast")
 
 
-def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log, only=None):
+def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gbps, adapter, log, only=None,
+                   variants=False):
     """Every registered method's own kernels (the int8 seed is covered above), each method's decode
     output checked end to end against its numpy reference (the method's REFERENCE, found by name)."""
     ctx = GpuContext(rt)
@@ -393,11 +424,231 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
             err, bad = _max_err(out, ref, m.attend_kernel or f"{mkey} attend")
             rows.append(_row(f"{mkey} end to end", m.label, shape, None, 0, copy_gbps, err, tol, adapter,
                              bad or "correctness only: GPU quantise + attend vs the method's numpy oracle"))
+            if variants:
+                rows += _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, copy_gbps, adapter)
         except (InvalidInput, DeviceLimitError) as exc:
             # the method does not take this shape here (head size, context past a loop limit, ...)
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
         except KvvizError as exc:  # a compile error, a lost device, a non-finite result: a failure
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}"))
+    return rows
+
+
+PREFILL_CHECKED = 16  # queries of each sequence a prefill row is checked on: its first and last 8
+
+
+def _prefill_rows(rt, shape, batch, key, value, runs, warmup, copy_gbps, adapter, only=None, variants=()):
+    """The causal prefill (kvviz/attention/prefill.py) of the shape's chunks over the f32 baseline cache and over
+    every registered method's cache (written by the method's writer; `only`: those named, () none), timed, then
+    each checked against the float64 causal oracle over the family's dequantised cache on PREFILL_CHECKED queries of
+    every sequence (all of them would take minutes of numpy at the big shapes). All timings first, the checks after:
+    a GPU left idle during seconds of numpy drops its clocks. `variants`: the kernel's variants, each cache's timed
+    one after the other over the same cache (a row each, named with the variant when there are several); () the
+    adapter's default."""
+    ctx = GpuContext(rt)
+    prefills = {v: prefill.Prefill(rt, variant=v) for v in variants} or {None: ctx.prefill}
+    H, kvh, D = shape.num_heads, shape.num_kv_heads, shape.head_size
+    lens = np.asarray(shape.query_lens, np.int64)
+    q = np.random.default_rng(1).standard_normal((int(lens.sum()), H, D), dtype=np.float32)
+    scale = float(1.0 / np.sqrt(D))
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    half = PREFILL_CHECKED // 2
+    check = np.unique(np.concatenate([np.r_[a : a + min(n, half), a + max(n - half, 0) : a + n]
+                                      for a, n in zip(starts, lens)]).astype(np.int64))
+    todo = [(None, "f32 baseline cache")] + [(k, c()) for k, c in sorted(registry().items())
+                                            if only is None or k in only]
+    timed, rows = [], []
+    for mkey, m in todo:
+        label = m if mkey is None else m.label
+        cache = qkv = None
+        for variant, pf in prefills.items():
+            name = f"prefill_{mkey or 'f32'}" + (f" ({variant})" if len(prefills) > 1 else "")
+            try:
+                ctx.prefill = pf  # the methods' prefill_plan plans through their context's Prefill
+                if mkey is None:
+                    if cache is None:
+                        cache = ctx.paged.allocate("f32", batch.num_blocks, kvh, batch.block_size, D)
+                        rt.run(ctx.paged.write_dispatches(cache, key, value, batch.slot_mapping))
+                    plan = prefill.plan_records(pf, prefill.F32, cache.k, cache.v, kvh, q, batch, lens, scale)
+                    kv_bytes = 2 * D * 4
+                else:
+                    m.check(H, kvh, D, batch.block_size)
+                    if qkv is None:
+                        qkv = m.quantize(ctx, batch, key, value)
+                    plan = m.prefill_plan(ctx, qkv, batch, q, lens, scale)
+                    if plan is None:
+                        raise UnsupportedShape(f"{mkey} has no prefill at this shape")
+                    kl, vl = m.layouts(D, batch.block_size)
+                    kv_bytes = kl.bytes_per_token_per_head + vl.bytes_per_token_per_head
+                t = rt.time(plan.dispatches, runs, warmup)
+                timed.append((mkey, m, name, label, plan, qkv, t, pf.read(plan)[check], kv_bytes))
+            except (InvalidInput, DeviceLimitError, UnsupportedShape) as exc:
+                rows.append(_row(name, label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}",
+                                 method=mkey, role="prefill", impl="fast"))
+            except KvvizError as exc:
+                rows.append(_row(name, label, shape, None, 0, copy_gbps, None, None, adapter, f"FAILED: {exc}",
+                                 method=mkey, role="prefill", impl="fast"))
+    for mkey, m, name, label, plan, qkv, t, out, kv_bytes in timed:
+        pc = prefill_check(rt, None if mkey is None else m, batch, key, value, qkv, q, lens, scale, check, out, name)
+        nbytes, flops = prefill.prefill_traffic(batch, lens, H, kvh, D, kv_bytes, plan)
+        r = _row(name, f"causal prefill, {label} ({plan.describe()})", shape, t, nbytes, copy_gbps, pc.err, pc.tol,
+                 adapter, pc.note, method=mkey, role="prefill", impl="fast", flops=flops)
+        r["within_tolerance"] = pc.ok
+        rows.append(r)
+    return rows
+
+
+@dataclass
+class PrefillCheck:
+    """A prefill output against its oracle: max error and tolerance (None where the output or the oracle is not
+    finite), the verdict, and a note (what was checked, or what failed)."""
+
+    err: float | None
+    tol: float
+    ok: bool
+    note: str
+
+
+def prefill_check(rt, method, batch, key, value, qkv, q, q_lens, scale, rows, out, name: str = "prefill") -> PrefillCheck:
+    """The prefill output `out` of query `rows` (indices into q) against the float64 causal oracle over `method`'s
+    cache (None: the f32 cache), kvviz/families/prefill_oracles.method_caches: its family's numpy quantiser, or the
+    records the writer wrote where its rounding may differ from it (the seed int8 writer, TurboQuant; `qkv` holds them,
+    read back). The seed int8 writer's words are then held to its numpy quantiser on their own, within the writer's
+    allowance (a code one step off only at a rounding tie, scales within the adapter's division ULPs:
+    paged_oracle.compare_int8_cache, as the writer's own bench row holds them): the attention is checked over what
+    the device holds, the writer against what it should hold, and the verdict needs both."""
+    fk, fv = prefill_oracles.method_caches(method, batch, key, value, qkv)
+    ref = prefill_oracle.causal(q, fk, fv, batch.block_tables, batch.context_lens, q_lens, batch.block_size, scale,
+                                rows=rows)
+    err, bad = _max_err(out, ref, name)
+    tol = prefill_oracle.tolerance(float(np.abs(fv).max(initial=0)))
+    ok = err is not None and err <= tol
+    note = bad or f"checked on {len(rows)} of {len(q)} queries"
+    if method is not None and method.id == "int8_seed" and qkv is not None:
+        words = [rt.read(getattr(qkv.device["cache"], w), np.uint32, qkv.device["cache"].shape) for w in "kv"]
+        reps = [oracle.compare_int8_cache(w, x, batch.slot_mapping, batch.block_size, oracle.division_ulps(rt.summary))
+                for w, x in zip(words, (key, value))]
+        writer = (f"the seed writer's codes as read back (against its numpy quantiser: "
+                  f"{sum(r['code_mismatch_not_tie'] for r in reps)} off-tie / "
+                  f"{sum(r['code_mismatch_at_ties'] for r in reps)} tie mismatches of {sum(r['codes'] for r in reps)}; "
+                  f"{sum(r['scale_mismatch'] for r in reps)} scales differ, max "
+                  f"{max(r['scale_max_ulp'] for r in reps)} ULP, allowed {oracle.division_ulps(rt.summary)})")
+        if not all(r["ok"] for r in reps):
+            ok = False
+            note = "FAILED: outside the seed writer's allowance: " + writer + ("; " + note if bad else "")
+        else:
+            note = f"{note} over {writer}"
+    return PrefillCheck(err, tol, ok, note)
+
+
+def _torch_prefill_row(shape, runs, warmup, copy_gbps, adapter):
+    """torch SDPA causal in bf16 at the prefill shape: what a user would pick instead. Chunks that are the whole
+    sequence use is_causal; shorter chunks a boolean mask (each query over its sequence up to its own position);
+    ragged shapes are padded to the longest sequence and chunk."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception as exc:
+        return _row("torch_sdpa_causal_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter,
+                    f"torch not importable: {exc}", role="prefill")
+    if not torch.cuda.is_available():
+        return _row("torch_sdpa_causal_bf16", "unavailable", shape, None, 0, copy_gbps, None, None, adapter,
+                    "torch has no CUDA device", role="prefill")
+    S, L, T = len(shape.context_lens), max(shape.context_lens), max(shape.query_lens)
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    qt = torch.randn(S, shape.num_heads, T, shape.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    kt = torch.randn(S, shape.num_kv_heads, L, shape.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    vt = torch.randn_like(kt)
+    whole = T == L and len(set(shape.context_lens)) == 1 and len(set(shape.query_lens)) == 1
+    mask = None if whole else (torch.arange(L, device=dev)[None, :] <= (L - T + torch.arange(T, device=dev))[:, None])
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=whole, enable_gqa=True)
+
+    for _ in range(warmup):
+        sdpa()
+    samples = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        sdpa()
+        b.record()
+        torch.cuda.synchronize()
+        samples.append(a.elapsed_time(b) * 1e3)
+    t = TimingResult.from_samples(samples, "cuda-events")
+    seen = S * (T * (L - T) + T * (T + 1) // 2)
+    nbytes = 2 * kt.numel() * 2 + 2 * qt.numel() * 2
+    note = ("" if whole else "a boolean causal mask (chunks shorter than their sequence)") + (
+        "; padded to the longest sequence and chunk" if len(set(shape.context_lens)) > 1 or len(set(shape.query_lens)) > 1 else "")
+    return _row("torch_sdpa_causal_bf16", f"torch {torch.__version__} {torch.cuda.get_device_name()}", shape, t, nbytes,
+                copy_gbps, None, None, adapter, note.strip("; "), role="prefill",
+                flops=float(seen * shape.num_heads * (4 * shape.head_size + arith.SOFTMAX_PER_LOGIT)))
+
+
+# The fast decode's variants timed beside a method's exact fast decode, where its cache format takes them
+# (kvviz/attention/split_decode.py: QK_I8_FORMATS, PACKED_FORMATS; the llama.cpp block types' decode,
+# kvviz/families/ggml/decode.py: QK_I8_TYPES, without f16-pair P.V): (row suffix, plan keywords). The int8 query with
+# 4 tokens a row (I8Q_UNROLL) and with 2, and with P.V in f16 pairs; the exact decode with its reduce folded in.
+FAST_VARIANTS = (
+    ("int8 query", dict(qk="i8", unroll=I8Q_UNROLL)),
+    ("int8 query, 2 tokens a row", dict(qk="i8", unroll=2)),
+    ("int8 query, f16x2 P.V", dict(qk="i8", pv="h2", pv_flush=8)),
+    ("reduce folded in", dict(fold=True)),
+)
+
+
+def _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, copy_gbps, adapter) -> list:
+    """Each of FAST_VARIANTS that the method's fast cache format (or its llama.cpp block type's decode) takes, over the
+    method's own caches, timed and checked
+    against ITS oracle: the float64 decode (of the dequantised int8 query for qk="i8") over the method's dequantised
+    cache, within the f32 kernel's tolerance, plus pv_tolerance for f16 P.V (the softmax sum taken as 1: the bound's
+    largest)."""
+    D = shape.head_size
+    tname = getattr(m, "type_name", None)
+    ggml = tname in fdg.QK_I8_TYPES
+    fmt = m.fast_cache_format(D) if hasattr(m, "fast_cache_format") and not ggml else None
+    if (not ggml and (fmt is None or fmt.name not in fd.PACKED_FORMATS)) or "cache" not in qkv.device or "f32" not in qkv.device:
+        return []
+    fast = fdg.GgmlFastDecode(ctx.rt) if ggml else fd.FastDecode(ctx.rt)
+    qc = qkv.device["cache"]
+    kf, vf = (m.read_f32(ctx, qkv, w).astype(np.float64) for w in ("K", "V"))
+    M = float(np.abs(vf).max(initial=0.0))
+    codes, qs = fd.quantize_query(q)
+    queries = {"f32": np.asarray(q, np.float64), "i8": codes.astype(np.float64) * qs[..., None].astype(np.float64)}
+    refs = {}
+    rows = []
+    for suffix, kw in FAST_VARIANTS:
+        if ggml and "pv" in kw:  # the block types' decode has f32 P.V only
+            continue
+        name = f"fast_decode_{tname if ggml else fmt.name} ({suffix})"
+        try:
+            if ggml:
+                plan = fast.plan(tname, qc.k, qc.v, shape.num_kv_heads, q, batch, scale, **kw)
+            else:
+                plan = fast.plan(fmt, qc.k, qc.v, shape.num_kv_heads, q, batch, scale, tensor=qc.extra.get("tensor"), **kw)
+            t = ctx.rt.time(plan.dispatches, runs, warmup)
+            out = fast.read(plan)
+        except (InvalidInput, DeviceLimitError, UnsupportedShape) as exc:
+            rows.append(_row(name, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}",
+                             method=mkey, role="decode", impl="fast"))
+            continue
+        qk = kw.get("qk", "f32")
+        for k in {qk, "f32"} - set(refs):
+            refs[k] = oracle.decode(queries[k], kf, vf, batch.block_tables, batch.context_lens, shape.block_size, scale)
+        tol = fd.f32_tolerance(M)
+        if kw.get("pv") == "h2":
+            tol += float(fd.pv_tolerance(M, int(batch.max_context_len), kw.get("unroll", 2), kw.get("pv_flush", fd.PV_FLUSH),
+                                         1.0, 4 if fmt.group_size else 2))
+        err, note = _max_err(out, refs[qk], name)
+        if not note and qk == "i8":
+            note = f"vs the f32-query oracle: {float(np.abs(out - refs['f32']).max()):.2e} (the query's int8 rounding)"
+        if ggml:
+            nbytes, flops = fdg.decode_traffic(tname, batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
+        else:
+            nbytes, flops = fd.decode_traffic(fmt, batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
+        rows.append(_row(name, f"{m.label}: fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol,
+                         adapter, note, method=mkey, role="decode", impl="fast", flops=flops))
     return rows
 
 
@@ -489,8 +740,7 @@ def format_table(result: dict, width: int | None = WIDTH) -> str:
         shapes[-1][1].append((r["variant"], [r["kernel"]] + ([r["variant"]] if wide else []) + cells, r["note"] or ""))
     for s, rows in shapes:
         lines.append("")
-        lines += paragraph(f"== {s['name']}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/"
-                           f"{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}", width)
+        lines += paragraph(shape_header(s), width)
         cells, notes = [c for _, c, _ in rows], [n for _, _, n in rows]
         failed = lambda n: str(n).startswith("FAILED")  # noqa: E731
         lines += (text_table(WIDE_COLUMNS, cells, width, notes, failed) if wide else
@@ -505,6 +755,14 @@ def format_table(result: dict, width: int | None = WIDTH) -> str:
             "(kvviz/attention/arith.py) / median; FLOP/B = FLOPs / unique bytes; bound = memory left of the ridge, "
             "compute right of it.", width)
     return "\n".join(lines)
+
+
+def shape_header(s: dict) -> str:
+    """The line above a shape's rows: a decode shape's sequences and heads, a GEMM's M x N x K."""
+    if "m" in s and "k" in s:
+        return f"== {s['name']}: M {s['m']} tokens x N {s['n']} outputs x K {s['k']} inputs, f32 activations"
+    return (f"== {s['name']}: {s['num_seqs']} seqs, {s['num_tokens']} tokens, {s['num_heads']}/"
+            f"{s['num_kv_heads']} heads, d{s['head_size']}, block {s['block_size']}")
 
 
 def save_json(result: dict, path: str) -> None:
@@ -522,6 +780,10 @@ def check_shape(shape: BenchShape) -> None:
     for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
         if int(getattr(shape, name)) < 1:
             raise InvalidInput(f"shape {shape.name}: {name} must be positive, got {getattr(shape, name)}")
+    if shape.query_lens and (len(shape.query_lens) != len(shape.context_lens)
+                             or any(not 0 <= int(n) <= int(c) for n, c in zip(shape.query_lens, shape.context_lens))):
+        raise InvalidInput(f"shape {shape.name}: a prefill needs one chunk length a sequence, each at most its context "
+                           f"({list(shape.query_lens)} over {list(shape.context_lens)})")
     if shape.num_heads % shape.num_kv_heads:
         raise UnsupportedShape(f"--heads {shape.num_heads} is not divisible by --kv-heads {shape.num_kv_heads}",
                                "GQA needs the query heads to be a multiple of the KV heads.")

@@ -88,7 +88,8 @@ def run_compare(session, res, methods=None, progress=None, cancel=None) -> list[
 
 
 def _error_row(m, exc) -> dict:
-    return {"method": m.id, "label": getattr(m, "label", m.id), "bits_per_element": float("nan"),
+    return {"method": m.id, "name": m.option_name(), "label": getattr(m, "label", m.id), "options": dict(m.options()),
+            "bits_per_element": float("nan"),
             "kl_mean": float("nan"), "rel_l2": float("nan"), "error": str(exc)}
 
 

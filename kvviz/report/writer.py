@@ -1,5 +1,6 @@
 """The report folder (Qt-free): report.json (every number), report.md (a summary with the figures),
-one CSV per panel table and the timings as a Chrome trace.
+one CSV per panel table, the timings as a Chrome trace and the results themselves (results.npz,
+kvviz.analysis.snapshot), so the report reopens in the window as it was computed.
 
 The window (Ctrl+E) and `kvviz report` both call `write_report`; the window passes the PNGs it
 rendered from its panels, `kvviz report` the ones it rendered offscreen (or none without Qt).
@@ -14,9 +15,11 @@ import tempfile
 import threading
 import time
 
+from kvviz.analysis.snapshot import FILE_NAME as RESULTS_FILE
+from kvviz.analysis.snapshot import save_results
 from kvviz.report.roofline import write_roofline
 from kvviz.report.trace import write_chrome_trace
-from kvviz.tables import Table, clean, default_panel_tables, sweep_table
+from kvviz.tables import Table, clean, compare_name, default_panel_tables, sweep_table
 
 PANEL_TITLES = {
     "window": "Window",
@@ -160,11 +163,11 @@ def report_markdown(res, figures: dict | None = None, compare_rows=None, sweep_p
         L.append("")
         L.append("## Method comparison (same K/V, same queries)")
         L.append("")
-        L.append("| method | bits/element | KL mean | rel L2 |")
-        L.append("|---|---|---|---|")
+        L.append("| method | settings | bits/element | KL mean (nats) | rel L2 |")
+        L.append("|---|---|---|---|---|")
         for r in compare_rows:
-            L.append(f"| {r.get('label', r.get('method'))} | {_fmt(r.get('bits_per_element'))} | {_fmt(r.get('kl_mean'))} "
-                     f"| {_fmt(r.get('rel_l2'))} |")
+            L.append(f"| {r.get('label', r.get('method'))} | `{compare_name(r)}` | {_fmt(r.get('bits_per_element'))} "
+                     f"| {_fmt(r.get('kl_mean'))} | {_fmt(r.get('rel_l2'))} |")
     if figures:
         L.append("")
         L.append("## Figures")
@@ -253,7 +256,7 @@ def write_report(out_dir, res, tables: dict | None = None, figures: dict | None 
     """Write report.json, report.md, csv/<panel>_<table>.csv and trace.json into `out_dir`.
 
     tables: panel -> [Table] (default: every panel with default selections); figures: panel -> PNG
-    path relative to out_dir. Returns {"json", "md", "trace", "csv": [...]} paths.
+    path relative to out_dir. Returns {"json", "md", "trace", "csv": [...], "results"} paths.
 
     Written through `staged_dir`: an error or a cancel part-way leaves no half-written folder.
     """
@@ -285,4 +288,6 @@ def _write_report_files(out_dir, res, tables, compare_rows, sweep_points, histor
     with open(mpath, "w") as fh:
         fh.write(report_markdown(res, figures, compare_rows, sweep_points))
     tpath = write_chrome_trace(os.path.join(out_dir, "trace.json"), res)
-    return {"json": jpath, "md": mpath, "trace": tpath, "csv": csvs}
+    rpath = save_results(res, os.path.join(out_dir, RESULTS_FILE),
+                         {"compare_rows": compare_rows or [], "sweep_points": sweep_points or []})
+    return {"json": jpath, "md": mpath, "trace": tpath, "csv": csvs, "results": rpath}
