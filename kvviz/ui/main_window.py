@@ -243,7 +243,7 @@ class MainWindow(QMainWindow):
             self.docks[w.key] = d
         self._default_layout()
 
-        self.overview.reflowed.connect(lambda: QTimer.singleShot(0, self._fit_central))
+        self.overview.reflowed.connect(lambda: QTimer.singleShot(0, self, self._fit_central))
         self.workload.changed.connect(self.schedule_compute)
         self.workload.run_requested.connect(self.run_now)
         self.workload.cancel_requested.connect(self.cancel)
@@ -278,7 +278,7 @@ class MainWindow(QMainWindow):
         session = self.session
         self.runner.submit("adapter", lambda p, c: session.rt.summary, "open the GPU")
         if autostart:
-            QTimer.singleShot(0, self.request_compute)
+            QTimer.singleShot(0, self, self.request_compute)
 
     # ----------------------------------------------------------------- layout
     _PLACED = frozenset({"workload", "cache_layout", "block_inspector", "attention", "timing", "compare", "qjl_bias",
@@ -381,7 +381,7 @@ class MainWindow(QMainWindow):
         """Once a dock arrangement or the centre's height has changed: no tab bar of an earlier arrangement left."""
         if not self._relayout_pending:
             self._relayout_pending = True
-            QTimer.singleShot(0, self._relayout_done)
+            QTimer.singleShot(0, self, self._relayout_done)
 
     def _relayout_done(self) -> None:
         self._relayout_pending = False
@@ -458,11 +458,11 @@ class MainWindow(QMainWindow):
 
     def showEvent(self, ev) -> None:  # noqa: N802 - Qt naming
         super().showEvent(ev)
-        QTimer.singleShot(0, self.unelide_tabs)  # a restored arrangement's tab bars too
+        QTimer.singleShot(0, self, self.unelide_tabs)  # a restored arrangement's tab bars too
         self._after_relayout()
         if getattr(self, "_size_docks_pending", False):
             self._size_docks_pending = False
-            QTimer.singleShot(0, self._size_docks)
+            QTimer.singleShot(0, self, self._size_docks)
 
     def _build_status_bar(self) -> None:
         sb = self.statusBar()
@@ -916,7 +916,7 @@ class MainWindow(QMainWindow):
             if self.workload.invalid_field != marked[0] or (w is not None and w.toolTip() != marked[1]):
                 self.workload.mark_invalid(*marked)
         self._fit_central()
-        QTimer.singleShot(0, self._fit_central)  # once the stale notes' heights are laid out
+        QTimer.singleShot(0, self, self._fit_central)  # once the stale notes' heights are laid out
 
     def _sync_edited(self, *_) -> None:
         """With no compute on its way, the results panels say when the Workload no longer holds the settings their

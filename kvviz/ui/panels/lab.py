@@ -521,6 +521,8 @@ def install(win) -> LabPanel:
 
     def measure(refresh: bool = False) -> None:
         session = win.session
+        if refresh:
+            session.forget_ceilings()  # the next compute measures the copy bandwidth and timing floor again
         win.runner.submit("roofline", lambda p, c: device_fma_gflops(session.rt, refresh), "measure the FMA ceiling")
 
     win.roofline.measure_requested.connect(lambda: measure(refresh=True))  # the button measures again

@@ -35,7 +35,8 @@ class PanelScroll(QScrollArea):
     def eventFilter(self, obj, ev) -> bool:  # noqa: N802
 
         if obj is self.widget() and ev.type() == QEvent.LayoutRequest:
-            QTimer.singleShot(0, self.fit)
+            # self as the timer's context: a window closed before the timer fires drops the call with it
+            QTimer.singleShot(0, self, self.fit)
         return False
 
     def sizeHint(self):  # noqa: N802 - Qt naming
