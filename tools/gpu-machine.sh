@@ -41,8 +41,8 @@
 #                 the prefill shape beside torch SDPA causal bf16 (prefill.txt / .json)
 #   prefill-variants  the prefill kernel's variants at the prefill shape, each cache's one after the other over
 #                 the same cache (prefill-variants.txt / .json; not in all)
-#   heads         (not in all) the fast decodes' unrolled code against the looped one (bench --decode-code) at the anchor and at
-#                 heads 100 and 120 (15 x 4096, 32/8 heads), every method taking the head (heads-*.txt / .json)
+#   heads         (not in all) the fast decodes' unrolled code against the looped one (bench --decode-code) at heads
+#                 128, 100 and 120 (15 x 4096, 32/8 heads): f16, int8_token, int4_group, nvfp4 (heads-*.txt / .json)
 #   all           info conformance tests anchor floor methods writers sweeps residency diag tensor-cores gemm forward
 #                 forward-tests prefill fma-forms
 set -uo pipefail
@@ -191,11 +191,10 @@ for step in "${steps[@]}"; do
       run fma-forms.txt "$PY" tools/fma_forms.py ;;
     heads)
       for code in unrolled looped; do
-        run "heads-anchor-$code.txt" "$PY" -m kvviz bench "${ANCHOR[@]}" --decode-code "$code" \
-          --json "$OUT/heads-anchor-$code.json"
-        for d in 100 120; do
+        for d in 128 100 120; do
           run "heads-d$d-$code.txt" "$PY" -m kvviz bench --seqs 15 --ctx 4096 --head-size "$d" --frontends glslang \
-            --decode-code "$code" --json "$OUT/heads-d$d-$code.json"
+            --methods f16,int8_token,int4_group,nvfp4 --runs 15 --warmup 2 --decode-code "$code" \
+            --json "$OUT/heads-d$d-$code.json"
         done
       done ;;
     *)
