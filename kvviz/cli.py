@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -115,6 +116,8 @@ def _cmd_info(args) -> int:
 
 
 _CUSTOM_SHAPE = {"ctx": 4096, "heads": 32, "kv_heads": 8, "head_size": 128, "block_size": 16}
+# given alone (no --seqs), these change the quick or full shapes instead of describing a custom one
+_NAMED_SHAPE_OVERRIDES = {"head_size", "block_size"}
 
 
 def _bench_sweep(args) -> int:
@@ -193,6 +196,11 @@ def _cmd_bench(args) -> int:
     elif args.seqs is not None:
         a = {k: _CUSTOM_SHAPE[k] if getattr(args, k) is None else getattr(args, k) for k in _CUSTOM_SHAPE}
         shapes = [BenchShape("custom", (a["ctx"],) * args.seqs, a["heads"], a["kv_heads"], a["head_size"], a["block_size"])]
+    elif custom and set(custom) <= _NAMED_SHAPE_OVERRIDES:
+        # the quick (or full) shapes at another head size or block size: what a user with such a model times
+        over = {k: getattr(args, k) for k in custom}
+        tag = "".join(f"-{c}{over[k]}" for k, c in (("head_size", "d"), ("block_size", "b")) if k in over)
+        shapes = [dataclasses.replace(SHAPES[n], **over, name=n + tag) for n in (QUICK if args.quick else FULL)]
     elif custom:
         flags = ", ".join("--" + k.replace("_", "-") for k in custom)
         print(f"kvviz bench: {flags} describe a custom shape and need --seqs (how many sequences)", file=sys.stderr)
@@ -528,8 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ctx", type=positive_int, help="custom shape: tokens per sequence (default 4096)")
     b.add_argument("--heads", type=positive_int, help="custom shape: query heads (default 32)")
     b.add_argument("--kv-heads", type=positive_int, help="custom shape: KV heads, dividing --heads (default 8)")
-    b.add_argument("--head-size", type=positive_int, help="custom shape: head size (default 128)")
-    b.add_argument("--block-size", type=positive_int, help="custom shape: tokens per block (default 16)")
+    b.add_argument("--head-size", type=positive_int, help="custom shape: head size (default 128); without --seqs, the "
+                   "quick or full shapes at this head size")
+    b.add_argument("--block-size", type=positive_int, help="custom shape: tokens per block (default 16); without "
+                   "--seqs, the quick or full shapes at this block size")
     b.add_argument("--runs", type=positive_int, default=None, help="timed runs per kernel (default 10 quick, 30 full)")
     b.add_argument("--warmup", type=nonneg_int, default=3, help="untimed runs before timing (hardware: also >= 500 ms)")
     b.add_argument("--frontends", default="glslang,naga-glsl", help="GLSL front ends for the seed kernels")

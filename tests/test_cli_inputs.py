@@ -158,6 +158,8 @@ BENCH = [
     ("kv heads not dividing", ["--seqs", "1", "--ctx", "8", "--heads", "3", "--kv-heads", "2", "--head-size", "16"],
      ["--heads", "--kv-heads"]),
     ("custom shape without --seqs", ["--quick", "--heads", "4"], ["--heads", "--seqs"]),
+    # without --seqs a head size changes the quick shapes: refused here as those shapes at head 7, not ignored
+    ("quick shapes at head 7", ["--quick", "--head-size", "7"], ["--head-size", "head_size 7"]),
     ("unknown prefill variant", ["--shape", "quick-prefill", "--prefill-variants", "rows,nope"],
      ["--prefill-variants", "nope"]),
     ("empty prefill variants", ["--shape", "quick-prefill", "--prefill-variants", ","], ["--prefill-variants"]),
