@@ -58,8 +58,8 @@ def _files(folder: str) -> dict:
 
 @pytest.mark.gpu
 def test_kernels_built_once_across_processes(tmp_path):
-    """First process: the loop probe and a kernel are first builds. Second: both known, and a kernel of another
-    source built; on Mesa the driver's cache gains that one kernel's entry only. Then the index and every entry
+    """First process: the loop probe and a kernel are first builds. Second: the probe's answer read from the
+    index, the kernel known, and a kernel of another source built; on Mesa the driver's cache gains that one kernel's entry only. Then the index and every entry
     of the driver's cache damaged: the third process still builds and runs right, and writes the index anew."""
     cache = tmp_path / "cache"
     a, _ = _run(cache, 7)
@@ -75,7 +75,9 @@ def test_kernels_built_once_across_processes(tmp_path):
 
     b, _ = _run(cache, 7, 8)
     assert b["values"] == [7, 8]
-    assert b["builds"] == {"new": 1, "known": 2}  # the same source is known; another constant is a new source
+    # the loop probe's answer is read from the index (no probe built); the same source is known; another constant
+    # is a new source
+    assert b["builds"] == {"new": 1, "known": 1} and b["loop_limit"] == a["loop_limit"]
     assert len(json.loads(Path(b["index"]).read_text())["kernels"]) == 3
     if mesa:  # the known kernels cost the driver nothing: one new entry, the new source's
         after_b = _files(b["driver_dir"])
@@ -255,3 +257,22 @@ def test_session_says_it_is_building_kernels_on_first_use(rt, tmp_path, monkeypa
     session.compute(cfg, progress=lambda f, m: said.append((f, m)))
     assert not [m for _, m in said if m.startswith("building kernels")]
     assert rt.kernel_builds["new"] == built
+
+
+def test_loop_limit_probed_once_an_adapter(rt, tmp_path, monkeypatch):
+    """The start-up probe's answer is kept in the adapter's kernel index: a second runtime reads it, a damaged
+    answer is probed again."""
+    from kvviz.gpu.runtime import GpuRuntime
+
+    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+    first = GpuRuntime()
+    assert first.loop_limit == rt.loop_limit and first.kernel_index.probe("loop_limit") == {"value": rt.loop_limit}
+    probe = GpuRuntime._probe_loop_limit
+    monkeypatch.setattr(GpuRuntime, "_probe_loop_limit", lambda self: pytest.fail("probed again"))
+    assert GpuRuntime().loop_limit == rt.loop_limit
+    data = json.loads(first.kernel_index.path.read_text())
+    data["probes"]["loop_limit"] = {"value": "many"}
+    first.kernel_index.path.write_text(json.dumps(data))
+    calls = []
+    monkeypatch.setattr(GpuRuntime, "_probe_loop_limit", lambda self: calls.append(1) or probe(self))
+    assert GpuRuntime().loop_limit == rt.loop_limit and calls == [1]

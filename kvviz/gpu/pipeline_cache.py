@@ -148,6 +148,9 @@ class KernelIndex:
         self._lock = threading.Lock()
         self._writable = path is not None
         self.kernels: dict[str, dict] = self._read(warn=True) if path is not None else {}
+        # What start-up probes found on this adapter + driver + wgpu (the loop limit): a property of the driver,
+        # so a later run reads it here instead of running the probe again
+        self.probes: dict[str, object] = self._read_probes() if path is not None else {}
 
     @classmethod
     def for_adapter(cls, identity: dict) -> "KernelIndex":
@@ -187,6 +190,24 @@ class KernelIndex:
                 log.warning("kernel cache: %s is damaged (%s); it is started anew", self.path, exc)
             return {}
 
+    def _read_probes(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return {}
+        probes = data.get("probes") if isinstance(data, dict) and data.get("identity") == self.identity else None
+        return dict(probes) if isinstance(probes, dict) else {}
+
+    def probe(self, name: str, default=None):
+        """A probe's stored answer ({"value": ...}), or `default` when no run on this adapter stored one."""
+        got = self.probes.get(name)
+        return got if isinstance(got, dict) and "value" in got else default
+
+    def record_probe(self, name: str, value) -> None:
+        with self._lock:
+            self.probes[name] = {"value": value}
+            self._save()
+
     def known(self, digest: str) -> bool:
         with self._lock:
             return digest in self.kernels
@@ -198,22 +219,27 @@ class KernelIndex:
         """Add a kernel built (and first dispatched) in this process, and save."""
         with self._lock:
             self.kernels[digest] = {"name": name, "seconds": round(float(seconds), 3)}
-            if not self._writable:
-                return
-            merged = {**self._read(warn=False), **self.kernels}
-            data = {"format": INDEX_FORMAT, "identity": self.identity, "kernels": merged}
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            self._save()
+
+    def _save(self) -> None:
+        """Write the index, merged with what other processes saved meanwhile (under self._lock)."""
+        if not self._writable:
+            return
+        merged = {**self._read(warn=False), **self.kernels}
+        probes = {**self._read_probes(), **self.probes}
+        data = {"format": INDEX_FORMAT, "identity": self.identity, "kernels": merged, "probes": probes}
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, allow_nan=False, indent=1))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self._writable = False
+            log.warning("kernel cache: %s cannot be written (%s); kernels are built as usual and the next "
+                        "run builds them as first ones", self.path, exc)
             try:
-                tmp.write_text(json.dumps(data, allow_nan=False, indent=1))
-                os.replace(tmp, self.path)
-            except OSError as exc:
-                self._writable = False
-                log.warning("kernel cache: %s cannot be written (%s); kernels are built as usual and the next "
-                            "run builds them as first ones", self.path, exc)
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass
+                tmp.unlink()
+            except OSError:
+                pass
 
 
 Listener = Callable[[int, str, float], None]  # (kernels built so far in this scope, kernel now building, its seconds)

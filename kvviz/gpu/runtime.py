@@ -254,7 +254,7 @@ class GpuRuntime:
         self._first_runs: dict[str, str] = {}  # digest -> name: first builds not yet dispatched
         self._watch: BuildWatch | None = None
         self.timestamp_period_ns = self._timestamp_period()
-        self.loop_limit = self._probe_loop_limit()
+        self.loop_limit = self._loop_limit()
         self.summary = dataclasses.replace(self.summary, loop_limit=self.loop_limit)
         lim = self.summary.to_json()["limits"]
         log.info(
@@ -269,6 +269,19 @@ class GpuRuntime:
 
     # Iterations the probe asks for; an adapter that runs them all is taken to have no loop bound.
     LOOP_PROBE_ITERATIONS = 1 << 20
+
+    def _loop_limit(self) -> int | None:
+        """The loop limit, probed once an adapter + driver + wgpu: a later run reads the answer from the kernel
+        index (the probe's build and its million iterations are most of a software adapter's opening)."""
+        stored = self.kernel_index.probe("loop_limit")
+        v = None if stored is None else stored["value"]
+        if stored is not None and (v is None or (type(v) is int and v > 0)):
+            log.info("loop limit of %s: %s (probed by an earlier run on this adapter and driver)", self.summary.name,
+                     "none found" if stored["value"] is None else f"{stored['value']} iterations per invocation")
+            return stored["value"]
+        limit = self._probe_loop_limit()
+        self.kernel_index.record_probe("loop_limit", limit)
+        return limit
 
     def _probe_loop_limit(self) -> int | None:
         """Start-up self-check: the most loop iterations one invocation may run, None if unbounded.
