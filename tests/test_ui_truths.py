@@ -126,26 +126,31 @@ def test_report_folder_has_every_panel_and_strict_files(qtbot, window, tmp_path)
 
 
 # ------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("text, field, words", [
+BAD_CONFIGS = [  # (file text, the Workload field it names, the words the banner says)
     ('{"num_heads": NaN}', "num_heads", "num_heads"),
     ('{"head_size": "abc"}', "head_size", "head_size"),
     ('{"block_size": 0}', "block_size", "block_size"),
     ('{"softmax_scale": NaN}', None, "softmax_scale"),
-])
-def test_load_config_names_the_field(qtbot, window, tmp_path, capfd, text, field, words):
+]
+
+
+def test_load_config_names_the_field(qtbot, window, tmp_path, capfd):
+    """Each bad file in turn in one window (each names another field, so an earlier case's marks cannot pass a
+    later one's checks)."""
     w = window
     before = w.workload.block_size.value()
-    path = tmp_path / "bad.json"
-    path.write_text(text)
-    capfd.readouterr()
-    assert w.load_config(str(path)) is False
-    assert w.banner.isVisible() and words in w.banner.title.text()
-    assert "Load config" in w.banner.title.text()
-    assert "Traceback" not in capfd.readouterr().err
-    assert w.workload.block_size.value() == before  # block size 0 never becomes 1
-    if field:
-        wid = w.workload.field_widgets()[field]
-        assert wid.property("kvvizInvalid") and words in wid.toolTip()
+    for i, (text, field, words) in enumerate(BAD_CONFIGS):
+        path = tmp_path / f"bad{i}.json"
+        path.write_text(text)
+        capfd.readouterr()
+        assert w.load_config(str(path)) is False, text
+        assert w.banner.isVisible() and words in w.banner.title.text(), text
+        assert "Load config" in w.banner.title.text()
+        assert "Traceback" not in capfd.readouterr().err
+        assert w.workload.block_size.value() == before  # block size 0 never becomes 1
+        if field:
+            wid = w.workload.field_widgets()[field]
+            assert wid.property("kvvizInvalid") and words in wid.toolTip(), text
 
 
 def test_load_config_json_syntax_error_has_its_own_message(qtbot, window, tmp_path):
