@@ -52,6 +52,16 @@ def test_quality_run_rows_plots_history(window, qtbot, tmp_path):
     assert q.table.rowCount() == 4 and "±" in q.table.item(0, 5).text()
     assert q.hist_plot.getPlotItem().listDataItems() and q.pos_plot.getPlotItem().listDataItems()
     assert len(q.layer_plot.getPlotItem().items) > 0 and len(q.pareto_plot.getPlotItem().items) > 0
+    # bits vs KLD: a name beside each point where it fits (never over another), the hover names the point
+    window.resize(1280, 800)
+    window.show()
+    window.docks["quality"].raise_()
+    q.tabs.setCurrentWidget(q.pareto_plot)
+    q.pareto_plot.grab()  # a paint: the view takes its auto range, and the labels their places
+    qtbot.waitUntil(lambda: bool(q.pareto_labels.shown()), timeout=5_000)
+    assert set(q.pareto_labels.shown()) <= {p[2].split("\n")[0] for p in q._pareto_points}
+    bits, y, text = q._pareto_points[0]
+    assert q._describe_pareto(bits, y) == text and "bits per element" in text and "mean KLD" in text
     out = q.export_csv(str(tmp_path / "quality.csv"))
     assert len(out) == 5 and next(csv.reader(open(out[0])))[0] == "method"
     # kept in the run history, listed, and shown again from there

@@ -29,26 +29,29 @@ def shoot(result_path: str, out: str, tab: str, size: str) -> None:
     w, h = (int(x) for x in size.split("x"))
     app = QApplication.instance() or QApplication([])
     with tempfile.TemporaryDirectory(prefix="kvviz-shot-") as tmp:
-        win = MainWindow(settings=QSettings(os.path.join(tmp, "s.ini"), QSettings.IniFormat), autostart=False)
+        # the window as a user sees it: its default workload computed (every panel filled), then the result
+        win = MainWindow(settings=QSettings(os.path.join(tmp, "s.ini"), QSettings.IniFormat))
         win.resize(w, h)
-        win.show()
         with open(result_path) as f:
             win.quality.set_result(json.load(f))
         d = win.docks["quality"]
         win.quality.tabs.setCurrentIndex(TABS.index(tab))
 
-        def show_panel():  # after the window has laid its docks out
+        def show_panel():  # after the window has laid its docks out: the Quality panel given most of the width
             d.show()
             d.raise_()
-            win.resizeDocks([win.docks["workload"], d], [int(w * 0.2), int(w * 0.62)], Qt.Horizontal)
+            win.resizeDocks([win.docks["workload"], d], [int(w * 0.235), int(w * 0.58)], Qt.Horizontal)
 
         def grab():
-            win.grab().save(out)
-            win.close()
-            app.quit()
+            if win.runner.busy:  # the default workload's timings still running
+                QTimer.singleShot(500, grab)
+                return
+            win.grab()  # a paint first: the plots take their ranges and the labels their places
+            QTimer.singleShot(300, lambda: (win.grab().save(out), win.close(), app.quit()))
 
-        QTimer.singleShot(800, show_panel)
-        QTimer.singleShot(2500, grab)
+        win.results_ready.connect(lambda *_: QTimer.singleShot(300, show_panel))
+        win.results_ready.connect(lambda *_: QTimer.singleShot(1500, grab))
+        win.show()
         app.exec()
     print(f"wrote {out}")
 

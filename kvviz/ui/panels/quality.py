@@ -30,8 +30,9 @@ from kvviz.quality import stats as qs
 from kvviz.quality.evaluate import EvalSettings, evaluate, prepare
 from kvviz.quality.text import DEFAULT_TEXT
 from kvviz.ui.panels.base import Panel
-from kvviz.ui.style import kernel_color
+from kvviz.ui.style import kernel_color, legend_below
 from kvviz.ui.tasks import TaskKind, register
+from kvviz.ui.widgets.hover import Hover, PointLabels, nearest
 from kvviz.ui.widgets.panel_scroll import PanelScroll
 from kvviz.ui.layouts import long_text_field, path_field
 from kvviz.ui.widgets.axes import set_axis
@@ -52,7 +53,7 @@ def _log_plot(left: str, bottom: str) -> pg.PlotWidget:
     set_axis(pi, "left", left)
     set_axis(pi, "bottom", bottom)
     pi.showGrid(x=True, y=True, alpha=0.25)
-    pi.addLegend(offset=(-5, 5), labelTextSize="8pt")
+    legend_below(pi, columns=4)  # under the axis: never over the data (a row's name is also in its hover)
     return w
 
 
@@ -163,6 +164,10 @@ class QualityPanel(Panel):
         self.layer_plot.getPlotItem().setLogMode(x=False, y=True)
         self.pareto_plot = _log_plot("mean KLD (log)", "bits per element (K and V mean, scales included)")
         self.pareto_plot.getPlotItem().setLogMode(x=False, y=True)
+        # the settings' names beside their points where they fit, never over one another (the legend names all)
+        self.pareto_labels = PointLabels(self.pareto_plot.getPlotItem())
+        self._pareto_points: list[tuple[float, float, str]] = []  # (bits, log10 KLD, the readout) of each point
+        self.pareto_hover = Hover(self.pareto_plot.getPlotItem(), self._describe_pareto)
         self.layer_what = QComboBox()
         self.layer_what.addItem("attention error", "error")
         self.layer_what.addItem("KLD, layer alone", "alone")
@@ -356,9 +361,12 @@ class QualityPanel(Panel):
 
     def _draw_pareto(self, rows) -> None:
         pi = self.pareto_plot.getPlotItem()
+        self.pareto_labels.clear()
         pi.clear()
         tab = report.pareto_table(self.result or {})
         front = []
+        labels, markers = [], []
+        self._pareto_points = []
         for i, (spec, bits, kld, err, on_front) in enumerate(tab.rows):
             if not kld or kld <= 0:
                 continue
@@ -370,15 +378,24 @@ class QualityPanel(Panel):
                 pi.addItem(pg.ErrorBarItem(x=np.array([bits]), y=np.array([y]),
                                            top=np.array([math.log10(kld + err) - y]), bottom=np.array([y - lo]),
                                            pen=pg.mkPen(color), beam=0.15))
-            label = pg.TextItem(spec, color=(30, 30, 30), anchor=(0, 1))
-            label.setPos(bits, y)
-            pi.addItem(label)
+            labels.append((not on_front, kld, (bits, y, spec, (30, 30, 30))))
+            markers.append((bits, y))
+            self._pareto_points.append((bits, y, f"{spec}\n{bits:.2f} bits per element\nmean KLD {kld:.3g}"
+                                        + (f" ± {err:.2g}" if err else "") + " nats"
+                                        + ("\non the Pareto front" if on_front else "")))
             if on_front:
                 front.append((bits, kld))
+        # the Pareto front's names first, then the rest by KLD
+        self.pareto_labels.set_labels([lb for *_k, lb in sorted(labels, key=lambda t: t[:2])], markers)
         if front:
             front.sort()
             pi.plot([f[0] for f in front], [f[1] for f in front], pen=pg.mkPen((120, 120, 120), width=1,
                                                                               style=Qt.DashLine))
+
+    def _describe_pareto(self, x: float, y: float) -> str | None:
+        pts = self._pareto_points
+        i = nearest([p[0] for p in pts], [p[1] for p in pts], x, y, self.pareto_plot.getPlotItem().getViewBox())
+        return None if i is None else pts[i][2]
 
     # ------------------------------------------------------------------ export
     def tables(self) -> list:
