@@ -372,7 +372,9 @@ class QualityPanel(Panel):
                 continue
             color = kernel_color(i)
             y = math.log10(kld)
-            pi.addItem(pg.ScatterPlotItem([bits], [y], size=10, brush=pg.mkBrush(color), pen=pg.mkPen("k"), name=spec))
+            # no legend entry: twenty settings' entries would take the plot's height; the names stand beside
+            # the points where they fit, and the hover readout and the table above name every one
+            pi.addItem(pg.ScatterPlotItem([bits], [y], size=10, brush=pg.mkBrush(color), pen=pg.mkPen("k")))
             if err:
                 lo = math.log10(max(kld - err, kld * 1e-3))
                 pi.addItem(pg.ErrorBarItem(x=np.array([bits]), y=np.array([y]),
