@@ -159,18 +159,9 @@ def _bench_gemm(args) -> int:
               file=sys.stderr)
         return EXIT_BAD_INPUT
     result = run_gemm_bench(shapes, runs=args.runs or 20, warmup=args.warmup, compare_torch=args.compare_torch)
-    print(format_table(result, output_width(args)))
-    _record_bench(result)
-    if args.json:
-        save_json(result, args.json)
-        print(f"\nwrote {args.json}")
-    bad_rows = failed_rows(result)
-    if bad_rows:
-        sys.stdout.flush()
-        print(f"\n{len(bad_rows)} product(s) failed or outside their bound vs float64: "
-              + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr, flush=True)
-    print(f"\n{closing_line(result['rows'])}")
-    return EXIT_FAILED if bad_rows else 0
+    return _report_bench(result, args, "product(s) failed or outside their bound vs float64")
+
+
 # --decode-code: which code the fast decodes run (kvviz/attention/split_decode.py LOOPED): the adapter's default (the
 # looped kernels on a software rasteriser), the unrolled kernels, or the looped ones, everywhere
 DECODE_CODE = {"auto": "software", "unrolled": "none", "looped": "all"}
@@ -232,6 +223,12 @@ def _cmd_bench(args) -> int:
     runs = args.runs or (10 if args.quick else 30)
     result = bench.run_bench(shapes, runs=runs, warmup=args.warmup, frontends=frontends, compare_torch=args.compare_torch,
                        methods=methods, kernels=kernels, prefill_variants=variants, variants=args.variants)
+    return _report_bench(result, args, "kernel run(s) failed or outside tolerance vs the oracle")
+
+
+def _report_bench(result: dict, args, failed: str) -> int:
+    """A bench's table, its run-history record, its --json, the failed rows (stderr) and the closing line; the exit
+    code."""
     print(format_table(result, output_width(args)))
     _record_bench(result)
     if args.json:
@@ -240,8 +237,8 @@ def _cmd_bench(args) -> int:
     bad_rows = failed_rows(result)
     if bad_rows:
         sys.stdout.flush()  # the closing line below comes after this on a terminal
-        print(f"\n{len(bad_rows)} kernel run(s) failed or outside tolerance vs the oracle: "
-              + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows), file=sys.stderr, flush=True)
+        print(f"\n{len(bad_rows)} {failed}: " + ", ".join(f"{r['kernel']} [{r['variant']}]" for r in bad_rows),
+              file=sys.stderr, flush=True)
     print(f"\n{closing_line(result['rows'])}")
     return EXIT_FAILED if bad_rows else 0
 

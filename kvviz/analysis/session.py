@@ -439,7 +439,7 @@ class Session:
         self._ctx = {}
         self._models = {}
         self._captures = {}
-        # The copy bandwidth (at a size) and the timing floor of this session's device, measured by its first
+        # The copy bandwidth (at a size) and the timing floor of the Session's device, measured by its first
         # compute that needs them and reused by the later ones: a device's copy rate and fixed cost do not
         # change between computes, and on a software adapter a 16 MiB copy costs more than a small compute's
         # own kernels. forget_ceilings() (the window's "Measure ceilings") measures them again.

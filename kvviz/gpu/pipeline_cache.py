@@ -155,7 +155,7 @@ class KernelIndex:
     @classmethod
     def for_adapter(cls, identity: dict) -> "KernelIndex":
         folder = cache_root() / "kernels"
-        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True, allow_nan=False).encode()).hexdigest()[:16]
         why = writable_dir(folder)
         if why:
             log.warning("kernel cache: %s cannot be written (%s); kernels are built as usual and every build "
