@@ -39,6 +39,17 @@ for c in sys.argv[1:]:
     out["values"].append(int(rt.read(buf, np.uint32)[0]))
 out.update(builds=rt.kernel_builds, index=str(rt.kernel_index.path), driver=rt.summary.driver,
            driver_dir=rt.driver_cache.where, loop_limit=rt.loop_limit)
+# Mesa writes its cache entries from a thread of its own, and drops what is still queued when the process exits:
+# wait until its folder has stopped changing (under load a write can lag the build by a while)
+if rt.driver_cache.where:
+    import os, time
+    def entries():
+        return sum(len(f) for _d, _s, f in os.walk(rt.driver_cache.where))
+    last, stable, deadline = -1, 0, time.monotonic() + 10
+    while stable < 4 and time.monotonic() < deadline:
+        n = entries()
+        stable, last = (stable + 1, n) if n == last else (0, n)
+        time.sleep(0.2)
 print(json.dumps(out))
 """
 
