@@ -158,6 +158,20 @@ def test_gqa_attention_window_oracle():
             np.testing.assert_allclose(out[h, i], p @ v[h // 2, keys], rtol=1e-5, atol=1e-6)
 
 
+def test_gqa_attention_at_given_positions():
+    """Queries at scattered positions (every 3rd, as the eval's attention-error check takes them) in one call
+    equal each query alone at its own position, window and soft-cap included."""
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((4, 5, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 15, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 15, 8)).astype(np.float32)
+    pos = np.array([0, 3, 6, 9, 14])
+    out = gqa_attention(q, k, v, scale=0.3, cap=2.0, window=6, q_pos=pos)
+    for i, p in enumerate(pos):
+        one = gqa_attention(q[:, i:i + 1], k[:, :p + 1], v[:, :p + 1], q_start=int(p), scale=0.3, cap=2.0, window=6)
+        np.testing.assert_allclose(out[:, i], one[:, 0], rtol=1e-5, atol=1e-6)
+
+
 def test_mapped_weights_under_a_tiny_budget(tmp_path_factory):
     """A budget too small for a float32 copy: weights stay in file form, each layer is dequantised when the
     forward reaches it, and the logits are those of the resident model."""

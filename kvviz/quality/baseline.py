@@ -179,21 +179,34 @@ class BaselineWriter:
 
     def add(self, logp: np.ndarray, tokens: np.ndarray, position: np.ndarray, chunk: int) -> BaseRows:
         """Store one chunk's scored rows (exact float64 log-probabilities [n, V]); returns them as stored."""
+        return self.put(self.encode_rows(logp, tokens, position, chunk))
+
+    @staticmethod
+    def encode_rows(logp: np.ndarray, tokens: np.ndarray, position: np.ndarray, chunk: int) -> dict:
+        """What `put` stores of rows logp [n, V]: the arithmetic alone (no state), so that several blocks of rows
+        can be encoded at once on other threads and stored in order."""
         n = logp.shape[0]
-        sl = slice(self.n, self.n + n)
         codes, top = encode(logp)
-        self.codes[sl] = codes
         rows = np.arange(n)
-        a = self.arrays
-        a["nll"][sl] = -logp[rows, tokens]
-        a["top"][sl] = np.argmax(logp, axis=1)
-        a["tokens"][sl] = tokens
-        a["position"][sl] = position
-        a["chunk"][sl] = chunk
-        a["top_logp"][sl] = top
-        stored = BaseRows(codes, top, a["nll"][sl].copy(), a["top"][sl].copy())
+        stored = BaseRows(codes, top, -logp[rows, tokens], np.argmax(logp, axis=1).astype(np.int32))
         lp_hat = stored.logp()
-        self._floor.append(np.einsum("ij,ij->i", np.exp(lp_hat), lp_hat - logp))
+        floor = np.einsum("ij,ij->i", np.exp(lp_hat), lp_hat - logp)
+        return {"stored": stored, "tokens": tokens, "position": position, "chunk": chunk, "floor": floor}
+
+    def put(self, enc: dict) -> BaseRows:
+        """Store encoded rows (`encode_rows`) after the rows stored before them."""
+        stored = enc["stored"]
+        n = stored.codes.shape[0]
+        sl = slice(self.n, self.n + n)
+        self.codes[sl] = stored.codes
+        a = self.arrays
+        a["nll"][sl] = stored.nll
+        a["top"][sl] = stored.top
+        a["tokens"][sl] = enc["tokens"]
+        a["position"][sl] = enc["position"]
+        a["chunk"][sl] = enc["chunk"]
+        a["top_logp"][sl] = stored.top_logp
+        self._floor.append(enc["floor"])
         self.n += n
         return stored
 

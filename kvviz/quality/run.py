@@ -23,7 +23,10 @@ Beyond the K+V run of each method:
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -46,7 +49,11 @@ _F32 = np.float32
 PARTS = {"kv": "K+V", "k": "K only", "v": "V only"}
 BASELINE = "f32"
 BASELINE_CACHE = "f32 paged cache (GPU)"
-ROWS = 256  # scored positions turned into distributions at a time (float64 [ROWS, vocab] arrays)
+ROWS = 32  # scored positions turned into distributions by one host task (float64 [ROWS, vocab] arrays)
+# Host threads for the distributions: numpy's exp/log/sums release the GIL, so blocks of rows run in parallel
+# beside the next chunk's forward. Bounded: each task holds a few [ROWS, vocab] float64 arrays.
+HOST_THREADS = max(1, min(8, os.cpu_count() or 1))
+AHEAD = 2  # chunks whose distributions may still be computing while the forward runs the next
 PIECE = 512  # tokens a prefill piece: written into the cache, then attending (fewer where a GPU forward takes fewer)
 
 ProgressFn = Callable[[float, str], None]
@@ -107,13 +114,13 @@ class _LayerError:
         rows = np.arange(0, q.shape[0], self.stride)
         c = self.cfg
         w = c.window(layer) if hasattr(c, "window") else 0
-        scale = getattr(c, "query_scale", None)
-        for i in rows:  # one query at a time: its own causal extent
-            ref = gqa_attention(q[i][:, None, :], k_all[:, : start + i + 1], v_all[:, : start + i + 1],
-                                q_start=start + i, scale=scale, cap=getattr(c, "attn_softcap", 0.0),
-                                window=w)[:, 0, :]
-            self.err2[layer] += float(np.sum((out[i].astype(np.float64) - ref) ** 2))
-            self.ref2[layer] += float(np.sum(ref.astype(np.float64) ** 2))
+        end = start + int(rows[-1]) + 1  # the last checked query's extent: later keys are masked for all of them
+        # the checked queries in one product, each masked to its own causal extent
+        ref = gqa_attention(np.ascontiguousarray(q[rows].transpose(1, 0, 2)), k_all[:, :end], v_all[:, :end],
+                            scale=getattr(c, "query_scale", None), cap=getattr(c, "attn_softcap", 0.0), window=w,
+                            q_pos=start + rows).transpose(1, 0, 2).astype(np.float64)
+        self.err2[layer] += float(np.sum((out[rows].astype(np.float64) - ref) ** 2))
+        self.ref2[layer] += float(np.sum(ref ** 2))
         self.count[layer] += rows.size
 
     def result(self) -> list:
@@ -243,10 +250,12 @@ def _attention(em: EvalModel, run: MethodRun, method, errors) -> ChunkAttention:
     return ChunkAttention(caches, c.n_kv_heads, c.head_size, em.chunking.ctx, errors)
 
 
-def run_pass(em: EvalModel, run: MethodRun, on_chunk: Callable, progress: ProgressFn | None = None,
+def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: ProgressFn | None = None,
              cancel: CancelFn | None = None, label: str = "") -> dict:
-    """Every chunk through `run`'s caches; after each, on_chunk(i, r0, logp [n, vocab] float64) for its scored
-    positions r0 .. r0+n-1 (counted from the chunk's first scored one), ROWS at a time.
+    """Every chunk through `run`'s caches. After each chunk, for its scored positions r0 .. r0+n-1 (counted from
+    the chunk's first scored one), ROWS at a time: on_rows(i, r0, logp [n, vocab] float64) on a host thread (any
+    order, several at once: it must only compute), and what it returns, when callable, called with no argument
+    on this thread in the rows' order (to store them).
     Returns {"layer_error": [...], "cache_path": ..., "wall_s": ...}."""
     method = run.build(em.cfg)
     ch = em.chunking
@@ -254,33 +263,54 @@ def run_pass(em: EvalModel, run: MethodRun, on_chunk: Callable, progress: Progre
     runner = em.runner()
     t0 = time.perf_counter()
     cache_path = ""
-    for i in range(ch.n_chunks):
-        if cancel is not None and cancel():
-            raise Cancelled()
-        runner.reset()
-        attn = _attention(em, run, method, errors)
-        cache_path = getattr(attn.caches[run.layer or 0], "path", "") or cache_path
+    queued: deque = deque()  # (chunk, futures of its row blocks) in order
 
-        tokens = ch.chunk(i)
-        starts = range(0, tokens.size, PIECE)
-        rows = []
-        for j, p0 in enumerate(starts):
-            def step(done, total, i=i, j=j):  # the runner's layer passes of this piece
-                if progress is not None:
-                    progress((i + (j + done / total) / len(starts)) / ch.n_chunks,
-                             f"{label}: chunk {i + 1}/{ch.n_chunks}")
+    def commit(until: int) -> None:  # store the finished chunks' rows, oldest first, until `until` are left
+        while len(queued) > until:
+            for f in queued.popleft()[1]:
+                done = f.result()
+                if callable(done):
+                    done()
 
-            piece = tokens[p0:p0 + PIECE]
-            if p0 + piece.size > ch.first:  # a piece with scored rows: their logits, from the first scored one
-                rows.append(runner.prefill(piece, attend_chunk=attn, all_logits=True,
-                                           logits_from=max(0, ch.first - p0), progress=step, cancel=cancel))
-            else:
-                runner.prefill(piece, attend_chunk=attn, progress=step, cancel=cancel)
-        logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        n = logits.shape[0] - 1  # the last position has no next token
-        for r0 in range(0, n, ROWS):
-            on_chunk(i, r0, qs.log_softmax(logits[r0:min(r0 + ROWS, n)]))
-        del attn, logits
+    def rows_of(i: int, r0: int, block: np.ndarray):
+        return on_rows(i, r0, qs.log_softmax(block))
+
+    with ThreadPoolExecutor(HOST_THREADS, thread_name_prefix="kvviz-eval-rows") as pool:
+        try:
+            for i in range(ch.n_chunks):
+                if cancel is not None and cancel():
+                    raise Cancelled()
+                runner.reset()
+                attn = _attention(em, run, method, errors)
+                cache_path = getattr(attn.caches[run.layer or 0], "path", "") or cache_path
+
+                tokens = ch.chunk(i)
+                starts = range(0, tokens.size, PIECE)
+                rows = []
+                for j, p0 in enumerate(starts):
+                    def step(done, total, i=i, j=j):  # the runner's layer passes of this piece
+                        if progress is not None:
+                            progress((i + (j + done / total) / len(starts)) / ch.n_chunks,
+                                     f"{label}: chunk {i + 1}/{ch.n_chunks}")
+
+                    piece = tokens[p0:p0 + PIECE]
+                    if p0 + piece.size > ch.first:  # a piece with scored rows: their logits, from the first scored one
+                        rows.append(runner.prefill(piece, attend_chunk=attn, all_logits=True,
+                                                   logits_from=max(0, ch.first - p0), progress=step, cancel=cancel))
+                    else:
+                        runner.prefill(piece, attend_chunk=attn, progress=step, cancel=cancel)
+                logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
+                n = logits.shape[0] - 1  # the last position has no next token
+                queued.append((i, [pool.submit(rows_of, i, r0, logits[r0:min(r0 + ROWS, n)])
+                                   for r0 in range(0, n, ROWS)]))
+                del attn, logits
+                commit(AHEAD)
+            commit(0)
+        except BaseException:
+            for _, futs in queued:
+                for f in futs:
+                    f.cancel()
+            raise
     return {"layer_error": errors.result(), "cache_path": cache_path, "wall_s": time.perf_counter() - t0,
             "forward": em.choice.path}
 
@@ -309,7 +339,8 @@ def ensure_baseline(em: EvalModel, progress: ProgressFn | None = None, cancel: C
 
     def add(i, r0, logp):
         sl = slice(r0, r0 + logp.shape[0])
-        w.add(logp, ch.targets(i)[sl], pos[sl], i)
+        enc = w.encode_rows(logp, ch.targets(i)[sl], pos[sl], i)
+        return lambda: w.put(enc)
 
     try:
         r = run_pass(em, MethodRun(BASELINE, BASELINE), add, progress, cancel, "f32 baseline")
@@ -331,7 +362,8 @@ def measure(em: EvalModel, store: BaselineStore, run: MethodRun, progress: Progr
     def add(i, r0, logp):
         sl = slice(r0, r0 + logp.shape[0])
         _, base = store.rows(i, sl)
-        parts.append(qs.position_values(logp, base, ch.targets(i)[sl], pos[sl], i))
+        v = qs.position_values(logp, base, ch.targets(i)[sl], pos[sl], i)
+        return lambda: parts.append(v)
 
     method = run.build(em.cfg)
     r = run_pass(em, run, add, progress, cancel, run.name)

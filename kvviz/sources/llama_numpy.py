@@ -121,12 +121,14 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int | None = None, *,
-                  scale: float | None = None, cap: float = 0.0, window: int = 0, k_start: int = 0) -> np.ndarray:
+                  scale: float | None = None, cap: float = 0.0, window: int = 0, k_start: int = 0,
+                  q_pos: np.ndarray | None = None) -> np.ndarray:
     """Causal softmax(cap(scale * q.k)).v with grouped KV heads.
 
     q [n_heads, T, D]; k, v [n_kv, S, D] holding positions k_start..k_start+S-1; query i sits at absolute
-    position q_start + i (default k_start + S - T) and sees keys up to its position, and with `window`
-    > 0 only the last `window` of them. scale defaults to 1/sqrt(D); cap > 0 soft-caps the logits.
+    position q_start + i (default k_start + S - T), or at q_pos[i] when the queries' positions are given (any
+    positions, e.g. every 16th of a chunk), and sees keys up to its position, and with `window` > 0 only the
+    last `window` of them. scale defaults to 1/sqrt(D); cap > 0 soft-caps the logits.
     Returns [n_heads, T, D] float32.
     """
     nh, t, d = q.shape
@@ -140,7 +142,7 @@ def gqa_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int | No
     if cap:
         scores = softcap(scores, cap)
     kpos = k_start + np.arange(s)[None, :]
-    qpos = (q_start + np.arange(t))[:, None]
+    qpos = (q_start + np.arange(t))[:, None] if q_pos is None else np.asarray(q_pos, np.int64).reshape(t, 1)
     mask = kpos > qpos
     if window:
         mask = mask | (qpos - kpos >= window)
