@@ -249,7 +249,8 @@ class PagedKernels:
         return out
 
     def write(self, cache: PagedCache, key, value, slot_mapping) -> None:
-        self.rt.run(self.write_dispatches(cache, key, value, slot_mapping))
+        """Store key/value [T, n_kv, D] at the slots; submitted, not waited for (a later read or run sees it)."""
+        self.rt.submit(self.write_dispatches(cache, key, value, slot_mapping))
 
     # -------------------------------------------------------------- decode
     def _check_decode(self, cache: PagedCache, q, batch: PagedBatch, scale: float):

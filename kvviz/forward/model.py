@@ -526,7 +526,7 @@ class GpuRunner:
                     pending = []
                     pre = rt.read(act.qkv, _F32, (t, p.qkv_width), nbytes=t * p.qkv_width * 4)
                     self._rec["k_pre"][li, :, p0:p0 + t] = pre[:, nq:nq + nkv * D].reshape(t, nkv, D).transpose(1, 0, 2)
-                rt.run(pending + self._rope(lw, kc, vc, act, t, p0))
+                rt.submit(pending + self._rope(lw, kc, vc, act, t, p0))  # the read below waits for it
                 pending = []
                 qkv = rt.read(act.qkv, _F32, (t, p.qkv_width), nbytes=t * p.qkv_width * 4)
                 q = qkv[:, :nq].reshape(t, nh, D)
@@ -549,8 +549,8 @@ class GpuRunner:
                 else:
                     pending += self._attention(lw, kc, vc, act, t, p0)
                 pending += self._tail(lw, act, t)
-            if per_layer:
-                rt.run(pending)
+            if per_layer:  # the layer's work submitted (for progress and cancel); the next read waits for it
+                rt.submit(pending)
                 pending = []
                 if layer_done is not None:
                     layer_done(li + 1)

@@ -675,6 +675,13 @@ class GpuRuntime:
     # ------------------------------------------------------------- dispatch
     def run(self, dispatches: Sequence[Dispatch]) -> None:
         """Record the dispatches in one compute pass, submit, and wait for completion."""
+        self.submit(dispatches, wait=True)
+
+    def submit(self, dispatches: Sequence[Dispatch], wait: bool = False) -> None:
+        """Record the dispatches in one compute pass and submit them; without `wait`, return at once. The queue
+        runs passes in their order, so a later read (or run) sees what these wrote, and waits for them: a pass
+        whose results only later passes read needs no wait of its own (a chunk's cache writes before its
+        attention). An error of the device then shows at that later wait."""
         with self._lock, self._guard("a dispatch"), self._first_build(self._first_dispatches(dispatches)):
             for d in dispatches:
                 self._check_grid(d)
@@ -689,7 +696,8 @@ class GpuRuntime:
                 if _is_loss(exc):
                     raise
                 raise ShaderCompileError(f"Dispatch failed validation: {exc}") from exc
-            self._wait()
+            if wait:
+                self._wait()
 
     def _wait(self) -> None:
         # on_submitted_work_done_sync() raises TypeError in wgpu-py 0.32.0; a tiny read waits instead.

@@ -67,7 +67,7 @@ class RecordLiveCache(LiveCache):
     def write(self, layer, k, v, start):
         if start + k.shape[1] > self.table.capacity:
             raise InvalidInput(f"position {start + k.shape[1] - 1} is past the pool's {self.table.capacity} slots")
-        self.ctx.rt.run(self._writer(layer, k, v, start))
+        self.ctx.rt.submit(self._writer(layer, k, v, start))  # the attention that reads it waits
 
     # ---------------------------------------------------------------- attention
     def _f32(self, layer, batch):
