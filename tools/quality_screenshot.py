@@ -2,7 +2,7 @@
 """The Quality panel's screenshot: the window at 1280x800 under Xvfb with a `kvviz eval --out PREFIX` result shown in
 its Quality dock (read from PREFIX.json, nothing computed), the panel raised, one PNG.
 
-    .venv/bin/python tools/quality_screenshot.py docs/eval-smollm2.json --tab "Bits vs KLD" \\
+    .venv/bin/python tools/quality_screenshot.py assets/eval-smollm2-h200.json --tab "Bits vs KLD" \\
         --out assets/screenshot-quality-1280x800.png
 """
 from __future__ import annotations
