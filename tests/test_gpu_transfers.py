@@ -41,3 +41,26 @@ def test_read_spans_refuses_unaligned_spans(rt):
     buf = rt.empty(64, "spans-test")
     with pytest.raises(ValueError, match="4-byte aligned"):
         rt.read_spans(buf, [(2, 8)])
+
+
+def test_submitted_passes_run_in_order_before_a_read(rt):
+    """Passes submitted without waiting (GpuRuntime.submit) run in the queue's order, and a read after them sees
+    what the last one wrote: each pass here doubles the word and adds its own number, so any other order or a
+    pass left out gives another value."""
+    from kvviz.gpu.runtime import STORAGE_RW
+    from kvviz.gpu.shaders import ShaderSpec
+
+    src = """
+struct P { add: u32 }
+var<immediate> p: P;
+@group(0) @binding(0) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(1)
+fn main() { o[0] = o[0] * 2u + p.add; }
+"""
+    kern = rt.kernel(ShaderSpec("tests/submit_order_probe.wgsl"), [STORAGE_RW], 4, _source=src)
+    buf = rt.upload(np.zeros(1, np.uint32), "submit-order")
+    want = 0
+    for i in range(1, 9):
+        rt.submit([kern.dispatch((1, 1, 1), [buf], imm=np.uint32(i).tobytes())])
+        want = want * 2 + i
+    assert int(rt.read(buf, np.uint32)[0]) == want
