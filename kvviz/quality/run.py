@@ -49,7 +49,8 @@ _F32 = np.float32
 PARTS = {"kv": "K+V", "k": "K only", "v": "V only"}
 BASELINE = "f32"
 BASELINE_CACHE = "f32 paged cache (GPU)"
-ROWS = 32  # scored positions turned into distributions by one host task (float64 [ROWS, vocab] arrays)
+ROWS = 32  # scored positions turned into distributions by one host task at most (float64 [ROWS, vocab] arrays) ...
+TASK_BYTES = 8 << 20  # ... and fewer where a float64 [rows, vocab] array would pass this (a few live a task)
 # Host threads for the distributions: numpy's exp/log/sums release the GIL, so blocks of rows run in parallel
 # beside the next chunk's forward. Bounded: each task holds a few [ROWS, vocab] float64 arrays.
 HOST_THREADS = max(1, min(8, os.cpu_count() or 1))
@@ -253,7 +254,7 @@ def _attention(em: EvalModel, run: MethodRun, method, errors) -> ChunkAttention:
 def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: ProgressFn | None = None,
              cancel: CancelFn | None = None, label: str = "") -> dict:
     """Every chunk through `run`'s caches. After each chunk, for its scored positions r0 .. r0+n-1 (counted from
-    the chunk's first scored one), ROWS at a time: on_rows(i, r0, logp [n, vocab] float64) on a host thread (any
+    the chunk's first scored one), up to ROWS at a time: on_rows(i, r0, logp [n, vocab] float64) on a host thread (any
     order, several at once: it must only compute), and what it returns, when callable, called with no argument
     on this thread in the rows' order (to store them).
     Returns {"layer_error": [...], "cache_path": ..., "wall_s": ...}."""
@@ -264,6 +265,7 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
     t0 = time.perf_counter()
     cache_path = ""
     queued: deque = deque()  # (chunk, futures of its row blocks) in order
+    per_task = max(1, min(ROWS, TASK_BYTES // (8 * int(em.cfg.vocab))))
 
     def commit(until: int) -> None:  # store the finished chunks' rows, oldest first, until `until` are left
         while len(queued) > until:
@@ -301,8 +303,8 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
                         runner.prefill(piece, attend_chunk=attn, progress=step, cancel=cancel)
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 n = logits.shape[0] - 1  # the last position has no next token
-                queued.append((i, [pool.submit(rows_of, i, r0, logits[r0:min(r0 + ROWS, n)])
-                                   for r0 in range(0, n, ROWS)]))
+                queued.append((i, [pool.submit(rows_of, i, r0, logits[r0:min(r0 + per_task, n)])
+                                   for r0 in range(0, n, per_task)]))
                 del attn, logits
                 commit(AHEAD)
             commit(0)
