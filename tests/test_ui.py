@@ -14,7 +14,7 @@ from PySide6.QtCore import QPointF, QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QImage, QKeySequence  # noqa: E402
 
 from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
-from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
+from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -25,8 +25,8 @@ def session(rt):
 
 
 # --------------------------------------------------------------------------------- opening
-def test_opens_with_every_panel_holding_data(window):
-    w = window
+def test_opens_with_every_panel_holding_data(shared_window):
+    w = shared_window
     res = w.results
     b = res.batch
     assert res.config.context_lens == (40, 17, 70)
@@ -96,10 +96,10 @@ def test_opens_with_every_panel_holding_data(window):
     assert len(w.inspector.records) == b.block_size
 
 
-def test_methods_listed_from_registry(window):
+def test_methods_listed_from_registry(shared_window):
     from kvviz.families.registry import registry
 
-    keys = [window.workload.method.itemData(i) for i in range(window.workload.method.count())]
+    keys = [shared_window.workload.method.itemData(i) for i in range(shared_window.workload.method.count())]
     assert set(registry()) <= set(keys)
 
 
@@ -313,10 +313,10 @@ def _plotted_points(w, key):
     raise KeyError(key)
 
 
-def test_panel_exports_png_svg_csv(qtbot, window, tmp_path):
+def test_panel_exports_png_svg_csv(qtbot, shared_window, tmp_path):
     import csv
 
-    w = window
+    w = shared_window
     for p in w.panels:
         if p is w.compare:
             continue
@@ -343,10 +343,10 @@ def test_panel_exports_png_svg_csv(qtbot, window, tmp_path):
         assert len(rows) - 1 == _plotted_points(w, p.key), p.key
 
 
-def test_csv_matches_results(window, tmp_path):
+def test_csv_matches_results(shared_window, tmp_path):
     import csv
 
-    w = window
+    w = shared_window
     res = w.results
     out = w.timing.export_csv(str(tmp_path / "timing.csv"))
     with open(out[0]) as fh:
@@ -364,8 +364,8 @@ def test_csv_matches_results(window, tmp_path):
     np.testing.assert_allclose([float(r["kl_nats"]) for r in rows], res.metrics.kl.reshape(-1), rtol=1e-9)
 
 
-def test_window_png_and_trace_and_report(qtbot, window, tmp_path):
-    w = window
+def test_window_png_and_trace_and_report(qtbot, shared_window, tmp_path):
+    w = shared_window
     res = w.results
     shot = w.save_screenshot(str(tmp_path / "window.png"))
     img = QImage(shot)
@@ -393,8 +393,8 @@ def test_window_png_and_trace_and_report(qtbot, window, tmp_path):
 
 
 # ------------------------------------------------------------------ sweep and compare
-def test_sweep_in_the_worker(qtbot, window):
-    w = window
+def test_sweep_in_the_worker(qtbot, shared_window):
+    w = shared_window
     w.timing.sweep_values.setText("16, 48")
     with qtbot.waitSignal(w.sweep_ready, timeout=WAIT) as blocker:
         w.timing.sweep_button.click()
@@ -422,11 +422,11 @@ def test_sweep_cancel_keeps_partial(qtbot, window):
     assert "cancel" in w.timing.sweep_status.text().lower() or not blocker.args[0]
 
 
-def test_method_comparison(qtbot, window):
+def test_method_comparison(qtbot, shared_window):
     from kvviz.report.compare_run import compare_available
 
     assert compare_available()
-    w = window
+    w = shared_window
     with qtbot.waitSignal(w.compare_ready, timeout=WAIT) as blocker:
         w.compare.run_button.click()
     rows = blocker.args[0]
@@ -468,7 +468,7 @@ def test_settings_persist_layout_and_config(qtbot, settings, session):
     w2.close()
 
 
-def test_shortcuts(qtbot, window):
+def test_shortcuts(qtbot, window):  # a fresh window: the active one, which takes the key press
     w = window
 
     def keys(a):
@@ -510,9 +510,9 @@ def test_method_options_are_editable(qtbot, window):
     assert cfg.method_options == {name: new}
 
 
-def test_hover_names_block(window):
-    cl = window.cache_layout
-    res = window.results
+def test_hover_names_block(shared_window):
+    cl = shared_window.cache_layout
+    res = shared_window.results
     free = [b for b in range(res.batch.num_blocks) if res.batch.block_owner()[b] < 0]
     if free:
         assert cl.tooltip_for(free[0]).endswith("free")

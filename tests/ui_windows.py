@@ -38,3 +38,32 @@ def window(qtbot, settings, session):
     win = open_window(qtbot, settings, session)
     yield win
     win.close()
+
+
+@pytest.fixture(scope="module")
+def _module_window(request, qapp, session, tmp_path_factory):
+    from pytestqt.qtbot import QtBot
+
+    folder = tmp_path_factory.mktemp("shared-window")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVVIZ_DATA_DIR", str(folder / "data"))  # each test's own folder (conftest) is set after this one
+    settings = QSettings(str(folder / "kvviz-test.ini"), QSettings.IniFormat)
+    win = open_window(QtBot(request), settings, session)
+    yield win
+    win.close()
+    win.deleteLater()
+    settings.sync()
+    mp.undo()
+
+
+@pytest.fixture
+def shared_window(qtbot, _module_window):
+    """The `window` fixture's window, opened once for a module's tests that leave it as they found it: they read
+    its panels, hover, export, switch tabs, or compute its own settings again. A test that changes the workload,
+    marks a field or the banner, or checks what only a fresh window shows (its first inspected block, an empty run
+    history) takes `window`. Its run history and settings are in folders of its own. Each test starts and ends with
+    the window's worker idle."""
+    win = _module_window
+    qtbot.waitUntil(lambda: not win.runner.busy, timeout=WAIT)
+    yield win
+    qtbot.waitUntil(lambda: not win.runner.busy, timeout=WAIT)
