@@ -7,6 +7,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Several workers share the cores: each worker's software adapter (lavapipe) runs its dispatches on one
     # thread instead of one a core, so the workers do not wake and switch between each other's threads.
     os.environ.setdefault("LP_NUM_THREADS", "1")
+    # Likewise numpy's BLAS (OpenBLAS): with a thread a core in each worker, its threads spin while they wait for
+    # work and take the core the other worker is computing on. Set before numpy is first imported in the worker;
+    # the processes the tests start inherit it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import importlib.util  # noqa: E402
 import tempfile  # noqa: E402
