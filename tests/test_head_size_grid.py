@@ -43,11 +43,6 @@ def head_sizes(method_id: str) -> tuple[int, ...]:
     return tuple(sorted(RULE_SIZES + EXTRA.get(method_id, ())))
 
 
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)
-
-
 def run_cell(session: Session, method_id: str, D: int) -> str:
     cfg = SessionConfig(method=method_id, head_size=D, context_lens=CONTEXT, num_heads=8, num_kv_heads=2,
                         timing_runs=1)

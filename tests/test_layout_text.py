@@ -8,17 +8,12 @@ import pyqtgraph as pg
 import pytest
 from PySide6.QtWidgets import QComboBox
 
-from kvviz.analysis.session import Session, SessionConfig
+from kvviz.analysis.session import SessionConfig
 from kvviz.ui.audit import cut_text, scrolling_docks
 from kvviz.ui.widgets.tables import select_row
 from ui_windows import WAIT, open_window, settings, small_config  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 def _at(qtbot, w, width, height):

@@ -40,13 +40,6 @@ def open_window(qtbot, settings, session=None, cfg=None):
     return ui_windows.open_window(qtbot, settings, session or Session(), cfg or tiny_config())
 
 
-@pytest.fixture(scope="module")
-def session(rt):
-    """The suite's device for the tests that neither lose it nor break its kernels: its built kernels and measured
-    ceilings are shared. The load test and the fault tests open their own."""
-    return Session(rt)
-
-
 def compute(qtbot, win, cfg: SessionConfig):
     """One compute through the window's own path (workload config -> worker -> every panel)."""
     win.workload.set_config(cfg)

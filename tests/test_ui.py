@@ -13,15 +13,10 @@ import pytest
 from PySide6.QtCore import QPointF, QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QImage, QKeySequence  # noqa: E402
 
-from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
+from kvviz.analysis.session import SessionConfig  # noqa: E402
 from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 # --------------------------------------------------------------------------------- opening

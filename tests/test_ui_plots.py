@@ -12,18 +12,12 @@ from PySide6.QtCore import QSize
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication
 
-from kvviz.analysis.session import Session
 from kvviz.bench.detail import BANDWIDTH, FIXED_COST, INSTRUCTIONS, kernel_detail
 from kvviz.bench.roofline import row_flops
 from kvviz.tables import timing_key
 from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)
 
 
 def _plots(w):

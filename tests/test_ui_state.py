@@ -4,16 +4,10 @@ compiling and compiles again, settings edited with auto-run off: each panel and 
 saying so, as the inputs change."""
 import pytest
 
-from kvviz.analysis.session import Session
 from kvviz.ui.state import RESULT_PANELS
 from ui_windows import WAIT, settings, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels are shared
 
 
 def result_panels(w):

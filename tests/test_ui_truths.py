@@ -7,15 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from kvviz.analysis.session import Session
 from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 def _strict_json(path):
