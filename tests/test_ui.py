@@ -125,8 +125,8 @@ def test_changing_a_control_recomputes_in_the_worker(qtbot, window):
     assert hv.plot.getPlotItem().listDataItems()
 
 
-def test_pinned_baseline_delta(qtbot, window):
-    w = window
+def test_pinned_baseline_delta(qtbot, shared_window):
+    w = shared_window
     w.timing.pin_current()
     pinned = {r.kernel: r.timing.median_us for r in w.results.timings}
     with qtbot.waitSignal(w.results_ready, timeout=WAIT):
@@ -232,8 +232,8 @@ def test_unparsable_context_lengths(qtbot, window):
     assert not w.banner.isVisible()
 
 
-def test_unexpected_exception_is_shown(qtbot, window, monkeypatch):
-    w = window
+def test_unexpected_exception_is_shown(qtbot, shared_window, monkeypatch):
+    w = shared_window
 
     def boom(*a, **k):
         raise RuntimeError("kaboom")
@@ -406,8 +406,8 @@ def test_sweep_in_the_worker(qtbot, shared_window):
     assert all(p["baseline_p10_us"] <= p["baseline_us"] <= p["baseline_p90_us"] for p in points)
 
 
-def test_sweep_cancel_keeps_partial(qtbot, window):
-    w = window
+def test_sweep_cancel_keeps_partial(qtbot, shared_window):
+    w = shared_window
     w.timing.sweep_values.setText("256, 512, 1024, 2048")
     with qtbot.waitSignal(w.sweep_ready, timeout=WAIT) as blocker:
         with qtbot.waitSignal(w.runner.progress, timeout=WAIT):
