@@ -40,20 +40,26 @@ def window(qtbot, settings, session):
     win.close()
 
 
-@pytest.fixture(scope="module")
-def _module_window(request, qapp, session, tmp_path_factory):
+def module_window(request, session, tmp_path_factory, cfg=None):
+    """Open a window for a whole module (a generator for a module-scoped fixture): its run history and settings in
+    folders of its own, closed after the module's last test."""
     from pytestqt.qtbot import QtBot
 
     folder = tmp_path_factory.mktemp("shared-window")
     mp = pytest.MonkeyPatch()
     mp.setenv("KVVIZ_DATA_DIR", str(folder / "data"))  # each test's own folder (conftest) is set after this one
     settings = QSettings(str(folder / "kvviz-test.ini"), QSettings.IniFormat)
-    win = open_window(QtBot(request), settings, session)
+    win = open_window(QtBot(request), settings, session, cfg)
     yield win
     win.close()
     win.deleteLater()
     settings.sync()
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def _module_window(request, qapp, session, tmp_path_factory):
+    yield from module_window(request, session, tmp_path_factory)
 
 
 @pytest.fixture
