@@ -37,6 +37,8 @@ def tiny_config(method: str = "int8_seed", **kw) -> SessionConfig:
 
 
 def open_window(qtbot, settings, session=None, cfg=None):
+    """A window on `session` (the suite's, conftest, for the tests that neither lose the device nor break its kernels),
+    else on a Session of its own: the load test and the fault tests open their own device."""
     return ui_windows.open_window(qtbot, settings, session or Session(), cfg or tiny_config())
 
 
