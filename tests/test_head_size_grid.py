@@ -9,11 +9,11 @@ with such a model). Small contexts (a ragged pair, 37 and 9 tokens) keep it quic
 kernels across head sizes.
 
 Which cells: int4_group, whose group size follows the head size (groups of 32, or the largest multiple of 8 dividing
-the head), at all eight; every other method at the sizes where the methods' rules part: 96 (a multiple of 32 that
-is not a power of two), 120 (not a multiple of 32 nor of 16: refused by the llama.cpp types and NVFP4, padded by
-KIVI and TurboQuant) and 256 (the largest), NVFP4 also at 80 (a multiple of 16, not of 32). The kernels themselves
-meet every one of the eight sizes in tests/test_conformance.py (test_vllm_head_sizes). Run with -s to print the
-cells and their time; FULL_GRID below gives the whole grid of docs/benchmarks.md:
+the head), at all eight; every other method at 120 (not a multiple of 32 nor of 16: refused by the llama.cpp types and
+NVFP4, padded by KIVI and TurboQuant) and 256 (the largest); the methods that refuse some sizes also at 96 (a multiple
+of 32 that is not a power of two, which they take), NVFP4 also at 80 (a multiple of 16, not of 32). The kernels
+themselves meet every one of the eight sizes in tests/test_conformance.py (test_vllm_head_sizes). Run with -s to print
+the cells and their time; FULL_GRID below gives the whole grid of docs/benchmarks.md:
     python -m pytest -s -p no:cacheprovider -n 0 tests/test_head_size_grid.py
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 VLLM_HEAD_SIZES = (64, 80, 96, 112, 120, 128, 192, 256)
 CONTEXT = (37, 9)
 EVERY_SIZE = ("int4_group",)  # the method whose layout follows the head size at every one of them
-RULE_SIZES = (96, 120, 256)  # where the methods' rules give different answers (see the module's docstring)
-EXTRA = {"nvfp4": (80,)}  # a multiple of 16 (its scale's group) that is not one of 32
+RULE_SIZES = (120, 256)  # where the methods' rules give different answers (see the module's docstring)
+GGML = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")
+EXTRA = {**{t: (96,) for t in GGML}, "nvfp4": (80, 96)}  # beside 120, which they refuse: sizes they take
 FULL_GRID = False  # True: every method at every size (the table in docs/benchmarks.md)
 
 
@@ -51,7 +52,7 @@ def run_cell(session: Session, method_id: str, D: int) -> str:
     except UnsupportedShape as exc:
         text = exc.describe()
         assert f"head_size {D}" in text and "nearest head size" in text, text  # the rule and the sizes that work
-        if method_id in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
+        if method_id in GGML:
             assert "llama.cpp itself refuses" in text, text
         return "refused: " + str(exc).split(":", 1)[-1].split(";")[0].strip()
     ref, tol = reference(method_id)(res.method, res.batch, res.key, res.value, res.q, res.scale)
