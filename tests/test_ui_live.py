@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
 from kvviz.analysis.session import SessionConfig  # noqa: E402
-from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
+from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -116,11 +116,11 @@ def test_kvfile_source_exposes_pre_rope(window):
 
 
 # ------------------------------------------------------------------------------ QJL bias
-def test_bias_panel_matches_tq_bias(qtbot, window, tmp_path):
+def test_bias_panel_matches_tq_bias(qtbot, shared_window, tmp_path):
     from kvviz.families.turboquant.bias import ESTIMATORS, inner_product_bias
     from kvviz.families.turboquant.oracle import DEFAULT_SEED
 
-    w = window
+    w = shared_window
     res = w.results
     p = w.bias
     with qtbot.waitSignal(w.bias_ready, timeout=WAIT):
@@ -183,10 +183,10 @@ def test_bias_panel_takes_a_head_size_that_is_not_a_power_of_two(qtbot, settings
 
 
 # ---------------------------------------------------------------------------- live decode
-def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
+def test_live_decode_updates_the_panel(qtbot, shared_window, tmp_path):
     from kvviz.attention.paged_oracle import unpack_int8_words
 
-    w = window
+    w = shared_window
     lp = w.live
     _raise(qtbot, w, "live")
     lp.set_config(method="int8_seed", max_new=3, prompt=LIVE_PROMPT, block_size=4, policy="scattered")
