@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
 
 
 # --------------------------------------------------------------------------------- opening
-def test_opens_with_every_panel_holding_data(shared_window):
-    w = shared_window
+def test_opens_with_every_panel_holding_data(window):  # a fresh window: one compute, its first block inspected
+    w = window
     res = w.results
     b = res.batch
     assert res.config.context_lens == (40, 17, 70)
@@ -140,8 +140,8 @@ def test_pinned_baseline_delta(qtbot, shared_window):
     assert w.timing.table.item(0, 2).text() == ""
 
 
-def test_context_lengths_edit_recomputes(qtbot, window):
-    w = window
+def test_context_lengths_edit_recomputes(qtbot, shared_window):
+    w = shared_window
     with qtbot.waitSignal(w.results_ready, timeout=WAIT):
         w.workload.context_lens.setText("33, 9")
         w.workload.context_lens.textEdited.emit("33, 9")
@@ -149,8 +149,8 @@ def test_context_lengths_edit_recomputes(qtbot, window):
     assert w.cache_layout.table.rowCount() == 2
 
 
-def test_new_request_cancels_the_old(qtbot, window):
-    w = window
+def test_new_request_cancels_the_old(qtbot, shared_window):
+    w = shared_window
     w.workload.set_config(small_config(context_lens=(400, 300), timing_runs=5))
     w.request_compute()
     w.workload.set_config(small_config(context_lens=(21, 5)))
@@ -161,8 +161,8 @@ def test_new_request_cancels_the_old(qtbot, window):
     assert [int(x) for x in w.results.batch.context_lens] == [21, 5]
 
 
-def test_cancel(qtbot, window):
-    w = window
+def test_cancel(qtbot, shared_window):
+    w = shared_window
     before = w.results
     w.workload.set_config(small_config(context_lens=(600, 600, 600), timing_runs=20))
     with qtbot.waitSignal(w.task_cancelled, timeout=WAIT) as blocker:
@@ -173,7 +173,7 @@ def test_cancel(qtbot, window):
     assert w.results is before  # the previous results stay on screen
     assert "cancel" in w.status_label.text().lower()
     assert not w.banner.isVisible()
-    # and the window keeps working
+    # and the shared_window keeps working
     w.workload.set_config(small_config(context_lens=(12,)))
     with qtbot.waitSignal(w.results_ready, timeout=WAIT):
         w.request_compute()
@@ -181,8 +181,8 @@ def test_cancel(qtbot, window):
 
 
 # ------------------------------------------------------------------------------- errors
-def test_bad_input_shows_error_and_the_app_continues(qtbot, window):
-    w = window
+def test_bad_input_shows_error_and_the_app_continues(qtbot, shared_window):
+    w = shared_window
     good = w.results
     with qtbot.waitSignal(w.compute_failed, timeout=WAIT) as blocker:
         w.workload.num_heads.setValue(5)  # 5 query heads, 2 KV heads
@@ -221,8 +221,8 @@ def test_starting_on_a_bad_config_still_names_the_adapter(qtbot, settings, sessi
     w.close()
 
 
-def test_unparsable_context_lengths(qtbot, window):
-    w = window
+def test_unparsable_context_lengths(qtbot, shared_window):
+    w = shared_window
     w.workload.context_lens.setText("12, abc")
     w.request_compute()
     assert w.banner.isVisible() and "integers" in w.banner.title.text()
@@ -478,13 +478,13 @@ def test_shortcuts(qtbot, window):  # a fresh window: the active one, which take
     assert QKeySequence("Ctrl+E") in w.act_report.shortcuts()
 
 
-def test_method_options_are_editable(qtbot, window):
+def test_method_options_are_editable(qtbot, shared_window):
     from kvviz.families.registry import option_schema
 
     def int_options(key):
         return [s for s in option_schema(key) if s.type is int]
 
-    w = window
+    w = shared_window
     wl = w.workload
     with_opts = [wl.method.itemData(i) for i in range(wl.method.count()) if int_options(wl.method.itemData(i))]
     assert with_opts, "int4_group (group_size) and kivi (bits, recent) have integer options"

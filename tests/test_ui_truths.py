@@ -128,10 +128,10 @@ BAD_CONFIGS = [  # (file text, the Workload field it names, the words the banner
 ]
 
 
-def test_load_config_names_the_field(qtbot, window, tmp_path, capfd):
-    """Each bad file in turn in one window (each names another field, so an earlier case's marks cannot pass a
+def test_load_config_names_the_field(qtbot, shared_window, tmp_path, capfd):
+    """Each bad file in turn in one shared_window (each names another field, so an earlier case's marks cannot pass a
     later one's checks)."""
-    w = window
+    w = shared_window
     before = w.workload.block_size.value()
     for i, (text, field, words) in enumerate(BAD_CONFIGS):
         path = tmp_path / f"bad{i}.json"
@@ -147,16 +147,16 @@ def test_load_config_names_the_field(qtbot, window, tmp_path, capfd):
             assert wid.property("kvvizInvalid") and words in wid.toolTip(), text
 
 
-def test_load_config_json_syntax_error_has_its_own_message(qtbot, window, tmp_path):
+def test_load_config_json_syntax_error_has_its_own_message(qtbot, shared_window, tmp_path):
     path = tmp_path / "broken.json"
     path.write_text('{"num_heads": 8,\n')
-    assert window.load_config(str(path)) is False
-    title = window.banner.title.text()
+    assert shared_window.load_config(str(path)) is False
+    title = shared_window.banner.title.text()
     assert "JSON syntax error" in title and "line 2" in title and "--config" not in title
 
 
-def test_invalid_field_is_marked_and_panels_say_stale(qtbot, window):
-    w = window
+def test_invalid_field_is_marked_and_panels_say_stale(qtbot, shared_window):
+    w = shared_window
     w.workload.context_lens.setText("0, -5")
     w.request_compute()
     assert "context_lens" in w.banner.title.text()
