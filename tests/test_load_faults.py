@@ -115,9 +115,9 @@ def test_many_computes_in_one_window(qtbot, settings):
     win.close()
 
 
-# 300 steps measured after the warm-up: the GPU objects may not grow at all, which a few steps show, and over 300
+# 200 steps measured after the warm-up: the GPU objects may not grow at all, which a few steps show, and over 200
 # steps the RSS bound below catches a host leak of some tens of KB a step (a step's logits or cache reads kept).
-LIVE_TOKENS = 400
+LIVE_TOKENS = 300
 LIVE_WARMUP = 100
 
 
@@ -138,10 +138,10 @@ def test_long_live_decode(long_tiny, ctx):
     distributions not kept, the cache view on), measured after 100 steps and at the end.
 
     Bounds: GPU buffers do not grow (+2 allowed): the pools are sized at start() for every token
-    and each step's small inputs are freed with it. RSS grows by less than 10 MB over the 300 steps after the warm-up:
+    and each step's small inputs are freed with it. RSS grows by less than 10 MB over the 200 steps after the warm-up:
     what legitimately grows is O(tokens) (the runners' K/V history, 2 paths x 2 layers
     x 2 x 2 KV heads x 32 x 4 B = 2 KB a token; each LiveStep with its block tables, <= 2 KB a
-    step at block size 16) - about 1.6 MB at 400 tokens. The steps keep no distributions and only the
+    step at block size 16) - about 1.2 MB at 300 tokens. The steps keep no distributions and only the
     newest keeps its cache view: both are checked on the steps themselves (the tiny model's vocabulary
     is too small for a kept distribution to show in RSS).
     """
