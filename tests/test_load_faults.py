@@ -56,24 +56,33 @@ def live_results() -> int:
 
 
 # ------------------------------------------------------------------------------------ load
-N_COMPUTES = 36
+def compute_order(methods: list[str]) -> tuple[list[str], int]:
+    """The methods the window computes in turn, and how many of them are the warm-up before the first snapshot.
+
+    Warm-up: every method once (every kernel compiled, every panel drawn once). Then one method of each
+    implementation (a method's module: the ggml types, the two fp8 formats, the two vLLM fp8 formats share
+    theirs and allocate through the same code), so that every implementation's per-compute allocations run after
+    the snapshot; the last is the warm-up's last method, so the buffers the current results hold are the same at
+    both snapshots."""
+    impl = {m: registry()[m].__module__ for m in methods}
+    last = methods[-1]
+    one_each = {}
+    for m in methods:
+        one_each.setdefault(impl[m], m)
+    after = [m for module, m in one_each.items() if module != impl[last]] + [last]
+    return list(methods) + after, len(methods)
 
 
-def warmup_for(n_methods: int) -> int:
-    """Computes before the first snapshot: every method once, and WARMUP = N_COMPUTES (mod n_methods), so
-    the warm-up and the last compute run the same method and the buffers the current results hold are
-    the same at both snapshots."""
-    return n_methods + N_COMPUTES % n_methods
 RSS_BOUND_MB = 30.0  # see test_many_computes_in_one_window
 
 
 @pytest.mark.slow  # CI runs it (no marker is deselected)
 def test_many_computes_in_one_window(qtbot, settings):
-    """N_COMPUTES computes in a row in one window, cycling through every method (so every kernel's
-    per-compute allocations are exercised), on a tiny workload.
+    """Every method in a row in one window, then one method of each implementation again (compute_order), on a tiny
+    workload.
 
-    Bounds, from the snapshot after a warm-up of warmup_for(methods) computes (every kernel compiled, every panel
-    drawn once) to the snapshot after the last:
+    Bounds, from the snapshot after the warm-up (every kernel compiled, every panel drawn once) to the snapshot after
+    the last compute:
       * GPU buffers: no growth (+2 allowed). Every compute allocates ~20 buffers (caches, inputs,
         16 MiB copy buffers for the bandwidth line); they must all be freed with the results.
       * wgpu-native's buffers and bind groups: the same.
@@ -83,15 +92,16 @@ def test_many_computes_in_one_window(qtbot, settings):
         a few tens of KB a compute. A leaked bandwidth buffer (16 MiB host staging per compute)
         or leaked panel images would blow through it within a few computes.
     """
-    methods = list(registry())
-    WARMUP = warmup_for(len(methods))
-    assert (WARMUP - 1) % len(methods) == (N_COMPUTES - 1) % len(methods) and N_COMPUTES - WARMUP >= len(methods)
-    win = open_window(qtbot, settings, cfg=tiny_config(methods[0]))
+    order, WARMUP = compute_order(list(registry()))
+    N_COMPUTES = len(order)
+    assert order[WARMUP - 1] == order[-1] and {registry()[m].__module__ for m in order[WARMUP:]} == \
+        {cls.__module__ for cls in registry().values()}
+    win = open_window(qtbot, settings, cfg=tiny_config(order[0]))
     t0 = time.perf_counter()
     warm = None
     for i in range(1, N_COMPUTES):  # the window's first compute was #0
-        res = compute(qtbot, win, tiny_config(methods[i % len(methods)]))
-        assert res.method.id == methods[i % len(methods)]
+        res = compute(qtbot, win, tiny_config(order[i]))
+        assert res.method.id == order[i]
         if i == WARMUP - 1:
             del res
             warm, t_warm = snapshot(), time.perf_counter()
