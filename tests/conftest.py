@@ -7,6 +7,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # Several workers share the cores: each worker's software adapter (lavapipe) runs its dispatches on one
     # thread instead of one a core, so the workers do not wake and switch between each other's threads.
     os.environ.setdefault("LP_NUM_THREADS", "1")
+    # Likewise numpy's BLAS (OpenBLAS): with a thread a core in each worker, its threads spin while they wait for
+    # work and take the core the other worker is computing on. Set before numpy is first imported in the worker;
+    # the processes the tests start inherit it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import importlib.util  # noqa: E402
 import tempfile  # noqa: E402
@@ -44,6 +49,17 @@ def ctx(rt):
     from kvviz.methods.context import GpuContext
 
     return GpuContext(rt)
+
+
+@pytest.fixture(scope="session")
+def session(rt):
+    """One Session on the suite's device for the tests that need no Session of their own: the kernels it built, the
+    device's ceilings it measured (a 16 MiB copy's bandwidth, the timing floor) and the models it read are shared.
+    Tests that replace one of its methods do it through monkeypatch; a window sets its preview hook and takes it
+    back when it closes."""
+    from kvviz.analysis.session import Session
+
+    return Session(rt)
 
 
 @pytest.fixture(scope="session")

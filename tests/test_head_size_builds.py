@@ -19,6 +19,7 @@ marked loops unrolled) and answers reads with zeros. No GPU is needed, so the wh
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -52,6 +53,18 @@ class FakeBuffer:
         pass
 
 
+# A spec's rendered source is a function of the spec alone while the shader files stay as they are, and the methods
+# ask for the same specs at many head sizes: each is rendered once a process.
+_RENDERED: dict = {}
+
+
+def rendered(spec) -> str:
+    src = _RENDERED.get(spec)
+    if src is None:
+        src = _RENDERED[spec] = spec.rendered()
+    return src
+
+
 class SourceRuntime:
     """Compiles nothing: records every WGSL kernel asked for ({key: (kernel spec, defines, source)}), reads zeros."""
 
@@ -73,7 +86,7 @@ class SourceRuntime:
     def compile(self, kspec, frontend: str = "", **defines):
         spec = kspec.shader(frontend, **defines)
         if spec.language == "wgsl":
-            self.kernels[spec.key()] = (kspec, dict(defines), spec.rendered())
+            self.kernels[spec.key()] = (kspec, dict(defines), rendered(spec))
         return Kernel(spec.name, None, None, tuple("" for _ in kspec.bindings), kspec.immediate_size, spec, kspec)
 
     def upload(self, array, label, binding=True):
@@ -107,6 +120,7 @@ class SourceRuntime:
         yield
 
 
+@functools.lru_cache(maxsize=None)  # the sweeps below and largest_head ask for the same cells; callers only read
 def method_kernels(method_id: str, D: int, profile: str = "software") -> dict | None:
     """{key: (kernel spec, defines, source)} of every WGSL kernel `method_id` compiles at head size D on `profile`: its
     quantise (writers, dequantiser), attend and timed kernels over 8/2 heads, and the report's f32 fast decode; None

@@ -368,13 +368,6 @@ def test_kvviz_bench_is_recorded(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------ the window's History tab
-@pytest.fixture(scope="module")
-def session(rt):
-    from kvviz.analysis.session import Session
-
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
-
-
 @pytest.mark.gpu
 def test_history_tab_reads_a_history_written_before_the_window_opened(qtbot, tmp_path, session):
     from PySide6.QtCore import QSettings

@@ -8,17 +8,19 @@ import pyqtgraph as pg
 import pytest
 from PySide6.QtWidgets import QComboBox
 
-from kvviz.analysis.session import Session, SessionConfig
+from kvviz.analysis.session import SessionConfig
 from kvviz.ui.audit import cut_text, scrolling_docks
 from kvviz.ui.widgets.tables import select_row
-from ui_windows import WAIT, open_window, settings, small_config  # noqa: F401  (fixtures)
+from ui_windows import WAIT, module_window, open_window, settings, small_config  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
+def default_window(request, qapp, session, tmp_path_factory):
+    """A window of the default workload (its labels: "seq 0 (300 tok)", ...; the screenshots' workload), for the
+    sizes below in turn: each lays the window out anew at its size, as a user resizing it does."""
+    yield from module_window(request, session, tmp_path_factory, SessionConfig(timing_runs=3))
 
 
 def _at(qtbot, w, width, height):
@@ -75,22 +77,38 @@ def test_audit_finds_a_cut_combo(qtbot):
 
 
 @pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
-def test_no_cut_text_in_any_panel(qtbot, settings, session, size):  # noqa: F811
-    cfg = SessionConfig(timing_runs=3)  # the default workload (its labels: "seq 0 (300 tok)", ...)
-    w = open_window(qtbot, settings, session, cfg)
-    try:
-        _at(qtbot, w, *size)
-        cuts = cut_text(w)
-        assert cuts == [], "\n".join(cuts)
-        for key in _each_tab(w):
-            settled(qtbot, key, lambda: cut_text(w.docks[key]))
-        # the combos with a sequence in them are as wide as their text in every panel
-        for combo in w.findChildren(QComboBox):
-            if combo.isVisible() and combo.currentText().startswith("seq "):
-                need = combo.fontMetrics().horizontalAdvance(combo.currentText())
-                assert combo.width() > need, (combo.currentText(), combo.width(), need)
-    finally:
-        w.close()
+def test_no_cut_text_and_no_clipped_plots_in_either_layout(qtbot, default_window, size):
+    """The default layout, then (reset, as the View menu does) the live-decode layout, at one size.
+
+    Default layout: no cut text in any panel, and the combos with a sequence in them as wide as their text.
+    Live layout: no cut text, and no view's plots wider than the view. A plot title can hold its plot (and the view's
+    whole layout) at the title's one-line width, wider than the view: the live KL plot at 1280x800 (its right "top-1"
+    axis cut) and the Scales plots at 1920x1080 are the views where that would show."""
+    w = default_window
+    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
+    _at(qtbot, w, *size)
+    cuts = cut_text(w)
+    assert cuts == [], "\n".join(cuts)
+    for key in _each_tab(w):
+        settled(qtbot, key, lambda: cut_text(w.docks[key]))
+    for combo in w.findChildren(QComboBox):
+        if combo.isVisible() and combo.currentText().startswith("seq "):
+            need = combo.fontMetrics().horizontalAdvance(combo.currentText())
+            assert combo.width() > need, (combo.currentText(), combo.width(), need)
+
+    _at(qtbot, w, *size)
+    w.show_live_layout()
+    _live_plot_as_after_a_run(w.live)
+    qtbot.wait(300)
+    cuts = cut_text(w)
+    assert cuts == [], "live layout:\n" + "\n".join(cuts)
+    for key in _each_tab(w):
+        settled(qtbot, key, lambda: cut_text(w.docks[key]))
+    for view in w.findChildren(pg.GraphicsView):
+        ci = getattr(view, "centralWidget", None)
+        if view.isVisible() and ci is not None and view.viewport().width() > 150:
+            assert ci.geometry().width() <= view.viewport().width() + 1, (view.parentWidget().objectName(),
+                                                                         ci.geometry().width())
 
 
 def test_default_layout_at_1280x800_gives_the_panels_height(qtbot, settings, session):  # noqa: F811
@@ -193,31 +211,6 @@ def _live_plot_as_after_a_run(lp):
     lp._sync_views()
     lp.kl_plot.setXRange(-0.5, len(kl) - 0.5, padding=0.02)
     lp.kl_plot.enableAutoRange(axis="y")
-
-
-@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
-def test_no_clipped_plots_in_the_live_layout(qtbot, settings, session, size):  # noqa: F811
-    """No view's plots are wider than the view. A plot title can hold its plot (and the view's whole layout) at
-    the title's one-line width, wider than the view: the live KL plot at 1280x800 (its right "top-1" axis cut)
-    and the Scales plots at 1920x1080 are the views where that would show."""
-    cfg = SessionConfig(timing_runs=3)  # the screenshots' default workload
-    w = open_window(qtbot, settings, session, cfg)
-    try:
-        _at(qtbot, w, *size)
-        w.show_live_layout()
-        _live_plot_as_after_a_run(w.live)
-        qtbot.wait(300)
-        cuts = cut_text(w)
-        assert cuts == [], "\n".join(cuts)
-        for key in _each_tab(w):
-            settled(qtbot, key, lambda: cut_text(w.docks[key]))
-        for view in w.findChildren(pg.GraphicsView):
-            ci = getattr(view, "centralWidget", None)
-            if view.isVisible() and ci is not None and view.viewport().width() > 150:
-                assert ci.geometry().width() <= view.viewport().width() + 1, (view.parentWidget().objectName(),
-                                                                             ci.geometry().width())
-    finally:
-        w.close()
 
 
 def test_a_fitted_title_never_holds_its_plot_wider_than_the_view(qtbot):

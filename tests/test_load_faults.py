@@ -37,6 +37,8 @@ def tiny_config(method: str = "int8_seed", **kw) -> SessionConfig:
 
 
 def open_window(qtbot, settings, session=None, cfg=None):
+    """A window on `session` (the suite's, conftest, for the tests that neither lose the device nor break its kernels),
+    else on a Session of its own: the load test and the fault tests open their own device."""
     return ui_windows.open_window(qtbot, settings, session or Session(), cfg or tiny_config())
 
 
@@ -54,24 +56,33 @@ def live_results() -> int:
 
 
 # ------------------------------------------------------------------------------------ load
-N_COMPUTES = 36
+def compute_order(methods: list[str]) -> tuple[list[str], int]:
+    """The methods the window computes in turn, and how many of them are the warm-up before the first snapshot.
+
+    Warm-up: every method once (every kernel compiled, every panel drawn once). Then one method of each
+    implementation (a method's module: the ggml types, the two fp8 formats, the two vLLM fp8 formats share
+    theirs and allocate through the same code), so that every implementation's per-compute allocations run after
+    the snapshot; the last is the warm-up's last method, so the buffers the current results hold are the same at
+    both snapshots."""
+    impl = {m: registry()[m].__module__ for m in methods}
+    last = methods[-1]
+    one_each = {}
+    for m in methods:
+        one_each.setdefault(impl[m], m)
+    after = [m for module, m in one_each.items() if module != impl[last]] + [last]
+    return list(methods) + after, len(methods)
 
 
-def warmup_for(n_methods: int) -> int:
-    """Computes before the first snapshot: every method once, and WARMUP = N_COMPUTES (mod n_methods), so
-    the warm-up and the last compute run the same method and the buffers the current results hold are
-    the same at both snapshots."""
-    return n_methods + N_COMPUTES % n_methods
 RSS_BOUND_MB = 30.0  # see test_many_computes_in_one_window
 
 
 @pytest.mark.slow  # CI runs it (no marker is deselected)
 def test_many_computes_in_one_window(qtbot, settings):
-    """N_COMPUTES computes in a row in one window, cycling through every method (so every kernel's
-    per-compute allocations are exercised), on a tiny workload.
+    """Every method in a row in one window, then one method of each implementation again (compute_order), on a tiny
+    workload.
 
-    Bounds, from the snapshot after a warm-up of warmup_for(methods) computes (every kernel compiled, every panel
-    drawn once) to the snapshot after the last:
+    Bounds, from the snapshot after the warm-up (every kernel compiled, every panel drawn once) to the snapshot after
+    the last compute:
       * GPU buffers: no growth (+2 allowed). Every compute allocates ~20 buffers (caches, inputs,
         16 MiB copy buffers for the bandwidth line); they must all be freed with the results.
       * wgpu-native's buffers and bind groups: the same.
@@ -81,15 +92,16 @@ def test_many_computes_in_one_window(qtbot, settings):
         a few tens of KB a compute. A leaked bandwidth buffer (16 MiB host staging per compute)
         or leaked panel images would blow through it within a few computes.
     """
-    methods = list(registry())
-    WARMUP = warmup_for(len(methods))
-    assert (WARMUP - 1) % len(methods) == (N_COMPUTES - 1) % len(methods) and N_COMPUTES - WARMUP >= len(methods)
-    win = open_window(qtbot, settings, cfg=tiny_config(methods[0]))
+    order, WARMUP = compute_order(list(registry()))
+    N_COMPUTES = len(order)
+    assert order[WARMUP - 1] == order[-1] and {registry()[m].__module__ for m in order[WARMUP:]} == \
+        {cls.__module__ for cls in registry().values()}
+    win = open_window(qtbot, settings, cfg=tiny_config(order[0]))
     t0 = time.perf_counter()
     warm = None
     for i in range(1, N_COMPUTES):  # the window's first compute was #0
-        res = compute(qtbot, win, tiny_config(methods[i % len(methods)]))
-        assert res.method.id == methods[i % len(methods)]
+        res = compute(qtbot, win, tiny_config(order[i]))
+        assert res.method.id == order[i]
         if i == WARMUP - 1:
             del res
             warm, t_warm = snapshot(), time.perf_counter()
@@ -113,7 +125,9 @@ def test_many_computes_in_one_window(qtbot, settings):
     win.close()
 
 
-LIVE_TOKENS = 600
+# 200 steps measured after the warm-up: the GPU objects may not grow at all, which a few steps show, and over 200
+# steps the RSS bound below catches a host leak of some tens of KB a step (a step's logits or cache reads kept).
+LIVE_TOKENS = 300
 LIVE_WARMUP = 100
 
 
@@ -134,10 +148,10 @@ def test_long_live_decode(long_tiny, ctx):
     distributions not kept, the cache view on), measured after 100 steps and at the end.
 
     Bounds: GPU buffers do not grow (+2 allowed): the pools are sized at start() for every token
-    and each step's small inputs are freed with it. RSS grows by less than 10 MB over the 500 steps after the warm-up:
+    and each step's small inputs are freed with it. RSS grows by less than 10 MB over the 200 steps after the warm-up:
     what legitimately grows is O(tokens) (the runners' K/V history, 2 paths x 2 layers
     x 2 x 2 KV heads x 32 x 4 B = 2 KB a token; each LiveStep with its block tables, <= 2 KB a
-    step at block size 16) - about 2.5 MB at 600 tokens. The steps keep no distributions and only the
+    step at block size 16) - about 1.2 MB at 300 tokens. The steps keep no distributions and only the
     newest keeps its cache view: both are checked on the steps themselves (the tiny model's vocabulary
     is too small for a kept distribution to show in RSS).
     """
@@ -277,8 +291,8 @@ class _Stop(BaseException):
 
 
 @pytest.fixture(scope="module")
-def small_results():
-    return Session().compute(tiny_config("int8_seed"))
+def small_results(session):
+    return session.compute(tiny_config("int8_seed"))
 
 
 @pytest.mark.parametrize("stop_at", ["csv", "json", "trace"])
@@ -326,10 +340,10 @@ def test_report_cancelled_midway_leaves_nothing(small_results, tmp_path, monkeyp
     assert sorted(os.listdir(tmp_path)) == ["old"]
 
 
-def test_window_export_cancelled_midway(qtbot, settings, tmp_path, monkeypatch):
+def test_window_export_cancelled_midway(qtbot, settings, session, tmp_path, monkeypatch):
     """The window's report export stopped after some panel PNGs: no folder, no leftovers; the window
     then exports the whole folder."""
-    win = open_window(qtbot, settings)
+    win = open_window(qtbot, settings, session)
     n = {"i": 0}
     from kvviz.ui.panels.base import Panel
 
@@ -356,11 +370,10 @@ def test_window_export_cancelled_midway(qtbot, settings, tmp_path, monkeypatch):
     win.close()
 
 
-def test_cancelled_compute_adds_no_history(qtbot, settings, monkeypatch):
+def test_cancelled_compute_adds_no_history(qtbot, settings, session, monkeypatch):
     """A compute cancelled at any of its steps (every cancel check in Session.compute, in turn),
     or cancelled after its last step but before the window took the results: no history entry,
     no new results, the previous ones stay; then a compute adds exactly one entry."""
-    session = Session()
     win = open_window(qtbot, settings, session)
     before, hist = win.results, list(win.timing.history)
     real_compute = session.compute

@@ -11,16 +11,11 @@ import json
 import numpy as np
 import pytest
 
-from kvviz.analysis.session import Session, SessionConfig
+from kvviz.analysis.session import SessionConfig
 
 pytestmark = pytest.mark.gpu
 
 T, H, KVH, D = 16, 2, 1, 64
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)
 
 
 def _dump(tmp_path, name, k_mag=1.0, v_mag=1.0, q_mag=1.0, k=None, v=None):

@@ -3,16 +3,11 @@ import numpy as np
 import pytest
 
 from kvviz.metrics import outlier_ratio
-from kvviz.analysis.session import Session, SessionConfig
+from kvviz.analysis.session import SessionConfig
 from kvviz.errors import InvalidInput
 from kvviz.families.registry import registry
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)
 
 
 def test_synthetic_presets_compute(session):

@@ -13,19 +13,14 @@ import pytest
 from PySide6.QtCore import QPointF, QSettings, Qt  # noqa: E402
 from PySide6.QtGui import QImage, QKeySequence  # noqa: E402
 
-from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
-from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
+from kvviz.analysis.session import SessionConfig  # noqa: E402
+from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
-
-
 # --------------------------------------------------------------------------------- opening
-def test_opens_with_every_panel_holding_data(window):
+def test_opens_with_every_panel_holding_data(window):  # a fresh window: one compute, its first block inspected
     w = window
     res = w.results
     b = res.batch
@@ -96,10 +91,10 @@ def test_opens_with_every_panel_holding_data(window):
     assert len(w.inspector.records) == b.block_size
 
 
-def test_methods_listed_from_registry(window):
+def test_methods_listed_from_registry(shared_window):
     from kvviz.families.registry import registry
 
-    keys = [window.workload.method.itemData(i) for i in range(window.workload.method.count())]
+    keys = [shared_window.workload.method.itemData(i) for i in range(shared_window.workload.method.count())]
     assert set(registry()) <= set(keys)
 
 
@@ -130,8 +125,8 @@ def test_changing_a_control_recomputes_in_the_worker(qtbot, window):
     assert hv.plot.getPlotItem().listDataItems()
 
 
-def test_pinned_baseline_delta(qtbot, window):
-    w = window
+def test_pinned_baseline_delta(qtbot, shared_window):
+    w = shared_window
     w.timing.pin_current()
     pinned = {r.kernel: r.timing.median_us for r in w.results.timings}
     with qtbot.waitSignal(w.results_ready, timeout=WAIT):
@@ -145,8 +140,8 @@ def test_pinned_baseline_delta(qtbot, window):
     assert w.timing.table.item(0, 2).text() == ""
 
 
-def test_context_lengths_edit_recomputes(qtbot, window):
-    w = window
+def test_context_lengths_edit_recomputes(qtbot, shared_window):
+    w = shared_window
     with qtbot.waitSignal(w.results_ready, timeout=WAIT):
         w.workload.context_lens.setText("33, 9")
         w.workload.context_lens.textEdited.emit("33, 9")
@@ -154,8 +149,8 @@ def test_context_lengths_edit_recomputes(qtbot, window):
     assert w.cache_layout.table.rowCount() == 2
 
 
-def test_new_request_cancels_the_old(qtbot, window):
-    w = window
+def test_new_request_cancels_the_old(qtbot, shared_window):
+    w = shared_window
     w.workload.set_config(small_config(context_lens=(400, 300), timing_runs=5))
     w.request_compute()
     w.workload.set_config(small_config(context_lens=(21, 5)))
@@ -166,8 +161,8 @@ def test_new_request_cancels_the_old(qtbot, window):
     assert [int(x) for x in w.results.batch.context_lens] == [21, 5]
 
 
-def test_cancel(qtbot, window):
-    w = window
+def test_cancel(qtbot, shared_window):
+    w = shared_window
     before = w.results
     w.workload.set_config(small_config(context_lens=(600, 600, 600), timing_runs=20))
     with qtbot.waitSignal(w.task_cancelled, timeout=WAIT) as blocker:
@@ -178,7 +173,7 @@ def test_cancel(qtbot, window):
     assert w.results is before  # the previous results stay on screen
     assert "cancel" in w.status_label.text().lower()
     assert not w.banner.isVisible()
-    # and the window keeps working
+    # and the shared_window keeps working
     w.workload.set_config(small_config(context_lens=(12,)))
     with qtbot.waitSignal(w.results_ready, timeout=WAIT):
         w.request_compute()
@@ -186,8 +181,8 @@ def test_cancel(qtbot, window):
 
 
 # ------------------------------------------------------------------------------- errors
-def test_bad_input_shows_error_and_the_app_continues(qtbot, window):
-    w = window
+def test_bad_input_shows_error_and_the_app_continues(qtbot, shared_window):
+    w = shared_window
     good = w.results
     with qtbot.waitSignal(w.compute_failed, timeout=WAIT) as blocker:
         w.workload.num_heads.setValue(5)  # 5 query heads, 2 KV heads
@@ -226,8 +221,8 @@ def test_starting_on_a_bad_config_still_names_the_adapter(qtbot, settings, sessi
     w.close()
 
 
-def test_unparsable_context_lengths(qtbot, window):
-    w = window
+def test_unparsable_context_lengths(qtbot, shared_window):
+    w = shared_window
     w.workload.context_lens.setText("12, abc")
     w.request_compute()
     assert w.banner.isVisible() and "integers" in w.banner.title.text()
@@ -237,8 +232,8 @@ def test_unparsable_context_lengths(qtbot, window):
     assert not w.banner.isVisible()
 
 
-def test_unexpected_exception_is_shown(qtbot, window, monkeypatch):
-    w = window
+def test_unexpected_exception_is_shown(qtbot, shared_window, monkeypatch):
+    w = shared_window
 
     def boom(*a, **k):
         raise RuntimeError("kaboom")
@@ -313,10 +308,10 @@ def _plotted_points(w, key):
     raise KeyError(key)
 
 
-def test_panel_exports_png_svg_csv(qtbot, window, tmp_path):
+def test_panel_exports_png_svg_csv(qtbot, shared_window, tmp_path):
     import csv
 
-    w = window
+    w = shared_window
     for p in w.panels:
         if p is w.compare:
             continue
@@ -343,10 +338,10 @@ def test_panel_exports_png_svg_csv(qtbot, window, tmp_path):
         assert len(rows) - 1 == _plotted_points(w, p.key), p.key
 
 
-def test_csv_matches_results(window, tmp_path):
+def test_csv_matches_results(shared_window, tmp_path):
     import csv
 
-    w = window
+    w = shared_window
     res = w.results
     out = w.timing.export_csv(str(tmp_path / "timing.csv"))
     with open(out[0]) as fh:
@@ -364,8 +359,8 @@ def test_csv_matches_results(window, tmp_path):
     np.testing.assert_allclose([float(r["kl_nats"]) for r in rows], res.metrics.kl.reshape(-1), rtol=1e-9)
 
 
-def test_window_png_and_trace_and_report(qtbot, window, tmp_path):
-    w = window
+def test_window_png_and_trace_and_report(qtbot, shared_window, tmp_path):
+    w = shared_window
     res = w.results
     shot = w.save_screenshot(str(tmp_path / "window.png"))
     img = QImage(shot)
@@ -393,8 +388,8 @@ def test_window_png_and_trace_and_report(qtbot, window, tmp_path):
 
 
 # ------------------------------------------------------------------ sweep and compare
-def test_sweep_in_the_worker(qtbot, window):
-    w = window
+def test_sweep_in_the_worker(qtbot, shared_window):
+    w = shared_window
     w.timing.sweep_values.setText("16, 48")
     with qtbot.waitSignal(w.sweep_ready, timeout=WAIT) as blocker:
         w.timing.sweep_button.click()
@@ -411,8 +406,8 @@ def test_sweep_in_the_worker(qtbot, window):
     assert all(p["baseline_p10_us"] <= p["baseline_us"] <= p["baseline_p90_us"] for p in points)
 
 
-def test_sweep_cancel_keeps_partial(qtbot, window):
-    w = window
+def test_sweep_cancel_keeps_partial(qtbot, shared_window):
+    w = shared_window
     w.timing.sweep_values.setText("256, 512, 1024, 2048")
     with qtbot.waitSignal(w.sweep_ready, timeout=WAIT) as blocker:
         with qtbot.waitSignal(w.runner.progress, timeout=WAIT):
@@ -422,11 +417,11 @@ def test_sweep_cancel_keeps_partial(qtbot, window):
     assert "cancel" in w.timing.sweep_status.text().lower() or not blocker.args[0]
 
 
-def test_method_comparison(qtbot, window):
+def test_method_comparison(qtbot, shared_window):
     from kvviz.report.compare_run import compare_available
 
     assert compare_available()
-    w = window
+    w = shared_window
     with qtbot.waitSignal(w.compare_ready, timeout=WAIT) as blocker:
         w.compare.run_button.click()
     rows = blocker.args[0]
@@ -468,7 +463,7 @@ def test_settings_persist_layout_and_config(qtbot, settings, session):
     w2.close()
 
 
-def test_shortcuts(qtbot, window):
+def test_shortcuts(qtbot, window):  # a fresh window: the active one, which takes the key press
     w = window
 
     def keys(a):
@@ -483,13 +478,13 @@ def test_shortcuts(qtbot, window):
     assert QKeySequence("Ctrl+E") in w.act_report.shortcuts()
 
 
-def test_method_options_are_editable(qtbot, window):
+def test_method_options_are_editable(qtbot, shared_window):
     from kvviz.families.registry import option_schema
 
     def int_options(key):
         return [s for s in option_schema(key) if s.type is int]
 
-    w = window
+    w = shared_window
     wl = w.workload
     with_opts = [wl.method.itemData(i) for i in range(wl.method.count()) if int_options(wl.method.itemData(i))]
     assert with_opts, "int4_group (group_size) and kivi (bits, recent) have integer options"
@@ -510,9 +505,9 @@ def test_method_options_are_editable(qtbot, window):
     assert cfg.method_options == {name: new}
 
 
-def test_hover_names_block(window):
-    cl = window.cache_layout
-    res = window.results
+def test_hover_names_block(shared_window):
+    cl = shared_window.cache_layout
+    res = shared_window.results
     free = [b for b in range(res.batch.num_blocks) if res.batch.block_owner()[b] < 0]
     if free:
         assert cl.tooltip_for(free[0]).endswith("free")

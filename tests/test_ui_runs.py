@@ -5,16 +5,10 @@ shows a number."""
 import numpy as np
 import pytest
 
-from kvviz.analysis.session import Session
 from kvviz.ui.widgets.tables import select_row
 from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels are shared
 
 
 def computes(monkeypatch, session) -> list:

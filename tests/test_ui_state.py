@@ -4,16 +4,10 @@ compiling and compiles again, settings edited with auto-run off: each panel and 
 saying so, as the inputs change."""
 import pytest
 
-from kvviz.analysis.session import Session
 from kvviz.ui.state import RESULT_PANELS
-from ui_windows import WAIT, settings, window  # noqa: F401  (fixtures)
+from ui_windows import WAIT, _module_window, settings, shared_window, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels are shared
 
 
 def result_panels(w):
@@ -29,8 +23,8 @@ def shown_results(w):
     return {p.key for p in result_panels(w) if p.has_content()}
 
 
-def test_a_broken_input_marks_every_panel_and_the_fix_clears_them(qtbot, window):
-    w = window
+def test_a_broken_input_marks_every_panel_and_the_fix_clears_them(qtbot, shared_window):
+    w = shared_window
     assert {p.key for p in w.panels + [w.bias]} == RESULT_PANELS  # every panel that draws the results
     # a head size the kernels refuse (in the worker): the banner, the field, every results panel's note
     with qtbot.waitSignal(w.compute_failed, timeout=WAIT):
@@ -68,8 +62,8 @@ def test_a_broken_input_marks_every_panel_and_the_fix_clears_them(qtbot, window)
     assert not w.banner.isVisible() and stale_keys(w) == set()
 
 
-def test_unreadable_context_lengths_mark_their_field(qtbot, window):
-    w = window
+def test_unreadable_context_lengths_mark_their_field(qtbot, shared_window):
+    w = shared_window
     w.workload.context_lens.setText("40, 1x7")
     w.request_compute()
     assert w.workload.invalid_field == "context_lens" and w.workload.context_lens.property("kvvizInvalid")

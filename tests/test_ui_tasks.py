@@ -6,17 +6,30 @@ from kvviz.analysis.session import Session
 from kvviz.errors import InvalidInput
 
 
-@pytest.fixture
-def bare_window(qtbot, tmp_path):
+@pytest.fixture(scope="module")
+def _module_bare_window(request, qapp, tmp_path_factory):
+    """A window on a device of its own (its log holds what the device logged as it opened) that computes nothing,
+    shared by this module's tests: they add a task kind, log, or read its menus."""
+    from pytestqt.qtbot import QtBot
+
     from kvviz.ui.main_window import MainWindow
 
-    win = MainWindow(settings=QSettings(str(tmp_path / "t.ini"), QSettings.IniFormat), session=Session(),
+    folder = tmp_path_factory.mktemp("bare-window")
+    win = MainWindow(settings=QSettings(str(folder / "t.ini"), QSettings.IniFormat), session=Session(),
                      autostart=False)
-    qtbot.addWidget(win)
     win.show()
-    qtbot.waitUntil(lambda: not win.runner.busy, timeout=60_000)  # the adapter task
+    QtBot(request).waitUntil(lambda: not win.runner.busy, timeout=60_000)  # the adapter task
     yield win
     win.close()
+    win.deleteLater()
+
+
+@pytest.fixture
+def bare_window(qtbot, _module_bare_window):
+    win = _module_bare_window
+    qtbot.waitUntil(lambda: not win.runner.busy, timeout=60_000)
+    yield win
+    qtbot.waitUntil(lambda: not win.runner.busy, timeout=60_000)
 
 
 def test_a_new_task_kind_runs_through_its_table_entry(qtbot, bare_window):

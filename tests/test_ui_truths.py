@@ -7,15 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from kvviz.analysis.session import Session
-from ui_windows import WAIT, open_window, settings, small_config, window  # noqa: F401  (fixtures)
+from ui_windows import WAIT, _module_window, open_window, settings, shared_window, small_config, window  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def session(rt):
-    return Session(rt)  # the suite's device: its compiled kernels and measured ceilings are shared
 
 
 def _strict_json(path):
@@ -33,8 +27,8 @@ def _bar_x(bars):
         float(np.asarray(bars.opts["width"]).min())
 
 
-def test_one_histogram_bar_per_integer_code(qtbot, window):
-    w = window
+def test_one_histogram_bar_per_integer_code(qtbot, shared_window):
+    w = shared_window
     res = w.results
     lo, hi = res.qkv.code_range
     for log in (False, True):
@@ -67,8 +61,8 @@ def test_fp8_histogram_on_a_code_index_axis_with_value_ticks(qtbot, settings, se
 
 
 # ------------------------------------------------------------------------------ statistics
-def test_codes_table_names_and_defines_the_statistics(window):
-    w = window
+def test_codes_table_names_and_defines_the_statistics(shared_window):
+    w = shared_window
     res = w.results
     t = w.codes.table
     headers = [t.horizontalHeaderItem(j).text() for j in range(t.columnCount())]
@@ -82,8 +76,8 @@ def test_codes_table_names_and_defines_the_statistics(window):
 
 
 # ------------------------------------------------------------------------------ exports
-def test_panel_exports_hold_only_the_plots(qtbot, window, tmp_path):
-    w = window
+def test_panel_exports_hold_only_the_plots(qtbot, shared_window, tmp_path):
+    w = shared_window
     svg = tmp_path / "codes.svg"
     w.codes.export_svg(str(svg))
     text = svg.read_text()
@@ -116,8 +110,8 @@ def test_svg_scatter_points_are_vector_shapes(qtbot, session, tmp_path):
     assert text.count("<path") >= n
 
 
-def test_report_folder_has_every_panel_and_strict_files(qtbot, window, tmp_path):
-    w = window
+def test_report_folder_has_every_panel_and_strict_files(qtbot, shared_window, tmp_path):
+    w = shared_window
     paths = w.export_report(str(tmp_path / "rep"))
     rep = _strict_json(paths["json"])
     for key in ("window", "overview", "cache_layout", "scales", "codes", "attention", "timing", "qjl_bias"):
@@ -134,10 +128,10 @@ BAD_CONFIGS = [  # (file text, the Workload field it names, the words the banner
 ]
 
 
-def test_load_config_names_the_field(qtbot, window, tmp_path, capfd):
-    """Each bad file in turn in one window (each names another field, so an earlier case's marks cannot pass a
+def test_load_config_names_the_field(qtbot, shared_window, tmp_path, capfd):
+    """Each bad file in turn in one shared_window (each names another field, so an earlier case's marks cannot pass a
     later one's checks)."""
-    w = window
+    w = shared_window
     before = w.workload.block_size.value()
     for i, (text, field, words) in enumerate(BAD_CONFIGS):
         path = tmp_path / f"bad{i}.json"
@@ -153,16 +147,16 @@ def test_load_config_names_the_field(qtbot, window, tmp_path, capfd):
             assert wid.property("kvvizInvalid") and words in wid.toolTip(), text
 
 
-def test_load_config_json_syntax_error_has_its_own_message(qtbot, window, tmp_path):
+def test_load_config_json_syntax_error_has_its_own_message(qtbot, shared_window, tmp_path):
     path = tmp_path / "broken.json"
     path.write_text('{"num_heads": 8,\n')
-    assert window.load_config(str(path)) is False
-    title = window.banner.title.text()
+    assert shared_window.load_config(str(path)) is False
+    title = shared_window.banner.title.text()
     assert "JSON syntax error" in title and "line 2" in title and "--config" not in title
 
 
-def test_invalid_field_is_marked_and_panels_say_stale(qtbot, window):
-    w = window
+def test_invalid_field_is_marked_and_panels_say_stale(qtbot, shared_window):
+    w = shared_window
     w.workload.context_lens.setText("0, -5")
     w.request_compute()
     assert "context_lens" in w.banner.title.text()
@@ -177,8 +171,8 @@ def test_invalid_field_is_marked_and_panels_say_stale(qtbot, window):
     assert not w.codes.is_stale
 
 
-def test_sweep_values_must_be_positive(qtbot, window):
-    w = window
+def test_sweep_values_must_be_positive(qtbot, shared_window):
+    w = shared_window
     got = []
     w.timing.sweep_requested.connect(lambda *a: got.append(a))
     for text in ("0, -5", "64, x"):
@@ -229,8 +223,8 @@ def test_kvviz_live_exits_nonzero_when_a_method_fails(monkeypatch, capsys, smoll
 
 
 # ------------------------------------------------------------------------------ layouts
-def test_window_fits_1280x800_with_whole_cards(qtbot, window):
-    w = window
+def test_window_fits_1280x800_with_whole_cards(qtbot, shared_window):
+    w = shared_window
     m = w.minimumSizeHint()
     assert m.width() <= 1280 and m.height() <= 800, m
     w.resize(1280, 800)
@@ -255,10 +249,10 @@ def test_block_inspector_scale_before_codes(qtbot, settings, session):
         w.close()
 
 
-def test_bandwidth_axis_labels_are_uniform(window):
+def test_bandwidth_axis_labels_are_uniform(shared_window):
     """The bandwidth axis (log, GB/s) labels its decades with SI prefixes and its unit, every label the same
     style, no minor tick labelled."""
-    ax = window.timing.bar_plot.getPlotItem().getAxis("bottom")
+    ax = shared_window.timing.bar_plot.getPlotItem().getAxis("bottom")
     lo, hi = ax.range
     levels = ax.tickValues(lo, hi, 400)
     texts = ax.tickStrings(levels[0][1], 1.0, levels[0][0])
