@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QComboBox
 from kvviz.analysis.session import SessionConfig
 from kvviz.ui.audit import cut_text, scrolling_docks
 from kvviz.ui.widgets.tables import select_row
-from ui_windows import WAIT, module_window, open_window, settings, small_config  # noqa: F401  (fixtures)
+from ui_windows import WAIT, _module_window, module_window, settings, shared_window, small_config  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -111,55 +111,53 @@ def test_no_cut_text_and_no_clipped_plots_in_either_layout(qtbot, default_window
                                                                          ci.geometry().width())
 
 
-def test_default_layout_at_1280x800_gives_the_panels_height(qtbot, settings, session):  # noqa: F811
-    w = open_window(qtbot, settings, session, small_config())
-    try:
-        _at(qtbot, w, 1280, 800)
-        w.docks["cache_layout"].raise_()
-        qtbot.wait(100)
-        assert scrolling_docks(w) == []
-        for key, glw in (("scales", w.scales.glw), ("codes", w.codes.glw)):
-            w.docks[key].raise_()
-            qtbot.wait(150)
-            assert glw.height() >= 250, (key, glw.height())  # was ~150 under the overview, two side by side
-            assert scrolling_docks(w) == [], key
-        w.show_live_layout()
-        qtbot.wait(300)
-        assert w.docks["live"].isVisible() and w.live.glw.height() >= 150, w.live.glw.height()
-        cuts = cut_text(w)
-        assert cuts == [], "\n".join(cuts)
-    finally:
-        w.close()
+def test_default_layout_at_1280x800_gives_the_panels_height(qtbot, shared_window):
+    w = shared_window
+    _at(qtbot, w, 1280, 800)
+    w.docks["cache_layout"].raise_()
+    qtbot.wait(100)
+    assert scrolling_docks(w) == []
+    for key, glw in (("scales", w.scales.glw), ("codes", w.codes.glw)):
+        w.docks[key].raise_()
+        qtbot.wait(150)
+        assert glw.height() >= 250, (key, glw.height())  # was ~150 under the overview, two side by side
+        assert scrolling_docks(w) == [], key
+    w.show_live_layout()
+    qtbot.wait(300)
+    assert w.docks["live"].isVisible() and w.live.glw.height() >= 150, w.live.glw.height()
+    cuts = cut_text(w)
+    assert cuts == [], "\n".join(cuts)
 
 
-def test_f16_histogram_is_binned_on_its_value_axis(qtbot, settings, session):  # noqa: F811
-    w = open_window(qtbot, settings, session, small_config(method="f16"))
-    try:
-        cp = w.codes
-        res = w.results
-        assert len(cp.hist) > 60_000  # the table (CSV) keeps one row per f16 code
-        assert cp.binned is not None
-        edges, kb, vb, width = cp.binned
-        assert len(edges) <= 600 and np.allclose(np.diff(edges), width)
-        for item, counts, st in ((cp.k_bars, kb, res.k_stats), (cp.v_bars, vb, res.v_stats)):
-            assert isinstance(item, pg.PlotDataItem) and not isinstance(item, pg.BarGraphItem)
-            assert len(item.xData) <= 600  # one step per bin, drawn fast
-            assert int(round(counts.sum())) == int(st.counts.sum())  # every code counted once
-        # every bin holds exactly the codes whose value falls in it
-        vals = cp.hist.column("code").astype(np.float64)
-        kc = cp.hist.column("k_count")
-        i = int(np.argmax(kb))
-        inside = (vals >= edges[i]) & (vals < edges[i + 1])
-        assert kb[i] == kc[inside].sum()
-        label = cp.v_plot.getAxis("bottom").labelText
-        assert "value" in label and f"{width:g}" in label
-        # integer codes keep one bar per code
-        w.workload.set_config(small_config(method="int8_token"))
-        with qtbot.waitSignal(w.results_ready, timeout=WAIT):
-            w.request_compute()
-        assert cp.binned is None and isinstance(cp.k_bars, pg.BarGraphItem)
-    finally:
-        w.close()
+def test_f16_histogram_is_binned_on_its_value_axis(qtbot, shared_window):
+    w = shared_window  # switched to f16 here (restored after)
+    w.workload.set_config(small_config(method="f16"))
+    with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+        w.request_compute()
+    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
+    cp = w.codes
+    res = w.results
+    assert len(cp.hist) > 60_000  # the table (CSV) keeps one row per f16 code
+    assert cp.binned is not None
+    edges, kb, vb, width = cp.binned
+    assert len(edges) <= 600 and np.allclose(np.diff(edges), width)
+    for item, counts, st in ((cp.k_bars, kb, res.k_stats), (cp.v_bars, vb, res.v_stats)):
+        assert isinstance(item, pg.PlotDataItem) and not isinstance(item, pg.BarGraphItem)
+        assert len(item.xData) <= 600  # one step per bin, drawn fast
+        assert int(round(counts.sum())) == int(st.counts.sum())  # every code counted once
+    # every bin holds exactly the codes whose value falls in it
+    vals = cp.hist.column("code").astype(np.float64)
+    kc = cp.hist.column("k_count")
+    i = int(np.argmax(kb))
+    inside = (vals >= edges[i]) & (vals < edges[i + 1])
+    assert kb[i] == kc[inside].sum()
+    label = cp.v_plot.getAxis("bottom").labelText
+    assert "value" in label and f"{width:g}" in label
+    # integer codes keep one bar per code
+    w.workload.set_config(small_config(method="int8_token"))
+    with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+        w.request_compute()
+    assert cp.binned is None and isinstance(cp.k_bars, pg.BarGraphItem)
 
 
 def test_history_legend_outside_the_data_and_a_line_per_shape(qtbot, tmp_path):

@@ -106,8 +106,8 @@ def test_model_source_computes_and_shows_the_model(qtbot, settings, session):
     w.close()
 
 
-def test_kvfile_source_exposes_pre_rope(window):
-    wl = window.workload
+def test_kvfile_source_exposes_pre_rope(shared_window):
+    wl = shared_window.workload
     wl.source.setCurrentText("kvfile")
     assert wl.pre_rope.isVisibleTo(wl) and wl.kv_file.isVisibleTo(wl) and not wl.prompt.isVisibleTo(wl)
     wl.pre_rope.setChecked(True)
@@ -311,8 +311,8 @@ def test_live_stop_and_compute_cancel_it(qtbot, window):
     qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
 
 
-def test_missing_model_file_shows_error_and_the_app_continues(qtbot, window, tmp_path):
-    w = window
+def test_missing_model_file_shows_error_and_the_app_continues(qtbot, shared_window, tmp_path):
+    w = shared_window
     wl = w.workload
     good = w.results
     bad = str(tmp_path / "nope.gguf")

@@ -156,22 +156,22 @@ def test_csv_exports_parse_strictly_with_units(shared_window, tmp_path):
     assert ins[:3] == ["block", "kv", "kv_head"]
 
 
-def test_kivi_scales_show_the_float32_window_as_a_region(qtbot, settings, session, tmp_path):
-    w = open_window(qtbot, settings, session, small_config(method="kivi", method_options={"bits": 2, "recent": 32},
-                                                            context_lens=(100, 40)))
-    try:
-        t = w.scales.scale_table
-        k = t.column("k_scale").astype(np.float64)
-        assert np.isnan(k).any() and np.isfinite(k).any()  # the recent tokens: no scale, not 0
-        assert not (k == 0).any()
-        assert any(type(it).__name__ == "LinearRegionItem" for it in w.scales._unscaled)
-        out = w.scales.export("csv", str(tmp_path / "s.csv"))[0]
-        body = list(csv.reader(open(out)))[1:]
-        assert any(r[1] == "" for r in body) and all(r[1] != "0.0" for r in body)
-        last = next(r for r in reversed(body) if r[1] == "")
-        assert "none (kept in float32)" in w.scales.s_hover.show_at(float(last[0]), 0.0)
-    finally:
-        w.close()
+def test_kivi_scales_show_the_float32_window_as_a_region(qtbot, shared_window, tmp_path):
+    w = shared_window  # switched to KIVI (restored after)
+    w.workload.set_config(small_config(method="kivi", method_options={"bits": 2, "recent": 32}, context_lens=(100, 40)))
+    with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+        w.request_compute()
+    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
+    t = w.scales.scale_table
+    k = t.column("k_scale").astype(np.float64)
+    assert np.isnan(k).any() and np.isfinite(k).any()  # the recent tokens: no scale, not 0
+    assert not (k == 0).any()
+    assert any(type(it).__name__ == "LinearRegionItem" for it in w.scales._unscaled)
+    out = w.scales.export("csv", str(tmp_path / "s.csv"))[0]
+    body = list(csv.reader(open(out)))[1:]
+    assert any(r[1] == "" for r in body) and all(r[1] != "0.0" for r in body)
+    last = next(r for r in reversed(body) if r[1] == "")
+    assert "none (kept in float32)" in w.scales.s_hover.show_at(float(last[0]), 0.0)
 
 
 def test_a_clean_oracle_check_says_so_instead_of_a_black_map(shared_window):

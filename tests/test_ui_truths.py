@@ -44,20 +44,26 @@ def test_one_histogram_bar_per_integer_code(qtbot, shared_window):
     w.codes.log_y.setChecked(False)
 
 
-def test_fp8_histogram_on_a_code_index_axis_with_value_ticks(qtbot, settings, session):
-    w = open_window(qtbot, settings, session, small_config(method="fp8_e4m3"))
-    try:
-        x, wmax, wmin = _bar_x(w.codes.k_bars)
-        np.testing.assert_array_equal(x, np.arange(253))  # every finite E4M3 value, in order
-        assert wmax == wmin == 1.0
-        vals = w.codes.hist.column("code").astype(np.float64)
-        assert vals[0] == -448 and vals[-1] == 448 and np.all(np.diff(vals) > 0)
-        ticks = w.codes.v_plot.getAxis("bottom")._tickLevels[0]
-        labels = {lab for _, lab in ticks}
-        assert {"-448", "0", "448"} <= labels
-        assert "value" in w.codes.v_plot.getAxis("bottom").labelText
-    finally:
-        w.close()
+def _compute(qtbot, w, cfg):
+    """The window's Workload set to `cfg` and computed (as a user switching the method does)."""
+    w.workload.set_config(cfg)
+    with qtbot.waitSignal(w.results_ready, timeout=WAIT):
+        w.request_compute()
+    qtbot.waitUntil(lambda: not w.runner.busy, timeout=WAIT)
+
+
+def test_fp8_histogram_on_a_code_index_axis_with_value_ticks(qtbot, shared_window):
+    w = shared_window
+    _compute(qtbot, w, small_config(method="fp8_e4m3"))
+    x, wmax, wmin = _bar_x(w.codes.k_bars)
+    np.testing.assert_array_equal(x, np.arange(253))  # every finite E4M3 value, in order
+    assert wmax == wmin == 1.0
+    vals = w.codes.hist.column("code").astype(np.float64)
+    assert vals[0] == -448 and vals[-1] == 448 and np.all(np.diff(vals) > 0)
+    ticks = w.codes.v_plot.getAxis("bottom")._tickLevels[0]
+    labels = {lab for _, lab in ticks}
+    assert {"-448", "0", "448"} <= labels
+    assert "value" in w.codes.v_plot.getAxis("bottom").labelText
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -236,17 +242,15 @@ def test_window_fits_1280x800_with_whole_cards(qtbot, shared_window):
         assert c.width() >= c.value.fontMetrics().horizontalAdvance(c.value.text()) + 8, c.value.text()
 
 
-def test_block_inspector_scale_before_codes(qtbot, settings, session):
-    w = open_window(qtbot, settings, session, small_config(method="int8_token"))
-    try:
-        qtbot.waitUntil(lambda: w.inspector.fields_table is not None, timeout=WAIT)
-        cols = w.inspector.fields_table.columns[w.inspector.SHOWN_FROM:]  # as the view shows them
-        assert cols.index("scale") < cols.index("codes")
-        j = cols.index("codes")
-        assert w.inspector.decoded.columnWidth(j) <= w.inspector.MAX_COLUMN
-        assert len(w.inspector.decoded.item(0, j).toolTip()) > 16  # the whole vector is its tooltip
-    finally:
-        w.close()
+def test_block_inspector_scale_before_codes(qtbot, shared_window):
+    w = shared_window
+    _compute(qtbot, w, small_config(method="int8_token"))
+    qtbot.waitUntil(lambda: w.inspector.fields_table is not None, timeout=WAIT)
+    cols = w.inspector.fields_table.columns[w.inspector.SHOWN_FROM:]  # as the view shows them
+    assert cols.index("scale") < cols.index("codes")
+    j = cols.index("codes")
+    assert w.inspector.decoded.columnWidth(j) <= w.inspector.MAX_COLUMN
+    assert len(w.inspector.decoded.item(0, j).toolTip()) > 16  # the whole vector is its tooltip
 
 
 def test_bandwidth_axis_labels_are_uniform(shared_window):
