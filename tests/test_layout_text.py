@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QComboBox
 from kvviz.analysis.session import SessionConfig
 from kvviz.ui.audit import cut_text, scrolling_docks
 from kvviz.ui.widgets.tables import select_row
-from ui_windows import WAIT, _module_window, module_window, settings, shared_window, small_config  # noqa: F401  (fixtures)
+from ui_windows import WAIT, _module_window, module_window, settings, settled, shared_window, small_config  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -29,21 +29,6 @@ def _at(qtbot, w, width, height):
     w._default_layout()
     w._size_docks()
     qtbot.wait(300)
-
-
-def settled(qtbot, key: str, cuts_now) -> None:
-    """No cut text once the raised dock's layout has run: its layout settles over a few event-loop turns (later on
-    a loaded machine), so the check is repeated until it holds, for at most two seconds, then fails with the cuts."""
-    cuts = []
-
-    def clean() -> bool:
-        cuts[:] = cuts_now()
-        return not cuts
-
-    try:
-        qtbot.waitUntil(clean, timeout=2000)
-    except Exception:  # noqa: BLE001 - pytest-qt's timeout: the cuts that stayed say what is wrong
-        raise AssertionError(f"{key}:\n" + "\n".join(cuts)) from None
 
 
 def _each_tab(w):

@@ -6,7 +6,7 @@ whatever the method."""
 import pytest
 
 from kvviz.report.compare_run import method_instances, run_compare
-from ui_windows import WAIT, open_window, settings, small_config  # noqa: F401  (fixtures)
+from ui_windows import WAIT, open_window, settings, settled, small_config  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -21,22 +21,6 @@ def audit(w, where):
 
     # What is inside the plots (tick labels, axis titles) is the plots' own matter; the widgets are checked here.
     return audit_window(w, where, plots=False)
-
-
-def no_cuts(qtbot, w, where) -> None:
-    """No widget cut once the layout has run: a word-wrapped label's height settles over a few event-loop turns
-    (later on a loaded machine), so the audit is repeated until it holds, for at most two seconds, then fails
-    with the cuts that stayed."""
-    cuts = []
-
-    def clean() -> bool:
-        cuts[:] = audit(w, where)
-        return not cuts
-
-    try:
-        qtbot.waitUntil(clean, timeout=2000)
-    except Exception:  # noqa: BLE001 - pytest-qt's timeout: the cuts that stayed say what is wrong
-        raise AssertionError("\n".join(cuts)) from None
 
 
 def test_every_panel_and_tab_fits_in_both_layouts(qtbot, settings, session, tmp_path):
@@ -62,10 +46,10 @@ def test_every_panel_and_tab_fits_in_both_layouts(qtbot, settings, session, tmp_
         with qtbot.waitSignal(w.live_finished, timeout=WAIT):
             w.start_live()
         settle(qtbot, w)
-        no_cuts(qtbot, w, "1280x800")
+        settled(qtbot, "1280x800", lambda: audit(w, "1280x800"))
         w.show_live_layout()
         qtbot.wait(30)
-        no_cuts(qtbot, w, "1280x800 live")
+        settled(qtbot, "1280x800 live", lambda: audit(w, "1280x800 live"))
         w.reset_layout()
         qtbot.wait(30)
         assert w.size().toTuple() == (1280, 800)
@@ -74,7 +58,7 @@ def test_every_panel_and_tab_fits_in_both_layouts(qtbot, settings, session, tmp_
         w.request_compute()
         assert w.banner.isVisible() and w.overview.is_stale
         qtbot.wait(30)
-        no_cuts(qtbot, w, "1280x800 banner")
+        settled(qtbot, "1280x800 banner", lambda: audit(w, "1280x800 banner"))
         assert w.size().toTuple() == (1280, 800)  # the centre's height never grows the window
         w.banner._dismiss()
         w.workload.context_lens.setText("40, 17, 70, 33")
@@ -83,10 +67,10 @@ def test_every_panel_and_tab_fits_in_both_layouts(qtbot, settings, session, tmp_
         w.resize(1920, 1080)
         w.reset_layout()
         qtbot.wait(30)
-        no_cuts(qtbot, w, "1920x1080")
+        settled(qtbot, "1920x1080", lambda: audit(w, "1920x1080"))
         w.show_live_layout()
         qtbot.wait(30)
-        no_cuts(qtbot, w, "1920x1080 live")
+        settled(qtbot, "1920x1080 live", lambda: audit(w, "1920x1080 live"))
     finally:
         w.close()
 

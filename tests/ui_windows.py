@@ -101,3 +101,19 @@ def shared_window(qtbot, _module_window):
     restore(qtbot, win)
     yield win
     restore(qtbot, win)
+
+
+def settled(qtbot, key: str, cuts_now) -> None:
+    """No cut text or widget (`cuts_now()` lists them) once the layout has run: a dock's layout and a word-wrapped
+    label's height settle over a few event-loop turns (later on a loaded machine), so the check is repeated until it
+    holds, for at most two seconds, then fails with the cuts that stayed."""
+    cuts = []
+
+    def clean() -> bool:
+        cuts[:] = cuts_now()
+        return not cuts
+
+    try:
+        qtbot.waitUntil(clean, timeout=2000)
+    except Exception:  # noqa: BLE001 - pytest-qt's timeout: the cuts that stayed say what is wrong
+        raise AssertionError(f"{key}:\n" + "\n".join(cuts)) from None
