@@ -749,7 +749,8 @@ def tq_paged_check(ctx, *, D, bs, kvh, G, lens, seed=0, qjl="reference", q_amp=1
                    v_amp=1.0, zeros=0.0, **kw):
     """The paged fast TurboQuant decode (one split dispatch a batch) over the general compressor's records, held to
     kvviz.families.turboquant.oracle.paged_attention_oracle (float64 over the same records gathered through the block
-    tables) within fast_decode_tq.tolerance; `caught`: the tolerance would see the other QJL scale."""
+    tables) within fast_decode_tq.tolerance; `caught`: the tolerance would see the other QJL scale. qk="i8" (in kw):
+    the int8-query variant against the oracle of its int8 query."""
     fq = kernels("fast_decode_tq")
     tqo = oracle("fast_decode_tq")
     tqf = bit_format("turboquant")
@@ -768,8 +769,10 @@ def tq_paged_check(ctx, *, D, bs, kvh, G, lens, seed=0, qjl="reference", q_amp=1
     rt.run(plan.rotate + plan.dispatches)
     out = fast.read(plan)
     assert np.isfinite(out).all()
-    ref = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, qjl)
-    other = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, "unbiased" if qjl == "reference" else "reference")
+    qk = kw.get("qk", "f32")  # "i8": the int8-query variant, against its own oracle (the same query in int8)
+    ref = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, qjl, qk=qk)
+    other = tqo.paged_attention_oracle(q, kc, vc, batch, scale, p, "unbiased" if qjl == "reference" else "reference",
+                                       qk=qk)
     worst, caught = 0.0, False
     empty_gives_zero(out, lens)
     for s, L in enumerate(lens):

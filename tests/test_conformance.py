@@ -85,6 +85,12 @@ RAGGED_CASES = (
             partition_tokens=64, caught=True, min_partitions=1)
        for D, G, kvh, bs in ((32, 1, 2, 1), (32, 8, 1, 16), (32, 4, 2, 32), (64, 4, 2, 16), (64, 1, 3, 32), (64, 8, 1, 1),
                              (128, 4, 2, 16), (128, 1, 2, 1), (128, 8, 1, 32))]
+    # TurboQuant paged, int8 query: heads 32 / 64 / 128, GQA 1 / 4 / 8, half a QJL word a lane (8 lanes a row at head 128)
+    # and two polar words a lane (4 lanes), 2 and 4 tokens a row
+    + [case("tq-paged", f"i8-D{D}-G{G}-kvh{kvh}-bs{bs}-L{lanes}-U{u}", D=D, bs=bs, kvh=kvh, G=G, lens=[37, 0, 1, 300, 16],
+            seed=D + G + bs, partition_tokens=64, caught=True, min_partitions=1, qk="i8", lanes=lanes, unroll=u)
+       for D, G, kvh, bs, lanes, u in ((32, 1, 2, 1, 16, 2), (64, 8, 1, 16, 16, 1), (128, 4, 2, 32, 16, 2),
+                                       (128, 1, 2, 16, 4, 4))]
 )
 
 
@@ -145,6 +151,8 @@ LONG_CASES = [
     pytest.param("nvfp4", dict(D=64, bs=16, kvh=1, G=1, lens=[20000 + 17], seed=5, words=False), 4, id="nvfp4-20017"),
     pytest.param("tq", dict(D=128, kvh=1, G=2, lens=[49152], seed=5, q_amp=4.0), 8, id="tq-49152"),
     pytest.param("tq-paged", dict(D=64, bs=16, kvh=1, G=2, lens=[20000], seed=5, q_amp=4.0), 8, id="tq-paged-20000"),
+    pytest.param("tq-paged", dict(D=128, bs=16, kvh=1, G=4, lens=[20000 + 17], seed=6, q_amp=4.0, qk="i8"), 8,
+                 id="tq-paged-i8-20017"),
 ]
 
 
@@ -213,6 +221,9 @@ SOFTMAX_CASES = (
     + [case("tq-paged", f"D{D}-G{G}-U{u}", D=D, bs=16, kvh=kvh, G=G, lens=[37, 0, 1, 300], seed=D + G, q_amp=3.0,
             partition_tokens=64, unroll=u)
        for D, G, kvh, u in ((64, 3, 2, 2), (64, 16, 1, 2), (32, 4, 1, 4))]
+    + [case("tq-paged", f"i8-D{D}-G{G}-U{u}", D=D, bs=16, kvh=kvh, G=G, lens=[37, 0, 1, 300], seed=D + G, q_amp=3.0,
+            partition_tokens=64, unroll=u, qk="i8")
+       for D, G, kvh, u in ((64, 3, 2, 2), (32, 4, 1, 1))]
 )
 
 
@@ -239,6 +250,9 @@ NO_SUBGROUP_CASES = [
     case("tq", D=64, kvh=2, G=1, lens=[90, 0, 1], seed=8, unroll=1, partition_tokens=32, layout=(64, 1, {"unroll": 1})),
     case("tq-paged", D=64, bs=16, kvh=2, G=1, lens=[90, 0, 1], seed=8, unroll=1, partition_tokens=32,
          layout=(64, 1, {"unroll": 1})),
+    # the int8 query with a whole head a lane: two polar words and a QJL word
+    case("tq-paged", "i8", D=32, bs=16, kvh=2, G=1, lens=[90, 0, 1], seed=8, unroll=1, partition_tokens=32,
+         layout=(32, 1, {"unroll": 1}), qk="i8"),
 ]
 
 
@@ -280,6 +294,11 @@ EXTREME_CASES = (
             partition_tokens=64),
        case("tq-paged", "zero-vectors", D=64, bs=16, kvh=2, G=4, lens=[90, 1, 0, 45], seed=21, zeros=0.2,
             policy="contiguous", partition_tokens=64)]
+    # the int8 query: norms up to the f16 range with logits in the hundreds; zero vectors
+    + [case("tq-paged", "i8-large", D=64, bs=16, kvh=2, G=4, lens=[200, 1, 57], seed=11, k_amp=30.0, v_amp=3500.0,
+            q_amp=8.0, partition_tokens=64, qk="i8"),
+       case("tq-paged", "i8-zero-vectors", D=128, bs=16, kvh=2, G=4, lens=[90, 1, 0, 45], seed=21, zeros=0.2,
+            policy="contiguous", partition_tokens=64, qk="i8")]
 )
 
 

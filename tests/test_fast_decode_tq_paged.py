@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from kvviz.errors import InvalidInput
+from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.families.turboquant import format as tqf
 from kvviz.families.turboquant import decode as fq
 from kvviz.attention import records as qk
@@ -115,6 +115,68 @@ def test_equals_the_per_sequence_decode_and_variants(rt, fast):
     got = fast.decode_paged(gc.qc.k, gc.qc.v, kvh, q, batch, scale, p, partition_tokens=128, looped=True)
     for s in range(len(lens)):
         assert np.abs(got[s] - one[s]).max() <= fq.tolerance(_max_v(kc, vc, batch, s, d, p) if lens[s] else 0.0)
+
+
+# ------------------------------------------------------------------------------------------------ the int8 query
+def test_int8_query_layout_and_its_distance_to_the_exact_query(rt, fast):
+    """qk="i8": the host's query records hold each head's codes in the masks' order (a polar word's (j, k) -> element
+    j + 4k, a QJL word's (j, k) -> element j + 8k) and the two scales; the decode is held to the oracle of its int8
+    query (the conformance grid in tests/test_conformance.py), which is near the exact query's and not equal to it."""
+    rng = np.random.default_rng(12)
+    D = 64
+    q_rot, q_jl = (rng.standard_normal((2, 3, D)).astype(np.float32) for _ in range(2))
+    rec = fq.query_records_i8(q_rot, q_jl)
+    assert rec.shape == (2, 3, fq.query_record_words(D)) and rec.dtype == np.uint32
+    codes = rec[..., :D // 2].copy().view(np.int8).reshape(2, 3, D // 2 * 4)
+    want_r = np.rint(q_rot / (np.abs(q_rot).max(-1, keepdims=True) / 127)).astype(np.int8)
+    want_j = np.rint(q_jl / (np.abs(q_jl).max(-1, keepdims=True) / 127)).astype(np.int8)
+    polar, jl = codes[..., :D].reshape(2, 3, D // 16, 4, 4), codes[..., D:].reshape(2, 3, D // 32, 8, 4)
+    for j in range(4):
+        for k in range(4):
+            assert np.array_equal(polar[:, :, :, j, k], want_r[..., j + 4 * k::16])
+    for j in range(8):
+        for k in range(4):
+            assert np.array_equal(jl[:, :, :, j, k], want_j[..., j + 8 * k::32])
+    assert np.allclose(rec[..., -2].view(np.float32), np.abs(q_rot).max(-1) / 127)
+
+    lens, kvh, G = [300, 1, 0, 77], 2, 4
+    batch = make_batch(lens, 16, policy="scattered", seed=3)
+    K, V = _inputs(rng, batch.num_tokens, kvh, D)
+    gc, kc, vc = write_paged(rt, batch, K, V)
+    q = rng.standard_normal((len(lens), kvh * G, D)).astype(np.float32)
+    p = tqf.TQParams(D, layer=LAYER)
+    exact = tqo.paged_attention_oracle(q, kc, vc, batch, 0.125, p)
+    as_i8 = tqo.paged_attention_oracle(q, kc, vc, batch, 0.125, p, qk="i8")
+    got = fast.decode_paged(gc.qc.k, gc.qc.v, kvh, q, batch, 0.125, p, qk="i8")
+    for s, L in enumerate(lens):
+        if L == 0:
+            assert not got[s].any()
+            continue
+        m = _max_v(kc, vc, batch, s, D, p)
+        assert np.abs(got[s] - as_i8[s]).max() <= fq.tolerance(m)
+        gap = float(np.abs(as_i8[s] - exact[s]).max())  # one token: its weight is 1 whatever the query
+        assert (0.0 < gap if L > 1 else gap == 0.0) and gap < 0.05 * m, \
+            f"sequence {s}: the int8 query moves the output by {gap:.3g} (max |V| {m:.3g})"
+
+
+def test_int8_query_refusals(rt, fast, monkeypatch):
+    """qk is "f32" or "i8"; the int8 query is the unrolled kernel's; a codebook not symmetric about 0 is refused
+    (the kernel leaves the b0 b1 term out)."""
+    rng = np.random.default_rng(1)
+    D, kvh = 32, 1
+    batch = make_batch([20], 16)
+    K, V = _inputs(rng, batch.num_tokens, kvh, D)
+    gc, _, _ = write_paged(rt, batch, K, V)
+    q = rng.standard_normal((1, 2, D)).astype(np.float32)
+    p = tqf.TQParams(D, layer=LAYER)
+    assert fq.symmetric_codebook(p.centroids) and not fq.symmetric_codebook([-1.0, -0.25, 0.5, 1.0])
+    with pytest.raises(InvalidInput, match="qk"):
+        fast.plan_paged(gc.qc.k, gc.qc.v, kvh, q, batch, 0.2, p, qk="f16")
+    with pytest.raises(InvalidInput, match="unrolled"):
+        fast.plan_paged(gc.qc.k, gc.qc.v, kvh, q, batch, 0.2, p, qk="i8", looped=True)
+    monkeypatch.setattr(fq, "symmetric_codebook", lambda c: False)
+    with pytest.raises(UnsupportedShape, match="symmetric"):
+        fast.plan_paged(gc.qc.k, gc.qc.v, kvh, q, batch, 0.2, p, qk="i8")
 
 
 # ------------------------------------------------------------------------------------------------ the method

@@ -20,6 +20,7 @@ from kvviz.bench.roofline import Ceilings, bound
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
 from kvviz.families import prefill_oracles
 from kvviz.families.ggml import decode as fdg
+from kvviz.families.turboquant import decode as fdq, oracle as tq_oracle
 from kvviz.families.registry import get_method, reference, registry
 from kvviz.gpu.copy import measure_copy
 from kvviz.gpu.fma import dtypes, measure_fma, measure_timing_floor
@@ -426,6 +427,8 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
                              bad or "correctness only: GPU quantise + attend vs the method's numpy oracle"))
             if variants:
                 rows += _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, copy_gbps, adapter)
+                rows += _tq_variant_rows(ctx, m, mkey, qkv, batch, key, value, q, scale, shape, runs, warmup, copy_gbps,
+                                         adapter)
         except (InvalidInput, DeviceLimitError) as exc:
             # the method does not take this shape here (head size, context past a loop limit, ...)
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
@@ -647,6 +650,46 @@ def _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, 
             nbytes, flops = fdg.decode_traffic(tname, batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
         else:
             nbytes, flops = fd.decode_traffic(fmt, batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
+        rows.append(_row(name, f"{m.label}: fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol,
+                         adapter, note, method=mkey, role="decode", impl="fast", flops=flops))
+    return rows
+
+
+# TurboQuant's paged decode takes the int8 query (kvviz/families/turboquant/decode.py, qk="i8"); its reduce applies the
+# inverse rotation, so no folded variant
+TQ_VARIANTS = (
+    ("int8 query", dict(qk="i8", unroll=I8Q_UNROLL)),
+    ("int8 query, 2 tokens a row", dict(qk="i8", unroll=2)),
+)
+
+
+def _tq_variant_rows(ctx, m, mkey, qkv, batch, key, value, q, scale, shape, runs, warmup, copy_gbps, adapter) -> list:
+    """TQ_VARIANTS over the method's paged seed-configuration records (where its fast decode takes the shape), timed
+    and checked against their own oracle: the seed estimator of the int8 query over the same words, within the
+    method's end-to-end tolerance."""
+    if m.family != "turboquant" or "paged" not in qkv.device:
+        return []
+    rows, ref = [], None
+    for suffix, kw in TQ_VARIANTS:
+        name = f"fast_decode_tq_paged ({suffix})"
+        try:
+            plan = m.fast_plan(ctx, qkv, batch, q, scale, **kw)
+            if plan is None:
+                return []
+            t = ctx.rt.time(plan.rotate + plan.dispatches, runs, warmup)
+            out = ctx.rt.read(plan.out, np.float32, plan.shape)
+        except (InvalidInput, DeviceLimitError, UnsupportedShape) as exc:
+            rows.append(_row(name, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}",
+                             method=mkey, role="decode", impl="fast"))
+            continue
+        if ref is None:
+            ref, tol = tq_oracle.turboquant_attention(m, batch, key, value, q, scale, qkv, qk="i8")
+            f32_ref, _ = tq_oracle.turboquant_attention(m, batch, key, value, q, scale, qkv)
+        err, note = _max_err(out, ref, name)
+        if not note:
+            note = f"vs the f32-query oracle: {float(np.abs(out - f32_ref).max()):.2e} (the query's int8 rounding)"
+        nbytes, flops = fdq.decode_traffic_paged(batch, shape.num_heads, shape.num_kv_heads, shape.head_size,
+                                                 plan.num_partitions)
         rows.append(_row(name, f"{m.label}: fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol,
                          adapter, note, method=mkey, role="decode", impl="fast", flops=flops))
     return rows

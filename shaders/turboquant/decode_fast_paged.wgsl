@@ -15,9 +15,11 @@
 // sequence for one KV head and the G query heads of its GQA group. Partials [S, H, num_partitions, D + 2]
 // (m, l, acc in the ROTATED space, base 2); turboquant/decode_fast_reduce.wgsl, one dispatch of grid (H, S, 1), combines
 // them and applies the inverse rotation. q_rot / q_jl come from tq_rotate_q (all sequences, one dispatch),
-// pre-scaled here by scale*log2(e) (and qjl_scale).
+// pre-scaled here by scale*log2(e) (and qjl_scale); or, for the int8-query variant, the host's query records
+// [S, H, D/4 polar code words | D/4 QJL code words | f32 scale of each] (decode.py query_records_i8).
 // Shape: D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
-@group(0) @binding(0) var<storage, read> qrot: array<f32>;
+// qrot: f32 q_rot | q_jl, or u32 int8 query records
+@group(0) @binding(0) var<storage, read> qrot: array<{{QT}}>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
 @group(0) @binding(2) var<storage, read> vc: array<u32>;
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;

@@ -101,15 +101,21 @@ def unsupported(head_size: int, group: int) -> str:
 
 
 def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, block_size: int = 0,
-           prefetch: bool = False, scatter: bool = False, looped: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False, looped: bool = False, i8: bool = False) -> dict:
     """The {{...}} values of turboquant/decode_fast.wgsl (per-sequence cache) or, with `paged`, of
     turboquant/decode_fast_paged.wgsl (per-token records [num_blocks, kv_heads, block_size, WK | WV] read through the
     block tables; the loads are the fast decodes', with their prefetch; block_size > 0 renders the block
     size as a constant, 0 reads it from the immediates). The arithmetic is the same in both; the code is rendered
     from the template turboquant/decode_fast.wgsl.j2. scatter: fast_decode's reduce-scatter softmax (L >= 2; the
     owners apply the token's norms). looped (paged only): attention/split_looped.wgsl.j2's code over
-    turboquant/records.wgsl.j2 (fast_decode.render's looped; the QJL term its aux query)."""
+    turboquant/records.wgsl.j2 (fast_decode.render's looped; the QJL term its aux query). i8 (paged, unrolled): the
+    int8-query variant (query_records_i8; a codebook symmetric about 0, symmetric_codebook)."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    if i8 and (looped or not paged):
+        raise InvalidInput("the int8-query TurboQuant decode is the paged unrolled kernel")
+    if i8 and lay.dims_per_lane * L != D:
+        raise UnsupportedShape(f"the int8-query TurboQuant decode needs lanes owning whole polar words of the head: "
+                               f"{L} lanes x {lay.dims_per_lane} dims is not {D}")
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     if looped and not paged:
@@ -117,7 +123,8 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
     dpl = lay.dims_per_lane
     values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, wpl=dpl // 16, stride=D + 2, paged=paged,
                   scatter=scatter, prefetch=prefetch and paged,  # the per-sequence cache's loads are not pipelined
-                  bsx=f"{block_size}u" if block_size > 0 else "p.block_size")
+                  bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+                  i8=i8, qrec=query_record_words(D))
     if looped:
         values.update(fns="turboquant/records.wgsl.j2", qfactor="p.scale_log2", qbuf="qrot", aux=True,
                       aux_offset="p.q_region", aux_factor="p.qjl_log2", span=lay.span, chunks=lay.chunks,
@@ -127,7 +134,35 @@ def render(head_size: int, group: int, lay: fd.Layout, paged: bool = False, bloc
         "PW": str(D // 16), "JW": str(D // 32), "DPL": str(dpl), "WPL": str(dpl // 16), "STRIDE": str(D + 2),
         "SHARED": "1" if looped else str(max(1, RG // 2) * G * (D + 2)),
         **render_defines("attention/split_looped.wgsl.j2" if looped else "turboquant/decode_fast.wgsl.j2", **values),
-    } | ({"WK": str(tqf.key_bytes_per_vector(D) // 4), "WV": str(tqf.value_bytes_per_vector(D) // 4)} if paged else {})
+    } | ({"WK": str(tqf.key_bytes_per_vector(D) // 4), "WV": str(tqf.value_bytes_per_vector(D) // 4),
+           "QT": "u32" if i8 else "f32"} if paged else {})
+
+
+def symmetric_codebook(centroids) -> bool:
+    """Whether (c3 - c2) - (c1 - c0) is 0 in float32: a code's b0 b1 term, which the int8-query kernel leaves out (the
+    Lloyd-Max codebook of a rotated coordinate is symmetric about 0: c3 = -c0, c2 = -c1)."""
+    c = np.asarray(centroids, np.float32)
+    return float((c[3] - c[2]) - (c[1] - c[0])) == 0.0
+
+
+def query_record_words(head_size: int) -> int:
+    """u32 words of a query head's int8 record: D/4 polar code words, D/4 QJL code words, the two f32 scales."""
+    return head_size // 2 + 2
+
+
+def query_records_i8(q_rot: np.ndarray, q_jl: np.ndarray) -> np.ndarray:
+    """The int8 query the qk="i8" kernel reads: [S, H, D/2 + 2] u32. q_rot and q_jl [S, H, D] f32 (the rotation's
+    output, format.rotate_q_parts) each quantised by fast_decode.quantize_query (one scale a head); a polar word's 16
+    codes as 4 query words (j, k) -> element j + 4k, a QJL word's 32 as 8 words (j, k) -> element j + 8k: the order of
+    the kernel's masks (turboquant/decode_fast.wgsl.j2). Then the two scales."""
+    cr, sr = fd.quantize_query(q_rot)
+    cj, sj = fd.quantize_query(q_jl)
+    S, H, D = cr.shape
+    cr = cr.reshape(S, H, D // 16, 4, 4).transpose(0, 1, 2, 4, 3).reshape(S, H, D)
+    cj = cj.reshape(S, H, D // 32, 4, 8).transpose(0, 1, 2, 4, 3).reshape(S, H, D)
+    return np.concatenate([np.ascontiguousarray(cr).view(np.uint32), np.ascontiguousarray(cj).view(np.uint32),
+                           sr.view(np.uint32)[..., None], sj.view(np.uint32)[..., None]], -1)
+
 
 
 @dataclass
@@ -144,12 +179,14 @@ class TQDecodePlan:
     layout: fd.Layout
     paged: bool = False  # plan_paged: the paged records, one split + one reduce for the batch
     looped: bool = False  # the looped kernel (attention/split_looped.wgsl.j2; paged only), else the unrolled one
+    qk: str = "f32"  # "i8": the int8-query variant (paged only)
 
     def describe(self) -> str:
         L = self.layout
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
                 f"({L.row_groups} rows x {L.lanes} lanes, {L.unroll} tokens a row per step), "
                 + ("paged records, one split dispatch" if self.paged else "per-sequence caches")
+                + (", int8 query" if self.qk == "i8" else "")
                 + fd.looped_note(self.looped, L))
 
 
@@ -240,11 +277,17 @@ class TQFastDecode:
         return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay)
 
     def paged_kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
-                     scatter: bool | None = None, looped: bool | None = None, **kw):
+                     scatter: bool | None = None, looped: bool | None = None, i8: bool = False, **kw):
         """The paged split kernel (render(..., paged=True)); prefetch None: fast_decode.PREFETCH where a lane's
         words of a step fit fast_decode.PREFETCH_MAX_WORDS, as the other paged fast decodes. looped None:
-        fast_decode.use_looped (not when prefetch or scatter is given). Returns (kernel, layout, looped)."""
+        fast_decode.use_looped (not when prefetch or scatter is given; never for i8, the int8-query variant, which is
+        unrolled). Returns (kernel, layout, looped)."""
         lay = self.layout(head_size, group, **kw)
+        if i8:
+            if looped:
+                raise InvalidInput("the looped TurboQuant decode is the exact f32-query one: the qk='i8' variant is "
+                                   "unrolled", "Leave looped unset (or False) with qk='i8'.")
+            looped = False
         looped = fd.use_looped(self.rt, looped, prefetch, scatter,
                                wide=fd.wide_layout(lay, self._fast.lane_cap(kw.get("subgroups"), kw.get("lanes", 16))))
         if looped:
@@ -254,20 +297,27 @@ class TQFastDecode:
             if prefetch is None:
                 prefetch = fd.PREFETCH and paged_step_words(head_size, lay) <= fd.PREFETCH_MAX_WORDS
             sc = fd.SCATTER and lay.lanes > 1 if scatter is None else scatter
-        defines = render(head_size, group, lay, True, block_size, prefetch, sc, looped)
+        defines = render(head_size, group, lay, True, block_size, prefetch, sc, looped, i8)
         return self.rt.compile(PAGED_SPLIT, **defines), lay, looped
 
     def plan_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
                    qjl_scale="reference", *, signs=None, partition_tokens: int | None = None,
                    subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
                    prefetch: bool | None = None, const_block: bool = True, scatter: bool | None = None,
-                   looped: bool | None = None) -> TQDecodePlan:
+                   looped: bool | None = None, qk: str = "f32") -> TQDecodePlan:
         """Decode of one query per sequence (q [S, H, D] f32) at its last position over the PAGED seed-configuration
         records: `k` / `v` GPU buffers of [num_blocks, num_kv_heads, block_size, WK | WV] u32 (paged_words; written by
         tq_general_compress through the batch's slot mapping), read through batch.block_tables for positions
         [0, context_lens[s]) (0: no tokens, output 0). params: the rotation's head size, seed and layer; signs: a
         buffer of params.signs_buffer() (uploaded when None). One rotation, ONE split dispatch (grid (partitions,
-        KV heads, sequences)) and ONE reduce (grid (H, S)) for the whole batch."""
+        KV heads, sequences)) and ONE reduce (grid (H, S)) for the whole batch. qk "i8": the int8-query variant (the
+        query rotated on the host by format.rotate_q_parts and quantised, query_records_i8; no rotation dispatch)."""
+        if qk not in fd.QK_VARIANTS:
+            raise InvalidInput(f"fast TurboQuant decode variant qk={qk!r}: one of {fd.QK_VARIANTS}")
+        i8 = qk == "i8"
+        if i8 and not symmetric_codebook(params.centroids):
+            raise UnsupportedShape("the int8-query TurboQuant decode takes a codebook symmetric about 0",
+                                   "Use qk='f32' (the default) for this codebook.")
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         kvh = int(num_kv_heads)
@@ -297,7 +347,7 @@ class TQFastDecode:
                                    f"words need {need}")
         qs = float(np.float32(tqk.resolve_qjl_scale(qjl_scale, D)))
         kern, lay, looped = self.paged_kernel(D, G, batch.block_size if const_block else 0, prefetch, scatter, looped,
-                                              subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
+                                              i8, subgroups=subgroups, unroll=unroll, rows=rows, lanes=lanes)
         mcl = int(lens.max(initial=0))
         pt, P = fd.split_context(partition_tokens, self._fast.planned_tokens(S, kvh, mcl, lay, G, looped),
                                  lay.tokens_per_step, mcl)
@@ -306,7 +356,11 @@ class TQFastDecode:
         self._fast._check_loops(pt, lay, P, fd.chunked_reduce_loops(P) + reduce_butterfly_loops(D), G, looped)
         if signs is None:
             signs = self.rt.upload(params.signs_buffer(), "tq_signs")
-        rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, signs)
+        if i8:
+            q_rot, q_jl, _ = tqf.rotate_q_parts(q, params)
+            rot, qrot, q_cap = [], self.rt.upload(query_records_i8(q_rot, q_jl), "tq_query_i8"), 0
+        else:
+            rot, qrot, q_cap = tqk.TurboQuantKernels(self.rt).rotate_q_dispatches(q, params, signs)
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_tq_paged_partials")  # zero-filled: l = 0
         out = self.rt.empty(S * H * D * 4, "fast_decode_tq_paged_out")
         sl2 = float(scale) * LOG2E
@@ -317,7 +371,7 @@ class TQFastDecode:
         ds = [Dispatch(kern, bufs, (P, kvh * lay.chunks, S), imm),
               self.rt.compile(REDUCE).dispatch((H, S, 1), [partials, signs, out], H, D, P, params.sign_off, 0,
                                                float(tqf.inv_sqrt_d(D)))]
-        return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay, True, looped)
+        return TQDecodePlan(rot, ds, out, (S, H, D), pt, P, lay, True, looped, qk)
 
     def decode_paged(self, k, v, num_kv_heads: int, q, batch, scale: float, params: tqf.TQParams,
                      qjl_scale="reference", **kw) -> np.ndarray:

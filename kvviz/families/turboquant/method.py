@@ -378,17 +378,17 @@ class TurboQuantMethod(KVMethod):
             label="prefill turboquant", key_scratch=max(i["P"] for i in ki + vi),
             per_tile=lambda lay: prefill.turboquant_tile_loops(lay, ki, vi), softcap=softcap)
 
-    def fast_plan(self, ctx, qkv, batch, q, scale):
+    def fast_plan(self, ctx, qkv, batch, q, scale, **variant):
         """The paged fast split-K decode over the seed configuration's records (kvviz/families/turboquant/decode.py
         plan_paged: one split + one reduce for the batch), or None where it cannot take the shape (the seed kernel
-        then serves)."""
+        then serves). `variant`: plan_paged's keywords (qk="i8", unroll, ...)."""
         H, D = np.asarray(q).shape[1:]
         lens = [int(L) for L in batch.context_lens]
         if "paged" not in qkv.device or not any(lens) or fdq.unsupported(D, H // qkv.num_kv_heads):
             return None
         qc = qkv.device["cache"]
         return fdq.TQFastDecode(ctx.rt).plan_paged(qc.k, qc.v, qkv.num_kv_heads, q, batch, scale, self.params(D),
-                                                   self.qjl_scale, signs=qkv.device["signs"])
+                                                   self.qjl_scale, signs=qkv.device["signs"], **variant)
 
     def attend(self, ctx, qkv, batch, q, scale):
         if "general" in qkv.device:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.attention.paged_oracle import scatter_rows, through_f32_decode
+from kvviz.attention.split_decode import quantize_query
 from kvviz.families.turboquant.format import (  # noqa: F401 - the format, re-exported for the tests
     DEFAULT_SEED,
     EPS,
@@ -311,11 +312,13 @@ def attention_oracle(
     p: TQParams,
     qjl_scale: float | str = "reference",
     return_weights: bool = False,
+    qk: str = "f32",
 ):
     """The seed flash_attention_tq's result in float64. q [n_queries, n_heads, d] f32 (unrotated; the
     f32 rotation of `rotate_q` is applied, as on the GPU). Query j sits at position start_pos + j and
     attends over [0, min(start_pos + j + 1, max_seq)). Returns out [n_queries, n_heads, d] (and the
-    softmax weights [n_queries, n_heads, max_seq] when return_weights)."""
+    softmax weights [n_queries, n_heads, max_seq] when return_weights). qk "i8": the rotated query as the int8-query
+    decode takes it (int8_query: q_rot and q_jl each quantised to int8, one scale a head)."""
     q = np.asarray(q, np.float32)
     nq, H, d = q.shape
     if isinstance(qjl_scale, str):
@@ -324,6 +327,9 @@ def attention_oracle(
     scale = float(np.float32(scale))
     dec = decode_cache(k_cache, v_cache, n_kv_heads, cache_cap, d)
     q_rot, q_jl, sums = rotate_q_parts(q, p)
+    if qk == "i8":
+        q_rot, q_jl = int8_query(q_rot), int8_query(q_jl)
+        sums = q_jl.sum(axis=-1)
     c = p.centroids.astype(np.float64)
     sp, _ = p.signs
     group = H // n_kv_heads
@@ -359,10 +365,18 @@ def paged_sequence_words(k_cache: np.ndarray, v_cache: np.ndarray, batch, seq: i
     return seed_words(kr, vr, d)
 
 
-def paged_attention_oracle(q, k_cache, v_cache, batch, scale: float, p: TQParams, qjl_scale="reference") -> np.ndarray:
+def int8_query(x: np.ndarray) -> np.ndarray:
+    """float64 [..., H, d]: x [..., H, d] f32 as the int8-query decodes take a query (split_decode.quantize_query:
+    int8 codes, one f32 scale a head, round half to even), codes times scale."""
+    codes, scales = quantize_query(np.asarray(x, np.float32))
+    return codes.astype(np.float64) * scales.astype(np.float64)[..., None]
+
+
+def paged_attention_oracle(q, k_cache, v_cache, batch, scale: float, p: TQParams, qjl_scale="reference",
+                           qk: str = "f32") -> np.ndarray:
     """The fast paged TurboQuant decode's reference, float64 [S, H, d]: per sequence, attention_oracle (the seed
     kernel's estimator, softmax and inverse rotation) at its last position over the records its block table names
-    (0 for a sequence without tokens)."""
+    (0 for a sequence without tokens). qk "i8": the int8-query variant's (attention_oracle's qk)."""
     q = np.asarray(q, np.float32)
     S, H, d = q.shape
     kvh = np.asarray(k_cache).shape[1]
@@ -372,7 +386,7 @@ def paged_attention_oracle(q, k_cache, v_cache, batch, scale: float, p: TQParams
         if L == 0:
             continue
         kw, vw = paged_sequence_words(k_cache, v_cache, batch, s, d)
-        out[s] = attention_oracle(q[s:s + 1], kw, vw, kvh, L, L - 1, L, scale, p, qjl_scale)[0]
+        out[s] = attention_oracle(q[s:s + 1], kw, vw, kvh, L, L - 1, L, scale, p, qjl_scale, qk=qk)[0]
     return out
 
 
@@ -505,8 +519,9 @@ def method_attention(method, batch, key, value, q, scale, qkv=None):
     return general_attention(method, batch, key, value, q, scale, qkv)
 
 
-def turboquant_attention(method, batch, key, value, q, scale, qkv=None):
-    """The seed flash kernel's estimator in float64, per sequence.
+def turboquant_attention(method, batch, key, value, q, scale, qkv=None, qk: str = "f32"):
+    """The seed flash kernel's estimator in float64, per sequence (qk "i8": of the query as the int8-query decode
+    takes it, attention_oracle's qk).
 
     With `qkv` (the GPU's QuantizedKV) the estimator runs over the words the GPU compressor wrote. Its
     2-bit index can legitimately flip where a rotated coordinate sits within float rounding of a
@@ -527,6 +542,6 @@ def turboquant_attention(method, batch, key, value, q, scale, qkv=None):
             kc, vc = words[s]
         else:
             kc, vc = compress_cache(key[rows], value[rows], max(L, 1), p)
-        o = attention_oracle(q[s][None], kc, vc, key.shape[1], max(L, 1), L - 1, L, scale, p, method.qjl_scale)
+        o = attention_oracle(q[s][None], kc, vc, key.shape[1], max(L, 1), L - 1, L, scale, p, method.qjl_scale, qk=qk)
         out[s] = np.asarray(o).reshape(H, D)
     return out, 1e-5 + 1e-4 * float(np.abs(out).max(initial=0))
