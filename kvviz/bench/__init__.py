@@ -19,6 +19,7 @@ from kvviz.attention.traffic import decode_bytes, weights_bytes, writer_bytes
 from kvviz.bench.roofline import Ceilings, bound
 from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, UnsupportedShape
 from kvviz.families import prefill_oracles
+from kvviz.families.fp4 import decode as ffd
 from kvviz.families.ggml import decode as fdg
 from kvviz.families.turboquant import decode as fdq, oracle as tq_oracle
 from kvviz.families.registry import get_method, reference, registry
@@ -591,8 +592,9 @@ def _torch_prefill_row(shape, runs, warmup, copy_gbps, adapter):
 
 # The fast decode's variants timed beside a method's exact fast decode, where its cache format takes them
 # (kvviz/attention/split_decode.py: QK_I8_FORMATS, PACKED_FORMATS; the llama.cpp block types' decode,
-# kvviz/families/ggml/decode.py: QK_I8_TYPES, without f16-pair P.V): (row suffix, plan keywords). The int8 query with
-# 4 tokens a row (I8Q_UNROLL) and with 2, and with P.V in f16 pairs; the exact decode with its reduce folded in.
+# kvviz/families/ggml/decode.py: QK_I8_TYPES, and NVFP4's, kvviz/families/fp4/decode.py, both without f16-pair P.V):
+# (row suffix, plan keywords). The int8 query with 4 tokens a row (I8Q_UNROLL) and with 2, and with P.V in f16 pairs;
+# the exact decode with its reduce folded in.
 FAST_VARIANTS = (
     ("int8 query", dict(qk="i8", unroll=I8Q_UNROLL)),
     ("int8 query, 2 tokens a row", dict(qk="i8", unroll=2)),
@@ -602,18 +604,20 @@ FAST_VARIANTS = (
 
 
 def _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, copy_gbps, adapter) -> list:
-    """Each of FAST_VARIANTS that the method's fast cache format (or its llama.cpp block type's decode) takes, over the
-    method's own caches, timed and checked
+    """Each of FAST_VARIANTS that the method's fast cache format (or its llama.cpp block type's decode, or NVFP4's)
+    takes, over the method's own caches, timed and checked
     against ITS oracle: the float64 decode (of the dequantised int8 query for qk="i8") over the method's dequantised
     cache, within the f32 kernel's tolerance, plus pv_tolerance for f16 P.V (the softmax sum taken as 1: the bound's
     largest)."""
     D = shape.head_size
     tname = getattr(m, "type_name", None)
     ggml = tname in fdg.QK_I8_TYPES
-    fmt = m.fast_cache_format(D) if hasattr(m, "fast_cache_format") and not ggml else None
-    if (not ggml and (fmt is None or fmt.name not in fd.PACKED_FORMATS)) or "cache" not in qkv.device or "f32" not in qkv.device:
+    nvfp4 = mkey == "nvfp4"
+    fmt = m.fast_cache_format(D) if hasattr(m, "fast_cache_format") and not (ggml or nvfp4) else None
+    if ((not (ggml or nvfp4) and (fmt is None or fmt.name not in fd.PACKED_FORMATS)) or "cache" not in qkv.device
+            or "f32" not in qkv.device):
         return []
-    fast = fdg.GgmlFastDecode(ctx.rt) if ggml else fd.FastDecode(ctx.rt)
+    fast = fdg.GgmlFastDecode(ctx.rt) if ggml else ffd.Fp4FastDecode(ctx.rt) if nvfp4 else fd.FastDecode(ctx.rt)
     qc = qkv.device["cache"]
     kf, vf = (m.read_f32(ctx, qkv, w).astype(np.float64) for w in ("K", "V"))
     M = float(np.abs(vf).max(initial=0.0))
@@ -622,12 +626,14 @@ def _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, 
     refs = {}
     rows = []
     for suffix, kw in FAST_VARIANTS:
-        if ggml and "pv" in kw:  # the block types' decode has f32 P.V only
+        if (ggml or nvfp4) and "pv" in kw:  # the block types' and NVFP4's decodes have f32 P.V only
             continue
-        name = f"fast_decode_{tname if ggml else fmt.name} ({suffix})"
+        name = f"fast_decode_{tname if ggml else 'nvfp4' if nvfp4 else fmt.name} ({suffix})"
         try:
             if ggml:
                 plan = fast.plan(tname, qc.k, qc.v, shape.num_kv_heads, q, batch, scale, **kw)
+            elif nvfp4:
+                plan = fast.plan(qc.k, qc.v, qc.extra["tensor"], shape.num_kv_heads, q, batch, scale, **kw)
             else:
                 plan = fast.plan(fmt, qc.k, qc.v, shape.num_kv_heads, q, batch, scale, tensor=qc.extra.get("tensor"), **kw)
             t = ctx.rt.time(plan.dispatches, runs, warmup)
@@ -648,6 +654,8 @@ def _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, 
             note = f"vs the f32-query oracle: {float(np.abs(out - refs['f32']).max()):.2e} (the query's int8 rounding)"
         if ggml:
             nbytes, flops = fdg.decode_traffic(tname, batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
+        elif nvfp4:
+            nbytes, flops = ffd.decode_traffic(batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
         else:
             nbytes, flops = fd.decode_traffic(fmt, batch, shape.num_heads, shape.num_kv_heads, D, plan.num_partitions)
         rows.append(_row(name, f"{m.label}: fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol,

@@ -15,8 +15,10 @@
 // The row groups merge through workgroup memory; row group 0 writes the partition's [m, l, acc[0..D)] to
 // `partials`, and attention/split_reduce.wgsl combines the partitions (or, folded, the last workgroup of each
 // (sequence, KV head) does: attention/split_fold.wgsl).
-// Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}.
-@group(0) @binding(0) var<storage, read> q: array<f32>;
+// Variant (default off): q as int8 records (codes + f32 scale, one a head) dotted by dot4I8Packed with the E2M1 values
+// doubled, e4m3 * dot a sub-block (kvviz/families/fp4/decode.py says how).
+// Format: {{FORMAT}}; D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}; variant: {{VARIANT}}.
+@group(0) @binding(0) var<storage, read> q: array<{{Q_TYPE}}>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
 @group(0) @binding(2) var<storage, read> vc: array<u32>;
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;

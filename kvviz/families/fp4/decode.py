@@ -32,6 +32,22 @@ codes (tolerance; fast_decode.f32_tolerance). Online softmax in base 2, the G he
 workgroup, the reduce-scatter softmax where a row has 2+ lanes, software-pipelined loads where a lane's
 words of a step fit fast_decode.PREFETCH_MAX_WORDS.
 
+A variant, off by default (plan's qk="i8"; fd.QK_VARIANTS): the query quantised to int8 on the host, one scale a query
+head (fast_decode.query_records_i8: the int8 cache's quantiser), dotted by dot4I8Packed with the E2M1 values doubled
+into signed bytes (0, 1, 2, 3, 4, 6, 8, 12 and their negatives: e2m1x4i8; the E2M1 values are halves of these
+integers). The query codes go in dim order, as for the int8 cache: a code word's low nibbles are 4 consecutive elements
+of its sub-block (16s+0..3 in the first word of the pair, 16s+4..7 in the second) in byte order, and so are its high
+nibbles (16s+8..11, 16s+12..15), so either nibble of a word masked into bytes lines up with one query word (unlike the
+int4 cache's words, whose even and odd nibbles are alternate dims). The logit of a lane's sub-block is
+e4m3 * f32(sum of dot4I8Packed(q word, doubled E2M1 word)); the lanes' sum times the head's query scale with
+scale*log2(e), s_t K and the 1/2 of the doubled values, one per-lane factor (where the f32 kernel folds s_t K into its
+query). The integer dot is exact (16 codes a sub-block: |dot| <= 16 x 128 x 12 = 24576 < 2^24), and so is its product
+with the E4M3 scale (4 + 15 significant bits); what rounds is the sum over the lane's sub-blocks and the lanes, and the
+query scale's multiply: fewer roundings than the f32 kernel's dot. So against its own oracle (the float64 decode of the
+dequantised int8 query over the dequantised cache) the variant is as exact as the f32 kernel: tolerance(). P.V is the
+f32 kernel's. Unrolled kernels only (the looped kernel is the exact f32 one). Tests tests/test_fast_decode_nvfp4_i8.py;
+timed by kvviz bench --variants.
+
 Shapes it cannot take (head size not a multiple of 16 or over 256, a GQA group outside 1..16) raise
 UnsupportedShape from plan(); the method then keeps the first-wave path (kvviz/families/fp4/method.py).
 """
@@ -94,17 +110,21 @@ def prefetch_words(lay: fd.Layout) -> int:
 
 # ---------------------------------------------------------------------------------- code generation
 def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, prefetch: bool = False,
-           scatter: bool = False, looped: bool = False, fold: bool = False) -> dict:
+           scatter: bool = False, looped: bool = False, fold: bool = False, qk: str = "f32") -> dict:
     """The {{...}} values of fp4/decode_fast.wgsl for one shape. block_size > 0 renders the block size as a
     constant (fast_decode.render's const_block); 0 reads it from the immediates. prefetch: software
     pipelining (fast_decode.render's; same arithmetic, bit-identical outputs). scatter: fast_decode's
     reduce-scatter softmax (L >= 2; the V tensor scale is the owners' weight scale). looped: the looped kernel
     (attention/split_looped.wgsl.j2 over fp4/records.wgsl.j2; fast_decode.render's looped). A layout whose lanes
     walk more dims than the head (padded) reads clamped words there and never writes them. fold: the reduce folded
-    in (fast_decode.fold_defines; the spec is then fast_decode.folded(SPLIT)); the unrolled kernel only."""
+    in (fast_decode.fold_defines; the spec is then fast_decode.folded(SPLIT)); the unrolled kernel only. qk "i8": the
+    int8-query variant (the module's docstring), the unrolled kernel only."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
+    i8 = check_qk(qk)
+    if i8 and looped:
+        raise InvalidInput("the looped kernel is the exact f32 one: the qk='i8' variant is unrolled")
     dpl = lay.dims_per_lane
     if dpl % 4 or not (SUB % dpl == 0 or dpl % SUB == 0):
         raise InvalidInput(f"nvfp4 fast decode: {dpl} dims a lane neither lie inside a 16-element sub-block nor cover whole ones")
@@ -112,16 +132,25 @@ def render(head_size: int, group: int, lay: fd.Layout, block_size: int = 0, pref
     span = lay.span
     values = dict(D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=span + 2, sub=SUB, ncw=ncw, nsw=nsw,
                   e2m1_unit=E2M1_UNIT, scatter=scatter, prefetch=prefetch, pad=span > D, nsb=D // SUB,
-                  bsx=f"{block_size}u" if block_size > 0 else "p.block_size")
+                  bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
+                  i8=i8, qrec=D // 4 + 1)  # an int8 query record: D/4 code words + its f32 scale word
     if looped:
         values.update(fns="fp4/records.wgsl.j2", qfactor="qsc", span=span, chunks=lay.chunks, G=G // lay.chunks)
     return {
         "FORMAT": "nvfp4", "D": str(D), "G": str(values["G"]), "L": str(L), "RG": str(RG), "U": str(U),
         "WG": str(lay.workgroup), "WPT": str(f4.words_per_token(D)), "SW": str(f4.scale_words(D)), "DPL": str(dpl),
         "STRIDE": str(D + 2), "SHARED": "1" if looped else str(max(1, RG // 2) * G * (span + 2)),
+        "Q_TYPE": "u32" if i8 else "f32", "VARIANT": "looped" if looped else fd.variant_name(qk),
         **render_defines("attention/split_looped.wgsl.j2" if looped else "fp4/decode_fast.wgsl.j2", **values),
         **fd.fold_defines(SPLIT, G, lay.workgroup, fold and not looped),
     }
+
+
+def check_qk(qk: str) -> bool:
+    """Whether `qk` asks for the int8-query variant (InvalidInput for an unknown one)."""
+    if qk not in fd.QK_VARIANTS:
+        raise InvalidInput(f"fast nvfp4 decode variant qk={qk!r}: one of {fd.QK_VARIANTS}")
+    return qk == "i8"
 
 
 # ---------------------------------------------------------------------------------- launcher
@@ -138,11 +167,16 @@ class Fp4FastDecode(fd.SiblingDecode):
         return self._layout(_FMT, head_size, group, subgroups, unroll, rows, lanes)
 
     def kernel(self, head_size: int, group: int, block_size: int = 0, prefetch: bool | None = None,
-               scatter: bool | None = None, looped: bool | None = None, fold: bool = False, **kw):
+               scatter: bool | None = None, looped: bool | None = None, fold: bool = False, qk: str = "f32", **kw):
         """prefetch None: where a lane's words of a step fit fast_decode.PREFETCH_MAX_WORDS (prefetch_words).
         scatter None: fast_decode.SCATTER where a row has 2+ lanes. looped None: fast_decode.use_looped (not when
-        prefetch or scatter is given). fold: the reduce folded in (unrolled only). Returns (kernel, layout, looped)."""
+        prefetch or scatter is given; never for qk "i8", which is unrolled). fold: the reduce folded in (unrolled
+        only). Returns (kernel, layout, looped)."""
         looped = fd.fold_looped(fold, looped)
+        if check_qk(qk):
+            if looped:
+                raise InvalidInput("the looped kernel is the exact f32 one: the qk='i8' variant is unrolled")
+            looped = False
         most = self._fast.lane_cap(kw.get("subgroups"), kw.get("lanes", 16))
         lay, looped = self._looped(self.layout(head_size, group, **kw), group, looped, most, prefetch, scatter)
         if looped:
@@ -152,16 +186,19 @@ class Fp4FastDecode(fd.SiblingDecode):
         if scatter is None:
             scatter = fd.SCATTER and lay.lanes > 1
         spec = fd.folded(SPLIT) if fold else SPLIT
-        return self.rt.compile(spec, **render(head_size, group, lay, block_size, prefetch, scatter, looped, fold)), lay, looped
+        return self.rt.compile(spec, **render(head_size, group, lay, block_size, prefetch, scatter, looped, fold,
+                                              qk)), lay, looped
 
     def plan(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, *,
              partition_tokens: int | None = None, subgroups: bool | None = None, unroll: int = 2, rows: int = 0,
              lanes: int = 16, const_block: bool = True, prefetch: bool | None = None,
-             scatter: bool | None = None, looped: bool | None = None, fold: bool | None = None) -> Fp4DecodePlan:
+             scatter: bool | None = None, looped: bool | None = None, fold: bool | None = None,
+             qk: str = "f32") -> Fp4DecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, one query per sequence) over the nvfp4 caches `k`, `v`
         (GPU buffers of [num_blocks, kv_heads, block_size, wpt] u32 words, the method's writer's) and its
         tensor-scale buffer `tensor` ([amax K, amax V, s_t K, s_t V] f32 bits). fold: the reduce folded in
-        (default fast_decode.FOLD; False: the separate reduce)."""
+        (default fast_decode.FOLD; False: the separate reduce). qk "i8": the int8-query variant (the module's
+        docstring), against its own oracle; the default "f32" is the exact kernel."""
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         why = unsupported(D, G)
@@ -173,9 +210,11 @@ class Fp4FastDecode(fd.SiblingDecode):
             raise InvalidInput("fast nvfp4 decode: the tensor-scale buffer (4 words: amax K, amax V, s_t K, s_t V) is missing")
         kern, lay, looped = self.kernel(D, G, batch.block_size if const_block else 0, subgroups=subgroups,
                                         unroll=unroll, rows=rows, lanes=lanes, prefetch=prefetch, scatter=scatter,
-                                        looped=looped, fold=fd.plan_fold(fold))
+                                        looped=looped, fold=fd.plan_fold(fold), qk=qk)
+        label = "nvfp4" + (f" ({fd.variant_name(qk)})" if qk != "f32" else "")
         return self._launch(kern, lay, k, v, [tensor], num_kv_heads, q, batch, scale, partition_tokens,
-                            f4.words_per_token(D), "nvfp4", looped, fd.plan_fold(fold))
+                            f4.words_per_token(D), label, looped, fd.plan_fold(fold),
+                            fd.query_records_i8(q) if qk == "i8" else None)
 
     def decode(self, k, v, tensor, num_kv_heads: int, q, batch: PagedBatch, scale: float, **kw) -> np.ndarray:
         """Run the fast decode: [num_seqs, num_heads, head_size] f32."""
