@@ -60,6 +60,30 @@ def file_sha256(path, block: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# exp(code * STEP - RANGE) of every code: a stored row's probabilities up to one factor a row, by one look-up a value
+_CODE_PROB = np.exp(np.arange(65536, dtype=np.float64) * STEP - RANGE)
+
+
+def shifted_logits(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(z, lse): z = logits - their row maximum, float64 [N, V]; lse = log sum exp z [N] (log p = z - lse)."""
+    z = np.array(logits, np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    return z, np.log(np.exp(z).sum(axis=1))
+
+
+def kld_from_codes(codes: np.ndarray, z: np.ndarray, lse: np.ndarray) -> np.ndarray:
+    """KL(stored rows || the distribution of logits) [N], from the codes [N, V] and shifted_logits' (z, lse), without
+    decoding the stored rows: with w = exp(code * STEP - RANGE) and S = sum w, a stored row is p = w / S,
+    log p = code * STEP - RANGE - log S (the row's maximum cancels), so
+      KL = sum p (log p - (z - lse)) = sum w (code * STEP - z) / S - RANGE - log S + lse.
+    The terms are of the size of a log-probability, so in float64 the difference keeps KL to about 1e-14."""
+    w = _CODE_PROB[codes]
+    S = w.sum(axis=1)
+    d = codes * STEP
+    d -= z
+    return np.einsum("ij,ij->i", w, d) / S - RANGE - np.log(S) + lse
+
+
 def encode(logp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(codes [N, V] uint16, row maxima [N] float64) of log-probabilities [N, V]."""
     lp = np.asarray(logp, np.float64)
@@ -177,20 +201,23 @@ class BaselineWriter:
         self.n = 0
         self._floor = []
 
-    def add(self, logp: np.ndarray, tokens: np.ndarray, position: np.ndarray, chunk: int) -> BaseRows:
-        """Store one chunk's scored rows (exact float64 log-probabilities [n, V]); returns them as stored."""
-        return self.put(self.encode_rows(logp, tokens, position, chunk))
+    def add(self, logits: np.ndarray, tokens: np.ndarray, position: np.ndarray, chunk: int) -> BaseRows:
+        """Store one chunk's scored rows (their logits [n, V], or any log-probabilities of the same distributions);
+        returns them as stored."""
+        return self.put(self.encode_rows(logits, tokens, position, chunk))
 
     @staticmethod
-    def encode_rows(logp: np.ndarray, tokens: np.ndarray, position: np.ndarray, chunk: int) -> dict:
-        """What `put` stores of rows logp [n, V]: the arithmetic alone (no state), so that several blocks of rows
-        can be encoded at once on other threads and stored in order."""
-        n = logp.shape[0]
-        codes, top = encode(logp)
+    def encode_rows(logits: np.ndarray, tokens: np.ndarray, position: np.ndarray, chunk: int) -> dict:
+        """What `put` stores of rows logits [n, V]: the arithmetic alone (no state), so that several blocks of rows
+        can be encoded at once on other threads and stored in order. The codes come from z = logits - max (log p -
+        max log p = z), the row's largest log p is -lse, and the stored rows' distance to the exact ones
+        (kld_floor) from kld_from_codes."""
+        n = logits.shape[0]
+        z, lse = shifted_logits(logits)
         rows = np.arange(n)
-        stored = BaseRows(codes, top, -logp[rows, tokens], np.argmax(logp, axis=1).astype(np.int32))
-        lp_hat = stored.logp()
-        floor = np.einsum("ij,ij->i", np.exp(lp_hat), lp_hat - logp)
+        codes = np.clip(np.rint((z + RANGE) / STEP), 0, 65535).astype(np.uint16)
+        stored = BaseRows(codes, -lse, lse - z[rows, tokens], np.argmax(z, axis=1).astype(np.int32))
+        floor = kld_from_codes(codes, z, lse)
         return {"stored": stored, "tokens": tokens, "position": position, "chunk": chunk, "floor": floor}
 
     def put(self, enc: dict) -> BaseRows:

@@ -254,7 +254,7 @@ def _attention(em: EvalModel, run: MethodRun, method, errors) -> ChunkAttention:
 def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: ProgressFn | None = None,
              cancel: CancelFn | None = None, label: str = "") -> dict:
     """Every chunk through `run`'s caches. After each chunk, for its scored positions r0 .. r0+n-1 (counted from
-    the chunk's first scored one), up to ROWS at a time: on_rows(i, r0, logp [n, vocab] float64) on a host thread (any
+    the chunk's first scored one), up to ROWS at a time: on_rows(i, r0, logits [n, vocab] float32) on a host thread (any
     order, several at once: it must only compute), and what it returns, when callable, called with no argument
     on this thread in the rows' order (to store them).
     Returns {"layer_error": [...], "cache_path": ..., "wall_s": ...}."""
@@ -273,9 +273,6 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
                 done = f.result()
                 if callable(done):
                     done()
-
-    def rows_of(i: int, r0: int, block: np.ndarray):
-        return on_rows(i, r0, qs.log_softmax(block))
 
     with ThreadPoolExecutor(HOST_THREADS, thread_name_prefix="kvviz-eval-rows") as pool:
         try:
@@ -303,7 +300,7 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
                         runner.prefill(piece, attend_chunk=attn, progress=step, cancel=cancel)
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 n = logits.shape[0] - 1  # the last position has no next token
-                queued.append((i, [pool.submit(rows_of, i, r0, logits[r0:min(r0 + per_task, n)])
+                queued.append((i, [pool.submit(on_rows, i, r0, logits[r0:min(r0 + per_task, n)])
                                    for r0 in range(0, n, per_task)]))
                 del attn, logits
                 commit(AHEAD)
@@ -339,9 +336,9 @@ def ensure_baseline(em: EvalModel, progress: ProgressFn | None = None, cancel: C
     w = BaselineWriter(ident, ch.scored, em.cfg.vocab, info, root)
     pos = ch.positions()
 
-    def add(i, r0, logp):
-        sl = slice(r0, r0 + logp.shape[0])
-        enc = w.encode_rows(logp, ch.targets(i)[sl], pos[sl], i)
+    def add(i, r0, logits):
+        sl = slice(r0, r0 + logits.shape[0])
+        enc = w.encode_rows(logits, ch.targets(i)[sl], pos[sl], i)
         return lambda: w.put(enc)
 
     try:
@@ -361,10 +358,10 @@ def measure(em: EvalModel, store: BaselineStore, run: MethodRun, progress: Progr
     parts: list[qs.PositionValues] = []
     pos = ch.positions()
 
-    def add(i, r0, logp):
-        sl = slice(r0, r0 + logp.shape[0])
+    def add(i, r0, logits):
+        sl = slice(r0, r0 + logits.shape[0])
         _, base = store.rows(i, sl)
-        v = qs.position_values(logp, base, ch.targets(i)[sl], pos[sl], i)
+        v = qs.position_values(logits, base, ch.targets(i)[sl], pos[sl], i)
         return lambda: parts.append(v)
 
     method = run.build(em.cfg)

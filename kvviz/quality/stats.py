@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.metrics import mean_and_error  # llama.cpp's mean_and_uncertainty
+from kvviz.quality.baseline import kld_from_codes, shifted_logits
 
 PERCENTILES = (0.9, 0.95, 0.99, 0.999)
 # log10 KLD bin edges of the stored distribution: 1e-10 .. 1e2 in tenths of a decade
@@ -156,20 +157,18 @@ def histogram_edges(h: dict) -> np.ndarray:
     return h["log10_from"] + h["log10_step"] * np.arange(n + 1)
 
 
-def position_values(logp_q: np.ndarray, base, tokens: np.ndarray, position: np.ndarray,
+def position_values(logits_q: np.ndarray, base, tokens: np.ndarray, position: np.ndarray,
                     chunk: int) -> PositionValues:
-    """PositionValues of one chunk's scored rows: logp_q [N, vocab] float64 log-probabilities of the run,
-    `base` the baseline's BaseRows of the same rows, `tokens` the next tokens [N]."""
+    """PositionValues of one chunk's scored rows: logits_q [N, vocab] of the run (or its log-probabilities),
+    `base` the baseline's BaseRows of the same rows, `tokens` the next tokens [N]. KL(stored baseline || run) by
+    kvviz.quality.baseline.kld_from_codes (the stored rows normalised, as decode_with_probs reads them)."""
     rows = np.arange(tokens.size)
-    lq_tok = logp_q[rows, tokens]
-    lb, pb = base.logp_probs()  # [N, vocab] float64, the stored baseline distribution (normalised)
-    lb -= logp_q
-    kld = np.einsum("ij,ij->i", pb, lb)
-    kld = np.maximum(kld, 0.0)
-    nll = -lq_tok
+    z, lse = shifted_logits(logits_q)
+    nll = lse - z[rows, tokens]
+    kld = np.maximum(kld_from_codes(np.asarray(base.codes), z, lse), 0.0)
     nll_b = np.asarray(base.nll, np.float64)
     return PositionValues(
-        nll=nll, nll_base=nll_b, kld=kld, same_top=np.argmax(logp_q, axis=1) == np.asarray(base.top),
+        nll=nll, nll_base=nll_b, kld=kld, same_top=np.argmax(z, axis=1) == np.asarray(base.top),
         p_diff=np.exp(-nll) - np.exp(-nll_b), position=np.asarray(position, np.int64),
         chunk=np.full(tokens.size, int(chunk), np.int64))
 
