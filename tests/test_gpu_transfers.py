@@ -64,3 +64,33 @@ fn main() { o[0] = o[0] * 2u + p.add; }
         rt.submit([kern.dispatch((1, 1, 1), [buf], imm=np.uint32(i).tobytes())])
         want = want * 2 + i
     assert int(rt.read(buf, np.uint32)[0]) == want
+
+
+def test_bind_groups_are_reused_and_dropped_with_their_buffers(rt):
+    """A dispatch of a kernel over the same buffers reuses its bind group; a new buffer (even one at a dropped
+    buffer's id) gets its own, and dropping a buffer drops the bind groups over it (they would hold its memory)."""
+    import gc
+
+    from kvviz.gpu.copy import COPY_VEC4
+
+    kern = rt.compile(COPY_VEC4)
+    src = rt.upload(np.arange(64, dtype=np.uint32), "bind-group-src")
+
+    def copy_into(dst):
+        d = kern.dispatch((1, 1, 1), [src, dst], n_vec4=16, stride=256)
+        rt.run([d])
+        return rt._bind_group(d)
+
+    dst = rt.empty(256, "bind-group-dst")
+    first = copy_into(dst)
+    assert copy_into(dst) is first and np.array_equal(rt.read(dst, np.uint32), np.arange(64))
+    held = len(rt._groups)
+    for i in range(20):  # new buffers, some at the ids of dropped ones: each copy lands in its own buffer
+        del dst
+        gc.collect()
+        dst = rt.empty(256, "bind-group-dst")
+        rt.write(dst, np.zeros(64, np.uint32))
+        copy_into(dst)
+        assert np.array_equal(rt.read(dst, np.uint32), np.arange(64))
+    rt._bind_group(kern.dispatch((1, 1, 1), [src, dst], n_vec4=16, stride=256))  # purges the dropped buffers' groups
+    assert len(rt._groups) <= held

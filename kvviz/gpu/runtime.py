@@ -57,8 +57,12 @@ PROBES = (LOOP_PROBE,)
 
 # Staging buffers are reused and never larger than this; bigger transfers go in chunks.
 STAGING_CHUNK = 64 << 20
-# Uploads up to this size go through the queue's own staging (queue.write_buffer).
-SMALL_WRITE = 1 << 20
+# Uploads up to this size go through the queue's own staging (queue.write_buffer), which does not wait for the GPU;
+# bigger ones map a staging buffer of ours, a wait for the work queued before (they are weights and caches, written
+# once, where a second copy in the queue's staging would cost memory).
+SMALL_WRITE = 16 << 20
+# Bind groups kept for reuse (a dispatch of the same kernel over the same buffers: a model's layers every chunk)
+BIND_GROUPS = 4096
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,12 @@ class GpuRuntime:
         self._kernels: dict[tuple, Kernel] = {}
         self._shared: dict | None = None  # shared_inputs(): (address, nbytes, binding) -> buffer
         self._shared_ranges: list[tuple[int, int]] = []
+        # (layout, (id(buffer), offset, size) ...) -> (bind group, weak references to its buffers): a hit only while
+        # every buffer is the same live object (an id is reused only after its object is gone). A bind group holds
+        # its buffers' memory on the device, so an entry goes as soon as one of them is dropped (the next
+        # dispatch removes the entries whose buffers' weak references have called back into _stale).
+        self._groups: collections.OrderedDict = collections.OrderedDict()
+        self._stale: list = []
         # Kernels built before on this adapter (the driver's cache has their machine code), and what was built here.
         ident = adapter_identity(info)
         if self.driver_cache.off and "mesa" in self.summary.driver.lower():
@@ -647,14 +657,23 @@ class GpuRuntime:
         return {d.kernel.digest: d.kernel.name for d in dispatches if d.kernel.digest in self._first_runs}
 
     def _bind_group(self, d: Dispatch):
-        entries = []
-        for i, b in enumerate(d.buffers):
-            if isinstance(b, tuple):
-                buf, off, size = b
-                entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
-            else:
-                entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
-        return self.device.create_bind_group(layout=d.kernel.bind_group_layout, entries=entries)
+        while self._stale:
+            self._groups.pop(self._stale.pop(), None)
+        spans = [b if isinstance(b, tuple) else (b, 0, b.size) for b in d.buffers]
+        key = (id(d.kernel.bind_group_layout), tuple((id(b), off, size) for b, off, size in spans))
+        hit = self._groups.get(key)
+        if hit is not None and all(r() is b for r, (b, _, _) in zip(hit[1], spans)):
+            self._groups.move_to_end(key)
+            return hit[0]
+        entries = [{"binding": i, "resource": {"buffer": b, "offset": off, "size": size}}
+                   for i, (b, off, size) in enumerate(spans)]
+        group = self.device.create_bind_group(layout=d.kernel.bind_group_layout, entries=entries)
+        gone = self._stale.append
+        self._groups[key] = (group, [weakref.ref(b, lambda _, key=key: gone(key)) for b, _, _ in spans])
+        self._groups.move_to_end(key)
+        while len(self._groups) > BIND_GROUPS:
+            self._groups.popitem(last=False)
+        return group
 
     def _check_grid(self, d: Dispatch) -> None:
         for g in d.grid:
