@@ -305,6 +305,36 @@ def test_the_gpu_and_numpy_forwards_give_the_same_statistics(tiny, ctx, tmp_path
 
 
 @pytest.mark.gpu
+def test_the_gpu_forward_keeps_a_prefill_on_the_device(tiny, ctx, tmp_path, monkeypatch):
+    """On the GPU forward a layer's attention that is one prefill stays on the device (copied into the forward's
+    activations there; its checked rows read after the chunk): the same numbers, to the bit, as reading it back and
+    writing it again."""
+    from kvviz.methods.live_cache import LiveCache
+
+    path, text = tiny
+    common = dict(model_path=path, texts=(text,), ctx=32, chunks=2, methods=("f32", "q8_0"), error_stride=8,
+                  forward="gpu")
+    later = []
+    finish = qr.ChunkAttention.finish
+
+    def counted(self):
+        later.append(len(self._later))
+        finish(self)
+
+    monkeypatch.setattr(qr.ChunkAttention, "finish", counted)
+    on_device = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "a")
+    assert sum(later) > 0
+    monkeypatch.setattr(LiveCache, "attend_causal_on_device", lambda self, layer, q, start:
+                        self.attend_causal(layer, q, start))
+    later.clear()
+    host = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "b")
+    assert sum(later) == 0
+    for a, b in zip(on_device["rows"], host["rows"]):
+        for k in ("ppl", "ppl_base", "kld_mean", "kld_max", "same_top", "layer_error"):
+            assert a[k] == b[k], (a["spec"], k)
+
+
+@pytest.mark.gpu
 def test_kivi_gives_the_same_numbers_on_both_forwards_past_one_piece(ctx, tmp_path):
     """A chunk of 640 tokens goes to the caches in the eval's pieces (512, then 128) on either forward (the GPU
     forward would take it whole): KIVI keeps its recent window exact relative to what a piece has written, so a piece

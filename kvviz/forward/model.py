@@ -9,7 +9,8 @@ A chunk of T tokens at positions p0.. goes through: the embedding lookup, then p
 and the final norm and the logits product (soft-capped where the plan says so). Everything stays on the device
 except where the caller takes part:
   attend      (per token, the numpy runner's hook) attend(layer, q [H, D], k [n_kv, D], v, pos) -> [H, D]
-  attend_chunk (batched prefill) attend_chunk(layer, q [T, H, D], k [n_kv, T, D], v, start) -> [T, H, D]
+  attend_chunk (batched prefill) attend_chunk(layer, q [T, H, D], k [n_kv, T, D], v, start) -> [T, H, D] (or
+                 DeviceRows of that shape on this runtime, submitted: copied into the activations on the device)
   kv_sink     kv_sink(layer, k [n_kv, T, D], v, start): the keys (after RoPE) and values of each layer
 The hooks get the GPU's q/k/v (read back once a layer) and hand their attention back (written once a layer); the
 runner's own cache is written either way, so `kv()` and a later step without a hook stay valid. Without a hook the
@@ -29,7 +30,8 @@ import numpy as np
 from kvviz.errors import Cancelled, DeviceLimitError, InvalidInput, KvvizError, NonFiniteResult, UnsupportedShape
 from kvviz.forward.kernels import WEIGHT_DTYPES, DeviceMatrix, ForwardKernels, f16_exact, upload_matrix
 from kvviz.forward.plan import ForwardPlan, plan_of
-from kvviz.gpu.runtime import GpuRuntime
+from kvviz.gpu.copy import copy_dispatch
+from kvviz.gpu.runtime import DeviceRows, GpuRuntime
 from kvviz.sources.llama_numpy import Capture, LlamaRunner
 
 log = logging.getLogger("kvviz.forward")
@@ -541,11 +543,15 @@ class GpuRunner:
                 if token_hook is not None:
                     rt.write(act.o, np.ascontiguousarray(self._call_token_hook(token_hook, li, q, kk, vv, p0), _F32))
                 elif chunk_hook is not None:
-                    o = np.asarray(chunk_hook(li, np.ascontiguousarray(q), kk, vv, p0))
-                    if o.shape != (t, nh, D):
-                        raise InvalidInput(f"attend_chunk() returned shape {o.shape} for layer {li}, expected "
+                    o = chunk_hook(li, np.ascontiguousarray(q), kk, vv, p0)
+                    shape = tuple(o.shape) if isinstance(o, DeviceRows) else np.shape(o)
+                    if shape != (t, nh, D):
+                        raise InvalidInput(f"attend_chunk() returned shape {shape} for layer {li}, expected "
                                            f"{(t, nh, D)}", "The chunk attention hook must return [T, n_heads, head_size].")
-                    rt.write(act.o, np.ascontiguousarray(o, _F32))
+                    if isinstance(o, DeviceRows):  # submitted on the device: copied there into the activations
+                        pending.append(copy_dispatch(rt, o.buffer, act.o, t * nq * 4))
+                    else:
+                        rt.write(act.o, np.ascontiguousarray(o, _F32))
                 else:
                     pending += self._attention(lw, kc, vc, act, t, p0)
                 pending += self._tail(lw, act, t)

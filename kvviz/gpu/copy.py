@@ -32,6 +32,15 @@ def _buffers(rt: GpuRuntime, nbytes: int, binding: bool):
     return src, dst, nbytes
 
 
+def copy_dispatch(rt: GpuRuntime, src, dst, nbytes: int) -> Dispatch:
+    """The first `nbytes` (a multiple of 16) of `src` into `dst`, on the device: one dispatch of the copy shader."""
+    if nbytes % 16:
+        raise ValueError(f"the copy shader moves 16-byte vectors: {nbytes} bytes is not a multiple of 16")
+    n_vec4 = nbytes // 16
+    groups = max(1, min(rt.max_grid, -(-n_vec4 // 256)))
+    return rt.compile(COPY_VEC4).dispatch((groups, 1, 1), [src, dst], n_vec4=n_vec4, stride=groups * 256)
+
+
 def copy_shader_dispatches(rt: GpuRuntime, nbytes: int) -> tuple[list[Dispatch], int]:
     nbytes = min(nbytes, rt.max_binding)
     src, dst, nbytes = _buffers(rt, nbytes, True)

@@ -176,6 +176,18 @@ class Dispatch:
     immediates: bytes = b""
 
 
+@dataclass(frozen=True)
+class DeviceRows:
+    """A float32 result left on the device: `buffer` holds an array of `shape` (C order) from byte 0, and the work
+    that writes it is submitted. A consumer on the device reads it there; `read` brings it to the host."""
+
+    buffer: object
+    shape: tuple
+
+    def read(self, rt: "GpuRuntime") -> np.ndarray:
+        return rt.read(self.buffer, np.float32, self.shape, nbytes=int(np.prod(self.shape)) * 4)
+
+
 @dataclass
 class _StagingPool:
     device: object

@@ -37,6 +37,7 @@ import numpy as np
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.attention import prefill
 from kvviz.attention.paged import check_head_size
+from kvviz.gpu.runtime import DeviceRows
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.paging import BlockAllocator, PagedBatch, batch_from_blocks
 
@@ -111,6 +112,7 @@ class LiveCache(ABC):
     # sliding window as a ring (position p in slot p mod W; kvviz/methods/live_window.py)
     ring_safe: bool = False
     softcap: float = 0.0  # the model's attention logits soft-cap (0: none): see the module docstring
+    _device_out: bool = False  # inside attend_causal_on_device: a prefill's output stays on the device
 
     def __init__(self, ctx, table: BlockTable, n_layers: int, n_heads: int, n_kv_heads: int, head_size: int,
                  scale: float):
@@ -149,10 +151,21 @@ class LiveCache(ABC):
             out[t] = self.attend(layer, q[t], start + t + 1)
         return out
 
+    def attend_causal_on_device(self, layer: int, q: np.ndarray, start: int) -> "np.ndarray | DeviceRows":
+        """attend_causal, its output left on the device where it is one prefill's [T, n_heads, D] f32 (DeviceRows:
+        submitted, not waited for, so a forward on the device takes it from there without a read-back); else the
+        host array attend_causal gives."""
+        self._device_out = True
+        try:
+            return self.attend_causal(layer, q, start)
+        finally:
+            self._device_out = False
+
     def _prefill(self, layer: int, q: np.ndarray, start: int, plan) -> np.ndarray:
         """Run `plan(q, batch)` (a method's prefill_plan over the cache of positions 0..start+T-1, or None where it
-        has none) and read its output; the decode loop where there is no plan or the prefill refuses the shape (a
-        soft-capped cache refuses: its decode has no cap)."""
+        has none) and read its output (or, inside attend_causal_on_device, leave it on the device); the decode loop
+        where there is no plan or the prefill refuses the shape (a soft-capped cache refuses: its decode has no
+        cap)."""
         q = self._causal_query(q, start)
         if not q.shape[0]:
             return q.copy()
@@ -167,6 +180,9 @@ class LiveCache(ABC):
             log.info("%s: %s; the decode runs once a query", self.method_id,
                      why or "no prefill kernel for this shape")
             return LiveCache.attend_causal(self, layer, q, start)
+        if self._device_out and p.head_size in (0, p.shape[2]):
+            self.ctx.rt.submit(p.dispatches)
+            return DeviceRows(p.out, tuple(p.shape))
         return self.ctx.prefill.run(p)
 
     def _no_capped_prefill(self, why: str = "") -> UnsupportedShape:

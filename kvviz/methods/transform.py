@@ -353,6 +353,9 @@ class TransformedLiveCache(LiveCache):
     def attend_causal(self, layer, q, start):
         return self.maps.v_back(self.inner.attend_causal(layer, self.maps.q(q), start))
 
+    def attend_causal_on_device(self, layer, q, start):
+        return self.attend_causal(layer, q, start)  # the output is rotated back on the host
+
     def append_attend(self, layer, q, k, v, pos):
         kk, vv = self._kv(k, v)
         return self.maps.v_back(self.inner.append_attend(layer, self.maps.q(q), kk, vv, pos))

@@ -35,6 +35,7 @@ import numpy as np
 from kvviz.errors import Cancelled, InvalidInput
 from kvviz.families.registry import get_method
 from kvviz.forward.select import ForwardChoice, make_runner
+from kvviz.gpu.runtime import DeviceRows
 from kvviz.methods.base import batch_layouts
 from kvviz.methods.live_cache import BlockTable, cache_kind
 from kvviz.methods.live_window import make_model_cache
@@ -108,11 +109,16 @@ class _LayerError:
         self.ref2 = np.zeros(n_layers)
         self.count = np.zeros(n_layers, np.int64)
 
-    def add(self, layer: int, q, k_all, v_all, out, start: int) -> None:
-        """q [T, H, D], k_all / v_all [n_kv, start+T, D] (exact), out [T, H, D] what the cache gave."""
-        if not self.stride:
+    def rows(self, t: int) -> np.ndarray:
+        """The queries of a piece of t that are checked."""
+        return np.arange(0, t, self.stride) if self.stride else np.zeros(0, np.int64)
+
+    def add(self, layer: int, q, k_all, v_all, out_rows, start: int) -> None:
+        """q [T, H, D], k_all / v_all [n_kv, start+T, D] (exact), out_rows [len(rows(T)), H, D] what the cache gave
+        at the checked queries."""
+        rows = self.rows(q.shape[0])
+        if not rows.size:
             return
-        rows = np.arange(0, q.shape[0], self.stride)
         c = self.cfg
         w = c.window(layer) if hasattr(c, "window") else 0
         end = start + int(rows[-1]) + 1  # the last checked query's extent: later keys are masked for all of them
@@ -120,7 +126,7 @@ class _LayerError:
         ref = gqa_attention(np.ascontiguousarray(q[rows].transpose(1, 0, 2)), k_all[:, :end], v_all[:, :end],
                             scale=getattr(c, "query_scale", None), cap=getattr(c, "attn_softcap", 0.0), window=w,
                             q_pos=start + rows).transpose(1, 0, 2).astype(np.float64)
-        self.err2[layer] += float(np.sum((out[rows].astype(np.float64) - ref) ** 2))
+        self.err2[layer] += float(np.sum((np.asarray(out_rows, np.float64) - ref) ** 2))
         self.ref2[layer] += float(np.sum(ref ** 2))
         self.count[layer] += rows.size
 
@@ -133,25 +139,52 @@ class _LayerError:
 class ChunkAttention:
     """The runner's attend_chunk hook for one chunk: each layer's K/V written into its cache, then causal
     attention over it. `caches[layer]` is the cache layer `layer` uses (one shared cache for all layers,
-    or the f32 cache for the layers a single-layer run leaves unquantised)."""
+    or the f32 cache for the layers a single-layer run leaves unquantised).
+    With `rt` (the GPU forward's runtime), an attention that is one prefill stays on the device (DeviceRows: the
+    forward copies it into its activations there), and its checked rows are read after the chunk (`finish`),
+    when the GPU has done the chunk: a layer then waits for the GPU once (its q, K and V), not twice."""
 
-    def __init__(self, caches: list, n_kv: int, head_size: int, ctx_len: int, errors: _LayerError | None):
+    def __init__(self, caches: list, n_kv: int, head_size: int, ctx_len: int, errors: _LayerError | None,
+                 rt=None):
         self.caches = caches
         self.errors = errors
+        self.rt = rt
         n_layers = len(caches)
         self._k = np.zeros((n_layers, n_kv, ctx_len, head_size), _F32) if errors is not None and errors.stride else None
         self._v = np.zeros_like(self._k) if self._k is not None else None
+        self._later: list = []  # (layer, q, start, DeviceRows) whose checked rows are read in finish()
 
-    def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int):
         cache = self.caches[layer]
         cache.extend(layer, k, v, start)
-        out = np.asarray(cache.attend_causal(layer, q, start), _F32)
+        if self.rt is not None:
+            out = cache.attend_causal_on_device(layer, q, start)
+        else:
+            out = np.asarray(cache.attend_causal(layer, q, start), _F32)
         if self._k is not None:
             t = k.shape[1]
             self._k[layer, :, start:start + t] = k
             self._v[layer, :, start:start + t] = v
-            self.errors.add(layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], out, start)
+            if isinstance(out, DeviceRows):
+                self._later.append((layer, q, start, out))
+            else:
+                out = np.asarray(out, _F32)
+                self._check(layer, q, start, out[self.errors.rows(t)])
         return out
+
+    def _check(self, layer: int, q, start: int, out_rows) -> None:
+        t = q.shape[0]
+        self.errors.add(layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], out_rows, start)
+
+    def finish(self) -> None:
+        """The checked rows of the attentions left on the device, read back and added to the layer errors."""
+        for layer, q, start, out in self._later:
+            t, h, d = out.shape
+            rows = self.errors.rows(t)
+            row = h * d * 4
+            got = self.rt.read_spans(out.buffer, [(int(r) * row, row) for r in rows], np.float32)
+            self._check(layer, q, start, got.reshape(rows.size, h, d))
+        self._later.clear()
 
 
 class PartCache:
@@ -191,6 +224,9 @@ class PartCache:
 
     def attend_causal(self, layer: int, q: np.ndarray, start: int) -> np.ndarray:
         return self.f32.attend_causal(layer, q, start)
+
+    def attend_causal_on_device(self, layer: int, q: np.ndarray, start: int):
+        return self.f32.attend_causal_on_device(layer, q, start)
 
 
 # ---------------------------------------------------------------------------------------------- passes
@@ -248,7 +284,9 @@ def _attention(em: EvalModel, run: MethodRun, method, errors) -> ChunkAttention:
     if run.layer is not None:
         f32 = em.cache(BASELINE)
         caches = [cache if li == run.layer else f32 for li in range(c.n_layers)]
-    return ChunkAttention(caches, c.n_kv_heads, c.head_size, em.chunking.ctx, errors)
+    on_device = em.choice is not None and em.choice.path == "gpu"
+    return ChunkAttention(caches, c.n_kv_heads, c.head_size, em.chunking.ctx, errors,
+                          em.gpu.rt if on_device else None)
 
 
 def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: ProgressFn | None = None,
@@ -298,6 +336,7 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
                                                    logits_from=max(0, ch.first - p0), progress=step, cancel=cancel))
                     else:
                         runner.prefill(piece, attend_chunk=attn, progress=step, cancel=cancel)
+                attn.finish()
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 n = logits.shape[0] - 1  # the last position has no next token
                 queued.append((i, [pool.submit(on_rows, i, r0, logits[r0:min(r0 + per_task, n)])
