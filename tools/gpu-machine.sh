@@ -21,7 +21,8 @@
 #   packed        the anchor table of every quantised decode: the seed, the exact f32-query fast decode and its packed
 #                 variants (int8 query, f16-pair P.V, the folded reduce) beside f16 and torch SDPA, in two bench runs
 #                 of the anchor shape, each with its own f16 and torch rows (packed-a.txt / .json, packed-b.txt / .json;
-#                 the steps packed-a and packed-b run one each)
+#                 the steps packed-a and packed-b run one each); packed-long: f16 and TurboQuant with its variants at one
+#                 sequence of 61440 tokens (packed-long.txt / .json)
 #   fma-forms     FMA throughput by the form of the arithmetic: f32 / f16, widths, chains (fma-forms.txt)
 #   floor         the anchor's core rows with the timing floor (anchor-timing-floor.txt / .json), the
 #                 timing frame (timing-frame.txt) and a decode's fixed cost (fixed-cost-16x*.txt)
@@ -154,6 +155,9 @@ for step in "${steps[@]}"; do
         --methods f16,int8_token,int4_group,fp8_e4m3,fp8_e5m2,q8_0,q4_0,q4_1 --json "$OUT/packed-a.json"
       [ "$step" = packed-a ] || run packed-b.txt "$PY" -m kvviz bench "${ANCHOR[@]}" --compare-torch --variants \
         --methods f16,q5_0,q5_1,iq4_nl,mxfp4,nvfp4,kivi,turboquant --json "$OUT/packed-b.json" ;;
+    packed-long)
+      run packed-long.txt "$PY" -m kvviz bench --seqs 1 --ctx 61440 --frontends glslang --compare-torch --variants \
+        --methods f16,turboquant --json "$OUT/packed-long.json" ;;
     floor)
       run anchor-timing-floor.txt "$PY" -m kvviz bench "${ANCHOR[@]}" --compare-torch --no-methods \
         --json "$OUT/anchor-timing-floor.json"
@@ -223,7 +227,7 @@ for step in "${steps[@]}"; do
     *)
       echo "gpu-machine.sh: unknown step '$step' (steps: info conformance tests live anchor floor methods" \
            "writers sweeps residency diag tensor-cores gemm forward forward-tests prefill prefill-variants fma-forms heads" \
-           "packed packed-a packed-b eval eval-table all)" >&2
+           "packed packed-a packed-b packed-long eval eval-table all)" >&2
       exit 2 ;;
   esac
 done
