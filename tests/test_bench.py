@@ -117,3 +117,16 @@ def test_bench_variant_rows_are_checked(rt):
     plain = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
                       methods=("int4_group",))
     assert not any("(int8 query" in r["kernel"] and "int4" in r["kernel"] for r in plain["rows"])
+
+
+def test_bench_turboquant_variant_rows_are_checked(rt):
+    """--variants: TurboQuant's paged decode with the int8 query (4 and 2 tokens a row), timed and held to its own
+    oracle (the seed estimator of the int8 query), with its distance to the f32-query oracle in the note."""
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
+                    methods=("turboquant",), variants=True)
+    rows = {r["kernel"]: r for r in res["rows"]}
+    for name in ("fast_decode_tq_paged (int8 query)", "fast_decode_tq_paged (int8 query, 2 tokens a row)"):
+        r = rows[name]
+        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
+        assert "f32-query oracle" in r["note"] and "int8 query" in r["variant"]
