@@ -309,6 +309,7 @@ def test_the_gpu_forward_keeps_a_prefill_on_the_device(tiny, ctx, tmp_path, monk
     """On the GPU forward a layer's attention that is one prefill stays on the device (copied into the forward's
     activations there; its checked rows read after the chunk): the same numbers, to the bit, as reading it back and
     writing it again."""
+    from kvviz.gpu.runtime import DeviceRows
     from kvviz.methods.live_cache import LiveCache
 
     path, text = tiny
@@ -318,8 +319,8 @@ def test_the_gpu_forward_keeps_a_prefill_on_the_device(tiny, ctx, tmp_path, monk
     finish = qr.ChunkAttention.finish
 
     def counted(self):
-        later.append(len(self._later))
-        finish(self)
+        later.append(sum(isinstance(c[4], DeviceRows) for c in self._checks))
+        return finish(self)
 
     monkeypatch.setattr(qr.ChunkAttention, "finish", counted)
     on_device = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "a")

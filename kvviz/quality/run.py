@@ -113,9 +113,22 @@ class _LayerError:
         """The queries of a piece of t that are checked."""
         return np.arange(0, t, self.stride) if self.stride else np.zeros(0, np.int64)
 
-    def add(self, layer: int, q, k_all, v_all, out_rows, start: int) -> None:
-        """q [T, H, D], k_all / v_all [n_kv, start+T, D] (exact), out_rows [len(rows(T)), H, D] what the cache gave
-        at the checked queries."""
+    def sums(self, checks: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(err2, ref2, count) a layer of `checks`: (layer, q [T, H, D], k_all / v_all [n_kv, start+T, D] (exact),
+        out_rows [len(rows(T)), H, D] what the cache gave at the checked queries, start). Arithmetic alone, for a
+        host thread; `merge` adds them in the chunks' order (the same sums whatever thread computed them)."""
+        n = len(self.err2)
+        out = (np.zeros(n), np.zeros(n), np.zeros(n, np.int64))
+        for layer, q, k_all, v_all, out_rows, start in checks:
+            self._add(out, layer, q, k_all, v_all, out_rows, start)
+        return out
+
+    def merge(self, sums) -> None:
+        self.err2 += sums[0]
+        self.ref2 += sums[1]
+        self.count += sums[2]
+
+    def _add(self, into, layer: int, q, k_all, v_all, out_rows, start: int) -> None:
         rows = self.rows(q.shape[0])
         if not rows.size:
             return
@@ -126,9 +139,9 @@ class _LayerError:
         ref = gqa_attention(np.ascontiguousarray(q[rows].transpose(1, 0, 2)), k_all[:, :end], v_all[:, :end],
                             scale=getattr(c, "query_scale", None), cap=getattr(c, "attn_softcap", 0.0), window=w,
                             q_pos=start + rows).transpose(1, 0, 2).astype(np.float64)
-        self.err2[layer] += float(np.sum((np.asarray(out_rows, np.float64) - ref) ** 2))
-        self.ref2[layer] += float(np.sum(ref ** 2))
-        self.count[layer] += rows.size
+        into[0][layer] += float(np.sum((np.asarray(out_rows, np.float64) - ref) ** 2))
+        into[1][layer] += float(np.sum(ref ** 2))
+        into[2][layer] += rows.size
 
     def result(self) -> list:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -142,7 +155,8 @@ class ChunkAttention:
     or the f32 cache for the layers a single-layer run leaves unquantised).
     With `rt` (the GPU forward's runtime), an attention that is one prefill stays on the device (DeviceRows: the
     forward copies it into its activations there), and its checked rows are read after the chunk (`finish`),
-    when the GPU has done the chunk: a layer then waits for the GPU once (its q, K and V), not twice."""
+    when the GPU has done the chunk: a layer then waits for the GPU once (its q, K and V), not twice. The layer
+    errors' arithmetic is left to the caller (finish() gives the checks, _LayerError.sums computes them)."""
 
     def __init__(self, caches: list, n_kv: int, head_size: int, ctx_len: int, errors: _LayerError | None,
                  rt=None):
@@ -152,7 +166,7 @@ class ChunkAttention:
         n_layers = len(caches)
         self._k = np.zeros((n_layers, n_kv, ctx_len, head_size), _F32) if errors is not None and errors.stride else None
         self._v = np.zeros_like(self._k) if self._k is not None else None
-        self._later: list = []  # (layer, q, start, DeviceRows) whose checked rows are read in finish()
+        self._checks: list = []  # _LayerError.sums' checks; DeviceRows in place of out_rows until finish()
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int):
         cache = self.caches[layer]
@@ -165,26 +179,24 @@ class ChunkAttention:
             t = k.shape[1]
             self._k[layer, :, start:start + t] = k
             self._v[layer, :, start:start + t] = v
-            if isinstance(out, DeviceRows):
-                self._later.append((layer, q, start, out))
-            else:
-                out = np.asarray(out, _F32)
-                self._check(layer, q, start, out[self.errors.rows(t)])
+            rows = out if isinstance(out, DeviceRows) else np.asarray(out, _F32)[self.errors.rows(t)]
+            self._checks.append((layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], rows, start))
         return out
 
-    def _check(self, layer: int, q, start: int, out_rows) -> None:
-        t = q.shape[0]
-        self.errors.add(layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], out_rows, start)
-
-    def finish(self) -> None:
-        """The checked rows of the attentions left on the device, read back and added to the layer errors."""
-        for layer, q, start, out in self._later:
-            t, h, d = out.shape
-            rows = self.errors.rows(t)
-            row = h * d * 4
-            got = self.rt.read_spans(out.buffer, [(int(r) * row, row) for r in rows], np.float32)
-            self._check(layer, q, start, got.reshape(rows.size, h, d))
-        self._later.clear()
+    def finish(self) -> list:
+        """The chunk's checks for _LayerError.sums, the checked rows of the attentions left on the device read back
+        (after the chunk: the GPU has done them)."""
+        checks = []
+        for layer, q, k_all, v_all, out, start in self._checks:
+            if isinstance(out, DeviceRows):
+                t, h, d = out.shape
+                rows = self.errors.rows(t)
+                row = h * d * 4
+                got = self.rt.read_spans(out.buffer, [(int(r) * row, row) for r in rows], np.float32)
+                out = got.reshape(rows.size, h, d)
+            checks.append((layer, q, k_all, v_all, out, start))
+        self._checks = []
+        return checks
 
 
 class PartCache:
@@ -305,6 +317,10 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
     queued: deque = deque()  # (chunk, futures of its row blocks) in order
     per_task = max(1, min(ROWS, TASK_BYTES // (8 * int(em.cfg.vocab))))
 
+    def merge_later(checks):  # the layer errors' arithmetic on a host thread, merged in order by commit()
+        sums = errors.sums(checks)
+        return lambda: errors.merge(sums)
+
     def commit(until: int) -> None:  # store the finished chunks' rows, oldest first, until `until` are left
         while len(queued) > until:
             for f in queued.popleft()[1]:
@@ -336,11 +352,12 @@ def run_pass(em: EvalModel, run: MethodRun, on_rows: Callable, progress: Progres
                                                    logits_from=max(0, ch.first - p0), progress=step, cancel=cancel))
                     else:
                         runner.prefill(piece, attend_chunk=attn, progress=step, cancel=cancel)
-                attn.finish()
+                checks = attn.finish()
                 logits = rows[0] if len(rows) == 1 else np.concatenate(rows)
                 n = logits.shape[0] - 1  # the last position has no next token
                 queued.append((i, [pool.submit(on_rows, i, r0, logits[r0:min(r0 + per_task, n)])
-                                   for r0 in range(0, n, per_task)]))
+                                   for r0 in range(0, n, per_task)]
+                               + ([pool.submit(merge_later, checks)] if checks else [])))
                 del attn, logits
                 commit(AHEAD)
             commit(0)
