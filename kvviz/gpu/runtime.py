@@ -490,7 +490,8 @@ class GpuRuntime:
                 enc.copy_buffer_to_buffer(buf, offset + start, stage, 0, size4)
                 self.queue.submit([enc.finish()])
                 stage.map_sync(wgpu.MapMode.READ, 0, size4)
-                out[start : start + size] = np.frombuffer(stage.read_mapped(0, size4), np.uint8)[:size]
+                # the mapped memory itself (copy=False), copied once into `out` before the unmap invalidates it
+                out[start : start + size] = np.frombuffer(stage.read_mapped(0, size4, copy=False), np.uint8)[:size]
                 stage.unmap()
         self.check_alive()
         arr = out.view(dtype)
@@ -546,7 +547,7 @@ class GpuRuntime:
             at += n
         self.queue.submit([enc.finish()])
         stage.map_sync(wgpu.MapMode.READ, 0, total)
-        out[:] = np.frombuffer(stage.read_mapped(0, total), np.uint8)
+        out[:] = np.frombuffer(stage.read_mapped(0, total, copy=False), np.uint8)
         stage.unmap()
 
     # ------------------------------------------------------------- pipelines
