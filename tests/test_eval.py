@@ -195,10 +195,24 @@ def test_llama_cpp_setting_matches_its_numpy_emulation(ctx, spec):
 
 
 def test_q8_0_round_trip_is_ggmls():
+    """Bit for bit gguf.quants' Q8_0 quantise and dequantise (ggml's arithmetic): random rows, an all-zero block,
+    codes at exact halves (roundf: away from zero), scales below f16's smallest and past its range."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
     x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32)
-    y = q8_0_round_trip(x)
     d = np.abs(x).max(axis=1, keepdims=True) / 127
-    assert np.allclose(y, np.round(x / d) * d.astype(np.float16).astype(np.float32), atol=1e-6)
+    assert np.allclose(q8_0_round_trip(x), np.round(x / d) * d.astype(np.float16).astype(np.float32), atol=1e-6)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((40, 3, 64)).astype(np.float32)
+    a[0, 0, :32] = 0.0
+    a[1, 0, :32] = np.arange(32, dtype=np.float32) - 15.5  # halves after the scale
+    a[1, 0, 0] = 127.0
+    a[2] *= 1e-30  # the scale flushes to 0 in f16
+    for arr in (a, a * 1e5):
+        with np.errstate(over="ignore"):
+            want = dequantize(quantize(arr.reshape(-1, 64), GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+        assert np.array_equal(q8_0_round_trip(arr), np.asarray(want, np.float32).reshape(arr.shape), equal_nan=True)
 
 
 # ------------------------------------------------------------------------------------------------ passes

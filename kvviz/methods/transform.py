@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import np_roundf
 
 from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.methods.base import KVMethod, OptionSpec
@@ -96,12 +95,18 @@ def gguf_order(head_size: int) -> np.ndarray:
 
 
 def q8_0_round_trip(x: np.ndarray) -> np.ndarray:
-    """x through ggml's q8_0 and back (blocks of 32 along the last axis): what llama.cpp's CPU dot products see."""
+    """x through ggml's q8_0 and back (blocks of 32 along the last axis): what llama.cpp's CPU dot products see.
+    gguf.quants' Q8_0 arithmetic (ggml-quants.c's, bit for bit: d = amax / 127 in float32, the codes roundf(x / d)
+    by the reciprocal, d stored as f16), without packing the blocks into bytes and out again."""
     a = np.ascontiguousarray(x, _F32)
-    d = a.shape[-1]
-    flat = a.reshape(-1, d)
-    q = quantize(flat, GGMLQuantizationType.Q8_0)
-    return np.asarray(dequantize(q, GGMLQuantizationType.Q8_0), _F32).reshape(a.shape)
+    blocks = a.reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / 127
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, 0, 1 / d)
+    codes = np_roundf(blocks * inv).astype(np.int8)
+    with np.errstate(over="ignore"):  # a block past f16's range: its scale is inf, as ggml stores it
+        d16 = d.astype(np.float16).astype(_F32)
+    return (codes.astype(_F32) * d16).reshape(a.shape)
 
 
 @dataclass(frozen=True)
