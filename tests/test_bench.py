@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvviz.bench import BenchShape, run_bench
+from kvviz.bench import BenchShape, format_table, run_bench
 from kvviz.cli import main
 
 pytestmark = pytest.mark.gpu
@@ -130,3 +130,24 @@ def test_bench_turboquant_variant_rows_are_checked(rt):
         r = rows[name]
         assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
         assert "f32-query oracle" in r["note"] and "int8 query" in r["variant"]
+
+
+def test_bench_ranks_each_methods_fastest_decode_against_f16(rt):
+    """The closing block: each method's fastest checked decode (its exact one or a variant) over the f16 decode of
+    the same shape and run, in the JSON and the text."""
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
+                    methods=("f16", "int4_group"), variants=True)
+    got = {b["method"]: b for b in res["decode_vs_f16"]}
+    assert {"f16", "int4_group"} <= set(got) and got["f16"]["vs_f16"] == 1.0
+    int4 = [r for r in res["rows"] if r["method"] == "int4_group" and r["role"] == "decode" and r["impl"] == "fast"]
+    assert len(int4) > 1  # the exact decode and its variants
+    fastest = min(int4, key=lambda r: r["gpu_us_median"])
+    assert got["int4_group"]["kernel"] == fastest["kernel"]
+    assert got["int4_group"]["vs_f16"] == pytest.approx(fastest["gpu_us_median"] / got["f16"]["us"])
+    text = format_table(res)
+    assert "against the f16 decode of" in text and f"{got['int4_group']['vs_f16']:5.2f} x f16" in text
+    assert all(len(ln) <= 100 for ln in text.splitlines())
+    from kvviz.tables import clean
+
+    assert json.loads(json.dumps(clean(res), allow_nan=False))["decode_vs_f16"] == res["decode_vs_f16"]

@@ -282,7 +282,31 @@ def run_bench(
         if r["intensity"] is not None and r["gpu_us_median"] and not r["kernel"].startswith("fma_"):
             r["bound"] = bound(r["intensity"], ceilings)
     return {"adapter": adapter, "timestamp_period_ns": rt.timestamp_period_ns, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "runs": runs, "warmup": warmup, "rows": rows,
-            "roofline": ceilings.to_json() if ceilings else None, "timing_floor_us": floor_us}
+            "roofline": ceilings.to_json() if ceilings else None, "timing_floor_us": floor_us,
+            "decode_vs_f16": decode_vs_f16(rows)}
+
+
+def decode_vs_f16(rows) -> list:
+    """Each method's fastest fast decode at each decode shape (its exact decode or a variant; rows that failed or
+    fell outside their tolerance are not counted), with torch SDPA's, against the f16 fast decode of the same shape
+    and run: [{"shape", "method", "kernel", "us", "vs_f16"}], fastest first; vs_f16 None where the run has no f16
+    decode."""
+    best: dict = {}
+    for r in rows:
+        t = r.get("gpu_us_median")
+        torch = r["kernel"] == "torch_sdpa_bf16"  # the decode's (a prefill shape's is torch_sdpa_causal_bf16)
+        fast = r.get("role") == "decode" and r.get("impl") == "fast"
+        if not t or not (fast or torch) or r.get("within_tolerance") is False or str(r.get("note", "")).startswith("FAILED"):
+            continue
+        # a row of no method is a baseline's (fast_decode_f32: "f32")
+        key = (r["shape"]["name"], "torch" if torch else r.get("method") or r["kernel"].replace("fast_decode_", ""))
+        if key not in best or t < best[key]["us"]:
+            best[key] = {"shape": key[0], "method": key[1], "kernel": r["kernel"], "us": float(t)}
+    out = []
+    for (shape, _), b in best.items():
+        f16 = best.get((shape, "f16"))
+        out.append(dict(b, vs_f16=b["us"] / f16["us"] if f16 else None))
+    return sorted(out, key=lambda b: (b["shape"], b["us"]))
 
 
 TIMING_FLOOR_NOTE = ("a kernel that does next to nothing, timed in the frame every row is timed in (its own pass, "
@@ -796,6 +820,13 @@ def format_table(result: dict, width: int | None = WIDTH) -> str:
         failed = lambda n: str(n).startswith("FAILED")  # noqa: E731
         lines += (text_table(WIDE_COLUMNS, cells, width, notes, failed) if wide else
                   grouped_table(NARROW_COLUMNS, cells, [v for v, _, _ in rows], width, notes, failed))
+    against = [b for b in result.get("decode_vs_f16") or () if b["vs_f16"] is not None]
+    for name in dict.fromkeys(b["shape"] for b in against):
+        lines.append("")
+        lines += paragraph(f"{name}: each method's fastest decode (exact or a variant, checked rows only) against the "
+                           "f16 decode of this run:", width)
+        lines += [f"  {b['method']:<14} {b['us']:>9.1f} us  {b['vs_f16']:5.2f} x f16   {b['kernel']}"[:width or None]
+                  for b in against if b["shape"] == name]
     rl = result.get("roofline")
     if rl:
         f16 = f", f16 FMA {rl['f16_gflops']:.4g} GFLOP/s" if rl.get("f16_gflops") else ""
