@@ -94,3 +94,34 @@ def test_bind_groups_are_reused_and_dropped_with_their_buffers(rt):
         assert np.array_equal(rt.read(dst, np.uint32), np.arange(64))
     rt._bind_group(kern.dispatch((1, 1, 1), [src, dst], n_vec4=16, stride=256))  # purges the dropped buffers' groups
     assert len(rt._groups) <= held
+
+
+@pytest.mark.parametrize("rows,ld,offset,width", [(1, 1, 0, 1), (1, 9, 4, 5), (5, 7, 0, 7), (37, 13, 6, 1),
+                                                  (37, 13, 0, 5), (45, 384, 256, 64), (3, 130, 1, 129)])
+@pytest.mark.parametrize("grid", [None, 7])
+def test_gather_rows_is_the_slice(rt, monkeypatch, rows, ld, offset, width, grid):
+    """gather_dispatch moves src[:, offset:offset + width] of a [rows, ld] matrix into a buffer of its own, word for
+    word (NaN payloads and signed zeros included: it moves 32-bit words, not floats); with a grid limit of 7 the rows
+    lie on a 2-D grid."""
+    from kvviz.gpu.copy import gather_dispatch
+
+    if grid is not None:
+        monkeypatch.setitem(rt.limits, "max-compute-workgroups-per-dimension", grid)
+    rng = np.random.default_rng(rows * 1000 + ld)
+    words = rng.integers(0, 2**32, (rows, ld), dtype=np.uint64).astype(np.uint32)
+    words[0, 0] = 0x7FC00001  # a NaN with a payload
+    src = rt.upload(words, "gather-src")
+    dst = rt.empty(rows * width * 4 + 8, "gather-dst")
+    rt.write(dst, np.full(rows * width + 2, 0xDEADBEEF, np.uint32))
+    rt.run([gather_dispatch(rt, src, dst, rows, width, ld, offset)])
+    back = rt.read(dst, np.uint32)
+    assert np.array_equal(back[:rows * width].reshape(rows, width), words[:, offset:offset + width])
+    assert (back[rows * width:rows * width + 2] == 0xDEADBEEF).all()
+
+
+def test_gather_rows_refuses_columns_outside_the_rows(rt):
+    from kvviz.gpu.copy import gather_dispatch
+
+    buf = rt.empty(64, "gather-bad")
+    with pytest.raises(ValueError):
+        gather_dispatch(rt, buf, buf, 2, 5, 8, 4)

@@ -6,6 +6,8 @@ Two measurements, both from GPU timestamps:
                  compute pass before and after;
   copy_shader  - a vec4 compute copy (shaders/copy/copy_vec4.wgsl): what a streaming shader reaches.
 Bytes moved = read + write = 2 x size.
+And the device-side moves the forward hands on without a read-back: copy_dispatch (a whole result into the
+activations) and gather_dispatch (a column block of rows, e.g. a layer's K out of its fused q|K|V rows).
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from kvviz.gpu.timing import TimingResult
 log = logging.getLogger("kvviz.gpu.copy")
 
 COPY_VEC4 = KernelSpec("copy/copy_vec4.wgsl", bindings=ro("src") + rw("dst"), immediates=Struct("Params", "n_vec4 stride"))
-KERNELS = (COPY_VEC4,)
+GATHER_ROWS = KernelSpec("copy/gather_rows.wgsl", bindings=ro("src") + rw("dst"),
+                         immediates=Struct("Params", "rows width ld offset gx"))
+KERNELS = (COPY_VEC4, GATHER_ROWS)
 
 
 def _buffers(rt: GpuRuntime, nbytes: int, binding: bool):
@@ -39,6 +43,21 @@ def copy_dispatch(rt: GpuRuntime, src, dst, nbytes: int) -> Dispatch:
     n_vec4 = nbytes // 16
     groups = max(1, min(rt.max_grid, -(-n_vec4 // 256)))
     return rt.compile(COPY_VEC4).dispatch((groups, 1, 1), [src, dst], n_vec4=n_vec4, stride=groups * 256)
+
+
+def gather_dispatch(rt: GpuRuntime, src, dst, rows: int, width: int, ld: int, offset: int = 0) -> Dispatch:
+    """Words offset..offset+width-1 of each of `rows` rows of `ld` words in `src` into `dst` as [rows, width]
+    (32-bit words, so f32 moves bit for bit): a column block of a row-major matrix made contiguous on the device,
+    without a read-back. One dispatch, a workgroup a row over a 2-D grid (rows past one grid dimension included)."""
+    rows, width, ld, offset = int(rows), int(width), int(ld), int(offset)
+    if width < 1 or offset < 0 or offset + width > ld:
+        raise ValueError(f"gather: columns {offset}..{offset + width - 1} are not inside rows of {ld} words")
+    gx = max(1, min(rows, rt.max_grid))
+    gy = max(1, -(-rows // gx))
+    if gy > rt.max_grid:
+        raise ValueError(f"gather: {rows} rows exceed a {rt.max_grid} x {rt.max_grid} grid")
+    return rt.compile(GATHER_ROWS).dispatch((gx, gy, 1), [src, dst], rows=rows, width=width, ld=ld, offset=offset,
+                                            gx=gx)
 
 
 def copy_shader_dispatches(rt: GpuRuntime, nbytes: int) -> tuple[list[Dispatch], int]:
