@@ -331,3 +331,58 @@ def test_int4_group_reduction_by_shuffles_inside_a_small_subgroup(rt, writer, mo
     gk, gv, _, method = run_writer(rt, writer, batch, k, v, var)
     np.testing.assert_array_equal(gk, oracle_words(writer, batch, k, method))
     np.testing.assert_array_equal(gv, oracle_words(writer, batch, v, method))
+
+
+# ------------------------------------------------------------------------------ rows already on the device
+DEVICE_METHODS = [("int8_token", {}), ("f16", {}), ("int4_group", {"group_size": 32}),
+                  ("fp8_e4m3", {"scale_mode": "per_token"}), ("nvfp4", {}), ("q8_0", {}), ("q4_0", {})]
+
+
+def _fast_words(ctx, m, batch, key, value, kvh, D):
+    w = m.wpt(D)
+    qc = qk.alloc_cache(ctx.rt, m.id, batch, kvh, D, batch.block_size * w, batch.block_size * w)
+    tb = m._tensor_buffer(ctx)
+    if tb is not None:
+        qc.extra["tensor"] = tb
+    d = m.fast_writer(ctx.rt, qc, key, value, np.asarray(batch.slot_mapping, np.uint32))
+    assert d
+    ctx.rt.run(d)
+    return qk.read_cache(ctx.rt, qc, "K"), qk.read_cache(ctx.rt, qc, "V")
+
+
+@pytest.mark.parametrize("chunk", [None, 4], ids=["one-binding", "chunks-of-4"])
+@pytest.mark.parametrize("mk", DEVICE_METHODS, ids=[m for m, _ in DEVICE_METHODS])
+def test_fast_writers_take_rows_on_the_device(ctx, mk, chunk, monkeypatch):
+    """K/V already on the device (DeviceRows, bound in place) give the words of the same rows uploaded, in one
+    binding and in binding chunks (4 tokens of 2 x 64 floats: 2 KiB, an aligned offset on every adapter)."""
+    from kvviz.gpu.runtime import DeviceRows
+
+    if chunk is not None:
+        monkeypatch.setattr(fw, "input_chunks", lambda rt, n, row_bytes: [(s, min(n, s + chunk)) for s in range(0, n, chunk)])
+    key_, opts = mk
+    kvh, D = 2, 64
+    batch = make_batch([13, 6], 16, policy="scattered", seed=4)
+    rng = np.random.default_rng(12)
+    k = rng.standard_normal((batch.num_tokens, kvh, D)).astype(np.float32)
+    v = (rng.standard_normal((batch.num_tokens, kvh, D)) * 0.25).astype(np.float32)
+    host = _fast_words(ctx, get_method(key_, **opts), batch, k, v, kvh, D)
+    on_device = (DeviceRows(ctx.rt.upload(k, "k-rows"), k.shape), DeviceRows(ctx.rt.upload(v, "v-rows"), v.shape))
+    dev = _fast_words(ctx, get_method(key_, **opts), batch, *on_device, kvh, D)
+    for a, b in zip(host, dev):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_device_rows_at_an_unaligned_binding_offset_are_refused(ctx, monkeypatch):
+    """A binding chunk of device rows that would start at an offset the adapter cannot bind is refused
+    (UnsupportedShape: the caller writes from the host), never bound misaligned."""
+    from kvviz.gpu.runtime import DeviceRows
+
+    monkeypatch.setitem(ctx.rt.limits, "min-storage-buffer-offset-alignment", 256)
+    monkeypatch.setattr(fw, "input_chunks", lambda rt, n, row_bytes: [(s, min(n, s + 3)) for s in range(0, n, 3)])
+    batch = make_batch([8], 16)
+    k = np.ones((8, 1, 32), np.float32)  # 128-byte rows: the second chunk starts at byte 384
+    rows = DeviceRows(ctx.rt.upload(k, "k-rows"), k.shape)
+    with pytest.raises(UnsupportedShape, match="alignment"):
+        _fast_words(ctx, get_method("int8_token"), batch, rows, rows, 1, 32)
+    with pytest.raises(UnsupportedShape, match="alignment"):
+        f16_kernels.f16_dispatches(ctx.rt, rows, rows, batch.slot_mapping, rows.buffer, rows.buffer, 16)

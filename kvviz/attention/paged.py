@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
+from kvviz.attention.writers import row_input
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
-from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.runtime import DeviceRows, Dispatch, GpuRuntime
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, GLSL_FRONTENDS
 from kvviz.gpu import loop_budget
 from kvviz.gpu.loop_budget import PARTITION
@@ -185,11 +186,21 @@ class PagedKernels:
 
     # --------------------------------------------------------------- write
     def write_dispatches(self, cache: PagedCache, key, value, slot_mapping) -> list[Dispatch]:
-        """Validate, upload and return the writer dispatches (not yet run)."""
-        T = np.asarray(key).shape[0] if np.asarray(key).ndim else 0
+        """Validate, upload and return the writer dispatches (not yet run). key / value: host arrays, or DeviceRows
+        (float32 [num_tokens, n_kv, D] already on the device, bound in place: no host check of their values is
+        possible) where the whole input goes to one binding window with no padding slots; else UnsupportedShape."""
+        on_device = isinstance(key, DeviceRows) or isinstance(value, DeviceRows)
         desc = f"[num_tokens, {cache.num_kv_heads}, {cache.head_size}]"
-        key = require_f32("key", key, desc, 3)
-        value = require_f32("value", value, desc, 3)
+        if on_device:
+            if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)):
+                raise InvalidInput("key and value must both be on the device or both on the host")
+            T = int(key.shape[0]) if len(key.shape) == 3 else 0
+            if len(key.shape) != 3 or tuple(value.shape) != tuple(key.shape):
+                raise InvalidInput(f"key/value must both be {desc}; got {key.shape} and {value.shape}")
+        else:
+            T = np.asarray(key).shape[0] if np.asarray(key).ndim else 0
+            key = require_f32("key", key, desc, 3)
+            value = require_f32("value", value, desc, 3)
         if key.shape[1:] != (cache.num_kv_heads, cache.head_size) or value.shape != key.shape:
             raise InvalidInput(f"key/value must both be {desc}; got {key.shape} and {value.shape}")
         sm = np.asarray(slot_mapping)
@@ -218,8 +229,15 @@ class PagedKernels:
             rows = np.flatnonzero(win_of == w)
             if len(windows) == 1 and len(rows) == T and (not (~real).any()):
                 rows = None  # fast path: the whole input, no gather
+            if on_device and rows is not None:
+                raise UnsupportedShape(f"{cache.fmt} writer: rows on the device are written whole, and these take "
+                                       f"{len(windows)} binding windows or padding slots")
             for start in range(0, T if rows is None else len(rows), chunk):
-                if rows is None:
+                if on_device:
+                    kk = row_input(self.rt, key, start, min(T, start + chunk), "key")
+                    vv = row_input(self.rt, value, start, min(T, start + chunk), "value")
+                    ss = sm[start:start + chunk]
+                elif rows is None:
                     sel = slice(start, start + chunk)
                     kk, vv, ss = key[sel], value[sel], sm[sel]
                 else:
@@ -236,8 +254,8 @@ class PagedKernels:
                     Dispatch(
                         kern,
                         [
-                            self.rt.upload(kk, "key"),
-                            self.rt.upload(vv, "value"),
+                            kk if on_device else self.rt.upload(kk, "key"),
+                            vv if on_device else self.rt.upload(vv, "value"),
                             self._binding(cache, cache.k, win),
                             self._binding(cache, cache.v, win),
                             self.rt.upload(local, "slot_mapping"),

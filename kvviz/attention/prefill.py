@@ -37,7 +37,7 @@ from kvviz.attention import split_decode as fd
 from kvviz.attention.arith import SOFTMAX_PER_LOGIT
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape, require_f32
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
-from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.runtime import DeviceRows, Dispatch, GpuRuntime
 from kvviz.gpu.templates import render_defines
 from kvviz.paging import PagedBatch
 
@@ -255,8 +255,13 @@ def query_lens(batch: PagedBatch, q_lens) -> np.ndarray:
 
 
 def check_inputs(q, batch: PagedBatch, q_lens, num_kv_heads: int, scale: float, softcap: float = 0.0):
-    """(q as f32 [NQ, H, D], q_lens, G), or InvalidInput / UnsupportedShape naming what is wrong."""
-    q = require_f32("q", q, "[num_queries, num_heads, head_size]", 3)
+    """(q as f32 [NQ, H, D], q_lens, G), or InvalidInput / UnsupportedShape naming what is wrong. q DeviceRows (already
+    on the device) is checked by its shape alone: its values are never on the host."""
+    if isinstance(q, DeviceRows):
+        if len(q.shape) != 3:
+            raise InvalidInput(f"q must be [num_queries, num_heads, head_size], got shape {q.shape}")
+    else:
+        q = require_f32("q", q, "[num_queries, num_heads, head_size]", 3)
     NQ, H, D = q.shape
     lens = query_lens(batch, q_lens)
     if int(lens.sum()) != NQ:
@@ -351,7 +356,9 @@ class Prefill:
         [num_blocks, kv_heads, block_size, record_words] where record_words > 0: checked against the batch's
         blocks) and the shell's `extra` buffers. block_tables: a buffer holding the block tables from word bt_off,
         max_blocks entries a sequence (KIVI's info), default the batch's, uploaded. softcap: the attention logits'
-        soft-cap (scale q.k -> softcap tanh(scale q.k / softcap) before the softmax; 0: none)."""
+        soft-cap (scale q.k -> softcap tanh(scale q.k / softcap) before the softmax; 0: none). q: f32 [NQ, H, D] on the
+        host (uploaded) or DeviceRows (bound in place: a forward on the device hands its queries over without a
+        read-back)."""
         q, lens, G = check_inputs(q, batch, q_lens, num_kv_heads, scale, softcap)
         NQ, H, D = q.shape
         lay = self.layout(D, G, key_scratch)
@@ -388,8 +395,9 @@ class Prefill:
         tb = self.rt.upload(tiles, "prefill_tiles")
         imm = kern.pack(num_kv_heads, H, max_blocks, bt_off, pt, P, float(scale) * LOG2E, float(softcap) * LOG2E)
         grid = (len(tiles), num_kv_heads, P)
+        q_in = q.buffer if isinstance(q, DeviceRows) else self.rt.upload(q, "q")
         if P == 1:
-            d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, block_tables, tb, out, *extra], grid, imm)]
+            d = [Dispatch(kern, [q_in, k, v, block_tables, tb, out, *extra], grid, imm)]
         else:
             nbytes = NQ * H * P * (D + 2) * 4
             self.rt.check_size(nbytes, "prefill partials", True)
@@ -399,7 +407,7 @@ class Prefill:
             if limit is not None and fd.reduce_loops(P, reduce) > limit:
                 raise DeviceLimitError(f"prefill: {P} partitions need {fd.reduce_loops(P, reduce)} loop iterations in "
                                        f"the reduce, over this adapter's loop limit of {limit}")
-            d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, block_tables, tb, partials, *extra], grid, imm),
+            d = [Dispatch(kern, [q_in, k, v, block_tables, tb, partials, *extra], grid, imm),
                  self.rt.compile(reduce).dispatch((H, NQ, 1), [partials, out], H, D, P)]
         return PrefillPlan(d, out, (NQ, H, D), lay, len(tiles), pt, P, label)
 
@@ -464,7 +472,8 @@ def plan_records(pf: Prefill, fmt: RecordFormat, k, v, num_kv_heads: int, q, bat
     """The prefill over a cache of `fmt` records (buffers k, v of [num_blocks, kv_heads, block_size, wpt] u32, or
     f32 for the f32 cache); tensor: the per-tensor / per-head scale words where fmt has them; softcap: the logits'
     soft-cap (Prefill.plan)."""
-    D = np.shape(q)[-1] if np.ndim(q) == 3 else 0
+    shape = tuple(q.shape) if isinstance(q, DeviceRows) else np.shape(q)
+    D = shape[-1] if len(shape) == 3 else 0
     why = format_unsupported(fmt, D) if D else ""
     if why:
         raise UnsupportedShape(f"prefill ({fmt.name}): {why}")

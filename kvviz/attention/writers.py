@@ -37,7 +37,7 @@ import numpy as np
 
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
 from kvviz.gpu.kernel_spec import Struct, ro
-from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.runtime import DeviceRows, Dispatch, GpuRuntime
 
 log = logging.getLogger("kvviz.attention.writers")
 
@@ -208,21 +208,47 @@ class Variant:
 
 
 def check_rows(key, value, sm):
-    key = np.ascontiguousarray(key, np.float32)
-    value = np.ascontiguousarray(value, np.float32)
-    if key.ndim != 3 or key.shape != value.shape:
-        raise InvalidInput(f"fast writer: key and value must both be [tokens, kv_heads, head_size], got "
-                           f"{key.shape} and {value.shape}")
+    """(key, value, slots as int64): key and value [tokens, kv_heads, head_size] float32, host arrays or DeviceRows
+    (already on the device, e.g. gathered from the forward's activations: bound in place, never uploaded or read, so
+    no host check of their values is possible)."""
+    if isinstance(key, DeviceRows) or isinstance(value, DeviceRows):
+        if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)):
+            raise InvalidInput("fast writer: key and value must both be on the device or both on the host")
+        shape = tuple(key.shape)
+        if len(shape) != 3 or shape != tuple(value.shape):
+            raise InvalidInput(f"fast writer: key and value must both be [tokens, kv_heads, head_size], got "
+                               f"{key.shape} and {value.shape}")
+    else:
+        key = np.ascontiguousarray(key, np.float32)
+        value = np.ascontiguousarray(value, np.float32)
+        shape = key.shape
+        if key.ndim != 3 or key.shape != value.shape:
+            raise InvalidInput(f"fast writer: key and value must both be [tokens, kv_heads, head_size], got "
+                               f"{key.shape} and {value.shape}")
     sm = np.asarray(sm)
-    if sm.shape != (key.shape[0],):
-        raise InvalidInput(f"fast writer: {key.shape[0]} token rows but {sm.shape} slots")
-    if key.shape[2] % 4:
-        raise UnsupportedShape(f"fast writer: head_size {key.shape[2]} is not a multiple of 4 (vec4 loads)")
+    if sm.shape != (shape[0],):
+        raise InvalidInput(f"fast writer: {shape[0]} token rows but {sm.shape} slots")
+    if shape[2] % 4:
+        raise UnsupportedShape(f"fast writer: head_size {shape[2]} is not a multiple of 4 (vec4 loads)")
     return key, value, sm.astype(np.int64)
 
 
+def row_input(rt: GpuRuntime, rows, a: int, b: int, label: str):
+    """Token rows a..b-1 of `rows` ([tokens, ...] float32) as a binding: uploaded from the host, or the span of a
+    DeviceRows buffer (buffer, offset, size), bound in place. A span that would start at an offset the adapter cannot
+    bind (min storage-buffer offset alignment) is refused with UnsupportedShape: the caller writes from the host."""
+    if not isinstance(rows, DeviceRows):
+        return rt.upload(rows[a:b], label)
+    row = int(np.prod(rows.shape[1:])) * 4
+    if (a * row) % rt.offset_alignment:
+        raise UnsupportedShape(f"token row {a} of the device {label} starts at byte {a * row}, not a "
+                               f"multiple of the adapter's storage offset alignment ({rt.offset_alignment})")
+    return rows.buffer, a * row, (b - a) * row
+
+
 def row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: int, extra_rows=()) -> list[Dispatch]:
-    """One dispatch a binding chunk of token rows, grid 2-D over its (token, KV head) rows / rows_per_wg."""
+    """One dispatch a binding chunk of token rows, grid 2-D over its (token, KV head) rows / rows_per_wg; key and
+    value host arrays or DeviceRows (check_rows)."""
     T, kvh, D = key.shape
     out = []
     for a, b in input_chunks(rt, T, kvh * D * 4):
@@ -230,7 +256,8 @@ def row_dispatches(rt, kern, key, value, sm, cache_bufs, imm_fn, rows_per_wg: in
             continue
         rows = (b - a) * kvh
         gx, gy, gz = grid_2d(rt, -(-rows // rows_per_wg))
-        bufs = [rt.upload(key[a:b], "key"), rt.upload(value[a:b], "value"), rt.upload(sm[a:b].astype(np.uint32), "slots")]
+        bufs = [row_input(rt, key, a, b, "key"), row_input(rt, value, a, b, "value"),
+                rt.upload(sm[a:b].astype(np.uint32), "slots")]
         bufs += [rt.upload(np.ascontiguousarray(e[a:b]), "rows") for e in extra_rows]
         bufs += list(cache_bufs)
         out.append(kern.dispatch((gx, gy, gz), bufs, imm=imm_fn(rows, gx)))

@@ -19,7 +19,8 @@ F16_DEQUANT = KernelSpec("f16/dequant.wgsl", bindings=ro("k_cache", "v_cache", "
                          immediates=Struct("P", "kvh hd bs wpt win0"))
 
 def f16_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size: int) -> list[Dispatch]:
-    """f16 records [hd/2 words], element 2w in the low half of word w (numpy astype(float16) bits)."""
+    """f16 records [hd/2 words], element 2w in the low half of word w (numpy astype(float16) bits); key and value
+    host arrays or DeviceRows (fw.check_rows)."""
     key, value, sm = fw.check_rows(key, value, slots)
     T, kvh, D = key.shape
     kern = rt.compile(WRITE_F16)
@@ -29,8 +30,9 @@ def f16_dispatches(rt: GpuRuntime, key, value, slots, k_buf, v_buf, block_size: 
             continue
         items = (b - a) * kvh * (D // 4)
         gx, gy, gz = fw.grid_2d(rt, -(-items // fw.WG))
-        out.append(kern.dispatch((gx, gy, gz), [rt.upload(key[a:b], "key"), rt.upload(value[a:b], "value"),
-                                                rt.upload(sm[a:b].astype(np.uint32), "slots"), k_buf, v_buf],
+        ins = [fw.row_input(rt, key, a, b, "key"), fw.row_input(rt, value, a, b, "value"),
+               rt.upload(sm[a:b].astype(np.uint32), "slots")]
+        out.append(kern.dispatch((gx, gy, gz), ins + [k_buf, v_buf],
                                  imm=kern.pack(kvh, D, block_size, items, gx)))
     return out
 
