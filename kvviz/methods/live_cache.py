@@ -144,7 +144,10 @@ class LiveCache(ABC):
 
         This base runs the decode `attend` once a query (T dispatches): the same answer for a cache whose records
         of a position do not depend on later positions. The GPU-backed caches override it with one prefill
-        dispatch over the cache as it stands after the chunk's writes (kvviz/attention/prefill.py)."""
+        dispatch over the cache as it stands after the chunk's writes (kvviz/attention/prefill.py). A DeviceRows q is
+        read back first: the decode takes its queries from the host."""
+        if isinstance(q, DeviceRows):
+            q = q.read(self.ctx.rt)
         q = self._causal_query(q, start)
         out = np.zeros(q.shape, _F32)
         for t in range(q.shape[0]):
@@ -179,6 +182,8 @@ class LiveCache(ABC):
                 raise self._no_capped_prefill(why)
             log.info("%s: %s; the decode runs once a query", self.method_id,
                      why or "no prefill kernel for this shape")
+            if isinstance(q, DeviceRows):  # the decode loop takes its queries one at a time from the host
+                q = q.read(self.ctx.rt)
             return LiveCache.attend_causal(self, layer, q, start)
         if self._device_out and p.head_size in (0, p.shape[2]):
             self.ctx.rt.submit(p.dispatches)
@@ -206,9 +211,11 @@ class LiveCache(ABC):
         return self.ctx.prefill.run(p)[0]
 
     def _causal_query(self, q, start: int, written: bool = True) -> np.ndarray:
-        """q as float32 [T, n_heads, D], checked against the cache's shape and (written) the positions it holds."""
-        q = np.asarray(q, _F32)
-        if q.ndim != 3 or q.shape[1:] != (self.n_heads, self.head_size):
+        """q as float32 [T, n_heads, D], checked against the cache's shape and (written) the positions it holds; a
+        DeviceRows q (on the device: a prefill binds it in place) by its shape alone."""
+        if not isinstance(q, DeviceRows):
+            q = np.asarray(q, _F32)
+        if len(q.shape) != 3 or tuple(q.shape[1:]) != (self.n_heads, self.head_size):
             raise InvalidInput(f"attend_causal takes q [T, {self.n_heads}, {self.head_size}], got {list(q.shape)}")
         if int(start) < 0:
             raise InvalidInput(f"attend_causal: start must be >= 0, got {start}")
@@ -238,6 +245,15 @@ class LiveCache(ABC):
         self.write(layer, k, v, start)
         if layer == self.n_layers - 1:
             self.length = start + k.shape[1]
+
+    def extend_on_device(self, layer: int, k: DeviceRows, v: DeviceRows, start: int) -> bool:
+        """extend from K/V already on the device: k, v DeviceRows of float32 [T, n_kv, D] (tokens first, the writers'
+        layout; e.g. gathered from a GPU forward's activations), bound by the cache's writer in place, never read back.
+        True when the writes are submitted; False when this cache cannot take them (nothing written: the caller
+        extends from the host instead). This base takes none: a cache takes them only where its writer reads
+        device rows as they are. No host check of the values is possible there (a forward that hands them over
+        checks its logits for non-finite values)."""
+        return False
 
     def load(self, k_all: np.ndarray, v_all: np.ndarray) -> None:
         """Fill every layer from k, v [L, n_kv, T, D] (positions 0..T-1)."""
@@ -293,6 +309,21 @@ class PagedLiveCache(LiveCache):
     def write(self, layer, k, v, start):
         slots = self.table.slots(start, start + k.shape[1])
         self.ctx.paged.write(self.layers[layer], _tokens_major(k), _tokens_major(v), slots)
+
+    def extend_on_device(self, layer, k, v, start):
+        """The paged writer binds the device rows in place (PagedKernels.write_dispatches); False where it cannot
+        (rows over several binding windows, an unaligned binding chunk). No host check of the values (LiveCache)."""
+        t = int(k.shape[0])
+        self.table.ensure(start + t)
+        try:
+            d = self.ctx.paged.write_dispatches(self.layers[layer], k, v, self.table.slots(start, start + t))
+        except UnsupportedShape as exc:
+            log.info("%s: K/V from the host (%s)", self.method_id, exc.one_line())
+            return False
+        self.ctx.paged.rt.submit(d)  # the attention that reads it waits
+        if layer == self.n_layers - 1:
+            self.length = start + t
+        return True
 
     def attend(self, layer, q, context_len):
         if self.softcap:

@@ -15,15 +15,18 @@ decode (dequantise + f32 paged decode, O(T) a step), said in the cache's label.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-from kvviz.errors import InvalidInput
+from kvviz.errors import InvalidInput, UnsupportedShape
 from kvviz.attention import records as qk
 from kvviz.attention.split_decode import unsupported
 from kvviz.methods.live_cache import LiveCache, TokenScales, _scale_label, _tokens_major
 from kvviz.methods.base import QuantizedKV
 
 _F32 = np.float32
+log = logging.getLogger("kvviz.live")
 
 
 class RecordLiveCache(LiveCache):
@@ -68,6 +71,31 @@ class RecordLiveCache(LiveCache):
         if start + k.shape[1] > self.table.capacity:
             raise InvalidInput(f"position {start + k.shape[1] - 1} is past the pool's {self.table.capacity} slots")
         self.ctx.rt.submit(self._writer(layer, k, v, start))  # the attention that reads it waits
+
+    def extend_on_device(self, layer, k, v, start):
+        """The method's fast writer binds the device rows in place, where the method says its fast writer takes them
+        (`device_rows_writer`) and is the writer it runs (select_writer); False where it is not, or where the writer
+        refuses the shape (the caller extends from the host). No host check of the values (`check_values`: LiveCache
+        says why)."""
+        m = self.method
+        if not getattr(m, "device_rows_writer", False) or (m.writer_impl != "fast" and m.has_first_wave_writer):
+            return False
+        t = int(k.shape[0])
+        self.table.ensure(start + t)
+        if start + t > self.table.capacity:
+            raise InvalidInput(f"position {start + t - 1} is past the pool's {self.table.capacity} slots")
+        slots = np.ascontiguousarray(self.table.slots(start, start + t), dtype=np.uint32)
+        try:
+            d = m.fast_writer(self.ctx.rt, self.layers[layer], k, v, slots)
+        except UnsupportedShape as exc:
+            log.info("%s: K/V from the host (%s)", m.id, exc.one_line())
+            return False
+        if not d:
+            return False
+        self.ctx.rt.submit(d)  # the attention that reads it waits
+        if layer == self.n_layers - 1:
+            self.length = start + t
+        return True
 
     # ---------------------------------------------------------------- attention
     def _f32(self, layer, batch):

@@ -91,6 +91,11 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     # instance to pick; timed_kernels times both side by side either way.
     writer_impl: str = "fast"
     has_first_wave_writer: bool = True  # False: the fast writer is the method's only writer (f16)
+    # Whether the fast writer takes K/V already on the device (DeviceRows, bound in place through
+    # kvviz/attention/writers.py row_dispatches): the live cache then writes a GPU forward's K/V without a read-back
+    # (RecordLiveCache.extend_on_device). Set on each family whose fast writer is tested that way
+    # (tests/test_fast_writers.py): a writer that touches its rows on the host first must not claim it.
+    device_rows_writer: bool = False
 
     # ------------------------------------------------------------------ per family
     @abstractmethod

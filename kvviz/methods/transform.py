@@ -352,6 +352,10 @@ class TransformedLiveCache(LiveCache):
     def extend(self, layer, k, v, start):
         self.inner.extend(layer, *self._kv(k, v), start)
 
+    def extend_on_device(self, layer, k, v, start):
+        """Not taken: the transform of K and V runs on the host (and the inner cache would get them untransformed)."""
+        return False
+
     def attend(self, layer, q, context_len):
         return self.maps.v_back(self.inner.attend(layer, self.maps.q(q), context_len))
 

@@ -31,6 +31,7 @@ class F16(PerTokenRecordMethod):
     code_range = (-fmt16.F16_MAX, fmt16.F16_MAX)
     REFERENCE = "kvviz.families.f16.oracle:method_attention"
     has_first_wave_writer = False
+    device_rows_writer = True
 
     def wpt(self, head_size):
         return fmt16.words_per_token(head_size)

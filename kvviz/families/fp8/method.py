@@ -26,6 +26,7 @@ SCALE_MODES = ("per_token", "per_tensor")
 class _Fp8Base(PerTokenRecordMethod):
     family = "fp8"
     nominal_bits = 8.0
+    device_rows_writer = True
     fmt_key = ""
     OPTIONS = (
         OptionSpec("scale_mode", str, "per_token",

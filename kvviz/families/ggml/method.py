@@ -56,6 +56,7 @@ class GgmlBlockMethod(SiblingFastAttention, PerTokenRecordMethod):
 
     family = "ggml"
     type_name = ""
+    device_rows_writer = True
     attend_kernel = "fast/decode_ggml + decode_reduce over the packed cache (or paged_attn_f32 over the dequantised cache)"
     REFERENCE = "kvviz.families.ggml.oracle:reference_attention"
     head_multiple = fg.BLOCK

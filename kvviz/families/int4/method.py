@@ -31,6 +31,7 @@ class Int4Group(PerTokenRecordMethod):
     head_multiple = 8
     head_multiple_why = "8 codes are packed per 32-bit word"
     code_range = (0, 15)
+    device_rows_writer = True
     OPTIONS = (
         OptionSpec("group_size", int, 32, "consecutive elements of a token's head vector sharing one scale and "
                    "zero; at a head size it does not divide, the largest multiple of 8 below it that divides the "

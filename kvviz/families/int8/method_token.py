@@ -23,6 +23,7 @@ class Int8PerToken(PerTokenRecordMethod):
     family = "int8"
     nominal_bits = 8.0
     code_range = (-128, 127)
+    device_rows_writer = True
     REFERENCE = "kvviz.families.int8.oracle:int8_token_attention"
 
     def wpt(self, head_size):
