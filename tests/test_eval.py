@@ -488,3 +488,54 @@ def test_soft_capped_model(ctx, tmp_path):
     stats = ("kld_mean", "kld_max", "ppl", "ppl_base", "same_top", "dp_rms")
     assert all(math.isfinite(q8[k]) for k in stats) and q8["kld_mean"] > f32["kld_mean"]
     assert all(math.isfinite(e) and 0 < e < 0.1 for e in q8["layer_error"])
+
+
+def _device_counts(monkeypatch):
+    """Counts of the layers whose q/K/V the eval took on the device (ChunkAttention.device returned their attention)
+    and of those it handed back to the host (None)."""
+    counts = {"device": 0, "host": 0}
+    device = qr.ChunkAttention.device
+
+    def counted(self, *args):
+        out = device(self, *args)
+        counts["host" if out is None else "device"] += 1
+        return out
+
+    monkeypatch.setattr(qr.ChunkAttention, "device", counted)
+    return counts
+
+
+@pytest.mark.gpu
+def test_the_gpu_forward_hands_q_k_v_over_on_the_device(tiny, ctx, tmp_path, monkeypatch):
+    """On the GPU forward a layer whose cache writes K/V from the device (the f32 baseline, the fast writers that
+    take device rows) never reads q, K or V back during the chunk: the same statistics and layer errors, to the bit,
+    as through the host (the hand-off removed)."""
+    path, text = tiny
+    common = dict(model_path=path, texts=(text,), ctx=32, chunks=2, error_stride=8, forward="gpu",
+                  methods=("f32", "f16", "int8_token", "int4_group", "q8_0", "q4_0"))
+    counts = _device_counts(monkeypatch)
+    on_device = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "a")
+    assert counts["device"] > 0 and counts["host"] == 0
+    monkeypatch.delattr(qr.ChunkAttention, "device")
+    host = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "b")
+    assert [r["spec"] for r in on_device["rows"]] == [r["spec"] for r in host["rows"]]
+    for a, b in zip(on_device["rows"], host["rows"]):
+        for k in ("ppl", "ppl_base", "kld_mean", "kld_max", "same_top", "layer_error"):
+            assert a[k] == b[k], (a["spec"], k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["q8_0:llama_cpp=cpu", "kivi"])
+def test_a_cache_that_cannot_take_device_rows_falls_back_to_the_host(tiny, ctx, tmp_path, monkeypatch, spec):
+    """A method whose cache cannot write K/V from the device (the llama.cpp CPU transform runs on the host; KIVI's
+    cache keeps host state) takes the host path layer by layer: the same statistics as with no hand-off at all."""
+    path, text = tiny
+    common = dict(model_path=path, texts=(text,), ctx=32, chunks=1, error_stride=8, forward="gpu", methods=(spec,))
+    counts = _device_counts(monkeypatch)
+    tried = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "a")
+    assert counts["host"] > 0
+    monkeypatch.delattr(qr.ChunkAttention, "device")
+    host = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "b")
+    for a, b in zip(tried["rows"], host["rows"]):
+        for k in ("ppl", "kld_mean", "kld_max", "same_top", "layer_error"):
+            assert a[k] == b[k], (a["spec"], k)

@@ -12,6 +12,10 @@ except where the caller takes part:
   attend_chunk (batched prefill) attend_chunk(layer, q [T, H, D], k [n_kv, T, D], v, start) -> [T, H, D] (or
                  DeviceRows of that shape on this runtime, submitted: copied into the activations on the device)
   kv_sink     kv_sink(layer, k [n_kv, T, D], v, start): the keys (after RoPE) and values of each layer
+An attend_chunk with a method `device(layer, qkv, layout, t, start)` is offered each layer's q/k/v on the device
+first (qkv: the [T, layout.ld] f32 activations, laid out as QkvLayout says, its dispatches submitted): it returns
+the attention as DeviceRows (submitted) or a host [T, H, D], with no read-back of q/k/v, or None (the layer then
+calls attend_chunk itself, from the host).
 The hooks get the GPU's q/k/v (read back once a layer) and hand their attention back (written once a layer); the
 runner's own cache is written either way, so `kv()` and a later step without a hook stay valid. Without a hook the
 attention is the forward's own causal kernel over that cache (kvviz/forward/kernels.py), the counterpart of the
@@ -40,6 +44,21 @@ WEIGHT_POLICIES = ("exact",) + WEIGHT_DTYPES  # exact: f16 where the values are 
 DEFAULT_CHUNK = 2048  # tokens a prefill pass takes at most (fewer where the activations pass a binding)
 LOGIT_ROWS = 256  # logits rows a product computes at most (all_logits)
 _F32 = np.float32
+
+
+@dataclass(frozen=True)
+class QkvLayout:
+    """Where one layer's q, K and V lie in the forward's fused activations, a [T, ld] float32 row-major buffer after
+    RoPE: columns q..q + n_heads * head_size - 1 (head after head), then K from k and V from v
+    (n_kv_heads * head_size each). What a chunk hook's `device` needs to take them on the device."""
+
+    ld: int
+    q: int
+    k: int
+    v: int
+    n_heads: int
+    n_kv_heads: int
+    head_size: int
 
 
 @dataclass
@@ -515,6 +534,10 @@ class GpuRunner:
         nq = nh * D
         host = token_hook is not None or chunk_hook is not None or kv_sink is not None or self.record
         per_layer = host or cancel is not None or layer_done is not None
+        # the chunk hook's device hand-off, where nothing else needs the layer's q/k/v on the host
+        on_device = (getattr(chunk_hook, "device", None) if token_hook is None and kv_sink is None and not self.record
+                     else None)
+        layout = QkvLayout(p.qkv_width, 0, nq, nq + nkv * D, nh, nkv, D)
         pending = k.embed(act.ids, self.forward.tok_embd, act.x, t, scale=p.embed_scale)
         for li, (lw, (kc, vc)) in enumerate(zip(self.forward.layers, self._caches)):
             if cancel is not None and cancel():
@@ -528,22 +551,28 @@ class GpuRunner:
                     pending = []
                     pre = rt.read(act.qkv, _F32, (t, p.qkv_width), nbytes=t * p.qkv_width * 4)
                     self._rec["k_pre"][li, :, p0:p0 + t] = pre[:, nq:nq + nkv * D].reshape(t, nkv, D).transpose(1, 0, 2)
-                rt.submit(pending + self._rope(lw, kc, vc, act, t, p0))  # the read below waits for it
+                rt.submit(pending + self._rope(lw, kc, vc, act, t, p0))  # a read below waits for it
                 pending = []
-                qkv = rt.read(act.qkv, _F32, (t, p.qkv_width), nbytes=t * p.qkv_width * 4)
-                q = qkv[:, :nq].reshape(t, nh, D)
-                kk = np.ascontiguousarray(qkv[:, nq:nq + nkv * D].reshape(t, nkv, D).transpose(1, 0, 2))
-                vv = np.ascontiguousarray(qkv[:, nq + nkv * D:].reshape(t, nkv, D).transpose(1, 0, 2))
-                if self.record:
-                    self._rec["q"][li, :, p0:p0 + t] = q.transpose(1, 0, 2)
-                    self._rec["k"][li, :, p0:p0 + t] = kk
-                    self._rec["v"][li, :, p0:p0 + t] = vv
-                if kv_sink is not None:
-                    kv_sink(li, kk, vv, p0)
-                if token_hook is not None:
-                    rt.write(act.o, np.ascontiguousarray(self._call_token_hook(token_hook, li, q, kk, vv, p0), _F32))
-                elif chunk_hook is not None:
-                    o = chunk_hook(li, np.ascontiguousarray(q), kk, vv, p0)
+                o = None if on_device is None else on_device(li, act.qkv, layout, t, p0)
+                attended = o is not None
+                if not attended:
+                    qkv = rt.read(act.qkv, _F32, (t, p.qkv_width), nbytes=t * p.qkv_width * 4)
+                    q = qkv[:, :nq].reshape(t, nh, D)
+                    kk = np.ascontiguousarray(qkv[:, nq:nq + nkv * D].reshape(t, nkv, D).transpose(1, 0, 2))
+                    vv = np.ascontiguousarray(qkv[:, nq + nkv * D:].reshape(t, nkv, D).transpose(1, 0, 2))
+                    if self.record:
+                        self._rec["q"][li, :, p0:p0 + t] = q.transpose(1, 0, 2)
+                        self._rec["k"][li, :, p0:p0 + t] = kk
+                        self._rec["v"][li, :, p0:p0 + t] = vv
+                    if kv_sink is not None:
+                        kv_sink(li, kk, vv, p0)
+                    if token_hook is not None:
+                        rt.write(act.o, np.ascontiguousarray(self._call_token_hook(token_hook, li, q, kk, vv, p0), _F32))
+                    elif chunk_hook is not None:
+                        o, attended = chunk_hook(li, np.ascontiguousarray(q), kk, vv, p0), True
+                    else:
+                        pending += self._attention(lw, kc, vc, act, t, p0)
+                if attended:
                     shape = tuple(o.shape) if isinstance(o, DeviceRows) else np.shape(o)
                     if shape != (t, nh, D):
                         raise InvalidInput(f"attend_chunk() returned shape {shape} for layer {li}, expected "
@@ -552,8 +581,6 @@ class GpuRunner:
                         pending.append(copy_dispatch(rt, o.buffer, act.o, t * nq * 4))
                     else:
                         rt.write(act.o, np.ascontiguousarray(o, _F32))
-                else:
-                    pending += self._attention(lw, kc, vc, act, t, p0)
                 pending += self._tail(lw, act, t)
             if per_layer:  # the layer's work submitted (for progress and cancel); the next read waits for it
                 rt.submit(pending)

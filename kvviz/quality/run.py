@@ -35,6 +35,7 @@ import numpy as np
 from kvviz.errors import Cancelled, InvalidInput
 from kvviz.families.registry import get_method
 from kvviz.forward.select import ForwardChoice, make_runner
+from kvviz.gpu.copy import gather_dispatch
 from kvviz.gpu.runtime import DeviceRows
 from kvviz.methods.base import batch_layouts
 from kvviz.methods.live_cache import BlockTable, cache_kind
@@ -155,8 +156,10 @@ class ChunkAttention:
     or the f32 cache for the layers a single-layer run leaves unquantised).
     With `rt` (the GPU forward's runtime), an attention that is one prefill stays on the device (DeviceRows: the
     forward copies it into its activations there), and its checked rows are read after the chunk (`finish`),
-    when the GPU has done the chunk: a layer then waits for the GPU once (its q, K and V), not twice. The layer
-    errors' arithmetic is left to the caller (finish() gives the checks, _LayerError.sums computes them)."""
+    when the GPU has done the chunk: a layer then waits for the GPU once (its q, K and V), not twice. Where the
+    layer's cache writes K/V from the device (LiveCache.extend_on_device), `device` takes q, K and V there too, and
+    the layer does not wait for the GPU at all: the layer errors' q, K and V are read after the chunk as well. The
+    layer errors' arithmetic is left to the caller (finish() gives the checks, _LayerError.sums computes them)."""
 
     def __init__(self, caches: list, n_kv: int, head_size: int, ctx_len: int, errors: _LayerError | None,
                  rt=None):
@@ -167,6 +170,8 @@ class ChunkAttention:
         self._k = np.zeros((n_layers, n_kv, ctx_len, head_size), _F32) if errors is not None and errors.stride else None
         self._v = np.zeros_like(self._k) if self._k is not None else None
         self._checks: list = []  # _LayerError.sums' checks; DeviceRows in place of out_rows until finish()
+        self._on_device: dict = {}  # (layer, start) -> the DeviceRows q, K, V of a layer's piece, read in finish()
+        self._held: list = []  # the chunk's gathered buffers, kept until finish(): the GPU reads them until then
 
     def __call__(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int):
         cache = self.caches[layer]
@@ -183,11 +188,48 @@ class ChunkAttention:
             self._checks.append((layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], rows, start))
         return out
 
+    def device(self, layer: int, qkv, layout, t: int, start: int):
+        """The GPU forward's device hand-off (GpuRunner._chunk): the layer's q, K and V gathered out of the forward's
+        activations `qkv` (columns as `layout`, a QkvLayout, says) into buffers of their own, new for this layer and
+        piece (the activations hold the next layer's before the GPU is done with these), K/V written by the cache
+        from there and the causal prefill run over it with q from there. The attention (DeviceRows, submitted, or a
+        host array where the cache has no prefill for the shape), or None where the cache does not write K/V from the
+        device: the forward then reads q, K and V and calls this hook from the host (nothing was written).
+        No value of q, K or V is checked on the host here (the forward checks its logits for non-finite values)."""
+        cache = self.caches[layer]
+        if self.rt is None or not hasattr(cache, "extend_on_device"):
+            return None
+        rt, D = self.rt, layout.head_size
+
+        def gather(name, col, heads):
+            buf = rt.empty(t * heads * D * 4, f"eval-{name}-layer{layer}")
+            rt.submit([gather_dispatch(rt, qkv, buf, t, heads * D, layout.ld, col)])
+            return DeviceRows(buf, (t, heads, D))
+
+        k, v = gather("k", layout.k, layout.n_kv_heads), gather("v", layout.v, layout.n_kv_heads)
+        self._held += [k.buffer, v.buffer]
+        if not cache.extend_on_device(layer, k, v, start):
+            return None
+        q = gather("q", layout.q, layout.n_heads)
+        self._held.append(q.buffer)
+        out = cache.attend_causal_on_device(layer, q, start)
+        if self._k is not None:
+            self._on_device[(layer, start)] = (q, k, v)
+            rows = out if isinstance(out, DeviceRows) else np.asarray(out, _F32)[self.errors.rows(t)]
+            self._checks.append((layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], rows, start))
+        return out
+
     def finish(self) -> list:
         """The chunk's checks for _LayerError.sums, the checked rows of the attentions left on the device read back
-        (after the chunk: the GPU has done them)."""
+        (after the chunk: the GPU has done them), and the q, K and V that `device` left there."""
+        for (layer, start), (q, k, v) in self._on_device.items():  # every check sees its K/V before any is summed
+            t = q.shape[0]
+            self._k[layer, :, start:start + t] = k.read(self.rt).transpose(1, 0, 2)
+            self._v[layer, :, start:start + t] = v.read(self.rt).transpose(1, 0, 2)
         checks = []
         for layer, q, k_all, v_all, out, start in self._checks:
+            if isinstance(q, DeviceRows):
+                q = q.read(self.rt)
             if isinstance(out, DeviceRows):
                 t, h, d = out.shape
                 rows = self.errors.rows(t)
@@ -195,7 +237,7 @@ class ChunkAttention:
                 got = self.rt.read_spans(out.buffer, [(int(r) * row, row) for r in rows], np.float32)
                 out = got.reshape(rows.size, h, d)
             checks.append((layer, q, k_all, v_all, out, start))
-        self._checks = []
+        self._checks, self._on_device, self._held = [], {}, []
         return checks
 
 
