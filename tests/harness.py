@@ -1305,3 +1305,19 @@ def quant_method_check(ctx, m, batch, k, v, H, scale=None):
     ref_w = O.decode_weights(q, fk, batch.block_tables, batch.context_lens, batch.block_size, scale)
     assert np.abs(w - ref_w).max() <= 2e-6, f"{m.id} weights err {np.abs(w - ref_w).max()}"
     return qkv, ref
+
+
+# ------------------------------------------------------------------------------------------------ bench variants
+def checked_variant_rows(rt, method: str, names) -> dict:
+    """`kvviz bench --variants` over `method` at a tiny ragged shape: its rows by kernel name, each of `names` timed and
+    held to its own oracle within its tolerance."""
+    from kvviz.bench import BenchShape, run_bench
+
+    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
+                    methods=(method,), variants=True)
+    rows = {r["kernel"]: r for r in res["rows"]}
+    for name in names:
+        r = rows[name]
+        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
+    return rows

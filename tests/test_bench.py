@@ -9,6 +9,8 @@ import pytest
 from kvviz.bench import BenchShape, format_table, run_bench
 from kvviz.cli import main
 
+from harness import checked_variant_rows
+
 pytestmark = pytest.mark.gpu
 
 FIELDS = ("kernel", "variant", "shape", "gpu_us_min", "gpu_us_median", "gpu_us_p90", "bytes_moved", "gbps",
@@ -104,15 +106,10 @@ def test_bench_variant_rows_are_checked(rt):
     """--variants: the int4 cache's fast decode with the int8 query, with f16-pair P.V and with the reduce folded in,
     each timed and held to its own oracle (the int8 query's dequantised values; pv_tolerance on top for f16 P.V)."""
     shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
-    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
-                    methods=("int4_group",), variants=True)
-    rows = {r["kernel"]: r for r in res["rows"]}
     names = ["fast_decode_int4 (int8 query)", "fast_decode_int4 (reduce folded in)"]
     if "shader-f16" in rt.features:
         names.append("fast_decode_int4 (int8 query, f16x2 P.V)")
-    for name in names:
-        r = rows[name]
-        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
+    rows = checked_variant_rows(rt, "int4_group", names)
     assert "f32-query oracle" in rows[names[0]]["note"]
     plain = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
                       methods=("int4_group",))
@@ -122,14 +119,10 @@ def test_bench_variant_rows_are_checked(rt):
 def test_bench_turboquant_variant_rows_are_checked(rt):
     """--variants: TurboQuant's paged decode with the int8 query (4 and 2 tokens a row), timed and held to its own
     oracle (the seed estimator of the int8 query), with its distance to the f32-query oracle in the note."""
-    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
-    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
-                    methods=("turboquant",), variants=True)
-    rows = {r["kernel"]: r for r in res["rows"]}
-    for name in ("fast_decode_tq_paged (int8 query)", "fast_decode_tq_paged (int8 query, 2 tokens a row)"):
-        r = rows[name]
-        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
-        assert "f32-query oracle" in r["note"] and "int8 query" in r["variant"]
+    names = ("fast_decode_tq_paged (int8 query)", "fast_decode_tq_paged (int8 query, 2 tokens a row)")
+    rows = checked_variant_rows(rt, "turboquant", names)
+    for name in names:
+        assert "f32-query oracle" in rows[name]["note"] and "int8 query" in rows[name]["variant"]
 
 
 def test_bench_ranks_each_methods_fastest_decode_against_f16(rt):

@@ -24,7 +24,6 @@ import pytest
 
 from kvviz.attention import paged_oracle as O
 from kvviz.attention import split_decode as fd
-from kvviz.bench import BenchShape, run_bench
 from kvviz.errors import InvalidInput
 from kvviz.families.ggml import decode as fgd
 from kvviz.families.ggml import format as fg
@@ -32,7 +31,7 @@ from kvviz.families.ggml import oracle as og
 from kvviz.families.int8 import oracle as o8
 from kvviz.paging import make_batch
 
-from harness import empty_gives_zero
+from harness import checked_variant_rows, empty_gives_zero
 
 pytestmark = pytest.mark.gpu
 
@@ -184,13 +183,8 @@ def test_default_render_has_no_variant_code():
 def test_bench_variant_rows_for_a_block_type(rt):
     """kvviz bench --variants times a block type's int8-query decode (4 and 2 tokens a row) and its folded reduce beside
     its exact fast decode, each held to its own oracle; no f16-pair P.V row (the block types' P.V is f32)."""
-    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
-    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",), methods=("q4_1",),
-                    variants=True)
-    rows = {r["kernel"]: r for r in res["rows"]}
-    for name in ("fast_decode_q4_1 (int8 query)", "fast_decode_q4_1 (int8 query, 2 tokens a row)",
-                 "fast_decode_q4_1 (reduce folded in)"):
-        r = rows[name]
-        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
+    rows = checked_variant_rows(rt, "q4_1", ("fast_decode_q4_1 (int8 query)",
+                                         "fast_decode_q4_1 (int8 query, 2 tokens a row)",
+                                         "fast_decode_q4_1 (reduce folded in)"))
     assert "f32-query oracle" in rows["fast_decode_q4_1 (int8 query)"]["note"]
     assert not any("f16x2" in k for k in rows)

@@ -23,7 +23,6 @@ import pytest
 
 from kvviz.attention import paged_oracle as O
 from kvviz.attention import split_decode as fd
-from kvviz.bench import BenchShape, run_bench
 from kvviz.errors import InvalidInput
 from kvviz.families.fp4 import decode as ffd
 from kvviz.families.fp4 import format as f4
@@ -31,7 +30,7 @@ from kvviz.families.fp4 import oracle as o4
 from kvviz.families.int8 import oracle as o8
 from kvviz.paging import make_batch
 
-from harness import empty_gives_zero
+from harness import checked_variant_rows, empty_gives_zero
 
 pytestmark = pytest.mark.gpu
 
@@ -189,13 +188,8 @@ def test_default_render_has_no_variant_code():
 def test_bench_variant_rows(rt):
     """kvviz bench --variants times NVFP4's int8-query decode (4 and 2 tokens a row) and its folded reduce beside its
     exact fast decode, each held to its own oracle; no f16-pair P.V row (its P.V is f32)."""
-    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
-    res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
-                    methods=("nvfp4",), variants=True)
-    rows = {r["kernel"]: r for r in res["rows"]}
-    for name in ("fast_decode_nvfp4 (int8 query)", "fast_decode_nvfp4 (int8 query, 2 tokens a row)",
-                 "fast_decode_nvfp4 (reduce folded in)"):
-        r = rows[name]
-        assert r["gpu_us_median"] and r["within_tolerance"], (name, r["note"])
+    rows = checked_variant_rows(rt, "nvfp4", ("fast_decode_nvfp4 (int8 query)",
+                                         "fast_decode_nvfp4 (int8 query, 2 tokens a row)",
+                                         "fast_decode_nvfp4 (reduce folded in)"))
     assert "f32-query oracle" in rows["fast_decode_nvfp4 (int8 query)"]["note"]
     assert not any("f16x2" in k for k in rows)

@@ -246,6 +246,11 @@ class LiveCache(ABC):
         if layer == self.n_layers - 1:
             self.length = start + k.shape[1]
 
+    def takes_device_rows(self) -> bool:
+        """Whether extend_on_device can take K/V at all (asked before any is gathered onto the device for it); it can
+        still decline a shape its writer refuses. This base takes none."""
+        return False
+
     def extend_on_device(self, layer: int, k: DeviceRows, v: DeviceRows, start: int) -> bool:
         """extend from K/V already on the device: k, v DeviceRows of float32 [T, n_kv, D] (tokens first, the writers'
         layout; e.g. gathered from a GPU forward's activations), bound by the cache's writer in place, never read back.
@@ -309,6 +314,9 @@ class PagedLiveCache(LiveCache):
     def write(self, layer, k, v, start):
         slots = self.table.slots(start, start + k.shape[1])
         self.ctx.paged.write(self.layers[layer], _tokens_major(k), _tokens_major(v), slots)
+
+    def takes_device_rows(self) -> bool:
+        return True
 
     def extend_on_device(self, layer, k, v, start):
         """The paged writer binds the device rows in place (PagedKernels.write_dispatches); False where it cannot

@@ -72,13 +72,19 @@ class RecordLiveCache(LiveCache):
             raise InvalidInput(f"position {start + k.shape[1] - 1} is past the pool's {self.table.capacity} slots")
         self.ctx.rt.submit(self._writer(layer, k, v, start))  # the attention that reads it waits
 
+    def takes_device_rows(self) -> bool:
+        """Where the method says its fast writer takes device rows (`device_rows_writer`) and that is the writer it
+        runs (select_writer)."""
+        m = self.method
+        return getattr(m, "device_rows_writer", False) and (m.writer_impl == "fast" or not m.has_first_wave_writer)
+
     def extend_on_device(self, layer, k, v, start):
         """The method's fast writer binds the device rows in place, where the method says its fast writer takes them
         (`device_rows_writer`) and is the writer it runs (select_writer); False where it is not, or where the writer
         refuses the shape (the caller extends from the host). No host check of the values (`check_values`: LiveCache
         says why)."""
         m = self.method
-        if not getattr(m, "device_rows_writer", False) or (m.writer_impl != "fast" and m.has_first_wave_writer):
+        if not self.takes_device_rows():
             return False
         t = int(k.shape[0])
         self.table.ensure(start + t)

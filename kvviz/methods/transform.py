@@ -352,8 +352,10 @@ class TransformedLiveCache(LiveCache):
     def extend(self, layer, k, v, start):
         self.inner.extend(layer, *self._kv(k, v), start)
 
+    def takes_device_rows(self) -> bool:
+        return False  # the transform of K and V runs on the host (the inner cache would get them untransformed)
+
     def extend_on_device(self, layer, k, v, start):
-        """Not taken: the transform of K and V runs on the host (and the inner cache would get them untransformed)."""
         return False
 
     def attend(self, layer, q, context_len):

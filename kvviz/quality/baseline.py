@@ -119,12 +119,6 @@ class BaseRows:
     nll: np.ndarray
     top: np.ndarray
 
-    def logp(self) -> np.ndarray:
-        return decode(self.codes, self.top_logp)
-
-    def logp_probs(self) -> tuple[np.ndarray, np.ndarray]:
-        return decode_with_probs(self.codes, self.top_logp)
-
 
 class BaselineStore:
     """The stored baseline of one (model, text, chunking): `meta` (JSON), and the arrays in `folder`."""

@@ -197,21 +197,21 @@ class ChunkAttention:
         device: the forward then reads q, K and V and calls this hook from the host (nothing was written).
         No value of q, K or V is checked on the host here (the forward checks its logits for non-finite values)."""
         cache = self.caches[layer]
-        if self.rt is None or not hasattr(cache, "extend_on_device"):
+        if self.rt is None or not cache.takes_device_rows():
             return None
         rt, D = self.rt, layout.head_size
 
-        def gather(name, col, heads):
+        def gather(name, col, heads):  # (DeviceRows, its gather dispatch)
             buf = rt.empty(t * heads * D * 4, f"eval-{name}-layer{layer}")
-            rt.submit([gather_dispatch(rt, qkv, buf, t, heads * D, layout.ld, col)])
-            return DeviceRows(buf, (t, heads, D))
+            self._held.append(buf)
+            return DeviceRows(buf, (t, heads, D)), gather_dispatch(rt, qkv, buf, t, heads * D, layout.ld, col)
 
-        k, v = gather("k", layout.k, layout.n_kv_heads), gather("v", layout.v, layout.n_kv_heads)
-        self._held += [k.buffer, v.buffer]
+        (k, gk), (v, gv) = gather("k", layout.k, layout.n_kv_heads), gather("v", layout.v, layout.n_kv_heads)
+        rt.submit([gk, gv])
         if not cache.extend_on_device(layer, k, v, start):
             return None
-        q = gather("q", layout.q, layout.n_heads)
-        self._held.append(q.buffer)
+        q, gq = gather("q", layout.q, layout.n_heads)
+        rt.submit([gq])
         out = cache.attend_causal_on_device(layer, q, start)
         if self._k is not None:
             self._on_device[(layer, start)] = (q, k, v)
@@ -281,6 +281,9 @@ class PartCache:
 
     def attend_causal_on_device(self, layer: int, q: np.ndarray, start: int):
         return self.f32.attend_causal_on_device(layer, q, start)
+
+    def takes_device_rows(self) -> bool:
+        return False  # its K and V are quantised and read back on the host
 
 
 # ---------------------------------------------------------------------------------------------- passes
