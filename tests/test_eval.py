@@ -333,7 +333,7 @@ def test_the_gpu_forward_keeps_a_prefill_on_the_device(tiny, ctx, tmp_path, monk
     finish = qr.ChunkAttention.finish
 
     def counted(self):
-        later.append(sum(isinstance(c[4], DeviceRows) for c in self._checks))
+        later.append(sum(isinstance(c[5], DeviceRows) for c in self._checks))
         return finish(self)
 
     monkeypatch.setattr(qr.ChunkAttention, "finish", counted)

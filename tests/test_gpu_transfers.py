@@ -37,6 +37,24 @@ def test_read_spans_gathers_in_order(rt, monkeypatch, chunk):
     assert rt.read_spans(buf, [], np.uint32).size == 0
 
 
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_read_gather_reads_several_buffers_each_in_its_order(rt, monkeypatch, chunk):
+    """Spans of three buffers (one read whole, one with no span, one scattered) come back one array a buffer, in
+    each buffer's span order and dtype, whether they share one staging map or are split over many."""
+    if chunk is not None:
+        monkeypatch.setattr(gpu_runtime, "STAGING_CHUNK", chunk)
+    a = np.arange(300, dtype=np.float32) * 0.5 - 7.0
+    b = (np.arange(1000, dtype=np.uint64) * 40503 % (2**32)).astype(np.uint32)
+    ba, bb, bc = rt.upload(a, "gather-a"), rt.upload(b, "gather-b"), rt.upload(b[::-1].copy(), "gather-c")
+    spans_b = [(800, 12), (0, 4), (3996, 4), (400, 400)]
+    got_a, got_empty, got_b = rt.read_gather([(ba, [(0, a.nbytes)], np.float32), (bc, [], np.uint32),
+                                              (bb, spans_b, np.uint32)])
+    assert np.array_equal(got_a, a)
+    assert got_empty.size == 0 and got_empty.dtype == np.uint32
+    raw = b.view(np.uint8)
+    assert np.array_equal(got_b, np.concatenate([raw[o:o + n] for o, n in spans_b]).view(np.uint32))
+
+
 def test_read_spans_refuses_unaligned_spans(rt):
     buf = rt.empty(64, "spans-test")
     with pytest.raises(ValueError, match="4-byte aligned"):

@@ -510,44 +510,56 @@ class GpuRuntime:
         """The byte spans [(offset, nbytes), ...] of `buf`, concatenated in order: each group of spans
         that fits the staging buffer is gathered by copies in one submit and read by one map, so a
         sequence scattered over many blocks costs one round trip, not one a block."""
-        spans = [(int(o), int(n)) for o, n in spans if int(n) > 0]
-        for o, n in spans:
-            if o % 4 or n % 4:
-                raise ValueError(f"read_spans: span ({o}, {n}) is not 4-byte aligned")
-        out = np.empty(sum(n for _, n in spans), np.uint8)
+        return self.read_gather([(buf, spans, dtype)])[0]
+
+    def read_gather(self, parts) -> list[np.ndarray]:
+        """Byte spans of several buffers read back together: parts [(buffer, [(offset, nbytes), ...], dtype)] ->
+        one array a part, its spans concatenated in order. Every span that fits goes into one staging buffer
+        (copies in one submit, one map), so reading many small buffers after a piece of work costs one round
+        trip; a span larger than the staging buffer is read in pieces of it."""
+        pieces = []  # (buffer, offset, nbytes, part, byte position in the part's array)
+        sizes = []
+        for j, (buf, spans, _) in enumerate(parts):
+            pos = 0
+            for o, n in spans:
+                o, n = int(o), int(n)
+                if o % 4 or n % 4:
+                    raise ValueError(f"read_spans: span ({o}, {n}) is not 4-byte aligned")
+                for at in range(0, n, STAGING_CHUNK):
+                    size = min(STAGING_CHUNK, n - at)
+                    pieces.append((buf, o + at, size, j, pos + at))
+                pos += n
+            sizes.append(pos)
+        outs = [np.empty(n, np.uint8) for n in sizes]
         with self._lock, self._guard("a read-back"):
-            i, pos = 0, 0
-            while i < len(spans):
-                if spans[i][1] > STAGING_CHUNK:  # a span larger than the staging buffer: read it alone
-                    o, n = spans[i]
-                    for start in range(0, n, STAGING_CHUNK):
-                        size = min(STAGING_CHUNK, n - start)
-                        self._gather_into(buf, [(o + start, size)], out[pos + start : pos + start + size])
-                    pos += n
-                    i += 1
-                    continue
+            i = 0
+            while i < len(pieces):
                 j, total = i, 0
-                while j < len(spans) and total + spans[j][1] <= STAGING_CHUNK:
-                    total += spans[j][1]
+                while j < len(pieces) and total + pieces[j][2] <= STAGING_CHUNK:
+                    total += pieces[j][2]
                     j += 1
-                self._gather_into(buf, spans[i:j], out[pos : pos + total])
-                pos += total
+                self._gather_into(pieces[i:j], total, outs)
                 i = j
         self.check_alive()
-        return out.view(dtype)
+        return [out.view(dtype) for out, (_, _, dtype) in zip(outs, parts)]
 
-    def _gather_into(self, buf, spans, out: np.ndarray) -> None:
-        """Copy `spans` of `buf` back to back into the read staging buffer (one submit), map it once."""
-        total = out.nbytes
+    def _gather_into(self, pieces, total: int, outs: list) -> None:
+        """Copy `pieces` (buffer, offset, nbytes, part, position) back to back into the read staging buffer (one
+        submit), map it once and copy each piece to its place in outs[part]."""
         stage = self._staging.get("read", total)
         enc = self.device.create_command_encoder()
         at = 0
-        for o, n in spans:
+        for buf, o, n, _, _ in pieces:
             enc.copy_buffer_to_buffer(buf, o, stage, at, n)
             at += n
         self.queue.submit([enc.finish()])
         stage.map_sync(wgpu.MapMode.READ, 0, total)
-        out[:] = np.frombuffer(stage.read_mapped(0, total, copy=False), np.uint8)
+        mapped = np.frombuffer(stage.read_mapped(0, total, copy=False), np.uint8)
+        at = 0
+        for _, _, n, j, pos in pieces:
+            outs[j][pos:pos + n] = mapped[at:at + n]
+            at += n
+        del mapped
         stage.unmap()
 
     # ------------------------------------------------------------- pipelines

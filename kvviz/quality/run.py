@@ -115,13 +115,14 @@ class _LayerError:
         return np.arange(0, t, self.stride) if self.stride else np.zeros(0, np.int64)
 
     def sums(self, checks: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(err2, ref2, count) a layer of `checks`: (layer, q [T, H, D], k_all / v_all [n_kv, start+T, D] (exact),
-        out_rows [len(rows(T)), H, D] what the cache gave at the checked queries, start). Arithmetic alone, for a
-        host thread; `merge` adds them in the chunks' order (the same sums whatever thread computed them)."""
+        """(err2, ref2, count) a layer of `checks`: (layer, t, q_rows [len(rows(t)), H, D] the checked queries of a
+        piece of t, k_all / v_all [n_kv, start+t, D] (exact), out_rows [len(rows(t)), H, D] what the cache gave at
+        them, start). Arithmetic alone, for a host thread; `merge` adds them in the chunks' order (the same sums
+        whatever thread computed them)."""
         n = len(self.err2)
         out = (np.zeros(n), np.zeros(n), np.zeros(n, np.int64))
-        for layer, q, k_all, v_all, out_rows, start in checks:
-            self._add(out, layer, q, k_all, v_all, out_rows, start)
+        for layer, t, q_rows, k_all, v_all, out_rows, start in checks:
+            self._add(out, layer, t, q_rows, k_all, v_all, out_rows, start)
         return out
 
     def merge(self, sums) -> None:
@@ -129,15 +130,15 @@ class _LayerError:
         self.ref2 += sums[1]
         self.count += sums[2]
 
-    def _add(self, into, layer: int, q, k_all, v_all, out_rows, start: int) -> None:
-        rows = self.rows(q.shape[0])
+    def _add(self, into, layer: int, t: int, q_rows, k_all, v_all, out_rows, start: int) -> None:
+        rows = self.rows(t)
         if not rows.size:
             return
         c = self.cfg
         w = c.window(layer) if hasattr(c, "window") else 0
         end = start + int(rows[-1]) + 1  # the last checked query's extent: later keys are masked for all of them
         # the checked queries in one product, each masked to its own causal extent
-        ref = gqa_attention(np.ascontiguousarray(q[rows].transpose(1, 0, 2)), k_all[:, :end], v_all[:, :end],
+        ref = gqa_attention(np.ascontiguousarray(np.asarray(q_rows).transpose(1, 0, 2)), k_all[:, :end], v_all[:, :end],
                             scale=getattr(c, "query_scale", None), cap=getattr(c, "attn_softcap", 0.0), window=w,
                             q_pos=start + rows).transpose(1, 0, 2).astype(np.float64)
         into[0][layer] += float(np.sum((np.asarray(out_rows, np.float64) - ref) ** 2))
@@ -184,8 +185,10 @@ class ChunkAttention:
             t = k.shape[1]
             self._k[layer, :, start:start + t] = k
             self._v[layer, :, start:start + t] = v
-            rows = out if isinstance(out, DeviceRows) else np.asarray(out, _F32)[self.errors.rows(t)]
-            self._checks.append((layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], rows, start))
+            rows = self.errors.rows(t)
+            got = out if isinstance(out, DeviceRows) else np.asarray(out, _F32)[rows]
+            self._checks.append((layer, t, np.asarray(q, _F32)[rows], self._k[layer, :, :start + t],
+                                 self._v[layer, :, :start + t], got, start))
         return out
 
     def device(self, layer: int, qkv, layout, t: int, start: int):
@@ -214,31 +217,43 @@ class ChunkAttention:
         rt.submit([gq])
         out = cache.attend_causal_on_device(layer, q, start)
         if self._k is not None:
-            self._on_device[(layer, start)] = (q, k, v)
-            rows = out if isinstance(out, DeviceRows) else np.asarray(out, _F32)[self.errors.rows(t)]
-            self._checks.append((layer, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], rows, start))
+            self._on_device[(layer, start)] = (k, v)
+            got = out if isinstance(out, DeviceRows) else np.asarray(out, _F32)[self.errors.rows(t)]
+            self._checks.append((layer, t, q, self._k[layer, :, :start + t], self._v[layer, :, :start + t], got,
+                                 start))
         return out
 
     def finish(self) -> list:
-        """The chunk's checks for _LayerError.sums, the checked rows of the attentions left on the device read back
-        (after the chunk: the GPU has done them), and the q, K and V that `device` left there."""
-        for (layer, start), (q, k, v) in self._on_device.items():  # every check sees its K/V before any is summed
-            t = q.shape[0]
-            self._k[layer, :, start:start + t] = k.read(self.rt).transpose(1, 0, 2)
-            self._v[layer, :, start:start + t] = v.read(self.rt).transpose(1, 0, 2)
-        checks = []
-        for layer, q, k_all, v_all, out, start in self._checks:
+        """The chunk's checks for _LayerError.sums: what the chunk left on the device (the K and V that `device`
+        gathered, the checked queries and the checked rows of the attentions) read back in one gather, after the
+        chunk (the GPU has done it)."""
+        parts, place = [], []  # read_gather's parts; where each one's array goes
+
+        def rows_of(d: DeviceRows, what):  # the checked rows of a DeviceRows [t, h, d]
+            t, h, dd = d.shape
+            row = h * dd * 4
+            parts.append((d.buffer, [(int(r) * row, row) for r in self.errors.rows(t)], np.float32))
+            place.append(what + (d.shape,))
+
+        for (layer, start), (k, v) in self._on_device.items():
+            for d, into in ((k, self._k), (v, self._v)):
+                parts.append((d.buffer, [(0, int(np.prod(d.shape)) * 4)], np.float32))
+                place.append(("kv", into, layer, start, d.shape))
+        for n, (_, _, q, _, _, out, _) in enumerate(self._checks):
             if isinstance(q, DeviceRows):
-                q = q.read(self.rt)
+                rows_of(q, ("check", n, 2))
             if isinstance(out, DeviceRows):
-                t, h, d = out.shape
-                rows = self.errors.rows(t)
-                row = h * d * 4
-                got = self.rt.read_spans(out.buffer, [(int(r) * row, row) for r in rows], np.float32)
-                out = got.reshape(rows.size, h, d)
-            checks.append((layer, q, k_all, v_all, out, start))
+                rows_of(out, ("check", n, 5))
+        checks = [list(c) for c in self._checks]
+        for got, what in zip(self.rt.read_gather(parts) if parts else [], place):
+            if what[0] == "kv":  # every check sees its K/V (views of these arrays) before any is summed
+                _, into, layer, start, (t, h, d) = what
+                into[layer, :, start:start + t] = got.reshape(t, h, d).transpose(1, 0, 2)
+            else:
+                _, n, col, (_, h, d) = what
+                checks[n][col] = got.reshape(-1, h, d)
         self._checks, self._on_device, self._held = [], {}, []
-        return checks
+        return [tuple(c) for c in checks]
 
 
 class PartCache:
