@@ -512,7 +512,7 @@ def test_the_gpu_forward_hands_q_k_v_over_on_the_device(tiny, ctx, tmp_path, mon
     as through the host (the hand-off removed)."""
     path, text = tiny
     common = dict(model_path=path, texts=(text,), ctx=32, chunks=2, error_stride=8, forward="gpu",
-                  methods=("f32", "f16", "int8_token", "int4_group", "q8_0", "q4_0"))
+                  methods=("f32", "f16", "int8_token", "int4_group", "q8_0", "q4_0", "nvfp4", "turboquant"))
     counts = _device_counts(monkeypatch)
     on_device = evaluate(prepare(EvalSettings(**common)), ctx, cache_root=tmp_path / "a")
     assert counts["device"] > 0 and counts["host"] == 0

@@ -67,3 +67,50 @@ def test_batch_scaled_methods_keep_requantising(ctx):
     m = get_method("fp8_e4m3", scale_mode="per_tensor")
     assert m.batch_scales and not m.has_live_cache
     assert isinstance(make_live_cache(m, ctx, BlockTable(4, 8), 1, 4, 1, 64, 0.125), RequantCache)
+
+
+@pytest.mark.parametrize("mid,opts", [("nvfp4", {}), ("turboquant", {}), ("fp8_e4m3", {"scale_mode": "per_tensor"})])
+def test_requantising_prefill_from_the_device_only_cache(ctx, mid, opts, monkeypatch):
+    """The re-quantising cache's prefill reads the method's device-only cache (quantize_device: no read-back), from
+    host K/V and from K/V already on the device (extend_on_device, the first piece of a sequence): the same outputs,
+    to the bit, as through quantize's full cache; a later piece, the panels' weights and a decode after it read the
+    device rows back first, and give what the host path gives."""
+    from kvviz.gpu.runtime import DeviceRows
+
+    m = get_method(mid, **opts)
+    rng = np.random.default_rng(5)
+    T, T2 = 21, 6
+    kv = _kv(rng, T + T2)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    q2 = rng.standard_normal((T2, H, D)).astype(np.float32)
+
+    def run(how):
+        c = make_live_cache(m, ctx, BlockTable(8, BS), L, H, KVH, D, 0.125)
+        assert isinstance(c, RequantCache)
+        outs = []
+        for li, (k, v) in enumerate(kv):
+            if how == "device":
+                rows = [DeviceRows(ctx.rt.upload(np.ascontiguousarray(a[:, :T].transpose(1, 0, 2)), "rows"),
+                                   (T, KVH, D)) for a in (k, v)]
+                assert c.takes_device_rows() == m.device_rows_writer
+                if not c.extend_on_device(li, *rows, 0):
+                    return None
+            else:
+                c.extend(li, k[:, :T], v[:, :T], 0)
+            outs.append(c.attend_causal(li, q, 0))
+        for li, (k, v) in enumerate(kv):
+            assert not c.extend_on_device(li, None, None, T)  # only the first piece of a sequence
+            c.extend(li, k[:, T:], v[:, T:], T)
+            outs.append(c.attend_causal(li, q2, T))
+        outs.append(c.weights(0, q2[-1], T + T2))
+        return outs
+
+    device, host = run("device"), run("host")
+    monkeypatch.setattr(type(m), "quantize_device", lambda self, *a: None)
+    full = run("host")
+    assert run("device") is None  # no device-only cache: the rows go back to the host path
+    if m.device_rows_writer:
+        assert device is not None
+    for outs in ([device] if device is not None else []) + [host]:
+        for a, b in zip(outs, full):
+            np.testing.assert_array_equal(a, b)

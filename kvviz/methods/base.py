@@ -207,6 +207,12 @@ class KVMethod(ABC):
     REFERENCE: str = ""
     # Option sets the conformance tests run (empty: every choice of each option with choices; see examples()).
     EXAMPLES: tuple[dict, ...] = ()
+    # Whether the method's fast writer takes K/V already on the device (DeviceRows, bound in place through
+    # kvviz/attention/writers.py row_input): the live caches then write a GPU forward's K/V without a read-back
+    # (RecordLiveCache / RequantCache.extend_on_device). Set on each family whose fast writer is tested that way
+    # (tests/test_fast_writers.py, tests/test_live_appends.py): a writer that touches its rows on the host first must
+    # not claim it.
+    device_rows_writer: bool = False
 
     def __init__(self, **options):
         self._options = self.parse_options(options)
@@ -306,6 +312,15 @@ class KVMethod(ABC):
     @abstractmethod
     def quantize(self, ctx, batch, key: np.ndarray, value: np.ndarray) -> QuantizedKV:
         """Run the method's GPU writer over a batch. ctx: kvviz.methods.context.GpuContext."""
+
+    def quantize_device(self, ctx, batch, key, value) -> QuantizedKV | None:
+        """The method's cache of key / value [tokens, kv_heads, D] on the device alone: the writer's dispatches
+        submitted, not waited for, nothing read back and no host fields (the QuantizedKV's arrays are empty). What a
+        pass that only attends over the cache through `prefill_plan` needs (kvviz eval's re-quantising cache), without
+        quantize's read-back of every record. key / value are host arrays, or DeviceRows where the method's writer
+        binds device rows as they are. None where the method has no such path for these inputs (the caller runs
+        quantize)."""
+        return None
 
     @abstractmethod
     def attend(self, ctx, qkv: QuantizedKV, batch, q: np.ndarray, scale: float) -> np.ndarray:

@@ -484,14 +484,56 @@ class RequantCache(LiveCache):
         self._v = np.zeros_like(self._k)
         self.qkv: list[QuantizedKV | None] = [None] * n_layers  # the method's cache of each layer's last attend
         self._qkv_len = [0] * n_layers
+        # the prefill's cache of each layer: (context length, the method's quantize_device result), kept apart from
+        # `qkv` (which holds the host fields the panels read)
+        self._prefill_qkv: list = [None] * n_layers
+        self._on_device: dict = {}  # layer -> (k, v) DeviceRows of positions 0..T-1 not copied into _k / _v yet
 
     def write(self, layer, k, v, start):
         t = k.shape[1]
         if start + t > self._k.shape[1]:
             raise InvalidInput(f"position {start + t - 1} is past the pool's {self._k.shape[1]} slots")
+        self._host_rows(layer)
         self._k[layer, start : start + t] = _tokens_major(k)
         self._v[layer, start : start + t] = _tokens_major(v)
         self._qkv_len[layer] = -1  # stale
+        self._prefill_qkv[layer] = None
+
+    def _host_rows(self, layer: int) -> None:
+        """The host copies of a layer written from the device (extend_on_device), read back when something needs
+        them (a later write, the panels' quantize)."""
+        rows = self._on_device.pop(layer, None)
+        if rows is not None:
+            k, v = rows
+            t = k.shape[0]
+            self._k[layer, :t] = k.read(self.ctx.rt)
+            self._v[layer, :t] = v.read(self.ctx.rt)
+
+    def takes_device_rows(self) -> bool:
+        """Without a window, where the method quantises device rows (quantize_device; NVFP4's and TurboQuant's fast
+        writers bind them); extend_on_device still declines a piece that does not start the sequence."""
+        return not self.window and getattr(self.method, "device_rows_writer", False)
+
+    def extend_on_device(self, layer, k, v, start):
+        """The first piece of a sequence (start 0) from the device: the whole sequence so far is these rows, so the
+        method quantises them where they are (quantize_device) for the prefill that follows; the host copies are read
+        back only if something later needs them. False (nothing written) for a later piece, a window, or where the
+        method declines the rows."""
+        if not self.takes_device_rows() or int(start) != 0:
+            return False
+        t = int(k.shape[0])
+        self.table.ensure(t)
+        if t > self._k.shape[1]:
+            raise InvalidInput(f"position {t - 1} is past the pool's {self._k.shape[1]} slots")
+        qkv = self.methods[layer].quantize_device(self.ctx, self.table.batch(t), k, v)
+        if qkv is None:
+            return False
+        self._on_device[layer] = (k, v)
+        self._qkv_len[layer] = -1
+        self._prefill_qkv[layer] = (t, qkv)
+        if layer == self.n_layers - 1:
+            self.length = t
+        return True
 
     def window_start(self, context_len: int) -> int:
         """The first position a query at context_len - 1 attends to (0 without a window)."""
@@ -501,6 +543,7 @@ class RequantCache(LiveCache):
         s = self.window_start(context_len)
         batch = self.table.batch(context_len - s)
         if self.qkv[layer] is None or self._qkv_len[layer] != context_len:
+            self._host_rows(layer)
             n = context_len
             self.qkv[layer] = self.methods[layer].quantize(self.ctx, batch, np.ascontiguousarray(self._k[layer, s:n]),
                                                    np.ascontiguousarray(self._v[layer, s:n]))
@@ -523,11 +566,28 @@ class RequantCache(LiveCache):
             return LiveCache.attend_causal(self, layer, q, start)
 
         def plan(q, batch):
-            qkv, batch = self._quantized(layer, batch.max_context_len)
+            qkv, batch = self._prefill_cache(layer, batch.max_context_len)
             return self.methods[layer].prefill_plan(self.ctx, qkv, batch, q, [q.shape[0]], self.scale,
                                                     softcap=self.softcap)
 
         return self._prefill(layer, q, start, plan)
+
+    def _prefill_cache(self, layer: int, context_len: int):
+        """(qkv, batch) of the layer's positions 0..context_len-1 for the prefill: the device-only cache
+        (quantize_device) where the method has one, else quantize's (_quantized). No window here."""
+        held = self._prefill_qkv[layer]
+        if held is not None and held[0] == context_len:
+            return held[1], self.table.batch(context_len)
+        if self.qkv[layer] is not None and self._qkv_len[layer] == context_len:
+            return self._quantized(layer, context_len)
+        self._host_rows(layer)
+        batch = self.table.batch(context_len)
+        qkv = self.methods[layer].quantize_device(self.ctx, batch, np.ascontiguousarray(self._k[layer, :context_len]),
+                                                  np.ascontiguousarray(self._v[layer, :context_len]))
+        if qkv is None:
+            return self._quantized(layer, context_len)
+        self._prefill_qkv[layer] = (context_len, qkv)
+        return qkv, batch
 
     def weights(self, layer, q, context_len):
         qkv, batch = self._quantized(layer, context_len)

@@ -16,6 +16,7 @@ from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.split_decode import fast_decode_rows, unsupported
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape
+from kvviz.gpu.runtime import DeviceRows
 from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.methods.live_records import RecordLiveCache
@@ -91,11 +92,6 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
     # instance to pick; timed_kernels times both side by side either way.
     writer_impl: str = "fast"
     has_first_wave_writer: bool = True  # False: the fast writer is the method's only writer (f16)
-    # Whether the fast writer takes K/V already on the device (DeviceRows, bound in place through
-    # kvviz/attention/writers.py row_dispatches): the live cache then writes a GPU forward's K/V without a read-back
-    # (RecordLiveCache.extend_on_device). Set on each family whose fast writer is tested that way
-    # (tests/test_fast_writers.py): a writer that touches its rows on the host first must not claim it.
-    device_rows_writer: bool = False
 
     # ------------------------------------------------------------------ per family
     @abstractmethod
@@ -248,6 +244,41 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         qc.extra["writer_impl"] = impl
         dd = self.dequant_dispatches(ctx, qc, f32c, batch)
         return key, value, qc, f32c, wd, dd
+
+    def quantize_device(self, ctx, batch, key, value):
+        """KVMethod.quantize_device: the packed cache alone (no dequantised f32 cache, no read-back). DeviceRows K/V
+        go to the fast writer where the method says it binds them (`device_rows_writer`) and it is the writer that
+        runs; their values are not checked on the host (they are on the device). None where the fast writer refuses
+        device rows of this shape."""
+        on_device = isinstance(key, DeviceRows) or isinstance(value, DeviceRows)
+        if on_device:
+            if not (self.device_rows_writer and (self.writer_impl == "fast" or not self.has_first_wave_writer)):
+                return None
+            if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)) or key.shape != value.shape:
+                raise InvalidInput(f"{self.id}: key and value must both be device rows of one shape")
+            T, kvh, D = key.shape
+            self.check(kvh, kvh, D, batch.block_size)
+            sm = qk.check_batch(batch, T)
+        else:
+            key, value, sm = self._validate(batch, key, value)
+            T, kvh, D = key.shape
+        w = self.wpt(D)
+        qc = qk.alloc_cache(ctx.rt, self.id, batch, kvh, D, batch.block_size * w, batch.block_size * w)
+        tb = self._tensor_buffer(ctx)
+        if tb is not None:
+            qc.extra["tensor"] = tb
+        if on_device:
+            try:
+                wd, impl = self.fast_writer(ctx.rt, qc, key, value, sm), "fast"
+            except UnsupportedShape as exc:
+                log.info("%s: K/V from the host (%s)", self.id, exc.one_line())
+                return None
+        else:
+            wd, impl = self.select_writer(ctx, qc, key, value, sm) if T else ([], self.writer_impl)
+        qc.extra["writer_impl"] = impl
+        ctx.rt.submit(wd)
+        e = np.zeros(0)
+        return QuantizedKV(self, D, kvh, e, e, e, e, self.code_range, device={"cache": qc})
 
     def quantize(self, ctx, batch, key, value):
         key, value, qc, f32c, wd, dd = self._build(ctx, batch, key, value)

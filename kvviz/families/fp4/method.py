@@ -45,6 +45,7 @@ class NvFp4(SiblingFastAttention, PerTokenRecordMethod):
     code_range = (-6.0, 6.0)
     attend_kernel = "fast/decode_fp4 + decode_reduce over the packed cache (or paged_attn_f32 over the dequantised cache)"
     REFERENCE = "kvviz.families.fp4.oracle:reference_attention"
+    device_rows_writer = True
 
     def wpt(self, head_size):
         return f4.words_per_token(head_size)

@@ -26,6 +26,7 @@ from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.families.turboquant import decode as fdq, format as tqf, kernels as tqk, writer as fwt
+from kvviz.gpu.runtime import DeviceRows
 from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.metrics import index_stats
@@ -43,6 +44,7 @@ class TurboQuantMethod(KVMethod):
     nominal_bits = 2.75  # mean of K (3.25) and V (2.25) bits per element at head size 128, norms included
     attend_kernel = "fast_decode_tq_paged (split-K over the paged records; flash_attention_tq is the reference)"
     weights_kernel = "tq_scores"
+    device_rows_writer = True  # the seed configuration's fast writer (quantize_device; the others decline them)
 
     OPTIONS = (
         OptionSpec("qjl_scale", str, "reference", "scale of the QJL residual estimate: reference sqrt(pi/2)/d "
@@ -243,6 +245,35 @@ class TurboQuantMethod(KVMethod):
             if wd is not None:
                 return wd, "fast"
         return tqk.general_compress_dispatches(ctx.rt, gc, key, value, sm), "first-wave"
+
+    def quantize_device(self, ctx, batch, key, value):
+        """KVMethod.quantize_device, for the seed configuration: the paged records alone, as prefill_plan reads them
+        (no read-back, no per-sequence seed caches, no host fields). Host K/V are checked as quantize checks them;
+        DeviceRows (bound in place by the fast writer) by their shape only. None for the other settings, and for
+        DeviceRows where the fast writer cannot take them (no subgroups, a binding offset the adapter refuses)."""
+        d = int(key.shape[-1])
+        if not self.uses_seed(d):
+            return None
+        if isinstance(key, DeviceRows) or isinstance(value, DeviceRows):
+            if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)) or key.shape != value.shape:
+                raise InvalidInput("turboquant: key and value must both be device rows of one shape")
+            T, kvh, d = key.shape
+            sm = qk.check_batch(batch, T)
+            st = self.settings(d)
+            ident = np.tile(np.arange(d, dtype=np.uint32), (kvh, 1))
+            gc = tqk.general_allocate(ctx.rt, st, batch, kvh, ident, ident)
+            try:
+                wd = fwt.dispatches(ctx.rt, st, key, value, sm, gc.qc.k, gc.qc.v, gc.qc.block_size)
+            except UnsupportedShape:
+                wd = None
+            if wd is None:
+                return None
+        else:
+            gc, wd, _, _ = self._seed_paged(ctx, batch, key, value)
+            kvh = int(np.shape(key)[1])
+        ctx.rt.submit(wd)
+        e = np.zeros(0)
+        return QuantizedKV(self, d, kvh, e, e, e, e, (0, 3), device={"paged": gc})
 
     def quantize(self, ctx, batch, key, value):
         if not self.uses_seed(np.asarray(key).shape[-1]):

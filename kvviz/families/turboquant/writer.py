@@ -33,7 +33,7 @@ from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.families.turboquant import format as tqf
 from kvviz.families.turboquant.kernels import check_head_size
 from kvviz.gpu.kernel_spec import KernelSpec, Struct, ro, rw
-from kvviz.gpu.runtime import Dispatch, GpuRuntime
+from kvviz.gpu.runtime import DeviceRows, Dispatch, GpuRuntime
 from kvviz.paging import PAD_SLOT
 
 WRITE_TQ = KernelSpec("turboquant/write_fast.wgsl", bindings=ro("key_in", "val_in", "slots", "signs") + rw("k_cache", "v_cache"),
@@ -209,11 +209,15 @@ def dispatches(rt: GpuRuntime, st: tqf.TQSettings, key, value, slots, k_buf, v_b
                lanes: int | None = None, checked: bool = False) -> list[Dispatch] | None:
     """The fast writer's dispatches of key / value [T, kvh, d] into the paged caches k_buf / v_buf
     ([blocks, kvh, block_size, wpt] u32) through `slots` (PAD_SLOT rows skipped); None where it cannot run
-    (no subgroups: the caller keeps tq_general_compress). checked: the caller validated the inputs already."""
+    (no subgroups: the caller keeps tq_general_compress). checked: the caller validated the inputs already. key /
+    value may be DeviceRows (on the device already: bound in place, their values unchecked)."""
     if not st.is_seed:
         raise UnsupportedShape("fast TurboQuant writer: only the seed configuration (bits 2, v_bits 2, no outliers, "
                                "head 32/64/128)", "The general compressor serves the other settings.")
-    if checked:
+    if isinstance(key, DeviceRows) or isinstance(value, DeviceRows):  # bound in place (fw.row_input), not checked
+        key, value, sm = fw.check_rows(key, value, slots)
+        check_head_size(key.shape[2])
+    elif checked:
         key, value = np.ascontiguousarray(key, np.float32), np.ascontiguousarray(value, np.float32)
         sm = np.asarray(slots).astype(np.int64)
     else:
@@ -233,7 +237,7 @@ def dispatches(rt: GpuRuntime, st: tqf.TQSettings, key, value, slots, k_buf, v_b
             continue
         rows = (b - a) * kvh
         gx, gy, gz = fw.grid_2d(rt, -(-rows // (WG // L)))
-        bufs = [rt.upload(key[a:b], "tq_fast_key"), rt.upload(value[a:b], "tq_fast_value"),
+        bufs = [fw.row_input(rt, key, a, b, "tq_fast_key"), fw.row_input(rt, value, a, b, "tq_fast_value"),
                 rt.upload(sm[a:b].astype(np.uint32), "tq_fast_slots"), signs, k_buf, v_buf]
         out.append(kern.dispatch((gx, gy, gz), bufs, imm=kern.pack(kvh, int(block_size), rows, gx, 0, tqf.inv_sqrt_d(d))))
     return out
