@@ -1346,12 +1346,12 @@ def quant_method_check(ctx, m, batch, k, v, H, scale=None):
 
 
 # ------------------------------------------------------------------------------------------------ bench variants
-def checked_variant_rows(rt, method: str, names) -> dict:
-    """`kvviz bench --variants` over `method` at a tiny ragged shape: its rows by kernel name, each of `names` timed and
-    held to its own oracle within its tolerance."""
+def checked_variant_rows(rt, method: str, names, lens=(33, 70)) -> dict:
+    """`kvviz bench --variants` over `method` at a tiny ragged shape (sequences of `lens` tokens): its rows by kernel
+    name, each of `names` timed and held to its own oracle within its tolerance."""
     from kvviz.bench import BenchShape, run_bench
 
-    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    shape = BenchShape("tiny", tuple(lens), 4, 2, 64, 16, "scattered")
     res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
                     methods=(method,), variants=True)
     rows = {r["kernel"]: r for r in res["rows"]}
