@@ -174,7 +174,8 @@ def requantize_query(qk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     [...]). m = max_c |qk_c| = f * 2^k with f in [0.5, 1) (k from m's exponent field e: k = e - 126); factor 2^(7-k) and
     step 2^(k-7) are powers of two, so qk * factor is exact and the codes rint(qk * factor) (round half to even, as
     WGSL's round) clamped to [-127, 127] are the kernel's exactly. e < 8 (m < 2^-119: tiny, subnormal, zero): codes 0,
-    factor and step 0. e = 255 (m infinite or NaN): codes 0, factor 0, step NaN (the kernel's logits are NaN there)."""
+    factor and step 0. e = 255 (m infinite or NaN): codes 0 (the kernel's are unspecified there), factor 0, step NaN
+    (the kernel's logits are NaN there)."""
     qk = np.asarray(qk, np.float32)
     m = np.abs(qk).max(axis=-1, initial=np.float32(0))
     e = ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64)
