@@ -423,6 +423,40 @@ def kivi_dequantised_caches(bufs, batch, bits, recent, kvh, D):
     return fk_, fv_
 
 
+def kivi_seq_fields(bufs, batch, bits, recent, kvh, D) -> list:
+    """Each sequence's quantised fields (kvviz.families.kivi.oracle.quantize_seq's dict: K codes, each key group's
+    scale and zero, V codes / scale / zero, the residual rows) decoded from the words read back, for the int8-query
+    variant's oracle (oracle.attention_i8)."""
+    kl = bit_format("fast_decode_kivi")
+    unpack_codes = bit_format("int4").unpack_codes
+    bs = batch.block_size
+    KW, WS = kl.kw(D, bits), kl.ws(D, bs)
+    p = kl.plan(batch.context_lens, recent)
+    nb = batch.num_blocks
+    kcw = bufs["k"][:, :, : bs * KW].reshape(nb, kvh, bs, KW)
+    vr = bufs["v"].reshape(nb, kvh, bs, KW + 2)
+    out = []
+    for s in range(batch.num_seqs):
+        L, nq, r0 = int(p.context_lens[s]), int(p.n_q[s]), int(p.res_off[s])
+        blocks = np.asarray(batch.seq_blocks[s], np.int64)
+        pos = np.arange(nq)
+        b, o = blocks[pos // bs], pos % bs
+        ng = nq // kl.GROUP
+        idx = np.arange(ng * 2 * D)
+        side = bufs["k"][blocks[idx // WS], :, bs * KW + idx % WS] if ng else np.zeros((0, kvh), np.uint32)
+        side = np.ascontiguousarray(side.T).view(np.float32).reshape(kvh, ng, D, 2).transpose(1, 0, 2, 3)  # [ng, kvh, D, 2]
+        rec = vr[b, :, o]  # [nq, kvh, KW + 2]
+        out.append({
+            "k_codes": unpack_codes(kcw[b, :, o], bits).reshape(nq, kvh, D),
+            "k_scale": np.ascontiguousarray(side[..., 0]), "k_zero": np.ascontiguousarray(side[..., 1]),
+            "v_codes": unpack_codes(rec[..., :KW], bits).reshape(nq, kvh, D),
+            "v_scale": np.ascontiguousarray(rec[..., KW]).view(np.float32),
+            "v_zero": np.ascontiguousarray(rec[..., KW + 1]).view(np.float32),
+            "k_res": bufs["res"][r0 : r0 + L - nq, 0], "v_res": bufs["res"][r0 : r0 + L - nq, 1],
+        })
+    return out
+
+
 def kivi_kv(rng, T, kvh, D, k_amp=1.0, v_amp=1.0, zeros=False):
     if zeros:
         z = np.zeros((T, kvh, D), np.float32)
@@ -437,7 +471,8 @@ def kivi_check(ctx, *, bits, recent, D, bs, kvh, G, lens, seed=0, k_amp=1.0, v_a
     """Quantise with the method (Kivi.quantize: the GPU writers), decode with the fast kernel, compare with the
     method's attention oracle over the words read back (the oracle's dequantisation through the f32 paged decode's
     arithmetic in float64); the words read back must equal kvviz.families.kivi.oracle.write_buffers'. Tolerance
-    fast_decode_kivi.tolerance. The output is cut back to the head size D (the method pads the head to 16)."""
+    fast_decode_kivi.tolerance. The output is cut back to the head size D (the method pads the head to 16).
+    qk="i8" (in kw): the int8-query variant, against its own oracle (oracle.attention_i8 over the words read back)."""
     fk = kernels("fast_decode_kivi")
     okv = oracle("fast_decode_kivi")
     rng = np.random.default_rng(seed)
@@ -461,8 +496,11 @@ def kivi_check(ctx, *, bits, recent, D, bs, kvh, G, lens, seed=0, k_amp=1.0, v_a
         n = max(1, ref_words["plan"].total_res)
         np.testing.assert_array_equal(bufs["res"][:n].view(np.uint32), ref_words["res"][:n].view(np.uint32))
     fkc, fvc = kivi_dequantised_caches(bufs, batch, bits, recent, kvh, Dp)
-    ref = O.decode(qp.astype(np.float64), fkc.astype(np.float64), fvc.astype(np.float64), batch.block_tables,
-                   batch.context_lens, bs, scale)
+    if kw.get("qk", "f32") == "i8":
+        ref = okv.attention_i8(qp, scale, kivi_seq_fields(bufs, batch, bits, recent, kvh, Dp), kvh)
+    else:
+        ref = O.decode(qp.astype(np.float64), fkc.astype(np.float64), fvc.astype(np.float64), batch.block_tables,
+                       batch.context_lens, bs, scale)
     fast = decoder(ctx.rt, "fast_decode_kivi", "KiviFastDecode")
     plan = fast.plan(bits, qc.k, qc.v, qc.extra["res"], kvh, qp, batch, scale, seq_plan=qc.extra["plan"],
                      info=qc.extra["info"], **kw)
@@ -1308,12 +1346,12 @@ def quant_method_check(ctx, m, batch, k, v, H, scale=None):
 
 
 # ------------------------------------------------------------------------------------------------ bench variants
-def checked_variant_rows(rt, method: str, names) -> dict:
-    """`kvviz bench --variants` over `method` at a tiny ragged shape: its rows by kernel name, each of `names` timed and
-    held to its own oracle within its tolerance."""
+def checked_variant_rows(rt, method: str, names, lens=(33, 70)) -> dict:
+    """`kvviz bench --variants` over `method` at a tiny ragged shape (sequences of `lens` tokens): its rows by kernel
+    name, each of `names` timed and held to its own oracle within its tolerance."""
     from kvviz.bench import BenchShape, run_bench
 
-    shape = BenchShape("tiny", (33, 70), 4, 2, 64, 16, "scattered")
+    shape = BenchShape("tiny", tuple(lens), 4, 2, 64, 16, "scattered")
     res = run_bench([shape], runs=1, warmup=0, rt=rt, log=lambda *a: None, frontends=("glslang",),
                     methods=(method,), variants=True)
     rows = {r["kernel"]: r for r in res["rows"]}

@@ -125,6 +125,18 @@ def test_bench_turboquant_variant_rows_are_checked(rt):
         assert "f32-query oracle" in rows[name]["note"] and "int8 query" in rows[name]["variant"]
 
 
+def test_bench_kivi_variant_rows_are_checked(rt):
+    """--variants: the fast KIVI decode with the int8 query (4 and 2 tokens a row), timed and held to its own oracle
+    (the float64 attention over the requantised query's codes), with its distance to the f32-query oracle in the note:
+    nonzero, as the sequences are long enough for key groups to leave the method's default recent window."""
+    names = ("fast_decode_kivi (int8 query)", "fast_decode_kivi (int8 query, 2 tokens a row)")
+    rows = checked_variant_rows(rt, "kivi", names, lens=(200, 170))
+    for name in names:
+        note = rows[name]["note"]
+        assert "f32-query oracle" in note and "int8 q" in rows[name]["variant"]
+        assert float(note.split("oracle: ")[1].split()[0]) > 0
+
+
 def test_bench_ranks_each_methods_fastest_decode_against_f16(rt):
     """The closing block: each method's fastest checked decode (its exact one or a variant) over the f16 decode of
     the same shape and run, in the JSON and the text."""

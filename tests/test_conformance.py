@@ -72,6 +72,12 @@ RAGGED_CASES = (
            (4, 16, 80, 8, 2, 1, [96, 33, 1, 0]), (2, 0, 112, 32, 2, 1, [64, 31, 65]))]
     # KIVI with one token a row group per step (the default is 2)
     + [case("kivi-b2-r16", "unroll1", D=64, bs=16, kvh=1, G=1, lens=[97, 32, 0], seed=8, unroll=1)]
+    # KIVI, int8 query (requantised a key group and head in the kernel): bits 2 / 4, heads 64, 128 and the padded 120,
+    # GQA 1 / 4, block sizes 8 / 16
+    + [case(f"kivi-b{b}-r{r}", f"i8-D{D}-bs{bs}-kvh{kvh}-G{G}", D=D, bs=bs, kvh=kvh, G=G, lens=lens, seed=D + bs + G + b,
+            qk="i8")
+       for b, r, D, bs, kvh, G, lens in ((2, 0, 64, 16, 2, 1, KIVI_RAGGED), (4, 16, 128, 8, 1, 4, [1, 31, 32, 33, 0, 77]),
+                                         (2, 16, 120, 16, 2, 4, [65, 32, 0, 1, 97]))]
     # NVFP4: heads 16 (4 dims a lane), 64, 128 (8 dims), 256 (whole sub-blocks; block size 1), 80 (one lane a row)
     + [case("nvfp4", f"D{D}-bs{bs}-kvh{kvh}-G{G}", D=D, bs=bs, kvh=kvh, G=G, lens=lens, seed=D + bs + G)
        for D, bs, kvh, G, lens in ((64, 16, 2, 1, RAGGED), (128, 32, 1, 4, [1, 31, 0, 33, 77]), (256, 1, 1, 1, [70, 33, 0, 1]),
@@ -148,6 +154,8 @@ LONG_CASES = [
     pytest.param("q8_0", dict(D=128, bs=16, kvh=2, G=1, lens=[20000 + 17, 45], seed=5, words=False), 4, id="q8_0-20017"),
     pytest.param("kivi-b2-r128", dict(D=64, bs=16, kvh=1, G=1, lens=[20000 + 17, 45], seed=5, words=False), 8,
                  id="kivi-20017"),
+    pytest.param("kivi-b2-r128", dict(D=64, bs=16, kvh=1, G=1, lens=[20000 + 17, 45], seed=5, words=False, qk="i8"), 8,
+                 id="kivi-i8-20017"),
     pytest.param("nvfp4", dict(D=64, bs=16, kvh=1, G=1, lens=[20000 + 17], seed=5, words=False), 4, id="nvfp4-20017"),
     pytest.param("tq", dict(D=128, kvh=1, G=2, lens=[49152], seed=5, q_amp=4.0), 8, id="tq-49152"),
     pytest.param("tq-paged", dict(D=64, bs=16, kvh=1, G=2, lens=[20000], seed=5, q_amp=4.0), 8, id="tq-paged-20000"),
@@ -215,7 +223,9 @@ SOFTMAX_CASES = (
     # KIVI: both loops (the quantised key groups with their V zeros' sums kept by the owners, and the f32 window)
     + [case("kivi-b2-r16", "G4", D=64, bs=16, kvh=1, G=4, lens=[1, 31, 32, 33, 0, 77], seed=11, words=False, q_amp=3.0),
        case("kivi-b4-r16", "G3-U4", D=64, bs=8, kvh=2, G=3, lens=[96, 33, 1, 0], seed=11, words=False, q_amp=3.0, unroll=4),
-       case("kivi-b2-r0", "G16", D=64, bs=16, kvh=1, G=16, lens=[65, 0, 40], seed=11, words=False, q_amp=3.0)]
+       case("kivi-b2-r0", "G16", D=64, bs=16, kvh=1, G=16, lens=[65, 0, 40], seed=11, words=False, q_amp=3.0),
+       case("kivi-b4-r16", "i8-G4", D=64, bs=16, kvh=2, G=4, lens=[1, 31, 32, 33, 0, 77], seed=11, words=False,
+            q_amp=3.0, qk="i8")]
     + [case("nvfp4", "G2", D=64, bs=16, kvh=2, G=2, lens=[70, 33, 1, 0], seed=3)]
     + [case("tq", "G3", D=64, kvh=1, G=3, lens=[37, 0, 300], seed=4, q_amp=3.0)]
     + [case("tq-paged", f"D{D}-G{G}-U{u}", D=D, bs=16, kvh=kvh, G=G, lens=[37, 0, 1, 300], seed=D + G, q_amp=3.0,
@@ -245,6 +255,7 @@ NO_SUBGROUP_CASES = [
     case("f16-none-0", "D32", D=32, bs=8, kvh=1, G=2, lens=[64, 1], layout=(128, 4, {})),
     case("q8_0", D=32, bs=16, kvh=2, G=1, lens=[5, 100, 0, 33], seed=4, layout=(128, 4, {})),
     case("kivi-b4-r16", D=32, bs=16, kvh=2, G=1, lens=[5, 300, 0, 33], seed=4, layout=(128, 4, {})),
+    case("kivi-b2-r0", "i8", D=32, bs=16, kvh=1, G=1, lens=[5, 300, 0, 33], seed=4, layout=(128, 4, {}), qk="i8"),
     case("nvfp4", D=32, bs=16, kvh=2, G=1, lens=[5, 100, 0, 33], seed=4, layout=(128, 4, {})),
     case("tq", D=64, kvh=2, G=1, lens=[90, 0, 1], seed=8, unroll=1, partition_tokens=32, layout=(64, 1, {"unroll": 1})),
     case("tq-paged", D=64, bs=16, kvh=2, G=1, lens=[90, 0, 1], seed=8, unroll=1, partition_tokens=32,
@@ -280,6 +291,12 @@ EXTREME_CASES = (
        case("kivi-b2-r0", "V-1e4", D=64, bs=32, kvh=1, G=1, lens=[200, 31], seed=12, v_amp=1e4),
        case("kivi-b4-r16", "peaked", D=128, bs=16, kvh=2, G=1, lens=[300, 40], seed=13, k_amp=4.0, q_amp=6.0,
             partition_tokens=64)]
+    # KIVI, int8 query: zero caches (every group's scale 0, so the requantised query is 0); keys and values ~1e4;
+    # logits in the tens
+    + [case("kivi-b2-r16", "i8-zeros", D=64, bs=16, kvh=1, G=1, lens=[100, 1, 32], zeros=True, zero_out=True, qk="i8"),
+       case("kivi-b4-r16", "i8-1e4", D=64, bs=16, kvh=2, G=4, lens=[150, 33, 1], seed=11, k_amp=1e4, v_amp=1e4,
+            q_amp=1e-4, qk="i8"),
+       case("kivi-b4-r16", "i8-peaked", D=128, bs=16, kvh=2, G=1, lens=[300, 40], seed=13, k_amp=4.0, q_amp=6.0, qk="i8")]
     # NVFP4: s_t at its 2^-126 floor and zero scales; E4M3 scales from their top to subnormals; s_t ~ 4e26
     + [case("nvfp4", "zeros", D=64, bs=16, kvh=2, G=1, lens=[40, 1, 33], zeros=True, zero_out=True),
        case("nvfp4", "1e4", D=64, bs=16, kvh=2, G=1, lens=[60, 33, 1], seed=11, k_amp=1e4, v_amp=1e4, q_amp=1e-4),

@@ -21,6 +21,7 @@ from kvviz.errors import DeviceLimitError, InvalidInput, KvvizError, Unsupported
 from kvviz.families import prefill_oracles
 from kvviz.families.fp4 import decode as ffd
 from kvviz.families.ggml import decode as fdg
+from kvviz.families.kivi import decode as fdk, oracle as kivi_oracle
 from kvviz.families.turboquant import decode as fdq, oracle as tq_oracle
 from kvviz.families.registry import get_method, reference, registry
 from kvviz.gpu.copy import measure_copy
@@ -454,6 +455,8 @@ def _bench_methods(rt, shape, batch, key, value, q, scale, runs, warmup, copy_gb
                 rows += _fast_variant_rows(ctx, m, mkey, qkv, batch, q, scale, shape, runs, warmup, copy_gbps, adapter)
                 rows += _tq_variant_rows(ctx, m, mkey, qkv, batch, key, value, q, scale, shape, runs, warmup, copy_gbps,
                                          adapter)
+                rows += _kivi_variant_rows(ctx, m, mkey, qkv, batch, key, value, q, scale, shape, runs, warmup,
+                                           copy_gbps, adapter)
         except (InvalidInput, DeviceLimitError) as exc:
             # the method does not take this shape here (head size, context past a loop limit, ...)
             rows.append(_row(mkey, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}"))
@@ -722,6 +725,48 @@ def _tq_variant_rows(ctx, m, mkey, qkv, batch, key, value, q, scale, shape, runs
             note = f"vs the f32-query oracle: {float(np.abs(out - f32_ref).max()):.2e} (the query's int8 rounding)"
         nbytes, flops = fdq.decode_traffic_paged(batch, shape.num_heads, shape.num_kv_heads, shape.head_size,
                                                  plan.num_partitions)
+        rows.append(_row(name, f"{m.label}: fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol,
+                         adapter, note, method=mkey, role="decode", impl="fast", flops=flops))
+    return rows
+
+
+# KIVI's fast decode takes the int8 query (kvviz/families/kivi/decode.py, qk="i8": requantised a key group and query head
+# in the kernel), 4 and 2 tokens a row as the other families' int8-query rows
+KIVI_VARIANTS = (
+    ("int8 query", dict(qk="i8", unroll=I8Q_UNROLL)),
+    ("int8 query, 2 tokens a row", dict(qk="i8", unroll=2)),
+)
+
+
+def _kivi_variant_rows(ctx, m, mkey, qkv, batch, key, value, q, scale, shape, runs, warmup, copy_gbps, adapter) -> list:
+    """KIVI_VARIANTS over the method's packed cache (where its fast decode takes the shape), timed and checked against
+    their own oracle (kivi.oracle.method_attention_i8: the float64 attention over the requantised query's codes) within
+    the f32 kernel's tolerance; the note gives the distance from the f32-query oracle (the query's rounding)."""
+    if m.family != "kivi" or "cache" not in qkv.device:
+        return []
+    rows, ref = [], None
+    D = shape.head_size
+    for suffix, kw in KIVI_VARIANTS:
+        name = f"fast_decode_kivi ({suffix})"
+        try:
+            plan = m.fast_plan(ctx, qkv, batch, q, scale, **kw)
+            if plan is None:
+                return []
+            t = ctx.rt.time(plan.dispatches, runs, warmup)
+            out = ctx.rt.read(plan.out, np.float32, plan.shape)[..., :D]
+        except (InvalidInput, DeviceLimitError, UnsupportedShape) as exc:
+            rows.append(_row(name, m.label, shape, None, 0, copy_gbps, None, None, adapter, f"skipped: {exc}",
+                             method=mkey, role="decode", impl="fast"))
+            continue
+        if ref is None:
+            ref, tol = kivi_oracle.method_attention_i8(m, batch, key, value, q, scale, qkv)
+            f32_ref, _ = kivi_oracle.method_attention(m, batch, key, value, q, scale, qkv)
+        err, note = _max_err(out, ref, name)
+        if not note:
+            note = f"vs the f32-query oracle: {float(np.abs(out - f32_ref).max()):.2e} (the query's int8 rounding)"
+        qc = qkv.device["cache"]
+        nbytes, flops = fdk.decode_traffic(batch, qc.extra["plan"], m.bits, shape.num_heads, shape.num_kv_heads,
+                                           qc.head_size, plan.num_partitions)
         rows.append(_row(name, f"{m.label}: fast split-K ({plan.describe()})", shape, t, nbytes, copy_gbps, err, tol,
                          adapter, note, method=mkey, role="decode", impl="fast", flops=flops))
     return rows

@@ -24,9 +24,12 @@
 // accumulator, p*z into one scalar per head (rescaled with the online max like the accumulator) that is added
 // to every channel once, after the loops.
 // Residual rows [max(t0, n_q), t1): a second loop over the f32 rows (the f32 fast decode's step), same state.
+// The int8-query variant (qk "i8"): per key group and head the folded query qk is quantised to int8 codes with a
+// power-of-two step (kivi/query_i8.wgsl), and a token's logit is the integer dot4I8Packed of those codes with the
+// K codes' bytes, times the step, + bias; the residual rows keep the f32 query.
 // Online softmax in base 2; the row groups merge through workgroup memory; row group 0 writes the partition's
 // [m, l, acc[0..D)] to `partials`, combined by attention/split_reduce.wgsl (shared with the other fast decodes).
-// Shape: bits = {{BITS}}, D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}, TG = {{TG}}.
+// Shape: bits = {{BITS}}, D = {{D}}, G = {{G}}, L = {{L}}, RG = {{RG}}, U = {{U}}, TG = {{TG}}; query: {{VARIANT}}.
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
 @group(0) @binding(2) var<storage, read> vc: array<u32>;

@@ -58,6 +58,38 @@ bs >= 8 always qualifies). Anything else raises UnsupportedShape (the method the
 Tolerance against the oracle (method_attention / through_f32_decode over the same words): 2e-5 *
 max(1, max |V^|) absolute, V^ = the dequantised values (fast_decode.f32_tolerance: f32 accumulation in
 another order, exp2, the folded scale / zero).
+
+A variant, off by default (plan's qk="i8"; fast_decode.QK_VARIANTS): the keys' logits by dot4I8Packed of an int8 query
+with the K codes. A query quantised once on the host cannot serve, as the folded query qk = q*s has a scale per
+channel and key group; so GROUP quantises qk itself, once per key group and query head (shaders/kivi/query_i8.wgsl):
+  - m = max_c |qk_c| over the head (each lane's channels, then the row's L lanes by subgroupShuffleXor, as the partial
+    logits are summed; L = 1 without subgroups); with m = f * 2^k, f in [0.5, 1) (k from m's f32 exponent bits), the
+    step is 2^(k-7) and the codes clamp(round(qk_c * 2^(7-k)), -127, 127); 2^(7-k) and 2^(k-7) are built by bit
+    operations, so the multiply by them is exact and the codes are the oracle's bit for bit (WGSL's round and numpy's
+    rint both round half to even). m below 2^-119 (zero, subnormal, tiny) gives all-zero codes and step 0 (whether a
+    GPU flushes a subnormal qk_c to zero then changes no code); an infinite m (q*s overflowed f32) a NaN step, so the
+    output is refused as non-finite, as the exact kernel's is there;
+  - the codes go 4 a word in the order the K codes' bytes come out of a code word: 4-bit, its even then its odd
+    nibbles (w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F, as the int4 cache's int8 query); 2-bit, (w >> 2j) & 0x03030303
+    for j = 0..3 (codes j, j+4, j+8, j+12); lanes that do not own whole code words (head 80 at 4 lanes) take a vec4's 4
+    codes by pack4xU8 of its shifted codes, the query's in dim order. K's codes are 0..2^bits - 1, so the signed
+    byte dot is the codes' dot;
+  - a token's logit is f32(sum of the lane's dot4I8Packed) * step + bz, bz = sum_c q_c z_c in f32 as in the exact
+    kernel; the lanes' sum, the softmax, P.V and the residual rows (the f32 query) are the exact kernel's code.
+Unrolled kernels only (looped=True with qk="i8" is refused; looped None means False); the scatter and the all-lane
+softmax, the prefetch, padded lanes, lanes that do not own whole code words and the one-lane layout all take it.
+Oracle: oracle.attention_i8 (method_attention_i8 end to end): q pre-scaled by f32(scale*log2 e) and times the group's
+scales in float32, one multiply each as the kernel makes them, requantised by oracle.requantize_query (the kernel's
+codes and steps exactly), then the float64 attention over those codes: logit = step * (codes . K codes) + q . z, the
+residual's q . k, softmax in base 2.
+Tolerance against it: the f32 kernel's, 2e-5 * max(1, max |V^|) (tolerance()). The integer dot is exact (|dot| <= D *
+127 * 15 < 2^24, so f32 of it is, and so is its product with the power-of-two step); what rounds is the bias's sum
+and its addition, the lanes' sum, exp2, the softmax and P.V: steps the exact kernel takes on terms of the same size,
+where it also rounds D products q_c s_c code_c and their sum. So the variant's error against its oracle is within the
+exact kernel's bound. Where q*scale*log2 e itself is subnormal (|q| below ~1e-38) a GPU that flushes it to zero may
+make other codes than the oracle; the logit terms involved are of that size. Against the exact-query oracle the
+variant moves a logit (base 2) by the query's rounding, |code_c * step - qk_c| a channel times its K code: at most
+step/2 (less than a step where a code clamps to 127), step <= m/64 (tests/test_fast_decode_kivi_i8.py).
 """
 from __future__ import annotations
 
@@ -82,7 +114,10 @@ SPLIT = KernelSpec(
                       "num_partitions scale_log2:f32"),
 )
 REDUCE = fd.REDUCE  # the partials are the fast decode's: [m, l, acc[D]] per (seq, head, partition)
-KERNELS = (SPLIT, REDUCE)
+# the int8-query variant's requantiser (kivi/query_i8.wgsl) on given rows: its codes checked bit for bit against the
+# oracle's (oracle.requantize_query) where the decode cannot reach every exponent (zero, subnormal, f32's largest, inf)
+QUERY_I8_PROBE = KernelSpec("kivi/query_i8_probe.wgsl", bindings=ro("x") + rw("out"), immediates=Struct("P", "rows row"))
+KERNELS = (SPLIT, REDUCE, QUERY_I8_PROBE)
 
 
 def code_format(bits: int) -> fd.CacheFormat:
@@ -133,8 +168,15 @@ def use_prefetch(bits: int, lay: fd.Layout, prefetch: bool | None = None) -> boo
     return bool(prefetch)
 
 
+def check_qk(qk: str) -> bool:
+    """Whether `qk` asks for the int8-query variant (InvalidInput for one that is not in fast_decode.QK_VARIANTS)."""
+    if qk not in fd.QK_VARIANTS:
+        raise InvalidInput(f"fast KIVI decode variant qk={qk!r}: one of {fd.QK_VARIANTS}")
+    return qk == "i8"
+
+
 def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block_size: int = 0,
-           prefetch: bool = False, scatter: bool = False, looped: bool = False) -> dict:
+           prefetch: bool = False, scatter: bool = False, looped: bool = False, qk: str = "f32") -> dict:
     """The {{...}} values of kivi/decode_fast.wgsl: its code rendered from the template kivi/decode_fast.wgsl.j2.
     prefetch: software pipelining of the quantised loop (the loads of fast_decode.render and
     fast_decode_ggml.render): each step issues the NEXT
@@ -145,8 +187,13 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
     reduce-scatter softmax (L >= 2) in both loops; the owners also keep the V
     zeros' sums (zs). looped: kivi/decode_looped.wgsl.j2's code instead (the state in workgroup memory, loops over
     a lane's vec4s and a step's tokens: its size does not grow with the head size; fast_decode.render's looped).
-    A layout whose lanes walk more dims than the head (padded) reads a zero query and clamped words there."""
+    A layout whose lanes walk more dims than the head (padded) reads a zero query and clamped words there.
+    qk "i8": the int8-query variant (the module's docstring; check_qk), the unrolled kernel only."""
     D, G, L, RG, U = head_size, group, lay.lanes, lay.row_groups, lay.unroll
+    i8 = check_qk(qk)
+    if i8 and looped:
+        raise InvalidInput("the looped KIVI decode is the exact f32-query one: the qk='i8' variant is unrolled",
+                           "Leave looped unset (or False) with qk='i8'.")
     if scatter and L < 2:
         raise InvalidInput("the scatter softmax needs L >= 2 lanes a row")
     dpl = lay.dims_per_lane
@@ -158,7 +205,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
     span = lay.span
     values = dict(
         bits=bits, D=D, G=G, L=L, RG=RG, U=U, dpl=dpl, nv=dpl // 4, stride=span + 2, epw=epw, aligned=aligned, wpl=wpl,
-        scatter=scatter, prefetch=prefetch, pad=span > D,
+        scatter=scatter, prefetch=prefetch, pad=span > D, i8=i8,
         # a constant block size: token -> block and offset by shift and mask for powers of two, as the fast decode's
         # (measured faster there on the H200); else the immediate
         bsx=f"{block_size}u" if block_size > 0 else "p.block_size",
@@ -170,6 +217,7 @@ def render(bits: int, head_size: int, group: int, lay: fd.Layout, tg: int, block
         "WG": str(lay.workgroup), "KW": str(KW), "VW": str(KW + 2), "TG": str(tg), "R": str(R), "GPS": str(RG // R),
         "DPL": str(dpl), "WPL": str(wpl), "STRIDE": str(D + 2),
         "SHARED": "1" if looped else str(max(1, RG // 2) * G * (span + 2)),
+        "VARIANT": "looped" if looped else fd.variant_name(qk),
         **render_defines("kivi/decode_looped.wgsl.j2" if looped else "kivi/decode_fast.wgsl.j2", **values),
     }
 
@@ -212,12 +260,14 @@ class KiviDecodePlan:
     tokens_per_group_row: int  # TG
     prefetch: bool = False  # the software-pipelined loads (render's prefetch), as resolved (use_prefetch)
     looped: bool = False  # the looped kernel (kivi/decode_looped.wgsl.j2), else the unrolled one
+    qk: str = "f32"  # "i8": the int8-query variant
 
     def describe(self) -> str:
         L = self.layout
+        v = "" if self.qk == "f32" else f", {fd.variant_name(self.qk)}"
         return (f"{self.num_partitions} partition(s) of {self.partition_tokens} tokens, {L.workgroup} threads "
                 f"({L.row_groups} rows x {fd.layout_lanes(L, self.shape[2])}, {self.tokens_per_group_row} tokens of a "
-                f"key group a row, {L.unroll} tokens a step{', prefetch' if self.prefetch else ''}"
+                f"key group a row, {L.unroll} tokens a step{', prefetch' if self.prefetch else ''}{v}"
                 f"{fd.looped_note(self.looped, L)}{fd.wide_note(self.dispatches)})")
 
 
@@ -245,13 +295,21 @@ class KiviFastDecode:
     def plan(self, bits: int, k, v, res, num_kv_heads: int, q, batch, scale: float, recent: int | None = None, *,
              seq_plan: kl.Plan | None = None, info=None, partition_tokens: int | None = None,
              subgroups: bool | None = None, unroll: int = 2, rows: int = 0, lanes: int = 16,
-             prefetch: bool | None = None, scatter: bool | None = None, looped: bool | None = None) -> KiviDecodePlan:
+             prefetch: bool | None = None, scatter: bool | None = None, looped: bool | None = None,
+             qk: str = "f32") -> KiviDecodePlan:
         """Dispatches of one decode (q [S, H, D] f32, D the padded head size the cache was written at) over the
         KIVI buffers k, v, res (GPU buffers in kvviz/families/kivi/format.py's layout). The quantised / residual split is
         `seq_plan` (kvviz.families.kivi.format.plan(batch.context_lens, recent)) or computed from `recent`; `info`: the
         method's buffer (seq_plan.seq_info() then the block tables), uploaded here when None. prefetch: the
         software-pipelined loads (render); None: where a lane's words of a step fit (use_prefetch). scatter: the
-        reduce-scatter softmax (render); None: fast_decode.SCATTER where a row has 2+ lanes."""
+        reduce-scatter softmax (render); None: fast_decode.SCATTER where a row has 2+ lanes. qk "i8": the int8-query
+        variant (the module's docstring), against its own oracle (oracle.attention_i8); unrolled only (looped None
+        then means False, True is refused); the default "f32" is the exact kernel."""
+        if check_qk(qk):
+            if looped:
+                raise InvalidInput("the looped KIVI decode is the exact f32-query one: the qk='i8' variant is unrolled",
+                                   "Leave looped unset (or False) with qk='i8'.")
+            looped = False
         q, G = fd.check_query(q, batch, num_kv_heads, scale)
         S, H, D = q.shape
         bs = int(batch.block_size)
@@ -298,13 +356,13 @@ class KiviFastDecode:
             info = self.rt.upload(np.concatenate([seq_plan.seq_info().reshape(-1), bt.reshape(-1)]), "kivi_info")
         pf = not looped and use_prefetch(bits, lay, prefetch)
         sc = not looped and (fd.SCATTER and lay.lanes > 1 if scatter is None else scatter)
-        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf, sc, looped))
+        kern = self.rt.compile(SPLIT, **render(bits, D, G, lay, tg, int(batch.block_size), pf, sc, looped, qk))
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_kivi_partials")
         out = self.rt.empty(S * H * D * 4, "fast_decode_kivi_out")
         imm = kern.pack(num_kv_heads, H, bs, bt.shape[1], 4 * S, kstride, kl.ws(D, bs), pt, P, float(scale) * LOG2E)
         d = [Dispatch(kern, [self.rt.upload(q, "q"), k, v, res, info, partials], (P, num_kv_heads * lay.chunks, S), imm),
              self.rt.compile(fd.reduce_spec(P)).dispatch((H, S, 1), [partials, out], H, D, P)]
-        return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg, pf, looped)
+        return KiviDecodePlan(d, out, (S, H, D), pt, P, lay, tg, pf, looped, qk)
 
     def _planned_tokens(self, num_seqs: int, num_kv_heads: int, max_len: int, lay: fd.Layout, group: int,
                         residual: int, looped: bool) -> int:
@@ -344,6 +402,23 @@ class KiviFastDecode:
         plan = self.plan(bits, k, v, res, num_kv_heads, q, batch, scale, recent, **kw)
         self.rt.run(plan.dispatches)
         return self.read(plan)
+
+
+def requantize_on_device(rt, qk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The int8-query variant's requantiser (shaders/kivi/query_i8.wgsl, as the decode runs it) over the rows of qk
+    [n, D] float32 (D a multiple of 4): (codes int8 [n, D], factor f32 [n], step f32 [n]), as oracle.requantize_query
+    returns them."""
+    x = np.ascontiguousarray(qk, np.float32)
+    n, D = x.shape
+    if D % 4 or not n:
+        raise InvalidInput(f"requantize_on_device takes [n, D] rows with n > 0 and D a multiple of 4, got {x.shape}")
+    row = D // 4
+    out = rt.empty(n * (row + 2) * 4, "kivi_query_i8_probe")
+    kern = rt.compile(QUERY_I8_PROBE)
+    rt.run([kern.dispatch((-(-n // 64), 1, 1), [rt.upload(x, "qk"), out], n, row)])
+    words = rt.read(out, np.uint32, (n, row + 2))
+    codes = np.ascontiguousarray(words[:, :row]).view(np.int8).reshape(n, D)
+    return codes, words[:, row].view(np.float32), words[:, row + 1].view(np.float32)
 
 
 def decode_traffic(batch, seq_plan: kl.Plan, bits: int, num_heads: int, num_kv_heads: int, head_size: int,

@@ -132,15 +132,22 @@ class Kivi(DequantisedAttention, KVMethod):
         plan.head_size = qkv.head_size
         return plan
 
-    def _fast_plan(self, ctx, qc, batch, qp, scale):
+    def _fast_plan(self, ctx, qc, batch, qp, scale, **variant):
         """The fast KIVI decode's plan over the cache `qc` (qp: the query padded to its head size), or None
-        where it cannot take the shape (fast_decode_kivi.unsupported: head size, GQA group, block size)."""
+        where it cannot take the shape (fast_decode_kivi.unsupported: head size, GQA group, block size).
+        `variant`: the plan's keywords (qk="i8", unroll, ...)."""
         H = np.shape(qp)[1] if np.ndim(qp) == 3 else 0
         kvh = qc.num_kv_heads
         if not H or H % kvh or fdk.unsupported(self.bits, qc.head_size, H // kvh, batch.block_size):
             return None
         return fdk.KiviFastDecode(ctx.rt).plan(self.bits, qc.k, qc.v, qc.extra["res"], kvh, qp, batch, scale,
-                                               seq_plan=qc.extra["plan"], info=qc.extra["info"])
+                                               seq_plan=qc.extra["plan"], info=qc.extra["info"], **variant)
+
+    def fast_plan(self, ctx, qkv, batch, q, scale, **variant):
+        """The fast decode's plan over the method's cache (q padded to the kernels' head size; the plan's output is at
+        that size), or None where it cannot take the shape. `variant`: the plan's keywords (qk="i8", unroll, ...)."""
+        qc = qkv.device["cache"]
+        return self._fast_plan(ctx, qc, batch, self._pad_q(q, qc.head_size), scale, **variant)
 
     def _fast_rows(self, ctx, qc, batch, q, scale):
         """The fast KIVI decode's timed row (impl "fast", role "decode"; [] where it cannot take the shape)."""

@@ -23,12 +23,17 @@ Buffers (u32 words unless noted), KW = D*bits/32 code words a token, WS = D*bs/1
       (res_off of a sequence = number of residual rows of the sequences before it).
 Residual tokens keep zeroed code words in K and V (their paged slot exists; they would be quantised
 in place once a later group completes).
+
+The int8-query variant of the fast decode (kvviz/families/kivi/decode.py, qk="i8") has its own reference here:
+requantize_query (the query's codes of one key group, bit for bit the kernel's) and attention_i8 / method_attention_i8
+(the float64 attention over those codes).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from kvviz.attention.paged_oracle import through_f32_decode
+from kvviz.attention.split_decode import LOG2E, f32_tolerance
 from kvviz.families.int4.format import pack_codes
 from kvviz.families.int4.oracle import asym_codes, asym_dequant, asym_params, tmax, tmin
 from kvviz.families.kivi.format import GROUP, Plan, k_stride, kw, n_quantised, plan, ws  # noqa: F401 - the layout
@@ -150,3 +155,85 @@ def method_attention(method, batch, key, value, q, scale, qkv=None):
     return out[..., :D], tol
 
 
+
+
+# ------------------------------------------------------------------------------------------- the int8 query
+QI8_MAX = 127  # the query codes' range: -127..127 (symmetric)
+QI8_MIN_EXPONENT = 8  # m below 2^-119 (f32 exponent field < 8) gives all-zero codes (shaders/kivi/query_i8.wgsl says why)
+
+
+def query_prescale(q: np.ndarray, scale: float) -> np.ndarray:
+    """q [..., D] -> q * (scale * log2 e) in float32, as the kernel pre-scales its query (split_macros' query_line: the
+    immediate scale_log2 = f32(scale * log2 e), one f32 multiply)."""
+    return (np.asarray(q, np.float32) * np.float32(float(scale) * LOG2E)).astype(np.float32)
+
+
+def requantize_query(qk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The int8 query of one key group (shaders/kivi/query_i8.wgsl, bit for bit): qk [..., D] float32 (the pre-scaled
+    query times the group's K scales, one f32 multiply a channel) -> (codes int8 [..., D], factor f32 [...], step f32
+    [...]). m = max_c |qk_c| = f * 2^k with f in [0.5, 1) (k from m's exponent field e: k = e - 126); factor 2^(7-k) and
+    step 2^(k-7) are powers of two, so qk * factor is exact and the codes rint(qk * factor) (round half to even, as
+    WGSL's round) clamped to [-127, 127] are the kernel's exactly. e < 8 (m < 2^-119: tiny, subnormal, zero): codes 0,
+    factor and step 0. e = 255 (m infinite or NaN): codes 0 (the kernel's are unspecified there), factor 0, step NaN
+    (the kernel's logits are NaN there)."""
+    qk = np.asarray(qk, np.float32)
+    m = np.abs(qk).max(axis=-1, initial=np.float32(0))
+    e = ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64)
+    ok = (e >= QI8_MIN_EXPONENT) & (e < 255)
+    factor = np.where(ok, ((260 - e) << 23).astype(np.uint32).view(np.float32), np.float32(0)).astype(np.float32)
+    step = np.where(ok, ((np.maximum(e, 6) - 6) << 23).astype(np.uint32).view(np.float32), np.float32(0))
+    step = np.where(e == 255, np.float32(np.nan), step).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        x = (qk * factor[..., None]).astype(np.float32)  # exact: a power of two, no overflow (|x| < 128)
+        codes = np.clip(np.rint(np.where(ok[..., None], x, np.float32(0))), -QI8_MAX, QI8_MAX).astype(np.int8)
+    return codes, factor, step
+
+
+def attention_i8(q: np.ndarray, scale: float, per_seq: list, num_kv_heads: int) -> np.ndarray:
+    """The fast decode's int8-query variant in float64, sequence by sequence: q [S, H, D] (the head size the cache was
+    written at), per_seq[s] quantize_seq's fields of sequence s (its n_q = len(k_codes)). With q2 = query_prescale(q)
+    (base-2 logits), for key group g of KV head h: the codes and step of requantize_query(q2 * s_g) (float32, as the
+    kernel makes them), logit = step * (codes . K codes) + q2 . z_g (the K zeros' bias with the f32 query, as the kernel
+    keeps it); a residual token's logit q2 . k; softmax in base 2, P.V over the dequantised values (dequantize_seq).
+    An empty sequence gives 0. -> [S, H, D] float64."""
+    q = np.asarray(q, np.float32)
+    S, H, D = q.shape
+    G = H // num_kv_heads
+    q2 = query_prescale(q, scale)
+    out = np.zeros((S, H, D), np.float64)
+    for s in range(S):
+        qs = per_seq[s]
+        nq = len(qs["k_codes"])
+        _, vhat = dequantize_seq(qs, nq)
+        if not len(vhat):
+            continue
+        ng = nq // GROUP
+        for h in range(num_kv_heads):
+            qh = q2[s, h * G : (h + 1) * G]  # [G, D]
+            logits = []
+            if ng:
+                qk = (qh[None] * qs["k_scale"][:, h][:, None]).astype(np.float32)  # [ng, G, D]
+                codes, _, step = requantize_query(qk)
+                kc = qs["k_codes"][:, h].reshape(ng, GROUP, D).astype(np.float64)  # [ng, 32, D]
+                dots = np.einsum("ngd,ntd->ngt", codes.astype(np.float64), kc)  # exact integers
+                bias = np.einsum("gd,nd->ng", qh.astype(np.float64), qs["k_zero"][:, h].astype(np.float64))
+                lg = dots * step.astype(np.float64)[..., None] + bias[..., None]  # [ng, G, 32]
+                logits.append(lg.transpose(1, 0, 2).reshape(G, nq))
+            logits.append(qh.astype(np.float64) @ qs["k_res"][:, h].astype(np.float64).T)  # [G, L - nq]
+            lg = np.concatenate(logits, axis=1)
+            w = np.exp2(lg - lg.max(axis=1, keepdims=True))
+            out[s, h * G : (h + 1) * G] = (w @ vhat[:, h].astype(np.float64)) / w.sum(axis=1, keepdims=True)
+    return out
+
+
+def method_attention_i8(method, batch, key, value, q, scale, qkv=None):
+    """End-to-end reference of `kivi`'s fast decode with the int8 query (qk="i8") at any head size (padded as the method
+    runs it, pad_head): attention_i8 over the oracle's own quantisation (write_buffers), tolerance the f32 kernel's,
+    2e-5 * max(1, max |V^|) (kvviz/families/kivi/decode.py says why it holds)."""
+    D = np.asarray(key).shape[-1]
+    k, v, qp = pad_head(np.asarray(key, np.float32), np.asarray(value, np.float32), np.asarray(q, np.float32))
+    ref = write_buffers(batch, k, v, method.bits, method.recent)
+    out = attention_i8(qp, scale, ref["per_seq"], k.shape[1])
+    vmax = max((float(np.abs(dequantize_seq(qs, len(qs["k_codes"]))[1]).max(initial=0.0)) for qs in ref["per_seq"]),
+               default=0.0)
+    return out[..., :D], f32_tolerance(vmax)
