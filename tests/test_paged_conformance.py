@@ -17,7 +17,7 @@ import pytest
 from kvviz.errors import DeviceLimitError, InvalidInput, ShaderCompileError, UnsupportedShape
 from kvviz.gpu.shaders import FRONTEND_GLSLANG, ShaderSpec
 from kvviz.attention.paged import PagedKernels
-from kvviz.attention import paged_oracle as O
+from kvviz.attention import paged_oracle as O, split_decode as fd
 from kvviz.paging import batch_from_blocks, make_batch
 
 SENTINEL = 0xDEADBEEF
@@ -167,6 +167,9 @@ def test_pool_over_binding_limit_is_windowed(rt):
     q = rng.standard_normal((3, 2, D)).astype(np.float32)
     out = pk.decode(cache, q, batch, 1 / 16)
     assert len(pk._seq_groups(cache, batch)) >= 2
+    # the fast split-K decode binds a cache whole: refused with the limit named, not left to the device's validation
+    with pytest.raises(DeviceLimitError, match="storage-binding limit"):
+        fd.FastDecode(rt).plan(fd.F32, cache.k, cache.v, kvh, q, batch, 1 / 16)
     # Oracle from the token arrays directly (reading 128+ MiB back is not needed).
     for s in range(3):
         rows = batch.token_rows(s)

@@ -794,6 +794,11 @@ class FastDecode:
             if buf.size < need:
                 raise InvalidInput(f"fast decode: the {name} cache holds {buf.size} bytes, the batch's "
                                    f"{batch.num_blocks} blocks of {fmt.name} need {need}")
+            if buf.size > self.rt.max_binding:  # the split kernel binds each cache whole (an f32 cache may be larger)
+                raise DeviceLimitError(
+                    f"fast decode: the {name} cache ({buf.size / 2**20:.1f} MiB) is over the adapter's storage-binding "
+                    f"limit of {self.rt.max_binding / 2**20:.1f} MiB, and the split kernel binds a cache whole",
+                    "Use fewer or shorter sequences, or the paged decode, which binds a large cache in windows.")
         bt = np.ascontiguousarray(batch.block_tables, dtype=np.uint32)
         partials = self.rt.empty(S * H * P * (D + 2) * 4, "fast_decode_partials")
         out = self.rt.empty(S * H * D * 4, "fast_decode_out")
