@@ -24,7 +24,7 @@ from kvviz.attention import prefill_oracle as po
 from kvviz.attention import split_decode as fd
 from kvviz.families import prefill_oracles as pfo
 from kvviz.errors import DeviceLimitError, InvalidInput, UnsupportedShape
-from kvviz.methods.live_cache import BlockTable, LiveCache, make_live_cache
+from kvviz.methods.live_cache import BlockTable, LiveCache, RequantCache, make_live_cache
 from kvviz.paging import make_batch
 
 pytestmark = pytest.mark.gpu
@@ -215,7 +215,9 @@ def live_case(ctx, method, chunks, D=64, kvh=2, G=4, bs=16, make_kv=None, seed=0
 
     def check(q, out, start, T):
         b = table.batch(start + T)
-        qkv = cache.qkv[0] if isinstance(getattr(cache, "qkv", None), list) else None
+        # a re-quantising cache prefills over the method's device-only cache: its full quantize of the same rows (the
+        # same writer) gives the records the reference reads
+        qkv = cache._quantized(0, start + T)[0] if isinstance(cache, RequantCache) else None
         if method != "f32" and method.id == "int8_seed":  # the codes its writer wrote (prefill_oracles says why)
             qkv = method.read_back(ctx, cache.layers[0], b)
         fk, fv = pfo.method_caches(None if method == "f32" else method, b, k[: start + T], v[: start + T], qkv)
