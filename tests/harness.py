@@ -386,40 +386,26 @@ def _ggml_refusals(ctx):
 
 # ---------------------------------------------------------------------- fast_decode_kivi: the method's caches
 def kivi_dequantised_caches(bufs, batch, bits, recent, kvh, D):
-    """f32 paged caches [num_blocks, kvh, bs, D] (K^, V^) decoded from the words read back: codes, each key
-    group's (scale, zero) from the side stream, each token's V (scale, zero), the residual rows; as the
+    """f32 paged caches [num_blocks, kvh, bs, D] (K^, V^) decoded from the words read back (kivi_seq_fields: codes,
+    each key group's (scale, zero) from the side stream, each token's V (scale, zero), the residual rows); as the
     oracle dequantises (f32 code*scale + zero)."""
     kl = bit_format("fast_decode_kivi")
-    unpack_codes = bit_format("int4").unpack_codes
     bs = batch.block_size
-    KW, WS = kl.kw(D, bits), kl.ws(D, bs)
     p = kl.plan(batch.context_lens, recent)
-    nb = batch.num_blocks
-    fk_ = np.zeros((nb, kvh, bs, D), np.float32)
+    fk_ = np.zeros((batch.num_blocks, kvh, bs, D), np.float32)
     fv_ = np.zeros_like(fk_)
-    kcw = bufs["k"][:, :, : bs * KW].reshape(nb, kvh, bs, KW)
-    vr = bufs["v"].reshape(nb, kvh, bs, KW + 2)
-    for s in range(batch.num_seqs):
-        L, nq, r0 = int(p.context_lens[s]), int(p.n_q[s]), int(p.res_off[s])
+    for s, f in enumerate(kivi_seq_fields(bufs, batch, bits, recent, kvh, D)):
+        L, nq = int(p.context_lens[s]), int(p.n_q[s])
         blocks = np.asarray(batch.seq_blocks[s], np.int64)
         pos = np.arange(L)
         b, o = blocks[pos // bs], pos % bs
         if nq:
-            ng = nq // kl.GROUP
-            idx = np.arange(ng * 2 * D)
-            side = bufs["k"][blocks[idx // WS], :, bs * KW + idx % WS]  # [ng*2D, kvh]
-            side = np.ascontiguousarray(side.T).view(np.float32).reshape(kvh, ng, D, 2)
             g = np.arange(nq) // kl.GROUP
-            kc = unpack_codes(kcw[b[:nq], :, o[:nq]], bits).astype(np.float32)  # [nq, kvh, D]
-            ks, kz = side[..., 0][:, g].transpose(1, 0, 2), side[..., 1][:, g].transpose(1, 0, 2)  # [nq, kvh, D]
-            fk_[b[:nq], :, o[:nq]] = (kc * ks + kz).astype(np.float32)
-            rec = vr[b[:nq], :, o[:nq]]  # [nq, kvh, KW + 2]
-            vc = unpack_codes(rec[..., :KW], bits).astype(np.float32)
-            vs = np.ascontiguousarray(rec[..., KW]).view(np.float32)[..., None]
-            vz = np.ascontiguousarray(rec[..., KW + 1]).view(np.float32)[..., None]
-            fv_[b[:nq], :, o[:nq]] = (vc * vs + vz).astype(np.float32)
-        fk_[b[nq:], :, o[nq:]] = bufs["res"][r0 : r0 + L - nq, 0]
-        fv_[b[nq:], :, o[nq:]] = bufs["res"][r0 : r0 + L - nq, 1]
+            fk_[b[:nq], :, o[:nq]] = (f["k_codes"].astype(np.float32) * f["k_scale"][g] + f["k_zero"][g]).astype(np.float32)
+            fv_[b[:nq], :, o[:nq]] = (f["v_codes"].astype(np.float32) * f["v_scale"][..., None]
+                                      + f["v_zero"][..., None]).astype(np.float32)
+        fk_[b[nq:], :, o[nq:]] = f["k_res"]
+        fv_[b[nq:], :, o[nq:]] = f["v_res"]
     return fk_, fv_
 
 

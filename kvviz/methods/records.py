@@ -231,14 +231,19 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
             ctx, kern, ins, f32c, batch, lambda w0: kern.pack(qc.num_kv_heads, D, qc.block_size, self.wpt(D), w0)
         )
 
-    def _build(self, ctx, batch, key, value):
-        key, value, sm = self._validate(batch, key, value)
-        T, kvh, D = key.shape
+    def _alloc_cache(self, ctx, batch, kvh: int, D: int):
+        """The batch's packed cache of this method, with its tensor-scale buffer where the method has one."""
         w = self.wpt(D)
         qc = qk.alloc_cache(ctx.rt, self.id, batch, kvh, D, batch.block_size * w, batch.block_size * w)
         tb = self._tensor_buffer(ctx)
         if tb is not None:
             qc.extra["tensor"] = tb
+        return qc
+
+    def _build(self, ctx, batch, key, value):
+        key, value, sm = self._validate(batch, key, value)
+        T, kvh, D = key.shape
+        qc = self._alloc_cache(ctx, batch, kvh, D)
         f32c = qk.alloc_f32(ctx, batch, kvh, D)
         wd, impl = self.select_writer(ctx, qc, key, value, sm) if T else ([], self.writer_impl)
         qc.extra["writer_impl"] = impl
@@ -262,11 +267,7 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         else:
             key, value, sm = self._validate(batch, key, value)
             T, kvh, D = key.shape
-        w = self.wpt(D)
-        qc = qk.alloc_cache(ctx.rt, self.id, batch, kvh, D, batch.block_size * w, batch.block_size * w)
-        tb = self._tensor_buffer(ctx)
-        if tb is not None:
-            qc.extra["tensor"] = tb
+        qc = self._alloc_cache(ctx, batch, kvh, D)
         if on_device:
             try:
                 wd, impl = self.fast_writer(ctx.rt, qc, key, value, sm), "fast"
