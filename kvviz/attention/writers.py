@@ -207,17 +207,25 @@ class Variant:
                 "REDUCE_KIND": "subgroup shuffles" if sg else "workgroup memory", "INV_ULPS": self.inv_ulps}
 
 
+def device_pair(key, value, who: str = "fast writer") -> bool:
+    """True where key and value are DeviceRows (both, each [tokens, kv_heads, head_size], of one shape), False where
+    both are host arrays; InvalidInput for a mixed or misshapen pair."""
+    if not (isinstance(key, DeviceRows) or isinstance(value, DeviceRows)):
+        return False
+    if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)):
+        raise InvalidInput(f"{who}: key and value must both be on the device or both on the host")
+    if len(key.shape) != 3 or tuple(key.shape) != tuple(value.shape):
+        raise InvalidInput(f"{who}: key and value must both be [tokens, kv_heads, head_size], got "
+                           f"{key.shape} and {value.shape}")
+    return True
+
+
 def check_rows(key, value, sm):
     """(key, value, slots as int64): key and value [tokens, kv_heads, head_size] float32, host arrays or DeviceRows
     (already on the device, e.g. gathered from the forward's activations: bound in place, never uploaded or read, so
     no host check of their values is possible)."""
-    if isinstance(key, DeviceRows) or isinstance(value, DeviceRows):
-        if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)):
-            raise InvalidInput("fast writer: key and value must both be on the device or both on the host")
+    if device_pair(key, value):
         shape = tuple(key.shape)
-        if len(shape) != 3 or shape != tuple(value.shape):
-            raise InvalidInput(f"fast writer: key and value must both be [tokens, kv_heads, head_size], got "
-                               f"{key.shape} and {value.shape}")
     else:
         key = np.ascontiguousarray(key, np.float32)
         value = np.ascontiguousarray(value, np.float32)

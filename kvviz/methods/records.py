@@ -16,7 +16,7 @@ from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.split_decode import fast_decode_rows, unsupported
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape
-from kvviz.gpu.runtime import DeviceRows
+from kvviz.attention.writers import device_pair
 from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import KVMethod, QuantizedKV, TokenRecord
 from kvviz.methods.live_records import RecordLiveCache
@@ -255,12 +255,10 @@ class PerTokenRecordMethod(DequantisedAttention, KVMethod):
         go to the fast writer where the method says it binds them (`device_rows_writer`) and it is the writer that
         runs; their values are not checked on the host (they are on the device). None where the fast writer refuses
         device rows of this shape."""
-        on_device = isinstance(key, DeviceRows) or isinstance(value, DeviceRows)
+        on_device = device_pair(key, value, self.id)
         if on_device:
             if not (self.device_rows_writer and (self.writer_impl == "fast" or not self.has_first_wave_writer)):
                 return None
-            if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)) or key.shape != value.shape:
-                raise InvalidInput(f"{self.id}: key and value must both be device rows of one shape")
             T, kvh, D = key.shape
             self.check(kvh, kvh, D, batch.block_size)
             sm = qk.check_batch(batch, T)

@@ -26,7 +26,7 @@ from kvviz.attention import arith, prefill, records as qk
 from kvviz.attention.traffic import decode_bytes
 from kvviz.errors import InvalidInput, UnsupportedShape, check_finite
 from kvviz.families.turboquant import decode as fdq, format as tqf, kernels as tqk, writer as fwt
-from kvviz.gpu.runtime import DeviceRows
+from kvviz.attention.writers import device_pair
 from kvviz.gpu.timed import TimedKernel
 from kvviz.methods.base import CacheLayout, KVMethod, LayoutField, OptionSpec, QuantizedKV, TokenRecord, register
 from kvviz.metrics import index_stats
@@ -254,9 +254,7 @@ class TurboQuantMethod(KVMethod):
         d = int(key.shape[-1])
         if not self.uses_seed(d):
             return None
-        if isinstance(key, DeviceRows) or isinstance(value, DeviceRows):
-            if not (isinstance(key, DeviceRows) and isinstance(value, DeviceRows)) or key.shape != value.shape:
-                raise InvalidInput("turboquant: key and value must both be device rows of one shape")
+        if device_pair(key, value, self.id):
             T, kvh, d = key.shape
             sm = qk.check_batch(batch, T)
             st = self.settings(d)
